@@ -1,0 +1,1 @@
+"""The restricted call profile for forwarded calls: take a message, book against free/busy."""

@@ -1,0 +1,156 @@
+"""The one conversation per account, its messages, and the record of each turn.
+
+Inbound messages are recorded before any expensive work, keyed by the provider's id (unique per
+channel), so a retried webhook delivery finds its message and starts no second turn.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from core.errors import InvalidInput, NotFound
+from core.identity import Executor
+
+MESSAGE_CHANNELS: tuple[str, ...] = ("sms", "whatsapp", "voice", "web", "email", "cli", "answering")
+TURN_KINDS: tuple[str, ...] = ("live", "scheduled", "room", "call", "replay")
+# The JSON parts of a turn record that later features fill in.
+TURN_RECORD_PARTS: tuple[str, ...] = (
+    "prompt", "rounds", "tool_calls", "gate_decisions", "staged_writes",
+    "committed_writes", "usage", "timings", "delivery",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Message:
+    id: int
+    conversation_id: UUID
+    channel: str
+    direction: str
+    body: str
+    provider_message_id: str | None
+    turn_id: UUID | None
+    created_at: datetime
+
+
+def _message(row: Any) -> Message:
+    return Message(
+        row["id"], row["conversation_id"], row["channel"], row["direction"], row["body"],
+        row["provider_message_id"], row["turn_id"], row["created_at"],
+    )  # fmt: skip
+
+
+async def conversation_for(db: Executor, account_id: UUID) -> UUID:
+    conversation_id = await db.fetchval("SELECT id FROM conversations WHERE account_id = $1", account_id)
+    if conversation_id is None:
+        raise NotFound(f"no conversation for account {account_id}")
+    return conversation_id
+
+
+async def record_inbound(
+    db: Executor,
+    account_id: UUID,
+    channel: str,
+    body: str,
+    *,
+    provider_message_id: str | None = None,
+    handle_id: UUID | None = None,
+) -> tuple[Message, bool]:
+    """Record a message from the person; return it and whether this call created it.
+
+    A second delivery with the same ``(channel, provider_message_id)`` returns the first
+    message and ``False``: the caller must not start another turn for it.
+    """
+    if channel not in MESSAGE_CHANNELS:
+        raise InvalidInput(f"unknown channel {channel!r}")
+    conversation_id = await conversation_for(db, account_id)
+    row = await db.fetchrow(
+        """
+        INSERT INTO messages (conversation_id, handle_id, channel, direction, provider_message_id, body)
+        VALUES ($1, $2, $3, 'inbound', $4, $5)
+        ON CONFLICT (channel, provider_message_id) DO NOTHING
+        RETURNING *
+        """,
+        conversation_id,
+        handle_id,
+        channel,
+        provider_message_id,
+        body,
+    )
+    if row is not None:
+        return _message(row), True
+    existing = await db.fetchrow(
+        "SELECT * FROM messages WHERE channel = $1 AND provider_message_id = $2", channel, provider_message_id
+    )
+    return _message(existing), False
+
+
+async def record_outbound(
+    db: Executor,
+    conversation_id: UUID,
+    channel: str,
+    body: str,
+    *,
+    turn_id: UUID | None = None,
+    provider_message_id: str | None = None,
+) -> Message:
+    if channel not in MESSAGE_CHANNELS:
+        raise InvalidInput(f"unknown channel {channel!r}")
+    row = await db.fetchrow(
+        """
+        INSERT INTO messages (conversation_id, channel, direction, provider_message_id, body, turn_id)
+        VALUES ($1, $2, 'outbound', $3, $4, $5) RETURNING *
+        """,
+        conversation_id,
+        channel,
+        provider_message_id,
+        body,
+        turn_id,
+    )
+    return _message(row)
+
+
+async def recent_messages(db: Executor, conversation_id: UUID, limit: int = 50) -> list[Message]:
+    rows = await db.fetch(
+        """
+        SELECT * FROM (
+            SELECT * FROM messages WHERE conversation_id = $1 ORDER BY created_at DESC, id DESC LIMIT $2
+        ) recent ORDER BY created_at, id
+        """,
+        conversation_id,
+        limit,
+    )
+    return [_message(r) for r in rows]
+
+
+async def start_turn(db: Executor, conversation_id: UUID, *, channel: str, kind: str = "live") -> UUID:
+    if kind not in TURN_KINDS:
+        raise InvalidInput(f"unknown turn kind {kind!r}")
+    return await db.fetchval(
+        "INSERT INTO turns (conversation_id, channel, kind) VALUES ($1, $2, $3) RETURNING id",
+        conversation_id,
+        channel,
+        kind,
+    )
+
+
+async def update_turn(db: Executor, turn_id: UUID, **parts: Any) -> None:
+    """Set parts of a turn record. JSON parts are given as Python values; others as columns."""
+    columns = {"status", "model", "tier", "error", "finished_at", "delivered_at", *TURN_RECORD_PARTS}
+    unknown = set(parts) - columns
+    if unknown:
+        raise InvalidInput(f"not parts of a turn record: {sorted(unknown)}")
+    assignments, values = [], []
+    for index, (name, value) in enumerate(parts.items(), start=2):
+        if name in TURN_RECORD_PARTS:
+            assignments.append(f"{name} = ${index}::jsonb")
+            values.append(json.dumps(value, default=str))
+        else:
+            assignments.append(f"{name} = ${index}")
+            values.append(value)
+    status = await db.execute(f"UPDATE turns SET {', '.join(assignments)} WHERE id = $1", turn_id, *values)
+    if status.endswith(" 0"):
+        raise NotFound(f"no turn {turn_id}")

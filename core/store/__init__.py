@@ -1,0 +1,178 @@
+"""Postgres with pgvector: embedded by default, external when ``DATABASE_URL`` is set."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import tempfile
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from core.errors import DatabaseUnavailable, StartupError, StoreError
+from core.settings import Settings
+from core.store.database import Database, connect, ensure_pgvector, redact_dsn
+from core.store.embedded import DataDirLock, EmbeddedPostgres
+from core.store.migrations import load_migrations, pending_migrations
+
+__all__ = [
+    "Database",
+    "EmbeddedPostgres",
+    "StoreReport",
+    "inspect_store",
+    "open_store",
+    "prepare_data_dir",
+    "redact_dsn",
+]
+
+log = logging.getLogger(__name__)
+
+EMBEDDED_DATABASE = "pepper"
+
+
+def prepare_data_dir(path: Path) -> Path:
+    """Create the data dir if needed and prove it is writable; raise ``StartupError`` if not."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-check-"):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise StartupError(f"data dir {path} is not usable: {reason}") from exc
+    return path
+
+
+async def create_database_if_missing(admin_dsn: str, name: str) -> None:
+    conn = await connect(admin_dsn)
+    try:
+        exists = await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", name)
+        if not exists:
+            await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+
+
+@asynccontextmanager
+async def open_store(settings: Settings, *, serving: bool) -> AsyncIterator[Database]:
+    """Open the migrated store for this process.
+
+    ``serving=True`` (``pepper serve``) takes the data dir lock and owns the embedded Postgres,
+    stopping it on exit. ``serving=False`` (admin commands, ``doctor``) uses a running server's
+    Postgres when one holds the lock, and otherwise starts it for the duration of the command.
+    """
+    if settings.database_url is not None:
+        db = await Database.open(settings.database_url.get_secret_value())
+        try:
+            yield db
+        finally:
+            await db.close()
+        return
+
+    data_dir = prepare_data_dir(settings.data_dir)
+    lock = DataDirLock(data_dir)
+    pg = EmbeddedPostgres(data_dir)
+    if not serving and lock.is_held_elsewhere():
+        if not pg.is_running():
+            raise DatabaseUnavailable(
+                f"a Pepper server holds {data_dir} but its embedded Postgres is not running"
+            )
+        db = await Database.open(pg.dsn(EMBEDDED_DATABASE), max_size=2)
+        try:
+            yield db
+        finally:
+            await db.close()
+        return
+
+    lock.acquire()
+    try:
+        admin_dsn = await asyncio.to_thread(pg.start)
+        try:
+            await create_database_if_missing(admin_dsn, EMBEDDED_DATABASE)
+            db = await Database.open(pg.dsn(EMBEDDED_DATABASE), max_size=10 if serving else 2)
+            try:
+                yield db
+            finally:
+                await db.close()
+        finally:
+            await asyncio.to_thread(pg.stop)
+    finally:
+        lock.release()
+
+
+
+@dataclass
+class StoreReport:
+    """What ``pepper doctor`` says about the store. ``problem`` set means the server cannot run."""
+
+    kind: str
+    location: str
+    state: str
+    problem: str | None = None
+    schema_version: int | None = None
+    pending_migrations: int | None = None
+    accounts: int | None = None
+    lines: list[tuple[str, str, str]] = field(default_factory=list)
+
+
+async def _describe(report: StoreReport, dsn: str) -> None:
+    conn = await connect(dsn)
+    try:
+        await ensure_pgvector(conn, report.location)
+        report.pending_migrations = len(await pending_migrations(conn))
+        if report.pending_migrations < len(load_migrations()):
+            report.schema_version = await conn.fetchval("SELECT max(version) FROM schema_migrations")
+            report.accounts = await conn.fetchval("SELECT count(*) FROM accounts")
+            rows = await conn.fetch(
+                "SELECT l.number, l.kind, a.name FROM phone_lines l JOIN accounts a ON a.id = l.account_id"
+                " ORDER BY l.kind, l.number"
+            )
+            report.lines = [(r["number"], r["kind"], r["name"]) for r in rows]
+    finally:
+        await conn.close()
+
+
+async def inspect_store(settings: Settings) -> StoreReport:
+    """Look at the store without changing it: nothing is created or migrated."""
+    if settings.database_url is not None:
+        dsn = settings.database_url.get_secret_value()
+        report = StoreReport("external", redact_dsn(dsn), "reachable")
+        try:
+            await _describe(report, dsn)
+        except StoreError as exc:
+            report.state, report.problem = "unusable", exc.message
+        return report
+
+    report = StoreReport("embedded", str(settings.data_dir / "postgres"), "not created yet")
+    try:
+        data_dir = prepare_data_dir(settings.data_dir)
+    except StartupError as exc:
+        report.state, report.problem = "unusable", exc.message
+        return report
+    pg = EmbeddedPostgres(data_dir)
+    if not (pg.pgdata / "PG_VERSION").exists():
+        report.state = "not created yet (the first `pepper serve` creates it)"
+        return report
+    lock = DataDirLock(data_dir)
+    try:
+        if lock.is_held_elsewhere():
+            report.state = "running (a Pepper server holds the data dir)"
+            if not await asyncio.to_thread(pg.is_running):
+                report.problem = "a Pepper server holds the data dir but its Postgres is not running"
+                return report
+            await _describe(report, pg.dsn(EMBEDDED_DATABASE))
+            return report
+        report.state = "stopped (started briefly to look)"
+        lock.acquire()
+        try:
+            await asyncio.to_thread(pg.start)
+            try:
+                await create_database_if_missing(pg.dsn(), EMBEDDED_DATABASE)
+                await _describe(report, pg.dsn(EMBEDDED_DATABASE))
+            finally:
+                await asyncio.to_thread(pg.stop)
+        finally:
+            lock.release()
+    except (StoreError, StartupError) as exc:
+        report.problem = exc.message
+    return report

@@ -1,0 +1,144 @@
+"""The asyncpg pool Pepper shares between calls, messages and the scheduler.
+
+``Database.open`` checks the server, makes sure pgvector is there, applies migrations and only
+then opens the pool, whose connections have the ``vector`` type registered. Driver errors become
+:class:`~core.errors.StoreError` subclasses whose messages name the problem, never the password.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+from pgvector.asyncpg import register_vector
+
+from core.errors import DatabaseUnavailable, MissingPgvector, StoreError
+from core.store.migrations import Migration, apply_migrations, pending_migrations
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT = 10.0
+
+
+def redact_dsn(dsn: str) -> str:
+    """The DSN with any password replaced, for messages and logs."""
+    try:
+        parts = urlsplit(dsn)
+    except ValueError:
+        return "<unparseable DATABASE_URL>"
+    if parts.password is None:
+        return dsn
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+async def connect(dsn: str, *, timeout: float = CONNECT_TIMEOUT) -> asyncpg.Connection:
+    """One connection, with driver errors turned into clear ``StoreError``s."""
+    where = redact_dsn(dsn)
+    try:
+        return await asyncpg.connect(dsn, timeout=timeout)
+    except asyncio.CancelledError:
+        raise
+    except (asyncpg.InvalidCatalogNameError,) as exc:
+        raise DatabaseUnavailable(f"database does not exist at {where}: {exc}", retryable=False) from exc
+    except (asyncpg.InvalidAuthorizationSpecificationError, asyncpg.InvalidPasswordError) as exc:
+        raise DatabaseUnavailable(f"database refused the login at {where}: {exc}", retryable=False) from exc
+    except (OSError, socket.gaierror, TimeoutError, asyncpg.CannotConnectNowError) as exc:
+        raise DatabaseUnavailable(f"cannot reach the database at {where}: {exc}") from exc
+    except (ValueError, asyncpg.ClientConfigurationError) as exc:
+        raise DatabaseUnavailable(f"DATABASE_URL is not a valid Postgres URL ({where}): {exc}",
+                                  retryable=False) from exc
+    except asyncpg.PostgresError as exc:
+        raise DatabaseUnavailable(f"database at {where} refused the connection: {exc}") from exc
+
+
+async def ensure_pgvector(conn: asyncpg.Connection, where: str) -> None:
+    available = await conn.fetchval("SELECT count(*) FROM pg_available_extensions WHERE name = 'vector'")
+    if not available:
+        raise MissingPgvector(
+            f"the Postgres server at {where} has no pgvector extension; install pgvector on it, "
+            "or unset DATABASE_URL to use Pepper's embedded Postgres"
+        )
+    try:
+        await conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+    except asyncpg.PostgresError as exc:
+        raise MissingPgvector(
+            f"pgvector is installed on {where} but could not be enabled ({exc}); "
+            "run CREATE EXTENSION vector as a superuser once"
+        ) from exc
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    await register_vector(conn)
+
+
+class Database:
+    """An open pool on a migrated database."""
+
+    def __init__(self, pool: asyncpg.Pool, dsn: str):
+        self.pool = pool
+        self.dsn = dsn
+
+    @classmethod
+    async def open(
+        cls,
+        dsn: str,
+        *,
+        migrations: list[Migration] | None = None,
+        min_size: int = 1,
+        max_size: int = 10,
+    ) -> Database:
+        where = redact_dsn(dsn)
+        conn = await connect(dsn)
+        try:
+            await ensure_pgvector(conn, where)
+            await apply_migrations(conn, migrations)
+        except asyncpg.PostgresError as exc:
+            raise StoreError(f"migrating the database at {where} failed: {exc}") from exc
+        finally:
+            await conn.close()
+        try:
+            pool = await asyncpg.create_pool(
+                dsn, min_size=min_size, max_size=max_size, init=_init_connection, timeout=CONNECT_TIMEOUT
+            )
+        except (OSError, asyncpg.PostgresError) as exc:
+            raise DatabaseUnavailable(f"cannot open a pool on {where}: {exc}") from exc
+        return cls(pool, dsn)
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[asyncpg.Connection]:
+        async with self.pool.acquire() as conn, conn.transaction():
+            yield conn
+
+    async def execute(self, query: str, *args: Any) -> str:
+        return await self.pool.execute(query, *args)
+
+    async def fetch(self, query: str, *args: Any) -> list[asyncpg.Record]:
+        return await self.pool.fetch(query, *args)
+
+    async def fetchrow(self, query: str, *args: Any) -> asyncpg.Record | None:
+        return await self.pool.fetchrow(query, *args)
+
+    async def fetchval(self, query: str, *args: Any) -> Any:
+        return await self.pool.fetchval(query, *args)
+
+    async def health(self) -> dict[str, Any]:
+        """What the health endpoint reports; raises ``DatabaseUnavailable`` when the store is down."""
+        try:
+            async with self.pool.acquire(timeout=2.0) as conn:
+                version = await conn.fetchval("SELECT max(version) FROM schema_migrations")
+                pending = await pending_migrations(conn)
+        except asyncio.CancelledError:
+            raise
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            raise DatabaseUnavailable(f"database check failed: {exc}") from exc
+        return {"schema_version": version, "pending_migrations": len(pending)}

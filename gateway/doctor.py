@@ -1,0 +1,119 @@
+"""``pepper doctor``: what is configured, what is missing, the database state and the webhook URLs.
+
+It changes nothing. The exit status is non-zero only when the server could not run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pydantic import SecretStr
+
+from core.settings import DEFAULT_TWILIO_API_URL, Settings
+from core.store import StoreReport, inspect_store
+from gateway.webhooks import WEBHOOKS, public_url_for
+
+OK, MISSING, BAD = "ok", "missing", "problem"
+
+
+@dataclass
+class Check:
+    area: str
+    status: str  # OK, MISSING or BAD
+    detail: str
+
+
+@dataclass
+class Report:
+    checks: list[Check] = field(default_factory=list)
+    store: StoreReport | None = None
+    webhooks: list[tuple[str, str | None, str, bool]] = field(default_factory=list)
+
+    @property
+    def can_serve(self) -> bool:
+        return not any(c.status == BAD for c in self.checks)
+
+    def add(self, area: str, status: str, detail: str) -> None:
+        self.checks.append(Check(area, status, detail))
+
+
+def _set(value: SecretStr | str | None) -> bool:
+    if isinstance(value, SecretStr):
+        return bool(value.get_secret_value())
+    return bool(value)
+
+
+def _provider(report: Report, name: str, key_var: str, key: SecretStr | None,
+              base_var: str, base: str | None) -> None:
+    if _set(key):
+        where = f"{base_var}={base}" if base else "the provider's default endpoint"
+        report.add(f"model: {name}", OK, f"{key_var} is set; calls go to {where}")
+    else:
+        report.add(f"model: {name}", MISSING, f"{key_var} is not set")
+
+
+async def diagnose(settings: Settings, served_paths: set[str]) -> Report:
+    report = Report()
+    report.add("config file", OK, str(settings.config_file) if settings.config_file else "none (environment only)")
+    report.add("listen", OK, f"http://{settings.host}:{settings.port}")
+
+    store = await inspect_store(settings)
+    report.store = store
+    if store.problem:
+        report.add(f"database ({store.kind})", BAD, store.problem)
+    else:
+        parts = [f"{store.location}: {store.state}"]
+        if store.pending_migrations is not None:
+            parts.append(f"schema version {store.schema_version or 0}, {store.pending_migrations} migration(s) "
+                         "to apply at next start")
+        if store.accounts is not None:
+            parts.append(f"{store.accounts} account(s), {len(store.lines)} Twilio line(s)")
+        report.add(f"database ({store.kind})", OK, "; ".join(parts))
+
+    _provider(report, "OpenAI", "OPENAI_API_KEY", settings.openai_api_key, "OPENAI_BASE_URL",
+              settings.openai_base_url)
+    _provider(report, "Anthropic", "ANTHROPIC_API_KEY", settings.anthropic_api_key, "ANTHROPIC_BASE_URL",
+              settings.anthropic_base_url)
+    _provider(report, "Google Gemini", "GEMINI_API_KEY", settings.gemini_api_key, "GOOGLE_GEMINI_BASE_URL",
+              settings.gemini_base_url)
+    if not any(_set(k) for k in (settings.openai_api_key, settings.anthropic_api_key, settings.gemini_api_key)):
+        report.add("models", MISSING, "no model provider is configured: conversations need one of the keys above")
+
+    twilio_missing = [name for name, value in (
+        ("TWILIO_ACCOUNT_SID", settings.twilio_account_sid),
+        ("TWILIO_AUTH_TOKEN", settings.twilio_auth_token),
+        ("PEPPER_PUBLIC_URL", settings.public_url),
+    ) if not _set(value)]  # fmt: skip
+    if twilio_missing:
+        report.add("channel: Twilio calls, SMS, WhatsApp", MISSING,
+                   f"set {', '.join(twilio_missing)} (the public URL is what Twilio signs)")
+    else:
+        api = "" if settings.twilio_api_url == DEFAULT_TWILIO_API_URL else f"; REST API at {settings.twilio_api_url}"
+        report.add("channel: Twilio calls, SMS, WhatsApp", OK, f"account {settings.twilio_account_sid}{api}")
+    if settings.public_url and settings.public_url.startswith("http://"):
+        report.add("public URL", MISSING, "PEPPER_PUBLIC_URL is plain http; Twilio needs https in production")
+    report.add("speech: Deepgram", OK if _set(settings.deepgram_api_key) else MISSING,
+               "DEEPGRAM_API_KEY is set" if _set(settings.deepgram_api_key)
+               else "DEEPGRAM_API_KEY is not set (optional: the offline cascade uses local speech models)")
+
+    for hook in WEBHOOKS:
+        report.webhooks.append((hook.name, public_url_for(settings, hook), hook.where, hook.path in served_paths))
+    return report
+
+
+def render(report: Report) -> str:
+    mark = {OK: "  ok     ", MISSING: "  --     ", BAD: "  FAIL   "}
+    width = max(len(c.area) for c in report.checks)
+    lines = ["Pepper doctor", ""]
+    lines += [f"{mark[c.status]}{c.area.ljust(width)}  {c.detail}" for c in report.checks]
+    lines += ["", "Webhook URLs (paste each where it says):"]
+    if all(url is None for _, url, _, _ in report.webhooks):
+        lines.append("  set PEPPER_PUBLIC_URL (the https address Twilio and the mail provider reach) to see them")
+    else:
+        for name, url, where, served in report.webhooks:
+            note = "" if served else "   [not served by this version yet]"
+            lines.append(f"  {name:<15} {url}{note}")
+            lines.append(f"  {'':<15} -> {where}")
+    lines.append("")
+    lines.append("ready to serve" if report.can_serve else "cannot serve: fix the FAIL lines above")
+    return "\n".join(lines)

@@ -1,0 +1,67 @@
+"""``pepper serve``: bind, open the store, serve with Hypercorn, drain and stop on a signal."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import signal
+import socket
+
+from hypercorn.asyncio import serve as hypercorn_serve
+from hypercorn.config import Config
+
+from core.errors import StartupError
+from core.settings import Settings
+from core.store import open_store
+from gateway.app import create_app
+
+log = logging.getLogger(__name__)
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    """Bind the listening socket before anything slow starts, so a busy port fails at once."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise StartupError(f"port {port} on {host} is already in use; set PEPPER_PORT to another") from exc
+        raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+async def serve(settings: Settings, *, stop: asyncio.Event | None = None) -> None:
+    """Run until SIGINT/SIGTERM (or ``stop`` is set), then drain requests and stop Postgres."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+
+    sock = bind_listener(settings.host, settings.port)
+    port = sock.getsockname()[1]
+    # Hypercorn takes ownership of the descriptor; detach so it is closed exactly once.
+    fd = sock.detach()
+    handed_over = False
+    try:
+        async with open_store(settings, serving=True) as db:
+            config = Config()
+            config.bind = [f"fd://{fd}"]
+            config.graceful_timeout = settings.graceful_timeout
+            config.accesslog = None
+            config.errorlog = logging.getLogger("hypercorn.error")
+            app = create_app(settings, db)
+            log.info("pepper is serving on http://%s:%s", settings.host, port)
+            handed_over = True
+            await hypercorn_serve(app, config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
+            log.info("pepper stopped accepting requests; closing the store")
+    finally:
+        if not handed_over:
+            os.close(fd)
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)

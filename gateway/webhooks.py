@@ -1,0 +1,32 @@
+"""The public paths that providers call, in one place for the routes and for ``pepper doctor``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from core.settings import Settings
+
+
+@dataclass(frozen=True)
+class Webhook:
+    name: str
+    path: str
+    where: str  # where to paste it
+    websocket: bool = False
+
+
+WEBHOOKS: tuple[Webhook, ...] = (
+    Webhook("voice", "/twilio/voice", "Twilio phone number > Voice > A call comes in (HTTP POST)"),
+    Webhook("voice-status", "/twilio/voice/status", "Twilio phone number > Voice > Call status changes"),
+    Webhook("media-stream", "/twilio/media", "used in TwiML <Stream>; nothing to paste", websocket=True),
+    Webhook("sms", "/twilio/sms", "Twilio phone number > Messaging > A message comes in (HTTP POST)"),
+    Webhook("whatsapp", "/twilio/whatsapp", "Twilio WhatsApp sender > When a message comes in"),
+    Webhook("message-status", "/twilio/status", "set per message by Pepper; nothing to paste"),
+    Webhook("email", "/email/inbound", "mail provider inbound route (Mailgun forward / SendGrid Parse)"),
+)
+
+
+def public_url_for(settings: Settings, webhook: Webhook) -> str | None:
+    """The exact URL to give the provider, or None while ``PEPPER_PUBLIC_URL`` is unset."""
+    base = settings.public_ws_url if webhook.websocket else settings.public_url
+    return None if base is None else base + webhook.path
