@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import AliasChoices, Field, SecretStr, field_validator
-from core.errors import ConfigError
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
 )
+
+from core.errors import ConfigError
 
 DEFAULT_DATA_DIR = Path("~/.pepper")
 DEFAULT_TWILIO_API_URL = "https://api.twilio.com"
@@ -43,36 +44,22 @@ class Settings(BaseSettings):
     database_url: SecretStr | None = Field(None, validation_alias=_env("DATABASE_URL", "database_url"))
     default_region: str = Field("US", validation_alias=_env("PEPPER_DEFAULT_REGION", "default_region"))
     log_level: str = Field("INFO", validation_alias=_env("PEPPER_LOG_LEVEL", "log_level"))
-    graceful_timeout: float = Field(
-        10.0, ge=0, validation_alias=_env("PEPPER_GRACEFUL_TIMEOUT", "graceful_timeout")
-    )
+    graceful_timeout: float = Field(10.0, ge=0, validation_alias=_env("PEPPER_GRACEFUL_TIMEOUT", "graceful_timeout"))
 
     # Model providers: the SDKs' own variable names.
     openai_api_key: SecretStr | None = Field(None, validation_alias=_env("OPENAI_API_KEY", "openai_api_key"))
     openai_base_url: str | None = Field(None, validation_alias=_env("OPENAI_BASE_URL", "openai_base_url"))
-    anthropic_api_key: SecretStr | None = Field(
-        None, validation_alias=_env("ANTHROPIC_API_KEY", "anthropic_api_key")
-    )
-    anthropic_base_url: str | None = Field(
-        None, validation_alias=_env("ANTHROPIC_BASE_URL", "anthropic_base_url")
-    )
+    anthropic_api_key: SecretStr | None = Field(None, validation_alias=_env("ANTHROPIC_API_KEY", "anthropic_api_key"))
+    anthropic_base_url: str | None = Field(None, validation_alias=_env("ANTHROPIC_BASE_URL", "anthropic_base_url"))
     gemini_api_key: SecretStr | None = Field(
         None, validation_alias=_env("GEMINI_API_KEY", "GOOGLE_API_KEY", "gemini_api_key")
     )
-    gemini_base_url: str | None = Field(
-        None, validation_alias=_env("GOOGLE_GEMINI_BASE_URL", "gemini_base_url")
-    )
-    deepgram_api_key: SecretStr | None = Field(
-        None, validation_alias=_env("DEEPGRAM_API_KEY", "deepgram_api_key")
-    )
+    gemini_base_url: str | None = Field(None, validation_alias=_env("GOOGLE_GEMINI_BASE_URL", "gemini_base_url"))
+    deepgram_api_key: SecretStr | None = Field(None, validation_alias=_env("DEEPGRAM_API_KEY", "deepgram_api_key"))
 
     # Twilio.
-    twilio_account_sid: str | None = Field(
-        None, validation_alias=_env("TWILIO_ACCOUNT_SID", "twilio_account_sid")
-    )
-    twilio_auth_token: SecretStr | None = Field(
-        None, validation_alias=_env("TWILIO_AUTH_TOKEN", "twilio_auth_token")
-    )
+    twilio_account_sid: str | None = Field(None, validation_alias=_env("TWILIO_ACCOUNT_SID", "twilio_account_sid"))
+    twilio_auth_token: SecretStr | None = Field(None, validation_alias=_env("TWILIO_AUTH_TOKEN", "twilio_auth_token"))
     twilio_api_url: str = Field(
         DEFAULT_TWILIO_API_URL, validation_alias=_env("PEPPER_TWILIO_API_URL", "twilio_api_url")
     )

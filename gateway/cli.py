@@ -67,9 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     pin_set = pin.add_parser("set", help="set the PIN (asked for, or one line on stdin)")
     pin_set.add_argument("account", help="account id or unique name")
 
-    line = sub.add_parser("line", help="the Twilio numbers Pepper answers").add_subparsers(
-        dest="action", required=True
-    )
+    line = sub.add_parser("line", help="the Twilio numbers Pepper answers").add_subparsers(dest="action", required=True)
     assign = line.add_parser("assign", help="tie a Twilio number to an account")
     assign.add_argument("number")
     assign.add_argument("kind", choices=identity.LINE_KINDS, help="personal line or answering service")
@@ -123,12 +121,12 @@ async def _admin(args: argparse.Namespace, settings: Settings, db: Database, out
     elif args.command == "handle":
         if args.action == "add":
             account = await identity.get_account(db, args.account)
-            h = await identity.add_handle(db, account.id, args.kind, args.value, verified=args.verified,
-                                          default_region=region)
+            h = await identity.add_handle(
+                db, account.id, args.kind, args.value, verified=args.verified, default_region=region
+            )
             out(f"attached {h.kind} {h.value} to {account.name} ({'verified' if h.verified else 'unverified'})")
         else:
-            h = await identity.set_handle_verified(db, args.kind, args.value, not args.unverify,
-                                                   default_region=region)
+            h = await identity.set_handle_verified(db, args.kind, args.value, not args.unverify, default_region=region)
             out(f"{h.kind} {h.value} is now {'verified' if h.verified else 'unverified'}")
     elif args.command == "pin":
         account = await identity.get_account(db, args.account)
@@ -137,8 +135,9 @@ async def _admin(args: argparse.Namespace, settings: Settings, db: Database, out
     elif args.command == "line":
         if args.action == "assign":
             account = await identity.get_account(db, args.account)
-            line = await identity.assign_line(db, args.number, args.kind, account.id, label=args.label,
-                                              default_region=region)
+            line = await identity.assign_line(
+                db, args.number, args.kind, account.id, label=args.label, default_region=region
+            )
             out(f"{line.number} is now the {line.kind} line of {account.name}")
         else:
             accounts = {a.id: a.name for a in await identity.list_accounts(db)}
@@ -179,4 +178,3 @@ def main(argv: Sequence[str] | None = None, *, out: Callable[[str], None] = prin
         return 1
     except KeyboardInterrupt:
         return 130
-

@@ -43,8 +43,7 @@ def _set(value: SecretStr | str | None) -> bool:
     return bool(value)
 
 
-def _provider(report: Report, name: str, key_var: str, key: SecretStr | None,
-              base_var: str, base: str | None) -> None:
+def _provider(report: Report, name: str, key_var: str, key: SecretStr | None, base_var: str, base: str | None) -> None:
     if _set(key):
         where = f"{base_var}={base}" if base else "the provider's default endpoint"
         report.add(f"model: {name}", OK, f"{key_var} is set; calls go to {where}")
@@ -64,18 +63,31 @@ async def diagnose(settings: Settings, served_paths: set[str]) -> Report:
     else:
         parts = [f"{store.location}: {store.state}"]
         if store.pending_migrations is not None:
-            parts.append(f"schema version {store.schema_version or 0}, {store.pending_migrations} migration(s) "
-                         "to apply at next start")
+            parts.append(
+                f"schema version {store.schema_version or 0}, {store.pending_migrations} migration(s) "
+                "to apply at next start"
+            )
         if store.accounts is not None:
             parts.append(f"{store.accounts} account(s), {len(store.lines)} Twilio line(s)")
         report.add(f"database ({store.kind})", OK, "; ".join(parts))
 
-    _provider(report, "OpenAI", "OPENAI_API_KEY", settings.openai_api_key, "OPENAI_BASE_URL",
-              settings.openai_base_url)
-    _provider(report, "Anthropic", "ANTHROPIC_API_KEY", settings.anthropic_api_key, "ANTHROPIC_BASE_URL",
-              settings.anthropic_base_url)
-    _provider(report, "Google Gemini", "GEMINI_API_KEY", settings.gemini_api_key, "GOOGLE_GEMINI_BASE_URL",
-              settings.gemini_base_url)
+    _provider(report, "OpenAI", "OPENAI_API_KEY", settings.openai_api_key, "OPENAI_BASE_URL", settings.openai_base_url)
+    _provider(
+        report,
+        "Anthropic",
+        "ANTHROPIC_API_KEY",
+        settings.anthropic_api_key,
+        "ANTHROPIC_BASE_URL",
+        settings.anthropic_base_url,
+    )
+    _provider(
+        report,
+        "Google Gemini",
+        "GEMINI_API_KEY",
+        settings.gemini_api_key,
+        "GOOGLE_GEMINI_BASE_URL",
+        settings.gemini_base_url,
+    )
     if not any(_set(k) for k in (settings.openai_api_key, settings.anthropic_api_key, settings.gemini_api_key)):
         report.add("models", MISSING, "no model provider is configured: conversations need one of the keys above")
 
@@ -85,16 +97,23 @@ async def diagnose(settings: Settings, served_paths: set[str]) -> Report:
         ("PEPPER_PUBLIC_URL", settings.public_url),
     ) if not _set(value)]  # fmt: skip
     if twilio_missing:
-        report.add("channel: Twilio calls, SMS, WhatsApp", MISSING,
-                   f"set {', '.join(twilio_missing)} (the public URL is what Twilio signs)")
+        report.add(
+            "channel: Twilio calls, SMS, WhatsApp",
+            MISSING,
+            f"set {', '.join(twilio_missing)} (the public URL is what Twilio signs)",
+        )
     else:
         api = "" if settings.twilio_api_url == DEFAULT_TWILIO_API_URL else f"; REST API at {settings.twilio_api_url}"
         report.add("channel: Twilio calls, SMS, WhatsApp", OK, f"account {settings.twilio_account_sid}{api}")
     if settings.public_url and settings.public_url.startswith("http://"):
         report.add("public URL", MISSING, "PEPPER_PUBLIC_URL is plain http; Twilio needs https in production")
-    report.add("speech: Deepgram", OK if _set(settings.deepgram_api_key) else MISSING,
-               "DEEPGRAM_API_KEY is set" if _set(settings.deepgram_api_key)
-               else "DEEPGRAM_API_KEY is not set (optional: the offline cascade uses local speech models)")
+    report.add(
+        "speech: Deepgram",
+        OK if _set(settings.deepgram_api_key) else MISSING,
+        "DEEPGRAM_API_KEY is set"
+        if _set(settings.deepgram_api_key)
+        else "DEEPGRAM_API_KEY is not set (optional: the offline cascade uses local speech models)",
+    )
 
     for hook in WEBHOOKS:
         report.webhooks.append((hook.name, public_url_for(settings, hook), hook.where, hook.path in served_paths))

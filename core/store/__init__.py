@@ -74,9 +74,7 @@ async def open_store(settings: Settings, *, serving: bool) -> AsyncIterator[Data
     pg = EmbeddedPostgres(data_dir)
     if not serving and lock.is_held_elsewhere():
         if not pg.is_running():
-            raise DatabaseUnavailable(
-                f"a Pepper server holds {data_dir} but its embedded Postgres is not running"
-            )
+            raise DatabaseUnavailable(f"a Pepper server holds {data_dir} but its embedded Postgres is not running")
         db = await Database.open(pg.dsn(EMBEDDED_DATABASE), max_size=2)
         try:
             yield db
@@ -98,7 +96,6 @@ async def open_store(settings: Settings, *, serving: bool) -> AsyncIterator[Data
             await asyncio.to_thread(pg.stop)
     finally:
         lock.release()
-
 
 
 @dataclass

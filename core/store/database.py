@@ -38,22 +38,23 @@ def redact_dsn(dsn: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-async def connect(dsn: str, *, timeout: float = CONNECT_TIMEOUT) -> asyncpg.Connection:
+async def connect(dsn: str, *, connect_timeout: float = CONNECT_TIMEOUT) -> asyncpg.Connection:
     """One connection, with driver errors turned into clear ``StoreError``s."""
     where = redact_dsn(dsn)
     try:
-        return await asyncpg.connect(dsn, timeout=timeout)
+        return await asyncpg.connect(dsn, timeout=connect_timeout)
     except asyncio.CancelledError:
         raise
-    except (asyncpg.InvalidCatalogNameError,) as exc:
+    except asyncpg.InvalidCatalogNameError as exc:
         raise DatabaseUnavailable(f"database does not exist at {where}: {exc}", retryable=False) from exc
     except (asyncpg.InvalidAuthorizationSpecificationError, asyncpg.InvalidPasswordError) as exc:
         raise DatabaseUnavailable(f"database refused the login at {where}: {exc}", retryable=False) from exc
     except (OSError, socket.gaierror, TimeoutError, asyncpg.CannotConnectNowError) as exc:
         raise DatabaseUnavailable(f"cannot reach the database at {where}: {exc}") from exc
     except (ValueError, asyncpg.ClientConfigurationError) as exc:
-        raise DatabaseUnavailable(f"DATABASE_URL is not a valid Postgres URL ({where}): {exc}",
-                                  retryable=False) from exc
+        raise DatabaseUnavailable(
+            f"DATABASE_URL is not a valid Postgres URL ({where}): {exc}", retryable=False
+        ) from exc
     except asyncpg.PostgresError as exc:
         raise DatabaseUnavailable(f"database at {where} refused the connection: {exc}") from exc
 

@@ -59,17 +59,13 @@ async def applied_versions(conn: asyncpg.Connection) -> set[int]:
     return {row["version"] for row in await conn.fetch("SELECT version FROM schema_migrations")}
 
 
-async def pending_migrations(
-    conn: asyncpg.Connection, migrations: list[Migration] | None = None
-) -> list[Migration]:
+async def pending_migrations(conn: asyncpg.Connection, migrations: list[Migration] | None = None) -> list[Migration]:
     migrations = load_migrations() if migrations is None else migrations
     done = await applied_versions(conn)
     return [m for m in migrations if m.version not in done]
 
 
-async def apply_migrations(
-    conn: asyncpg.Connection, migrations: list[Migration] | None = None
-) -> list[int]:
+async def apply_migrations(conn: asyncpg.Connection, migrations: list[Migration] | None = None) -> list[int]:
     """Apply every pending migration; return the versions applied by this call."""
     migrations = load_migrations() if migrations is None else migrations
     applied: list[int] = []
