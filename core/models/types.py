@@ -1,0 +1,101 @@
+"""The normalised vocabulary of a model call, the same for every provider.
+
+Plain dataclasses: the hot path builds many of them, and they are what turn records store.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Role = Literal["user", "assistant", "tool"]
+FinishReason = Literal["stop", "tool_calls", "length", "content_filter", "error"]
+ServiceTier = Literal["standard", "background"]
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """A tool as the model sees it: name, one-paragraph description, JSON Schema of its arguments."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    call_id: str
+    name: str
+    content: str
+    is_error: bool = False
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    """One message of the history.
+
+    ``user``: ``content`` is what the person (or the harness, labelled) said.
+    ``assistant``: ``content`` and/or ``tool_calls``.
+    ``tool``: ``tool_result`` answers one earlier tool call.
+    """
+
+    role: Role
+    content: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_result: ToolResult | None = None
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """Everything a generation needs except the model.
+
+    ``system_stable`` is the byte-stable prefix (persona, rules, skills, dossier) that providers can
+    cache; adapters place their cache breakpoint after it. ``system_dynamic`` follows it (the
+    memory block). Tools are part of the cached prefix too, so their order must be stable.
+    """
+
+    system_stable: str
+    messages: tuple[ChatMessage, ...]
+    system_dynamic: str = ""
+    tools: tuple[ToolSpec, ...] = ()
+    max_output_tokens: int = 1024
+    temperature: float | None = None
+
+
+@dataclass(frozen=True)
+class Usage:
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_input_tokens: int = 0
+    reasoning_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Generation:
+    """The normalised result of one generation."""
+
+    text: str
+    tool_calls: tuple[ToolCall, ...]
+    usage: Usage
+    model: str  # the model that actually ran (after routing and any failover)
+    provider: str
+    finish_reason: FinishReason
+    raw_id: str | None = None
+    failed_over_from: str | None = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    text: str
+
+
+# A stream yields TextDelta items, then exactly one Generation (the complete result) last.
+StreamEvent = TextDelta | Generation

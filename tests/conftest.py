@@ -1,0 +1,64 @@
+"""Shared fixtures: one Postgres per run, a fresh migrated database per test, a clean environment."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from core.store import Database
+from core.testing.postgres import DatabaseFactory, test_server
+
+# Settings a developer's shell may carry must not leak into tests.
+_PEPPER_ENV = (
+    "DATABASE_URL", "PEPPER_PUBLIC_URL", "PEPPER_DATA_DIR", "PEPPER_HOST", "PEPPER_PORT", "PEPPER_CONFIG",
+    "PEPPER_TWILIO_API_URL", "PEPPER_DEFAULT_REGION", "OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY",
+    "ANTHROPIC_BASE_URL", "GEMINI_API_KEY", "GOOGLE_API_KEY", "GOOGLE_GEMINI_BASE_URL", "DEEPGRAM_API_KEY",
+    "TWILIO_ACCOUNT_SID", "TWILIO_AUTH_TOKEN",
+)  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
+    for name in _PEPPER_ENV:
+        monkeypatch.delenv(name, raising=False)
+    # No stray pepper.toml from the working directory.
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[str]:
+    """Admin DSN of the run's Postgres server."""
+    with test_server() as dsn:
+        yield dsn
+
+
+@pytest.fixture(scope="session")
+async def db_factory(pg_server: str) -> DatabaseFactory:
+    factory = DatabaseFactory(pg_server)
+    await factory.prepare_template()
+    return factory
+
+
+@pytest.fixture
+async def db_url(db_factory: DatabaseFactory) -> AsyncIterator[str]:
+    """DSN of a fresh, migrated database of its own for this test."""
+    dsn = await db_factory.create()
+    yield dsn
+    await db_factory.drop(dsn)
+
+
+@pytest.fixture
+async def db(db_url: str) -> AsyncIterator[Database]:
+    database = await Database.open(db_url, max_size=4)
+    yield database
+    await database.close()
+
+
+@pytest.fixture
+def subprocess_env() -> dict[str, str]:
+    """An environment for running ``pepper`` as a child process, without the caller's settings."""
+    env = {k: v for k, v in os.environ.items() if k not in _PEPPER_ENV}
+    env["PYTHONWARNINGS"] = "ignore"
+    return env
