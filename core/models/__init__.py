@@ -15,6 +15,7 @@ from core.models.errors import (
 from core.models.types import (
     ChatMessage,
     Generation,
+    ModelService,
     Prompt,
     StreamEvent,
     TextDelta,
@@ -31,6 +32,7 @@ __all__ = [
     "ModelError",
     "ModelNotConfigured",
     "ModelRequestError",
+    "ModelService",
     "ModelTransientError",
     "Prompt",
     "StreamEvent",

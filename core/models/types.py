@@ -5,8 +5,9 @@ Plain dataclasses: the hot path builds many of them, and they are what turn reco
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 Role = Literal["user", "assistant", "tool"]
 FinishReason = Literal["stop", "tool_calls", "length", "content_filter", "error"]
@@ -99,3 +100,21 @@ class TextDelta:
 
 # A stream yields TextDelta items, then exactly one Generation (the complete result) last.
 StreamEvent = TextDelta | Generation
+
+
+class ModelService(Protocol):
+    """What the harness and the memory jobs call; the router (``core.models.router``) implements it.
+
+    ``tier`` names a configured tier ("small" by default; larger ones by name). The router picks
+    the model inside the tier's mix from ``conversation_key`` and the date, so one conversation
+    stays on one model for a day. ``background=True`` asks for the provider's low-priority tier.
+    Raises ``ModelNotConfigured`` when no provider is set up, other ``ModelError``s on failure.
+    """
+
+    async def generate(
+        self, prompt: Prompt, *, conversation_key: str, tier: str = "small", background: bool = False
+    ) -> Generation: ...
+
+    def stream(
+        self, prompt: Prompt, *, conversation_key: str, tier: str = "small", background: bool = False
+    ) -> AsyncIterator[StreamEvent]: ...
