@@ -178,3 +178,7 @@ def main(argv: Sequence[str] | None = None, *, out: Callable[[str], None] = prin
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

