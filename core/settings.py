@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import (
@@ -62,6 +62,14 @@ class Settings(BaseSettings):
     twilio_auth_token: SecretStr | None = Field(None, validation_alias=_env("TWILIO_AUTH_TOKEN", "twilio_auth_token"))
     twilio_api_url: str = Field(
         DEFAULT_TWILIO_API_URL, validation_alias=_env("PEPPER_TWILIO_API_URL", "twilio_api_url")
+    )
+    # Secret of a Twilio Webhooks "SharedKey" rule (HMAC-SHA256 signatures), if one is configured.
+    twilio_webhook_shared_key: SecretStr | None = Field(
+        None, validation_alias=_env("PEPPER_TWILIO_WEBHOOK_SHARED_KEY", "twilio_webhook_shared_key")
+    )
+    # A text from a number that belongs to no account: "ignore" it, or "reply" with one polite line.
+    unknown_sender: Literal["ignore", "reply"] = Field(
+        "ignore", validation_alias=_env("PEPPER_UNKNOWN_SENDER", "unknown_sender")
     )
 
     # Where this process found its TOML file, if any (for `pepper doctor`).

@@ -8,16 +8,25 @@ from quart import Quart, jsonify
 
 from core.errors import DatabaseUnavailable
 from core.settings import Settings
-from core.store import Database
+from gateway import messaging
+from gateway.services import Services
 
 log = logging.getLogger(__name__)
 
+# Twilio's webhooks are small forms; anything far larger is not from Twilio.
+MAX_BODY_BYTES = 256 * 1024
 
-def create_app(settings: Settings, db: Database | None) -> Quart:
-    """The app; ``db=None`` builds it only to list its routes (for ``pepper doctor``)."""
+
+def create_app(settings: Settings, db, **services) -> Quart:  # type: ignore[no-untyped-def]
+    """The app over an open store. ``db=None`` builds it only to list its routes (``pepper doctor``).
+
+    Keyword arguments become fields of :class:`gateway.services.Services` (``harness``, ``messenger``).
+    """
     app = Quart("pepper")
-    app.config["PEPPER_SETTINGS"] = settings
-    app.extensions["pepper_db"] = db
+    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
+    shared = Services(settings=settings, db=db, **services)
+    app.extensions["pepper"] = shared
+    app.register_blueprint(messaging.blueprint)
 
     @app.get("/healthz")
     async def health():  # type: ignore[no-untyped-def]
@@ -30,6 +39,13 @@ def create_app(settings: Settings, db: Database | None) -> Quart:
             return jsonify(status="unhealthy", database="unavailable"), 503
         status = "ok" if detail["pending_migrations"] == 0 else "migrating"
         return jsonify(status=status, database="ok", **detail), 200 if status == "ok" else 503
+
+    @app.after_serving
+    async def drain() -> None:
+        # Turns started by webhooks that were already acknowledged: let them finish and reply.
+        await shared.tasks.drain(settings.graceful_timeout)
+        if shared.messenger is not None:
+            await shared.messenger.close()
 
     return app
 

@@ -15,15 +15,15 @@ class Webhook:
     websocket: bool = False
 
 
-WEBHOOKS: tuple[Webhook, ...] = (
-    Webhook("voice", "/twilio/voice", "Twilio phone number > Voice > A call comes in (HTTP POST)"),
-    Webhook("voice-status", "/twilio/voice/status", "Twilio phone number > Voice > Call status changes"),
-    Webhook("media-stream", "/twilio/media", "used in TwiML <Stream>; nothing to paste", websocket=True),
-    Webhook("sms", "/twilio/sms", "Twilio phone number > Messaging > A message comes in (HTTP POST)"),
-    Webhook("whatsapp", "/twilio/whatsapp", "Twilio WhatsApp sender > When a message comes in"),
-    Webhook("message-status", "/twilio/status", "set per message by Pepper; nothing to paste"),
-    Webhook("email", "/email/inbound", "mail provider inbound route (Mailgun forward / SendGrid Parse)"),
-)
+VOICE = Webhook("voice", "/twilio/voice", "Twilio phone number > Voice > A call comes in (HTTP POST)")
+VOICE_STATUS = Webhook("voice-status", "/twilio/voice/status", "Twilio phone number > Voice > Call status changes")
+MEDIA_STREAM = Webhook("media-stream", "/twilio/media", "used in TwiML <Stream>; nothing to paste", websocket=True)
+SMS = Webhook("sms", "/twilio/sms", "Twilio phone number > Messaging > A message comes in (HTTP POST)")
+WHATSAPP = Webhook("whatsapp", "/twilio/whatsapp", "Twilio WhatsApp sender > When a message comes in")
+MESSAGE_STATUS = Webhook("message-status", "/twilio/status", "set per message by Pepper; nothing to paste")
+EMAIL = Webhook("email", "/email/inbound", "mail provider inbound route (Mailgun forward / SendGrid Parse)")
+
+WEBHOOKS: tuple[Webhook, ...] = (VOICE, VOICE_STATUS, MEDIA_STREAM, SMS, WHATSAPP, MESSAGE_STATUS, EMAIL)
 
 
 def public_url_for(settings: Settings, webhook: Webhook) -> str | None:

@@ -1,0 +1,265 @@
+"""Twilio SMS and WhatsApp: inbound webhooks, consent keywords, replies and delivery receipts.
+
+One inbound message: check the signature -> resolve the sender to an account -> record the message
+(idempotent on ``MessageSid``) -> acknowledge with empty TwiML -> run the turn in the background ->
+send the reply through the REST API with a status callback -> ``sent``/``delivered`` commits the
+turn's staged writes, ``failed``/``undelivered`` drops them.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from quart import Blueprint, Response, current_app, request
+from twilio.twiml.messaging_response import MessagingResponse
+
+from core import identity
+from core.conversation import conversation_for, record_inbound, record_outbound
+from core.errors import PepperError
+from gateway.segments import split_message
+from gateway.services import Services
+from gateway.signatures import public_request_url, twilio_signature_ok
+from gateway.webhooks import MESSAGE_STATUS, SMS, WHATSAPP
+
+log = logging.getLogger(__name__)
+
+# Twilio's default single-word keywords (case-insensitive, whole message), current list.
+OPT_OUT_WORDS = frozenset({"STOP", "STOPALL", "UNSUBSCRIBE", "CANCEL", "END", "QUIT", "REVOKE", "OPTOUT"})
+OPT_IN_WORDS = frozenset({"START", "YES", "UNSTOP"})
+HELP_WORDS = frozenset({"HELP", "INFO"})
+
+HELP_TEXT = (
+    "Pepper, your personal assistant. Text anything to talk to it. Reply STOP to stop all messages "
+    "and calls, START to resume."
+)
+UNKNOWN_SENDER_TEXT = "Sorry, this number only answers the people it works for."
+APOLOGY_TEXT = "Sorry, something went wrong on my side and I couldn't answer that. Please try again."
+
+DELIVERED = frozenset({"sent", "delivered", "read"})
+NOT_DELIVERED = frozenset({"failed", "undelivered", "canceled"})
+
+blueprint = Blueprint("messaging", __name__)
+
+
+@dataclass(frozen=True)
+class Inbound:
+    channel: str  # "sms" or "whatsapp"
+    sid: str
+    sender: str  # as Twilio sent it, e.g. "whatsapp:+14155550100": replies go back here
+    recipient: str  # our number as Twilio sent it
+    body: str
+    opt_out_type: str | None
+
+
+def _services() -> Services:
+    return current_app.extensions["pepper"]
+
+
+def twiml(text: str | None = None) -> Response:
+    response = MessagingResponse()
+    if text:
+        response.message(text)
+    return Response(str(response), status=200, content_type="application/xml")
+
+
+def keyword(body: str) -> str | None:
+    word = body.strip().upper()
+    if word in OPT_OUT_WORDS:
+        return "STOP"
+    if word in OPT_IN_WORDS:
+        return "START"
+    if word in HELP_WORDS:
+        return "HELP"
+    return None
+
+
+async def _record_security_event(services: Services, kind: str, path: str) -> None:
+    try:
+        await services.db.execute(
+            "INSERT INTO security_events (kind, detail) VALUES ($1, jsonb_build_object('path', $2::text))",
+            kind,
+            path,
+        )
+    except Exception:  # the refusal itself must not fail because the record did
+        log.exception("could not record a security event")
+
+
+async def _verified_form(services: Services) -> dict[str, Any] | Response:
+    """The signed form, or the response refusing it (403 for a bad signature, 400 for garbage)."""
+    form = await request.form
+    url = public_request_url(services.settings, request.path, request.query_string)
+    if not twilio_signature_ok(services.settings, url, form, request.headers):
+        log.warning("refused a webhook with a missing or invalid Twilio signature")
+        await _record_security_event(services, "twilio-signature-invalid", request.path)
+        return Response("invalid signature\n", status=403, content_type="text/plain")
+    return form
+
+
+def _inbound(form: Any, channel: str) -> Inbound | None:
+    sid = form.get("MessageSid") or form.get("SmsMessageSid")
+    sender, recipient = form.get("From"), form.get("To")
+    if not sid or not sender or not recipient:
+        return None
+    return Inbound(channel, sid, sender, recipient, form.get("Body", ""), form.get("OptOutType"))
+
+
+@blueprint.post(SMS.path)
+async def sms_webhook() -> Response:
+    return await _handle_inbound("sms")
+
+
+@blueprint.post(WHATSAPP.path)
+async def whatsapp_webhook() -> Response:
+    return await _handle_inbound("whatsapp")
+
+
+async def _handle_inbound(channel: str) -> Response:
+    services = _services()
+    form = await _verified_form(services)
+    if isinstance(form, Response):
+        return form
+    inbound = _inbound(form, channel)
+    if inbound is None:
+        return Response("MessageSid, From and To are required\n", status=400, content_type="text/plain")
+    settings, db = services.settings, services.db
+
+    handle = await identity.find_handle(db, "phone", inbound.sender, default_region=settings.default_region)
+    if handle is None or not handle.verified:
+        # A number that belongs to no account (or is not verified) never reaches anyone's agent.
+        log.info("message from a number with no verified account on %s", channel)
+        if settings.unknown_sender == "reply" and keyword(inbound.body) is None:
+            return twiml(UNKNOWN_SENDER_TEXT)
+        return twiml()
+
+    message, created = await record_inbound(
+        db, handle.account_id, channel, inbound.body, provider_message_id=inbound.sid, handle_id=handle.id
+    )
+    if not created:
+        log.info("duplicate delivery of a %s message; already handled", channel)
+        return twiml()
+
+    word = (inbound.opt_out_type or "").upper() or keyword(inbound.body)
+    if word == "STOP":
+        # One STOP blocks every channel that reaches the number: SMS, WhatsApp and calls.
+        await identity.set_consent(db, handle.id, identity.PHONE_CHANNELS, opted_out=True, source=f"{channel} STOP")
+        return twiml()  # Twilio confirms opt-outs itself; nothing more is ever sent
+    if word == "START":
+        await identity.set_consent(db, handle.id, identity.PHONE_CHANNELS, opted_out=False, source=f"{channel} START")
+        return twiml()
+    if word == "HELP":
+        # With Advanced Opt-Out (OptOutType present) Twilio has already answered.
+        return twiml() if inbound.opt_out_type else twiml(HELP_TEXT)
+
+    if await identity.is_blocked(db, handle.id, channel):
+        log.info("message recorded from an opted-out handle; no reply will be sent")
+        return twiml()
+
+    services.tasks.spawn(
+        f"turn-{channel}-{message.id}",
+        run_and_reply(services, inbound, handle.account_id, handle.id, message.id),
+    )
+    return twiml()
+
+
+async def run_and_reply(services: Services, inbound: Inbound, account_id: UUID, handle_id: UUID, message_id: int):
+    """Run the turn for one recorded message and send its reply. Never raises."""
+    from text_loop import run_turn
+
+    turn_id: UUID | None = None
+    try:
+        if services.harness is None:
+            raise PepperError("the text harness is not configured")
+        outcome = await run_turn(
+            services.harness, account_id, inbound.channel, inbound.body, inbound_message_id=message_id
+        )
+        turn_id, reply = outcome.turn_id, outcome.reply
+    except Exception:
+        log.exception("turn failed for a %s message", inbound.channel)
+        reply = APOLOGY_TEXT
+    await send_reply(services, inbound, account_id, handle_id, reply, turn_id)
+
+
+async def send_reply(
+    services: Services, inbound: Inbound, account_id: UUID, handle_id: UUID, reply: str, turn_id: UUID | None
+) -> None:
+    db = services.db
+    conversation_id = await conversation_for(db, account_id)
+    parts = split_message(reply)
+    if await identity.is_blocked(db, handle_id, inbound.channel):  # a STOP may have arrived meanwhile
+        await _report_delivery(services, turn_id, ok=False, detail={"reason": "opted-out"})
+        return
+    if services.messenger is None:
+        log.error("cannot reply on %s: Twilio credentials are not configured", inbound.channel)
+        await _report_delivery(services, turn_id, ok=False, detail={"reason": "twilio-not-configured"})
+        return
+    callback = public_request_url(services.settings, MESSAGE_STATUS.path)
+    for part in parts:
+        try:
+            sid = await services.messenger.send(
+                to=inbound.sender, from_=inbound.recipient, body=part, status_callback=callback
+            )
+        except PepperError as exc:
+            log.error("sending a %s reply failed: %s", inbound.channel, exc.code)
+            await record_outbound(db, conversation_id, inbound.channel, part, turn_id=turn_id)
+            await db.execute(
+                "UPDATE messages SET delivery_status = 'failed' WHERE id = (SELECT max(id) FROM messages"
+                " WHERE conversation_id = $1 AND direction = 'outbound')",
+                conversation_id,
+            )
+            await _report_delivery(services, turn_id, ok=False, detail={"reason": "send-failed", "code": exc.code})
+            return
+        stored = await record_outbound(
+            db, conversation_id, inbound.channel, part, turn_id=turn_id, provider_message_id=sid
+        )
+        await db.execute(
+            "UPDATE messages SET delivery_status = coalesce(delivery_status, 'queued') WHERE id = $1", stored.id
+        )
+
+
+async def _report_delivery(services: Services, turn_id: UUID | None, *, ok: bool, detail: dict[str, Any]) -> None:
+    if turn_id is None or services.harness is None:
+        return
+    from text_loop import deliver
+
+    await deliver(services.harness, turn_id, ok, detail=detail)
+
+
+@blueprint.post(MESSAGE_STATUS.path)
+async def message_status() -> Response:
+    """Twilio's delivery receipts for the replies Pepper sent."""
+    services = _services()
+    form = await _verified_form(services)
+    if isinstance(form, Response):
+        return form
+    sid, status = form.get("MessageSid"), (form.get("MessageStatus") or "").lower()
+    if not sid or not status:
+        return Response("MessageSid and MessageStatus are required\n", status=400, content_type="text/plain")
+    row = await services.db.fetchrow(
+        """
+        UPDATE messages SET delivery_status = $2
+        WHERE provider_message_id = $1 AND direction = 'outbound'
+        RETURNING turn_id
+        """,
+        sid,
+        status,
+    )
+    if row is None or row["turn_id"] is None:
+        return Response("", status=204)
+    turn_id = row["turn_id"]
+    statuses = [
+        r["delivery_status"]
+        for r in await services.db.fetch(
+            "SELECT delivery_status FROM messages WHERE turn_id = $1 AND direction = 'outbound'", turn_id
+        )
+    ]
+    turn_status = await services.db.fetchval("SELECT status FROM turns WHERE id = $1", turn_id)
+    if turn_status in ("delivered", "failed"):
+        return Response("", status=204)  # already settled; a late receipt changes nothing
+    if any(s in NOT_DELIVERED for s in statuses):
+        await _report_delivery(services, turn_id, ok=False, detail={"status": status})
+    elif all(s in DELIVERED for s in statuses):
+        await _report_delivery(services, turn_id, ok=True, detail={"status": status})
+    return Response("", status=204)

@@ -1,0 +1,21 @@
+"""What request handlers share: built once at start-up, closed at shutdown."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from core.settings import Settings
+from gateway.tasks import BackgroundTasks
+
+if TYPE_CHECKING:
+    from gateway.twilio_client import TwilioMessenger
+
+
+@dataclass
+class Services:
+    settings: Settings
+    db: Any  # core.store.Database; None only when the app is built to list its routes
+    harness: Any = None  # text_loop.HarnessDeps, when models are configured
+    messenger: TwilioMessenger | None = None
+    tasks: BackgroundTasks = field(default_factory=BackgroundTasks)

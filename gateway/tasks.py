@@ -1,0 +1,43 @@
+"""Background work started by a request that must outlive it (a turn after the webhook's 200)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class BackgroundTasks:
+    """Owns every task it starts: named, logged if they fail, drained on shutdown."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def spawn(self, name: str, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+        return task
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("background task %s failed", task.get_name(), exc_info=task.exception())
+
+    @property
+    def pending(self) -> int:
+        return len(self._tasks)
+
+    async def drain(self, grace: float) -> None:
+        """Let running tasks finish for up to ``grace`` seconds, then cancel the rest."""
+        if not self._tasks:
+            return
+        _, still_running = await asyncio.wait(set(self._tasks), timeout=grace)
+        for task in still_running:
+            task.cancel()
+        if still_running:
+            log.warning("cancelled %s background task(s) at shutdown", len(still_running))
+            await asyncio.wait(still_running, timeout=5)

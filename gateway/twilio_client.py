@@ -1,0 +1,80 @@
+"""The one module that talks to Twilio's REST API (through the official SDK's async client).
+
+``PEPPER_TWILIO_API_URL`` moves every request to another base URL (a loopback peer in tests);
+the SDK has no base-URL option, so a small ``http_client`` subclass rewrites the scheme and host.
+"""
+
+from __future__ import annotations
+
+import logging
+import urllib.parse
+
+import aiohttp
+from twilio.base.exceptions import TwilioRestException
+from twilio.http.async_http_client import AsyncTwilioHttpClient
+from twilio.rest import Client
+
+from core.errors import ConfigError, PepperError
+from core.settings import DEFAULT_TWILIO_API_URL, Settings
+
+log = logging.getLogger(__name__)
+# The SDK logs request bodies (numbers, message text) at INFO: keep them out of our logs.
+logging.getLogger("twilio.http_client").setLevel(logging.WARNING)
+
+# Twilio error codes meaning the recipient has opted out (or is otherwise unreachable for good).
+OPTED_OUT_CODES = {21610}
+
+
+class TwilioSendError(PepperError):
+    code = "twilio-send-failed"
+
+    def __init__(self, message: str, *, twilio_code: int | None = None, retryable: bool = False):
+        super().__init__(message, retryable=retryable)
+        self.twilio_code = twilio_code
+
+
+class _BaseUrlHttpClient(AsyncTwilioHttpClient):
+    def __init__(self, base_url: str, **kwargs):
+        super().__init__(**kwargs)
+        self._base = urllib.parse.urlsplit(base_url.rstrip("/"))
+
+    async def request(self, method, url, *args, **kwargs):  # type: ignore[no-untyped-def]
+        parts = urllib.parse.urlsplit(url)
+        moved = parts._replace(scheme=self._base.scheme, netloc=self._base.netloc)
+        return await super().request(method, urllib.parse.urlunsplit(moved), *args, **kwargs)
+
+
+class TwilioMessenger:
+    """Sends SMS and WhatsApp messages; one instance per process, closed on shutdown."""
+
+    def __init__(self, settings: Settings):
+        if not settings.twilio_account_sid or settings.twilio_auth_token is None:
+            raise ConfigError("TWILIO_ACCOUNT_SID and TWILIO_AUTH_TOKEN are needed to send messages")
+        if settings.twilio_api_url == DEFAULT_TWILIO_API_URL:
+            http_client = AsyncTwilioHttpClient(timeout=15)
+        else:
+            http_client = _BaseUrlHttpClient(settings.twilio_api_url, timeout=15)
+        self._http = http_client
+        self._client = Client(
+            settings.twilio_account_sid, settings.twilio_auth_token.get_secret_value(), http_client=http_client
+        )
+
+    async def send(self, *, to: str, from_: str, body: str, status_callback: str | None) -> str:
+        """Queue one message; return its ``MessageSid``. Raises ``TwilioSendError``."""
+        try:
+            message = await self._client.messages.create_async(
+                to=to, from_=from_, body=body, status_callback=status_callback
+            )
+        except TwilioRestException as exc:
+            transient = exc.status == 429 or exc.status >= 500
+            raise TwilioSendError(
+                f"Twilio refused the message (HTTP {exc.status}, code {exc.code})",
+                twilio_code=exc.code,
+                retryable=transient,
+            ) from exc
+        except (OSError, aiohttp.ClientError, TimeoutError) as exc:
+            raise TwilioSendError(f"cannot reach Twilio: {exc}", retryable=True) from exc
+        return message.sid
+
+    async def close(self) -> None:
+        await self._http.close()
