@@ -1,0 +1,151 @@
+"""A loopback Twilio for tests: signs webhooks the way Twilio does and serves the REST API Pepper calls.
+
+    async with TwilioPeer(auth_token="...") as twilio:
+        settings = Settings(twilio_api_url=twilio.api_url, ...)
+        await twilio.deliver_message(app_url, public_url, "/twilio/sms", From=..., To=..., Body=...)
+        twilio.sent  # messages Pepper asked to send, in order
+
+Signatures come from the SDK's own ``RequestValidator.compute_signature`` over the *public* URL,
+while the request itself goes to the loopback address, exactly as behind a proxy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+import aiohttp
+from aiohttp import web
+from twilio.request_validator import RequestValidator
+
+
+def new_sid(prefix: str) -> str:
+    return prefix + secrets.token_hex(16)
+
+
+@dataclass
+class SentMessage:
+    sid: str
+    to: str
+    from_: str
+    body: str
+    status_callback: str | None
+    account_sid: str
+    auth: str | None
+
+
+@dataclass
+class TwilioPeer:
+    auth_token: str
+    account_sid: str = "AC" + "1" * 32
+    sent: list[SentMessage] = field(default_factory=list)
+    _faults: list[tuple[int, int]] = field(default_factory=list)
+    _runner: web.AppRunner | None = None
+    port: int = 0
+
+    async def __aenter__(self) -> TwilioPeer:
+        app = web.Application()
+        app.router.add_post("/2010-04-01/Accounts/{account}/Messages.json", self._create_message)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def fail_next(self, status: int = 400, code: int = 21610) -> None:
+        """The next message create answers with this HTTP status and Twilio error code."""
+        self._faults.append((status, code))
+
+    async def _create_message(self, request: web.Request) -> web.Response:
+        form = await request.post()
+        if self._faults:
+            status, code = self._faults.pop(0)
+            return web.json_response(
+                {"code": code, "message": "fault injected by the test", "status": status}, status=status
+            )
+        message = SentMessage(
+            sid=new_sid("SM"),
+            to=str(form.get("To")),
+            from_=str(form.get("From")),
+            body=str(form.get("Body", "")),
+            status_callback=form.get("StatusCallback"),  # type: ignore[arg-type]
+            account_sid=request.match_info["account"],
+            auth=request.headers.get("Authorization"),
+        )
+        self.sent.append(message)
+        return web.json_response(
+            {"sid": message.sid, "status": "queued", "to": message.to, "from": message.from_, "body": message.body,
+             "account_sid": message.account_sid, "num_segments": "1", "direction": "outbound-api"},
+            status=201,
+        )  # fmt: skip
+
+    # --- Twilio -> Pepper ------------------------------------------------------------------------
+
+    def sign(self, public_url: str, params: dict[str, str]) -> str:
+        return RequestValidator(self.auth_token).compute_signature(public_url, params)
+
+    async def post_form(
+        self,
+        local_base: str,
+        public_base: str,
+        path: str,
+        params: dict[str, str],
+        *,
+        signature: str | None = None,
+        session: aiohttp.ClientSession | None = None,
+    ) -> tuple[int, str]:
+        """POST a signed form to ``local_base + path``, signed over ``public_base + path``."""
+        headers = {"X-Twilio-Signature": signature or self.sign(public_base + path, params)}
+        owned = session is None
+        session = session or aiohttp.ClientSession()
+        try:
+            async with session.post(local_base + path, data=params, headers=headers) as response:
+                return response.status, await response.text()
+        finally:
+            if owned:
+                await session.close()
+
+    def inbound_message(self, *, sender: str, to: str, body: str, **extra: str) -> dict[str, str]:
+        """The form Twilio posts for an incoming SMS (or WhatsApp, with ``whatsapp:`` addresses)."""
+        return {
+            "MessageSid": extra.pop("MessageSid", new_sid("SM")),
+            "AccountSid": self.account_sid,
+            "From": sender,
+            "To": to,
+            "Body": body,
+            "NumMedia": "0",
+            "NumSegments": "1",
+            "SmsStatus": "received",
+            "ApiVersion": "2010-04-01",
+            **extra,
+        }
+
+    async def send_status(
+        self, local_base: str, public_base: str, message: SentMessage, status: str
+    ) -> tuple[int, str]:
+        """Report a delivery status for a message Pepper sent, to the callback it gave."""
+        assert message.status_callback, "Pepper sent this message without a status callback"
+        path = urlsplit(message.status_callback).path
+        assert message.status_callback.startswith(public_base), message.status_callback
+        params = {"MessageSid": message.sid, "MessageStatus": status, "AccountSid": self.account_sid,
+                  "To": message.to, "From": message.from_}  # fmt: skip
+        return await self.post_form(local_base, public_base, path, params)
+
+    async def wait_for_sent(self, count: int, within: float = 10.0) -> list[SentMessage]:
+        deadline = asyncio.get_running_loop().time() + within
+        while len(self.sent) < count:
+            if asyncio.get_running_loop().time() > deadline:
+                raise AssertionError(f"expected {count} sent message(s), got {len(self.sent)}")
+            await asyncio.sleep(0.01)
+        return self.sent[:count]
