@@ -13,9 +13,15 @@ from aiohttp import web
 
 from core.testing.peers.script import LoopbackPeer, Reply, json_response, run_stream
 
-_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
-                529: "overloaded_error"}  # fmt: skip
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    529: "overloaded_error",
+}
 
 
 def _error(reply: Reply) -> web.Response:
@@ -49,14 +55,26 @@ class AnthropicPeer(LoopbackPeer):
         if reply.text:
             content.append({"type": "text", "text": reply.text})
         for call in reply.tool_calls:
-            content.append({"type": "tool_use", "id": self.call_id(call, "toolu_"), "name": call.name,
-                            "input": call.arguments})  # fmt: skip
+            content.append(
+                {"type": "tool_use", "id": self.call_id(call, "toolu_"), "name": call.name, "input": call.arguments}
+            )
         stop = "max_tokens" if reply.finish == "length" else ("tool_use" if reply.tool_calls else "end_turn")
-        usage = {"input_tokens": reply.input_tokens, "output_tokens": reply.output_tokens,
-                 "cache_read_input_tokens": reply.cached_tokens, "cache_creation_input_tokens": 0}  # fmt: skip
-        message = {"id": f"msg_{self._msg}", "type": "message", "role": "assistant",
-                   "model": received.body.get("model", "claude-x"), "stop_reason": stop, "stop_sequence": None,
-                   "content": content, "usage": usage}  # fmt: skip
+        usage = {
+            "input_tokens": reply.input_tokens - reply.cached_tokens,
+            "output_tokens": reply.output_tokens,
+            "cache_read_input_tokens": reply.cached_tokens,
+            "cache_creation_input_tokens": 0,
+        }
+        message = {
+            "id": f"msg_{self._msg}",
+            "type": "message",
+            "role": "assistant",
+            "model": received.body.get("model", "claude-x"),
+            "stop_reason": stop,
+            "stop_sequence": None,
+            "content": content,
+            "usage": usage,
+        }
         if not received.body.get("stream"):
             return json_response(message)
 
@@ -64,8 +82,10 @@ class AnthropicPeer(LoopbackPeer):
             return kind, json.dumps({"type": kind, **data})
 
         def frames() -> Any:
-            yield ev("message_start", message={**message, "content": [], "stop_reason": None,
-                                               "usage": {**usage, "output_tokens": 1}})  # fmt: skip
+            yield ev(
+                "message_start",
+                message={**message, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 1}},
+            )
             yield ev("ping")
             for index, block in enumerate(content):
                 if block["type"] == "text":
@@ -80,8 +100,11 @@ class AnthropicPeer(LoopbackPeer):
                         delta={"type": "input_json_delta", "partial_json": json.dumps(block["input"])},
                     )
                 yield ev("content_block_stop", index=index)
-            yield ev("message_delta", delta={"stop_reason": stop, "stop_sequence": None},
-                     usage={"output_tokens": reply.output_tokens})  # fmt: skip
+            yield ev(
+                "message_delta",
+                delta={"stop_reason": stop, "stop_sequence": None},
+                usage={"output_tokens": reply.output_tokens},
+            )
             yield ev("message_stop")
 
         return await run_stream(request, reply, frames())

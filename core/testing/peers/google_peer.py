@@ -13,8 +13,16 @@ from aiohttp import web
 
 from core.testing.peers.script import LoopbackPeer, Reply, json_response, run_stream
 
-_STATUS_NAMES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
-                 429: "RESOURCE_EXHAUSTED", 500: "INTERNAL", 503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}  # fmt: skip
+_STATUS_NAMES = {
+    400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    429: "RESOURCE_EXHAUSTED",
+    500: "INTERNAL",
+    503: "UNAVAILABLE",
+    504: "DEADLINE_EXCEEDED",
+}
 
 
 def _error(reply: Reply) -> web.Response:
@@ -43,11 +51,17 @@ class GooglePeer(LoopbackPeer):
         if reply.status:
             return _error(reply)
         finish = "MAX_TOKENS" if reply.finish == "length" else "STOP"
-        usage = {"promptTokenCount": reply.input_tokens, "candidatesTokenCount": reply.output_tokens,
-                 "cachedContentTokenCount": reply.cached_tokens, "thoughtsTokenCount": reply.reasoning_tokens,
-                 "totalTokenCount": reply.input_tokens + reply.output_tokens}  # fmt: skip
-        calls = [{"functionCall": {"id": self.call_id(c, "fc_"), "name": c.name, "args": c.arguments}}
-                 for c in reply.tool_calls]  # fmt: skip
+        usage = {
+            "promptTokenCount": reply.input_tokens,
+            "candidatesTokenCount": reply.output_tokens - reply.reasoning_tokens,
+            "cachedContentTokenCount": reply.cached_tokens,
+            "thoughtsTokenCount": reply.reasoning_tokens,
+            "totalTokenCount": reply.input_tokens + reply.output_tokens,
+        }
+        calls = [
+            {"functionCall": {"id": self.call_id(c, "fc_"), "name": c.name, "args": c.arguments}}
+            for c in reply.tool_calls
+        ]
 
         def response(parts: list[dict[str, Any]], last: bool) -> dict[str, Any]:
             candidate: dict[str, Any] = {"content": {"role": "model", "parts": parts}, "index": 0}

@@ -18,8 +18,13 @@ from aiohttp import web
 
 from core.testing.peers.script import LoopbackPeer, Received, Reply, json_response, run_stream
 
-_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                404: "not_found_error", 429: "rate_limit_error"}  # fmt: skip
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    429: "rate_limit_error",
+}
 
 
 def _error(reply: Reply) -> web.Response:
@@ -66,19 +71,39 @@ class OpenAIPeer(LoopbackPeer):
         self._resp += 1
         output: list[dict[str, Any]] = []
         if reply.text:
-            output.append({"type": "message", "id": f"msg_{self._resp}", "role": "assistant", "status": "completed",
-                           "content": [{"type": "output_text", "text": reply.text, "annotations": []}]})  # fmt: skip
+            output.append(
+                {
+                    "type": "message",
+                    "id": f"msg_{self._resp}",
+                    "role": "assistant",
+                    "status": "completed",
+                    "content": [{"type": "output_text", "text": reply.text, "annotations": []}],
+                }
+            )
         for n, call in enumerate(reply.tool_calls, start=1):
-            output.append({"type": "function_call", "id": f"fc_{self._resp}_{n}",
-                           "call_id": self.call_id(call, "call_"), "name": call.name,
-                           "arguments": json.dumps(call.arguments), "status": "completed"})  # fmt: skip
+            output.append(
+                {
+                    "type": "function_call",
+                    "id": f"fc_{self._resp}_{n}",
+                    "call_id": self.call_id(call, "call_"),
+                    "name": call.name,
+                    "arguments": json.dumps(call.arguments),
+                    "status": "completed",
+                }
+            )
         incomplete = reply.finish == "length"
         return {
-            "id": f"resp_{self._resp}", "object": "response", "created_at": 0,
+            "id": f"resp_{self._resp}",
+            "object": "response",
+            "created_at": 0,
             "status": "incomplete" if incomplete and status == "completed" else status,
             "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
-            "model": received.body.get("model", "gpt-x"), "output": output, "parallel_tool_calls": True,
-            "tool_choice": "auto", "tools": [], "service_tier": received.body.get("service_tier") or "default",
+            "model": received.body.get("model", "gpt-x"),
+            "output": output,
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [],
+            "service_tier": received.body.get("service_tier") or "default",
             "usage": {
                 "input_tokens": reply.input_tokens,
                 "input_tokens_details": {"cached_tokens": reply.cached_tokens},
@@ -86,7 +111,7 @@ class OpenAIPeer(LoopbackPeer):
                 "output_tokens_details": {"reasoning_tokens": reply.reasoning_tokens},
                 "total_tokens": reply.input_tokens + reply.output_tokens,
             },
-        }  # fmt: skip
+        }
 
     async def _responses(self, request: web.Request) -> web.StreamResponse:
         received, reply = await self._take(request)
@@ -117,17 +142,41 @@ class OpenAIPeer(LoopbackPeer):
                     item={**item, "content": [], "status": "in_progress"},
                 )
                 for word in reply.words():
-                    yield frame("response.output_text.delta", item_id=item["id"], output_index=index,
-                                content_index=0, delta=word, logprobs=[])  # fmt: skip
-                yield frame("response.output_text.done", item_id=item["id"], output_index=index, content_index=0,
-                            text=reply.text, logprobs=[])  # fmt: skip
+                    yield frame(
+                        "response.output_text.delta",
+                        item_id=item["id"],
+                        output_index=index,
+                        content_index=0,
+                        delta=word,
+                        logprobs=[],
+                    )
+                yield frame(
+                    "response.output_text.done",
+                    item_id=item["id"],
+                    output_index=index,
+                    content_index=0,
+                    text=reply.text,
+                    logprobs=[],
+                )
             else:
-                yield frame("response.output_item.added", output_index=index,
-                            item={**item, "arguments": "", "status": "in_progress"})  # fmt: skip
-                yield frame("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
-                            delta=item["arguments"])  # fmt: skip
-                yield frame("response.function_call_arguments.done", item_id=item["id"], output_index=index,
-                            name=item["name"], arguments=item["arguments"])  # fmt: skip
+                yield frame(
+                    "response.output_item.added",
+                    output_index=index,
+                    item={**item, "arguments": "", "status": "in_progress"},
+                )
+                yield frame(
+                    "response.function_call_arguments.delta",
+                    item_id=item["id"],
+                    output_index=index,
+                    delta=item["arguments"],
+                )
+                yield frame(
+                    "response.function_call_arguments.done",
+                    item_id=item["id"],
+                    output_index=index,
+                    name=item["name"],
+                    arguments=item["arguments"],
+                )
             yield frame("response.output_item.done", output_index=index, item=item)
         yield frame("response.incomplete" if final["status"] == "incomplete" else "response.completed", response=final)
 
@@ -140,28 +189,51 @@ class OpenAIPeer(LoopbackPeer):
             return _error(reply)
         self._resp += 1
         model = received.body.get("model", "local")
-        calls = [{"id": self.call_id(c, "call_"), "type": "function",
-                  "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
-                 for c in reply.tool_calls]  # fmt: skip
+        calls = [
+            {
+                "id": self.call_id(c, "call_"),
+                "type": "function",
+                "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
+            }
+            for c in reply.tool_calls
+        ]
         finish = reply.finish or ("tool_calls" if calls else "stop")
-        usage = {"prompt_tokens": reply.input_tokens, "completion_tokens": reply.output_tokens,
-                 "total_tokens": reply.input_tokens + reply.output_tokens,
-                 "prompt_tokens_details": {"cached_tokens": reply.cached_tokens},
-                 "completion_tokens_details": {"reasoning_tokens": reply.reasoning_tokens}}  # fmt: skip
+        usage = {
+            "prompt_tokens": reply.input_tokens,
+            "completion_tokens": reply.output_tokens,
+            "total_tokens": reply.input_tokens + reply.output_tokens,
+            "prompt_tokens_details": {"cached_tokens": reply.cached_tokens},
+            "completion_tokens_details": {"reasoning_tokens": reply.reasoning_tokens},
+        }
         ident = f"chatcmpl-{self._resp}"
         if not received.body.get("stream"):
             message = {"role": "assistant", "content": reply.text or None}
             if calls:
                 message["tool_calls"] = calls
-            return json_response({"id": ident, "object": "chat.completion", "created": 0, "model": model,
-                                  "choices": [{"index": 0, "finish_reason": finish, "message": message}],
-                                  "usage": usage})  # fmt: skip
+            return json_response(
+                {
+                    "id": ident,
+                    "object": "chat.completion",
+                    "created": 0,
+                    "model": model,
+                    "choices": [{"index": 0, "finish_reason": finish, "message": message}],
+                    "usage": usage,
+                }
+            )
         include_usage = bool((received.body.get("stream_options") or {}).get("include_usage"))
 
         def chunk(delta: dict[str, Any] | None, finish_reason: str | None = None, **extra: Any) -> tuple[None, str]:
             choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish_reason}]
-            return None, json.dumps({"id": ident, "object": "chat.completion.chunk", "created": 0, "model": model,
-                                     "choices": choices, **extra})  # fmt: skip
+            return None, json.dumps(
+                {
+                    "id": ident,
+                    "object": "chat.completion.chunk",
+                    "created": 0,
+                    "model": model,
+                    "choices": choices,
+                    **extra,
+                }
+            )
 
         def frames() -> Any:
             yield chunk({"role": "assistant", "content": ""})
@@ -206,8 +278,14 @@ class OpenAIPeer(LoopbackPeer):
             encoded: Any = base64.b64encode(struct.pack(f"<{dims}f", *vector)).decode() if as_base64 else vector
             data.append({"object": "embedding", "index": index, "embedding": encoded})
         tokens = sum(len(str(t).split()) for t in inputs)
-        return json_response({"object": "list", "data": data, "model": received.body.get("model", "emb"),
-                              "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})  # fmt: skip
+        return json_response(
+            {
+                "object": "list",
+                "data": data,
+                "model": received.body.get("model", "emb"),
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            }
+        )
 
     async def _record_only(self, request: web.Request) -> tuple[Received, None]:
         body = await request.json()

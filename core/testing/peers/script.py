@@ -38,6 +38,8 @@ class Reply:
 
     text: str = ""
     tool_calls: tuple[ScriptedCall, ...] = ()
+    # Usage in the normalised sense (input includes cached, output includes reasoning); each peer
+    # renders it the way its provider counts.
     input_tokens: int = 10
     output_tokens: int = 5
     cached_tokens: int = 0
