@@ -126,9 +126,9 @@ class LoopbackPeer:
     async def start(self) -> None:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.add_routes(self.routes())
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.1)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0, shutdown_timeout=0.1)
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
         server = site._server
         assert server is not None
