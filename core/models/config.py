@@ -73,3 +73,6 @@ class ModelsConfig(BaseModel):
     # The model the default tiers use when the compatible endpoint is the only provider.
     compatible_model: str | None = None
     timeout: float = Field(120.0, gt=0)
+    # "local" (default: all-MiniLM-L6-v2 on this machine) or an OpenAI embedding model name.
+    embeddings: str | None = None
+    embedding_dimensions: int | None = Field(None, gt=0)
