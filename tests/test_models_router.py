@@ -399,3 +399,18 @@ def test_only_adapters_import_vendor_model_sdks() -> None:
                 if any(n == sdk or n.startswith(sdk + ".") for n in names for sdk in VENDOR_SDKS):
                     offenders.append(str(path.relative_to(root)))
     assert offenders == [] or set(offenders) <= {"bench/models.py"}, offenders
+
+
+async def test_doctor_reports_each_tier_and_its_missing_key(tmp_path: Path) -> None:
+    from gateway.doctor import MISSING, OK, diagnose
+
+    settings = Settings(
+        data_dir=tmp_path,
+        openai_api_key="k",
+        models={"tiers": {"judge": {"model": "claude-opus-4-1", "alternate": "gpt-5"}}},
+    )
+    report = await diagnose(settings, set())
+    checks = {c.area: c for c in report.checks}
+    assert checks["model tier: small"].status == OK and "gpt-5-mini" in checks["model tier: small"].detail
+    judge = checks["model tier: judge"]
+    assert judge.status == MISSING and "ANTHROPIC_API_KEY" in judge.detail and "fails over to gpt-5" in judge.detail
