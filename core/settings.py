@@ -24,6 +24,7 @@ from pydantic_settings import (
 )
 
 from core.errors import ConfigError
+from core.models.config import ModelsConfig
 
 DEFAULT_DATA_DIR = Path("~/.pepper")
 DEFAULT_TWILIO_API_URL = "https://api.twilio.com"
@@ -56,6 +57,8 @@ class Settings(BaseSettings):
     )
     gemini_base_url: str | None = Field(None, validation_alias=_env("GOOGLE_GEMINI_BASE_URL", "gemini_base_url"))
     deepgram_api_key: SecretStr | None = Field(None, validation_alias=_env("DEEPGRAM_API_KEY", "deepgram_api_key"))
+    # Model tiers, mixes, alternates, an OpenAI-compatible endpoint: a [models] table or JSON.
+    models: ModelsConfig = Field(default_factory=ModelsConfig, validation_alias=_env("PEPPER_MODELS", "models"))
 
     # Twilio.
     twilio_account_sid: str | None = Field(None, validation_alias=_env("TWILIO_ACCOUNT_SID", "twilio_account_sid"))

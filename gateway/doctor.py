@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from pydantic import SecretStr
 
+from core.models.router import KEY_NAMES, configured_providers, describe_tiers, tiers_from_settings
 from core.settings import DEFAULT_TWILIO_API_URL, Settings
 from core.store import StoreReport, inspect_store
 from gateway.webhooks import WEBHOOKS, public_url_for
@@ -88,8 +89,19 @@ async def diagnose(settings: Settings, served_paths: set[str]) -> Report:
         "GOOGLE_GEMINI_BASE_URL",
         settings.gemini_base_url,
     )
-    if not any(_set(k) for k in (settings.openai_api_key, settings.anthropic_api_key, settings.gemini_api_key)):
+    if settings.models.compatible_base_url:
+        report.add("model: OpenAI-compatible", OK, f"calls go to {settings.models.compatible_base_url}")
+    tiers = tiers_from_settings(settings)
+    if not tiers:
         report.add("models", MISSING, "no model provider is configured: conversations need one of the keys above")
+    providers = set(configured_providers(settings))
+    for name, line in describe_tiers(tiers):
+        needed = {c.provider for c in tiers[name].mix} - providers
+        status, detail = OK, line
+        if needed:
+            status = MISSING
+            detail = f"{line} (set {', '.join(sorted(KEY_NAMES[p] for p in needed))})"
+        report.add(f"model tier: {name}", status, detail)
 
     twilio_missing = [name for name, value in (
         ("TWILIO_ACCOUNT_SID", settings.twilio_account_sid),

@@ -51,6 +51,10 @@ class ChatMessage:
     content: str = ""
     tool_calls: tuple[ToolCall, ...] = ()
     tool_result: ToolResult | None = None
+    # Opaque provider blocks of an assistant message (thinking blocks, thought signatures) that the
+    # same provider needs echoed back on the next call; each dict names its "provider", and
+    # adapters of other providers ignore it. Copied from ``Generation.provider_state``.
+    provider_state: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,11 @@ class Generation:
     raw_id: str | None = None
     failed_over_from: str | None = None
     extras: dict[str, Any] = field(default_factory=dict)
+    provider_state: tuple[dict[str, Any], ...] = ()
+
+    def as_message(self) -> ChatMessage:
+        """The assistant message to append to the history for the next round."""
+        return ChatMessage("assistant", self.text, self.tool_calls, provider_state=self.provider_state)
 
 
 @dataclass(frozen=True)

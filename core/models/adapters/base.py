@@ -1,0 +1,163 @@
+"""What every provider adapter shares: call options, error conversion and the stream rules.
+
+An adapter fills three hooks: ``_generate`` (one non-streaming call), ``_stream`` (TextDelta items,
+then one Generation) and ``_convert`` (an SDK exception to a ``ModelError``, or ``None`` when it is
+not the SDK's). This base class owns the rules: SDK errors become the model error tree at the
+boundary, and once a ``TextDelta`` has been yielded any failure surfaces as ``StreamInterrupted``
+(never failed over: the person saw part of the reply). ``asyncio.CancelledError`` passes untouched.
+
+This module imports no vendor SDK; each adapter module imports its own.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import httpx
+
+from core.models.errors import (
+    ModelAuthError,
+    ModelError,
+    ModelRequestError,
+    ModelTransientError,
+    StreamInterrupted,
+)
+from core.models.types import FinishReason, Generation, Prompt, StreamEvent, TextDelta
+
+try:  # The OpenAI and Anthropic SDKs ship on httpx2, a fork under its own import name.
+    import httpx2
+
+    _HTTPX2_TRANSPORT: tuple[type[BaseException], ...] = (httpx2.TransportError,)
+except ImportError:  # pragma: no cover
+    _HTTPX2_TRANSPORT = ()
+
+log = logging.getLogger(__name__)
+
+TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    TimeoutError,
+    aiohttp.ClientError,
+    httpx.TransportError,
+    *_HTTPX2_TRANSPORT,
+)
+
+
+@dataclass(frozen=True)
+class CallOptions:
+    """How to run one call, as the router decided it.
+
+    ``model`` is the provider's own model name (any routing prefix removed). ``effort`` is a
+    reasoning effort ("minimal", "low", "medium", "high"); ``thinking_budget`` a token budget for
+    providers that take one (Anthropic, Google). ``background`` asks for the provider's
+    low-priority service tier where it has one (``supports_background``).
+    """
+
+    model: str
+    effort: str | None = None
+    thinking_budget: int | None = None
+    background: bool = False
+
+
+def error_for_status(status: int | None, message: str, provider: str) -> ModelError:
+    """The error class a provider HTTP status maps to."""
+    if status in (401, 403):
+        return ModelAuthError(message, provider=provider, status=status)
+    if status is None or status in (408, 409, 425, 429) or status >= 500:
+        return ModelTransientError(message, provider=provider, status=status)
+    return ModelRequestError(message, provider=provider, status=status)
+
+
+def parse_arguments(raw: str | dict[str, Any] | None) -> dict[str, Any]:
+    """Tool-call arguments as a dict; text that is not a JSON object is kept under ``_raw``."""
+    if isinstance(raw, dict):
+        return raw
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return {"_raw": raw}
+    return value if isinstance(value, dict) else {"_raw": raw}
+
+
+def system_text(prompt: Prompt) -> str:
+    """The stable prefix and the dynamic part as one system text, for providers without blocks."""
+    if prompt.system_dynamic:
+        return f"{prompt.system_stable}\n\n{prompt.system_dynamic}" if prompt.system_stable else prompt.system_dynamic
+    return prompt.system_stable
+
+
+def finish_for(tool_calls: tuple[Any, ...], reason: FinishReason) -> FinishReason:
+    return "tool_calls" if tool_calls and reason == "stop" else reason
+
+
+class ModelAdapter(ABC):
+    """One provider behind the common interface. Subclasses fill the three hooks below."""
+
+    provider: str = "unknown"
+    supports_background: bool = False
+
+    async def generate(self, prompt: Prompt, options: CallOptions) -> Generation:
+        try:
+            return await self._generate(prompt, options)
+        except ModelError:
+            raise
+        except Exception as exc:
+            error = self._convert_any(exc)
+            if error is None:
+                raise
+            raise error from exc
+
+    async def stream(self, prompt: Prompt, options: CallOptions) -> AsyncIterator[StreamEvent]:
+        """TextDelta items, then exactly one Generation. A failure after the first delta raises
+        ``StreamInterrupted``; before it, the converted error (which the router may fail over)."""
+        started = False
+        try:
+            async for event in self._stream(prompt, options):
+                if isinstance(event, TextDelta):
+                    started = True
+                yield event
+        except StreamInterrupted:
+            raise
+        except Exception as exc:
+            error = exc if isinstance(exc, ModelError) else self._convert_any(exc)
+            if error is None:
+                raise
+            if started:
+                log.warning(
+                    "model stream interrupted after it began: provider=%s status=%s", self.provider, error.status
+                )
+                raise StreamInterrupted(
+                    f"the {self.provider} reply stopped part way: {error}", provider=self.provider, status=error.status
+                ) from exc
+            if error is exc:
+                raise
+            raise error from exc
+
+    def _convert_any(self, exc: Exception) -> ModelError | None:
+        error = self._convert(exc)
+        if error is None and isinstance(exc, TRANSPORT_ERRORS):
+            error = ModelTransientError(
+                f"{self.provider} connection failed: {type(exc).__name__}", provider=self.provider
+            )
+        if error is not None:
+            log.info("model call failed: provider=%s kind=%s status=%s", self.provider, error.code, error.status)
+        return error
+
+    @abstractmethod
+    async def _generate(self, prompt: Prompt, options: CallOptions) -> Generation: ...
+
+    @abstractmethod
+    def _stream(self, prompt: Prompt, options: CallOptions) -> AsyncIterator[StreamEvent]: ...
+
+    @abstractmethod
+    def _convert(self, exc: Exception) -> ModelError | None: ...
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook
+        """Release the SDK client's connections."""

@@ -1,0 +1,166 @@
+"""OpenAI through the Responses API (``POST /v1/responses``), with reasoning effort and service tier.
+
+Mapping: the system prompt goes in ``instructions`` (stable prefix first, so OpenAI's automatic
+prefix cache hits); tools are ``function`` tools; an assistant's tool calls are ``function_call``
+items and tool results ``function_call_output`` items. ``background`` asks for ``service_tier="flex"``.
+Nothing is stored at OpenAI (``store=False``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import openai
+
+from core.models.adapters.base import (
+    CallOptions,
+    ModelAdapter,
+    error_for_status,
+    finish_for,
+    parse_arguments,
+    system_text,
+)
+from core.models.errors import ModelError, ModelTransientError
+from core.models.types import ChatMessage, FinishReason, Generation, Prompt, StreamEvent, TextDelta, ToolCall, Usage
+
+PROVIDER = "openai"
+
+
+def convert_openai_error(exc: Exception, provider: str) -> ModelError | None:
+    """OpenAI SDK errors (also raised by OpenAI-compatible servers) to the model error tree."""
+    if isinstance(exc, openai.APIStatusError):
+        return error_for_status(exc.status_code, f"{provider} answered HTTP {exc.status_code}", provider)
+    if isinstance(exc, openai.APITimeoutError):
+        return ModelTransientError(f"{provider} timed out", provider=provider)
+    if isinstance(exc, openai.APIConnectionError):
+        return ModelTransientError(f"{provider} connection failed", provider=provider)
+    if isinstance(exc, openai.APIError):
+        return ModelTransientError(f"{provider} failed: {type(exc).__name__}", provider=provider)
+    return None
+
+
+def _input_items(messages: tuple[ChatMessage, ...]) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    for m in messages:
+        if m.role == "user":
+            items.append({"role": "user", "content": m.content})
+        elif m.role == "assistant":
+            if m.content:
+                items.append({"role": "assistant", "content": m.content})
+            for call in m.tool_calls:
+                items.append(
+                    {
+                        "type": "function_call",
+                        "call_id": call.id,
+                        "name": call.name,
+                        "arguments": json.dumps(call.arguments),
+                    }
+                )
+        elif m.tool_result is not None:
+            r = m.tool_result
+            items.append({"type": "function_call_output", "call_id": r.call_id, "output": r.content})
+    return items
+
+
+def _params(prompt: Prompt, options: CallOptions) -> dict[str, Any]:
+    params: dict[str, Any] = {
+        "model": options.model,
+        "input": _input_items(prompt.messages),
+        "max_output_tokens": prompt.max_output_tokens,
+        "store": False,
+    }
+    instructions = system_text(prompt)
+    if instructions:
+        params["instructions"] = instructions
+    if prompt.tools:
+        params["tools"] = [
+            {
+                "type": "function",
+                "name": t.name,
+                "description": t.description,
+                "parameters": t.parameters,
+                "strict": False,
+            }
+            for t in prompt.tools
+        ]
+    if options.effort:
+        params["reasoning"] = {"effort": options.effort}
+    if prompt.temperature is not None:
+        params["temperature"] = prompt.temperature
+    if options.background:
+        params["service_tier"] = "flex"
+    return params
+
+
+def _generation(response: Any, options: CallOptions) -> Generation:
+    texts: list[str] = []
+    calls: list[ToolCall] = []
+    for item in response.output or ():
+        if item.type == "message":
+            texts.extend(part.text for part in item.content if part.type == "output_text")
+        elif item.type == "function_call":
+            calls.append(ToolCall(item.call_id, item.name, parse_arguments(item.arguments)))
+    reason: FinishReason = "stop"
+    if response.status == "incomplete":
+        why = getattr(response.incomplete_details, "reason", None)
+        reason = "content_filter" if why == "content_filter" else "length"
+    elif response.status == "failed":
+        reason = "error"
+    u = response.usage
+    usage = Usage()
+    if u is not None:
+        usage = Usage(
+            input_tokens=u.input_tokens,
+            output_tokens=u.output_tokens,
+            cached_input_tokens=getattr(u.input_tokens_details, "cached_tokens", 0) or 0,
+            reasoning_tokens=getattr(u.output_tokens_details, "reasoning_tokens", 0) or 0,
+        )
+    tool_calls = tuple(calls)
+    extras: dict[str, Any] = {"provider_model": response.model}
+    if response.service_tier:
+        extras["service_tier"] = response.service_tier
+    return Generation(
+        "".join(texts),
+        tool_calls,
+        usage,
+        options.model,
+        PROVIDER,
+        finish_for(tool_calls, reason),
+        raw_id=response.id,
+        extras=extras,
+    )
+
+
+class OpenAIResponsesAdapter(ModelAdapter):
+    provider = PROVIDER
+    supports_background = True
+
+    def __init__(self, *, api_key: str, base_url: str | None = None, timeout: float = 120.0) -> None:
+        self._client = openai.AsyncOpenAI(api_key=api_key, base_url=base_url, max_retries=0, timeout=timeout)
+
+    async def _generate(self, prompt: Prompt, options: CallOptions) -> Generation:
+        response = await self._client.responses.create(**_params(prompt, options))
+        return _generation(response, options)
+
+    async def _stream(self, prompt: Prompt, options: CallOptions) -> AsyncIterator[StreamEvent]:
+        stream = await self._client.responses.create(**_params(prompt, options), stream=True)
+        async with stream:
+            async for event in stream:
+                kind = event.type
+                if kind == "response.output_text.delta":
+                    if event.delta:
+                        yield TextDelta(event.delta)
+                elif kind in ("response.completed", "response.incomplete"):
+                    yield _generation(event.response, options)
+                    return
+                elif kind in ("response.failed", "error"):
+                    raise ModelTransientError("openai reported a failed response mid-stream", provider=PROVIDER)
+        raise ModelTransientError("openai stream ended before the response completed", provider=PROVIDER)
+
+    def _convert(self, exc: Exception) -> ModelError | None:
+        return convert_openai_error(exc, PROVIDER)
+
+    async def aclose(self) -> None:
+        await self._client.close()

@@ -1,0 +1,50 @@
+"""Writing what the models did into a turn record: the model that ran, the tier, the usage.
+
+A turn may make several calls (tool rounds, a repair pass); the record keeps the totals and one
+entry per call, so quality reports can compare models and see failovers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+from uuid import UUID
+
+from core.conversation import update_turn
+from core.identity import Executor
+from core.models.types import Generation
+
+
+def usage_record(generations: Sequence[Generation]) -> dict[str, Any]:
+    """Totals over the calls, and each call's model, provider, usage and failover."""
+    calls = [
+        {
+            "model": g.model,
+            "provider": g.provider,
+            "finish_reason": g.finish_reason,
+            "input_tokens": g.usage.input_tokens,
+            "output_tokens": g.usage.output_tokens,
+            "cached_input_tokens": g.usage.cached_input_tokens,
+            "reasoning_tokens": g.usage.reasoning_tokens,
+            **({"failed_over_from": g.failed_over_from} if g.failed_over_from else {}),
+            **({"effort": g.extras["effort"]} if "effort" in g.extras else {}),
+        }
+        for g in generations
+    ]
+    totals = {
+        key: sum(c[key] for c in calls)
+        for key in ("input_tokens", "output_tokens", "cached_input_tokens", "reasoning_tokens")
+    }
+    return {**totals, "calls": calls}
+
+
+async def record_model_use(
+    db: Executor, turn_id: UUID, generations: Sequence[Generation], *, tier: str | None = None
+) -> None:
+    """Store the model that ran (the last call's), the tier and the usage in the turn record."""
+    if not generations:
+        return
+    parts: dict[str, Any] = {"model": generations[-1].model, "usage": usage_record(generations)}
+    if tier is not None:
+        parts["tier"] = tier
+    await update_turn(db, turn_id, **parts)

@@ -1,0 +1,218 @@
+"""What a loopback model peer is told to do, and the small HTTP server all of them share.
+
+A test scripts a peer with a queue of :class:`Reply` items; each request the peer receives takes
+the next one. A reply is a normal answer (text and/or tool calls, with usage) or a fault: an HTTP
+status with the provider's error body, a delay before answering, or a stream cut after N events.
+Every request is recorded (:class:`Received`) so tests can check what the SDK actually sent.
+
+An unscripted request gets HTTP 400 with a message saying so: a 400 never fails over, so a
+test that forgot to script a reply fails loudly instead of passing by accident.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+
+@dataclass(frozen=True)
+class ScriptedCall:
+    name: str
+    arguments: dict[str, Any]
+    id: str | None = None  # the peer numbers calls when not given
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One scripted answer (or fault) of a peer.
+
+    ``text`` streams in word-sized deltas. ``status`` answers with that HTTP status and the
+    provider's error body instead. ``delay`` seconds pass before the answer starts.
+    ``cut_after`` closes the connection abruptly after that many stream events (streaming only).
+    """
+
+    text: str = ""
+    tool_calls: tuple[ScriptedCall, ...] = ()
+    # Usage in the normalised sense (input includes cached, output includes reasoning); each peer
+    # renders it the way its provider counts.
+    input_tokens: int = 10
+    output_tokens: int = 5
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+    finish: str | None = None  # "length" to report a truncated reply; else derived
+    status: int | None = None
+    error_message: str = "scripted failure"
+    delay: float = 0.0
+    cut_after: int | None = None
+
+    def words(self) -> list[str]:
+        """The text as streamed: word-sized pieces that join back to ``text``."""
+        return re.findall(r"\s*\S+\s*", self.text) or ([self.text] if self.text else [])
+
+
+def reply_text(text: str, **kw: Any) -> Reply:
+    return Reply(text=text, **kw)
+
+
+def reply_tools(*calls: tuple[str, dict[str, Any]] | ScriptedCall, text: str = "", **kw: Any) -> Reply:
+    """A reply that calls tools: ``reply_tools(("get_weather", {"city": "Paris"}))``."""
+    scripted = tuple(c if isinstance(c, ScriptedCall) else ScriptedCall(c[0], c[1]) for c in calls)
+    return Reply(text=text, tool_calls=scripted, **kw)
+
+
+def fault(status: int, message: str = "scripted failure", **kw: Any) -> Reply:
+    return Reply(status=status, error_message=message, **kw)
+
+
+@dataclass(frozen=True)
+class Received:
+    """One request as the peer saw it."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    query: dict[str, str]
+    body: dict[str, Any]
+
+    @property
+    def streaming(self) -> bool:
+        return bool(self.body.get("stream")) or "streamGenerateContent" in self.path
+
+
+@dataclass
+class _CallCounter:
+    n: int = 0
+
+    def next(self, prefix: str) -> str:
+        self.n += 1
+        return f"{prefix}{self.n}"
+
+
+class LoopbackPeer:
+    """A scripted HTTP peer on 127.0.0.1. Use as ``async with Peer() as peer:``.
+
+    Subclasses add routes in :meth:`routes` and turn a :class:`Reply` into their wire format.
+    """
+
+    def __init__(self) -> None:
+        self._queue: deque[Reply] = deque()
+        self.requests: list[Received] = []
+        self.unscripted = 0
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+        self._ids = _CallCounter()
+
+    # Scripting.
+    def script(self, *replies: Reply) -> None:
+        self._queue.extend(replies)
+
+    @property
+    def pending(self) -> int:
+        return len(self._queue)
+
+    def routes(self) -> list[web.RouteDef]:
+        raise NotImplementedError
+
+    @property
+    def root(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    # Lifecycle.
+    async def start(self) -> None:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.add_routes(self.routes())
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.1)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        server = site._server
+        assert server is not None
+        self.port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> LoopbackPeer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # Shared request handling.
+    async def _take(self, request: web.Request) -> tuple[Received, Reply | None]:
+        try:
+            body = await request.json() if request.can_read_body else {}
+        except ValueError:
+            body = {}
+        received = Received(
+            request.method, request.path, dict(request.headers), dict(request.query), body if body else {}
+        )
+        self.requests.append(received)
+        if not self._queue:
+            self.unscripted += 1
+            return received, None
+        reply = self._queue.popleft()
+        if reply.delay:
+            await asyncio.sleep(reply.delay)
+        return received, reply
+
+    def call_id(self, call: ScriptedCall, prefix: str) -> str:
+        return call.id or self._ids.next(prefix)
+
+
+class StreamWriter:
+    """Writes SSE frames, cutting the connection after ``cut_after`` frames when asked."""
+
+    def __init__(self, request: web.Request, response: web.StreamResponse, cut_after: int | None):
+        self.request = request
+        self.response = response
+        self.cut_after = cut_after
+        self.sent = 0
+
+    async def send(self, data: str, event: str | None = None) -> None:
+        if self.cut_after is not None and self.sent >= self.cut_after:
+            raise _Cut
+        frame = (f"event: {event}\n" if event else "") + f"data: {data}\n\n"
+        await self.response.write(frame.encode())
+        self.sent += 1
+
+
+class _Cut(Exception):
+    pass
+
+
+async def open_sse(request: web.Request, reply: Reply) -> tuple[web.StreamResponse, StreamWriter]:
+    response = web.StreamResponse(
+        status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    response.enable_chunked_encoding()
+    await response.prepare(request)
+    return response, StreamWriter(request, response, reply.cut_after)
+
+
+async def run_stream(request: web.Request, reply: Reply, frames: Any) -> web.StreamResponse:
+    """Send ``frames`` (an iterable of ``(event, data)``) as SSE; honour ``reply.cut_after``."""
+    response, writer = await open_sse(request, reply)
+    try:
+        for event, data in frames:
+            await writer.send(data, event)
+            await asyncio.sleep(0)
+    except _Cut:
+        transport = request.transport
+        if transport is not None:
+            transport.abort()
+        return response
+    await response.write_eof()
+    return response
+
+
+def json_response(payload: dict[str, Any], status: int = 200) -> web.Response:
+    return web.json_response(payload, status=status)
