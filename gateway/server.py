@@ -8,13 +8,16 @@ import logging
 import os
 import signal
 import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Config
+from quart import Quart
 
 from core.errors import StartupError
 from core.settings import Settings
-from core.store import open_store
+from core.store import Database, open_store
 from gateway.app import create_app
 
 log = logging.getLogger(__name__)
@@ -36,6 +39,59 @@ def bind_listener(host: str, port: int) -> socket.socket:
     return sock
 
 
+def build_app(settings: Settings, db: Database) -> Quart:
+    """The app with everything it serves wired in: the harness on the model router, Twilio if set up.
+
+    The router is built even with no provider configured: a turn then tells the person plainly
+    that no model is configured.
+    """
+    from core.models.router import ModelRouter
+    from text_loop import HarnessDeps
+
+    router = ModelRouter.from_settings(settings)
+    messenger = None
+    if settings.twilio_account_sid and settings.twilio_auth_token is not None:
+        from gateway.twilio_client import TwilioMessenger
+
+        messenger = TwilioMessenger(settings)
+    app = create_app(settings, db, harness=HarnessDeps(db=db, models=router), messenger=messenger)
+
+    @app.after_serving
+    async def close_router() -> None:
+        await router.aclose()
+
+    return app
+
+
+@asynccontextmanager
+async def running_app(settings: Settings, db: Database) -> AsyncIterator[tuple[Quart, int]]:
+    """Serve ``build_app`` on a real loopback socket in this event loop (for tests and benchmarks)."""
+    sock = bind_listener(settings.host, settings.port)
+    port = sock.getsockname()[1]
+    config = Config()
+    config.bind = [f"fd://{sock.detach()}"]
+    config.graceful_timeout = settings.graceful_timeout
+    config.accesslog = None
+    app = build_app(settings, db)
+    stop = asyncio.Event()
+    task = asyncio.get_running_loop().create_task(
+        hypercorn_serve(app, config, shutdown_trigger=stop.wait),  # type: ignore[arg-type]
+        name=f"pepper-server-{port}",
+    )
+    try:
+        for _ in range(500):  # until it accepts connections
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.close()
+                break
+            except OSError:
+                await asyncio.sleep(0.01)
+        yield app, port
+    finally:
+        stop.set()
+        await task
+
+
 async def serve(settings: Settings, *, stop: asyncio.Event | None = None) -> None:
     """Run until SIGINT/SIGTERM (or ``stop`` is set), then drain requests and stop Postgres."""
     stop = stop or asyncio.Event()
@@ -55,7 +111,7 @@ async def serve(settings: Settings, *, stop: asyncio.Event | None = None) -> Non
             config.graceful_timeout = settings.graceful_timeout
             config.accesslog = None
             config.errorlog = logging.getLogger("hypercorn.error")
-            app = create_app(settings, db)
+            app = build_app(settings, db)
             log.info("pepper is serving on http://%s:%s", settings.host, port)
             handed_over = True
             await hypercorn_serve(app, config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]

@@ -1,0 +1,306 @@
+"""SMS and WhatsApp end to end: a loopback Twilio signs webhooks and receives replies, a loopback
+OpenAI answers as the model, and Pepper runs on a real Hypercorn socket over a fresh database."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import aiohttp
+import pytest
+
+from core import identity
+from core.settings import Settings
+from core.store import Database
+from core.testing.peers import OpenAIPeer, fault, reply_text, reply_tools
+from core.testing.twilio_peer import TwilioPeer
+from gateway.messaging import APOLOGY_TEXT, HELP_TEXT, UNKNOWN_SENDER_TEXT
+from gateway.server import running_app
+
+TOKEN = "twilio-test-auth-token"
+PUBLIC = "https://pepper.example.org"
+OWNER = "+14155552671"
+PEPPER_NUMBER = "+14155550100"
+STRANGER = "+14155559999"
+
+
+@dataclass
+class Stack:
+    db: Database
+    twilio: TwilioPeer
+    model: OpenAIPeer
+    local: str  # where the server really listens
+    account_id: object
+    handle_id: object
+    session: aiohttp.ClientSession
+
+    async def text(self, body: str, *, sender: str = OWNER, path: str = "/twilio/sms", **extra: str):
+        to = "whatsapp:" + PEPPER_NUMBER if sender.startswith("whatsapp:") else PEPPER_NUMBER
+        form = self.twilio.inbound_message(sender=sender, to=to, body=body, **extra)
+        status, text = await self.twilio.post_form(self.local, PUBLIC, path, form, session=self.session)
+        return status, text, form
+
+    async def settle(self) -> None:
+        """Wait until every turn the webhooks started has finished and replied."""
+        for _ in range(500):
+            running = await self.db.fetchval("SELECT count(*) FROM turns WHERE status = 'running'")
+            if not running and not self.app_tasks():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("turns did not finish")
+
+    def app_tasks(self) -> int:
+        return self._services.tasks.pending
+
+    _services: object = None
+
+
+def make_settings(db_url: str, twilio: TwilioPeer, model: OpenAIPeer, **overrides) -> Settings:
+    return Settings(
+        database_url=db_url,
+        public_url=PUBLIC,
+        twilio_account_sid=twilio.account_sid,
+        twilio_auth_token=TOKEN,
+        twilio_api_url=twilio.api_url,
+        openai_api_key="sk-test",
+        openai_base_url=model.base_url,
+        port=0,
+        **overrides,
+    )
+
+
+@pytest.fixture
+async def stack(db: Database, db_url: str, request) -> AsyncIterator[Stack]:
+    overrides = getattr(request, "param", {})
+    ada = await identity.create_account(db, "Ada")
+    handle = await identity.add_handle(db, ada.id, "phone", OWNER, verified=True)
+    await identity.assign_line(db, PEPPER_NUMBER, "personal", ada.id)
+    async with TwilioPeer(auth_token=TOKEN) as twilio, OpenAIPeer() as model:
+        settings = make_settings(db_url, twilio, model, **overrides)
+        async with running_app(settings, db) as (app, port), aiohttp.ClientSession() as session:
+            s = Stack(db, twilio, model, f"http://127.0.0.1:{port}", ada.id, handle.id, session)
+            s._services = app.extensions["pepper"]
+            yield s
+
+
+async def count(db: Database, sql: str, *args) -> int:
+    return await db.fetchval(f"SELECT count(*) FROM {sql}", *args)
+
+
+# --- refusals ------------------------------------------------------------------------------------
+
+
+async def test_forged_unsigned_and_wrong_url_signatures_are_refused_and_nothing_recorded(stack: Stack):
+    form = stack.twilio.inbound_message(sender=OWNER, to=PEPPER_NUMBER, body="hi")
+    forged = TwilioPeer(auth_token="not-the-token").sign(PUBLIC + "/twilio/sms", form)
+    loopback_signed = stack.twilio.sign(stack.local + "/twilio/sms", form)  # signed over the wrong URL
+    for signature in (forged, loopback_signed, "", "garbage=="):
+        status, _ = await stack.twilio.post_form(stack.local, PUBLIC, "/twilio/sms", form, signature=signature or None)
+        if signature == "":
+            async with stack.session.post(stack.local + "/twilio/sms", data=form) as response:
+                status = response.status
+        assert status == 403
+    tampered = dict(form, Body="send me everything")
+    sig = stack.twilio.sign(PUBLIC + "/twilio/sms", form)
+    assert (await stack.twilio.post_form(stack.local, PUBLIC, "/twilio/sms", tampered, signature=sig))[0] == 403
+    assert await count(stack.db, "messages") == 0
+    assert await count(stack.db, "security_events WHERE kind = 'twilio-signature-invalid'") == 5
+    assert stack.model.requests == [] and stack.twilio.sent == []
+
+
+async def test_malformed_and_oversized_webhooks_get_a_clear_4xx(stack: Stack):
+    form = {"From": OWNER, "To": PEPPER_NUMBER, "Body": "no sid"}
+    status, _ = await stack.twilio.post_form(stack.local, PUBLIC, "/twilio/sms", form)
+    assert status == 400
+    huge = stack.twilio.inbound_message(sender=OWNER, to=PEPPER_NUMBER, body="x" * 400_000)
+    status, _ = await stack.twilio.post_form(stack.local, PUBLIC, "/twilio/sms", huge)
+    assert status == 413
+    assert await count(stack.db, "messages") == 0
+
+
+async def test_a_number_with_no_account_never_reaches_an_agent(stack: Stack):
+    status, body, _ = await stack.text("hello?", sender=STRANGER)
+    assert status == 200 and "<Message>" not in body
+    assert await count(stack.db, "messages") == 0
+    assert stack.model.requests == []
+
+
+@pytest.mark.parametrize("stack", [{"unknown_sender": "reply"}], indirect=True)
+async def test_unknown_senders_can_get_one_polite_line(stack: Stack):
+    status, body, _ = await stack.text("hello?", sender=STRANGER)
+    assert status == 200 and UNKNOWN_SENDER_TEXT in body
+    assert await count(stack.db, "messages") == 0 and stack.model.requests == []
+
+
+async def test_an_unverified_number_is_treated_as_unknown(stack: Stack):
+    await identity.set_handle_verified(stack.db, "phone", OWNER, False)
+    await stack.text("hi")
+    assert await count(stack.db, "messages") == 0 and stack.model.requests == []
+
+
+# --- a turn over SMS -----------------------------------------------------------------------------
+
+
+async def test_a_text_gets_an_acknowledgement_then_a_reply_through_the_rest_api(stack: Stack):
+    stack.model.script(reply_text("Hello Ada, all good here."))
+    status, body, form = await stack.text("Hi Pepper")
+    assert status == 200 and re.fullmatch(r"<\?xml[^>]*\?>\s*<Response\s*/>", body.strip())
+    [sent] = await stack.twilio.wait_for_sent(1)
+    assert (sent.to, sent.from_, sent.body) == (OWNER, PEPPER_NUMBER, "Hello Ada, all good here.")
+    assert sent.status_callback == PUBLIC + "/twilio/status"
+    assert sent.auth and sent.account_sid == stack.twilio.account_sid
+    await stack.settle()
+    rows = await stack.db.fetch("SELECT channel, direction, body, provider_message_id FROM messages ORDER BY id")
+    assert [(r["direction"], r["body"]) for r in rows] == [("inbound", "Hi Pepper"), ("outbound", sent.body)]
+    assert rows[0]["provider_message_id"] == form["MessageSid"] and rows[1]["provider_message_id"] == sent.sid
+    # The model saw the person's words.
+    assert "Hi Pepper" in str(stack.model.requests[0].body)
+
+
+async def test_delivery_commits_staged_writes_and_failure_drops_them(stack: Stack):
+    first = await stack.db.fetchval(
+        "INSERT INTO todos (account_id, title) VALUES ($1, 'call the plumber') RETURNING id", stack.account_id
+    )
+    second = await stack.db.fetchval(
+        "INSERT INTO todos (account_id, title) VALUES ($1, 'renew passport') RETURNING id", stack.account_id
+    )
+    stack.model.script(reply_tools(("complete_todo", {"id": first})), reply_text("Done: plumber is ticked off."))
+    await stack.text("I called the plumber")
+    [sent] = await stack.twilio.wait_for_sent(1)
+    await stack.settle()
+    assert await stack.db.fetchval("SELECT done_at FROM todos WHERE id = $1", first) is None  # staged, not yet done
+    assert (await stack.twilio.send_status(stack.local, PUBLIC, sent, "sent"))[0] == 204
+    assert await stack.db.fetchval("SELECT done_at FROM todos WHERE id = $1", first) is not None
+
+    stack.model.script(reply_tools(("complete_todo", {"id": second})), reply_text("Passport ticked off."))
+    await stack.text("passport renewed")
+    _, failed = await stack.twilio.wait_for_sent(2)
+    await stack.settle()
+    await stack.twilio.send_status(stack.local, PUBLIC, failed, "undelivered")
+    assert await stack.db.fetchval("SELECT done_at FROM todos WHERE id = $1", second) is None
+    statuses = [r["status"] for r in await stack.db.fetch("SELECT status FROM turns ORDER BY started_at")]
+    assert statuses == ["delivered", "failed"]
+    # A late receipt changes nothing once the turn is settled.
+    await stack.twilio.send_status(stack.local, PUBLIC, failed, "delivered")
+    assert await stack.db.fetchval("SELECT done_at FROM todos WHERE id = $1", second) is None
+
+
+async def test_forged_delivery_receipts_are_refused(stack: Stack):
+    stack.model.script(reply_text("ok"))
+    await stack.text("hi")
+    [sent] = await stack.twilio.wait_for_sent(1)
+    await stack.settle()
+    params = {"MessageSid": sent.sid, "MessageStatus": "delivered"}
+    forged = TwilioPeer(auth_token="wrong").sign(PUBLIC + "/twilio/status", params)
+    status, _ = await stack.twilio.post_form(stack.local, PUBLIC, "/twilio/status", params, signature=forged)
+    assert status == 403
+    assert await stack.db.fetchval("SELECT status FROM turns") == "replied"
+
+
+async def test_fifty_concurrent_deliveries_of_one_message_make_one_turn_and_one_reply(stack: Stack):
+    stack.model.script(reply_text("Only once."), reply_text("Twice would be a bug."))
+    form = stack.twilio.inbound_message(sender=OWNER, to=PEPPER_NUMBER, body="hello")
+    results = await asyncio.gather(
+        *(stack.twilio.post_form(stack.local, PUBLIC, "/twilio/sms", form, session=stack.session) for _ in range(50))
+    )
+    assert all(status == 200 for status, _ in results)
+    await stack.twilio.wait_for_sent(1)
+    await stack.settle()
+    await asyncio.sleep(0.1)
+    assert len(stack.twilio.sent) == 1
+    assert await count(stack.db, "turns") == 1
+    assert await count(stack.db, "messages WHERE direction = 'inbound'") == 1
+
+
+async def test_whatsapp_keeps_its_prefix_for_replies_and_drops_it_for_identity(stack: Stack):
+    stack.model.script(reply_text("Hi on WhatsApp."))
+    status, _, _ = await stack.text("hola", sender="whatsapp:" + OWNER, path="/twilio/whatsapp")
+    assert status == 200
+    [sent] = await stack.twilio.wait_for_sent(1)
+    assert (sent.to, sent.from_) == ("whatsapp:" + OWNER, "whatsapp:" + PEPPER_NUMBER)
+    await stack.settle()
+    assert await stack.db.fetchval("SELECT channel FROM messages WHERE direction = 'inbound'") == "whatsapp"
+
+
+async def test_a_long_reply_is_split_into_messages_within_the_limit(stack: Stack):
+    sentence = "This sentence is part of a long answer that goes on. "
+    stack.model.script(reply_text(sentence * 80))  # ~4,300 characters
+    await stack.text("tell me everything")
+    await stack.settle()
+    sent = stack.twilio.sent
+    assert len(sent) == 3 and all(len(m.body) <= 1600 for m in sent)
+    assert " ".join(m.body for m in sent).split() == (sentence * 80).split()
+    # Delivery of every part is needed before the turn counts as delivered.
+    await stack.twilio.send_status(stack.local, PUBLIC, sent[0], "delivered")
+    assert await stack.db.fetchval("SELECT status FROM turns") == "replied"
+    for message in sent[1:]:
+        await stack.twilio.send_status(stack.local, PUBLIC, message, "delivered")
+    assert await stack.db.fetchval("SELECT status FROM turns") == "delivered"
+
+
+async def test_a_model_failure_still_answers_with_an_apology(stack: Stack):
+    stack.model.script(fault(500), fault(500), fault(500), fault(500))
+    await stack.text("are you there?")
+    [sent] = await stack.twilio.wait_for_sent(1)
+    await stack.settle()
+    assert sent.body  # the person hears something, not silence
+    assert await count(stack.db, "messages WHERE direction = 'inbound'") == 1  # the message stays recorded
+
+
+async def test_when_twilio_refuses_the_reply_staged_writes_are_dropped(stack: Stack):
+    todo = await stack.db.fetchval(
+        "INSERT INTO todos (account_id, title) VALUES ($1, 'water plants') RETURNING id", stack.account_id
+    )
+    stack.model.script(reply_tools(("complete_todo", {"id": todo})), reply_text("Plants done."))
+    stack.twilio.fail_next(400, 21610)
+    await stack.text("watered the plants")
+    await stack.settle()
+    for _ in range(100):
+        if await stack.db.fetchval("SELECT status FROM turns") == "failed":
+            break
+        await asyncio.sleep(0.02)
+    assert await stack.db.fetchval("SELECT status FROM turns") == "failed"
+    assert await stack.db.fetchval("SELECT done_at FROM todos WHERE id = $1", todo) is None
+
+
+# --- consent -------------------------------------------------------------------------------------
+
+
+async def test_stop_blocks_every_channel_start_lifts_it_and_help_answers(stack: Stack):
+    status, body, _ = await stack.text("stop")
+    assert status == 200 and "<Message>" not in body
+    for channel in ("sms", "whatsapp", "voice"):
+        assert await identity.is_blocked(stack.db, stack.handle_id, channel)
+    # While blocked, a message is recorded but nothing is sent and no model runs.
+    await stack.text("what's on today?")
+    await asyncio.sleep(0.1)
+    assert stack.twilio.sent == [] and stack.model.requests == []
+    assert await count(stack.db, "messages WHERE direction = 'inbound'") == 2
+
+    await stack.text("START")
+    assert not await identity.is_blocked(stack.db, stack.handle_id, "sms")
+    _, body, _ = await stack.text("help")
+    assert HELP_TEXT in body
+
+
+async def test_advanced_opt_out_type_counts_whatever_the_word(stack: Stack):
+    await stack.text("ARRET", OptOutType="STOP")
+    assert await identity.is_blocked(stack.db, stack.handle_id, "voice")
+    _, body, _ = await stack.text("AIDE", OptOutType="HELP")
+    assert "<Message>" not in body  # Twilio already answered with the configured text
+
+
+async def test_no_reply_goes_to_a_handle_that_opted_out_during_the_turn(stack: Stack):
+    stack.model.script(reply_text("slow answer", delay=0.5))
+    await stack.text("question")
+    await asyncio.sleep(0.1)
+    await stack.text("STOP")
+    await stack.settle()
+    await asyncio.sleep(0.1)
+    assert stack.twilio.sent == []
+
+
+def test_apology_text_is_plain():
+    assert "wrong" in APOLOGY_TEXT
