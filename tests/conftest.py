@@ -9,6 +9,7 @@ import pytest
 
 from core.store import Database
 from core.testing.postgres import DatabaseFactory, test_server
+from core.testing.scripted import ScriptedModels
 
 # Settings a developer's shell may carry must not leak into tests.
 _PEPPER_ENV = (
@@ -62,3 +63,11 @@ def subprocess_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _PEPPER_ENV}
     env["PYTHONWARNINGS"] = "ignore"
     return env
+
+
+@pytest.fixture
+def models() -> ScriptedModels:
+    """The model service harness tests talk to: ``models.script(reply(...), calls(...))`` queues
+    generations, ``models.prompts`` holds every prompt received. Swappable for the real router
+    over a loopback peer, as long as the replacement keeps ``script`` and ``prompts``."""
+    return ScriptedModels()
