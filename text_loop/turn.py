@@ -188,7 +188,7 @@ async def run_turn(
             background=kind == "scheduled",
         )
         result = await loop.run()
-        return await _finish(
+        return await finish_turn(
             deps,
             session,
             result,
@@ -208,7 +208,7 @@ async def run_turn(
         raise
 
 
-async def _finish(
+async def finish_turn(
     deps: HarnessDeps,
     session: SessionContext,
     result: LoopResult,
