@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +44,8 @@ REPEAT_MARK = (
 )
 
 Executor = Callable[[ToolCall], Awaitable[CallOutcome]]
+# Opened once per round of tool calls (a live turn holds one store connection for the round).
+ToolRound = Callable[[], AbstractAsyncContextManager[Executor]]
 
 
 @dataclass
@@ -82,7 +85,7 @@ class TurnLoop:
         system_dynamic: str,
         tools: Sequence[ToolSpec],
         messages: Sequence[ChatMessage],
-        execute: Executor,
+        tool_round: ToolRound,
         round_cap: int,
         conversation_key: str,
         tier: str,
@@ -94,7 +97,7 @@ class TurnLoop:
         self.system_dynamic = system_dynamic
         self.tools = tuple(tools)
         self.history: list[ChatMessage] = list(messages)
-        self.execute = execute
+        self.tool_round = tool_round
         self.round_cap = round_cap
         self.conversation_key = conversation_key
         self.tier = tier
@@ -175,25 +178,26 @@ class TurnLoop:
                 return
             self.history.append(ChatMessage("assistant", generation.text, generation.tool_calls))
             outcomes: list[CallOutcome] = []
-            for call in generation.tool_calls:
-                key = (call.name, canonical_arguments(call.arguments))
-                earlier = succeeded.get(key)
-                if earlier is not None:
-                    outcome = CallOutcome(
-                        call,
-                        "repeat",
-                        f"{REPEAT_MARK}\n{earlier.content}",
-                        earlier.arguments,
-                        writes=earlier.writes,
-                        repeat_of=earlier.call.id,
-                    )
-                else:
-                    outcome = await self.execute(call)
-                    if outcome.succeeded:
-                        succeeded[key] = outcome
-                outcomes.append(outcome)
-                self.result.calls.append(outcome)
-                self.history.append(ChatMessage("tool", tool_result=outcome.result()))
+            async with self.tool_round() as execute:
+                for call in generation.tool_calls:
+                    key = (call.name, canonical_arguments(call.arguments))
+                    earlier = succeeded.get(key)
+                    if earlier is not None:
+                        outcome = CallOutcome(
+                            call,
+                            "repeat",
+                            f"{REPEAT_MARK}\n{earlier.content}",
+                            earlier.arguments,
+                            writes=earlier.writes,
+                            repeat_of=earlier.call.id,
+                        )
+                    else:
+                        outcome = await execute(call)
+                        if outcome.succeeded:
+                            succeeded[key] = outcome
+                    outcomes.append(outcome)
+                    self.result.calls.append(outcome)
+                    self.history.append(ChatMessage("tool", tool_result=outcome.result()))
             wasted = all(o.wasted for o in outcomes)
             if wasted and forgiven < self.config.free_wasted_rounds:
                 forgiven += 1

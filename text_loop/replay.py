@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import textwrap
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -21,7 +23,7 @@ from core.errors import InvalidInput, NotFound
 from core.models.types import ToolCall
 from core.tools.context import SessionContext
 from core.tools.runner import CallOutcome, render_failed
-from text_loop.loop import TurnLoop
+from text_loop.loop import Executor, TurnLoop
 from text_loop.prompt import canonical_arguments
 from text_loop.records import message_from_record, tool_spec_from_record
 from text_loop.turn import HarnessDeps, finish_turn
@@ -93,6 +95,10 @@ async def replay_turn(deps: HarnessDeps, turn_id: UUID, *, tier: str | None = No
             write=write,
         )
 
+    @asynccontextmanager
+    async def tool_round() -> AsyncIterator[Executor]:
+        yield execute
+
     loop = TurnLoop(
         deps.models,
         deps.config,
@@ -100,7 +106,7 @@ async def replay_turn(deps: HarnessDeps, turn_id: UUID, *, tier: str | None = No
         system_dynamic=prompt["system_dynamic"],
         tools=[tool_spec_from_record(t) for t in prompt["tools"]],
         messages=[message_from_record(m) for m in prompt["messages"]],
-        execute=execute,
+        tool_round=tool_round,
         round_cap=deps.config.round_cap(original["kind"]),
         conversation_key=str(row["conversation_id"]),
         tier=tier,

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -21,12 +22,12 @@ from core.models.types import ModelService, ToolCall
 from core.tools.areas.dossier import dossier_text
 from core.tools.context import SessionContext, SessionKind, Trust
 from core.tools.gate import Gate, default_gate
-from core.tools.registry import ToolContext, ToolRegistry
+from core.tools.registry import ToolContext, ToolRegistry, connection
 from core.tools.runner import CallOutcome, run_call
 from core.tools.staging import ResolvedWrite, commit_turn_writes, drop_turn_writes
 from core.tools.starter import starter_registry
 from text_loop.config import HarnessConfig
-from text_loop.loop import LoopResult, TurnLoop
+from text_loop.loop import Executor, LoopResult, TurnLoop
 from text_loop.prompt import PERSONA, RULES, memory_block, newest_message, stable_prefix
 from text_loop.records import message_record, tool_spec_record
 from text_loop.repair import RepairResult, repair_reply
@@ -139,40 +140,50 @@ async def run_turn(
     started = time.perf_counter()
     db = deps.db
     now = deps.clock()
-    row = await db.fetchrow(
-        "SELECT c.id, a.timezone FROM accounts a JOIN conversations c ON c.account_id = a.id WHERE a.id = $1",
-        account_id,
-    )
-    if row is None:
-        raise NotFound(f"no account {account_id}")
-    conversation_id, timezone = row["id"], row["timezone"]
-    turn_id = await start_turn(db, conversation_id, channel=channel, kind=kind)
-    if inbound_message_id is not None:
-        await db.execute(
-            "UPDATE messages SET turn_id = $1 WHERE id = $2 AND turn_id IS NULL", turn_id, inbound_message_id
-        )
-    session = SessionContext(kind, trust, channel, account_id, conversation_id, turn_id, timezone, connections)
     tier = tier or deps.config.tier
+    # Memory and the dossier are personal: only a verified owner outside a room sees them.
+    personal = trust == "owner_verified" and kind != "room"
+    async with connection(db) as conn:
+        row = await conn.fetchrow(
+            "SELECT c.id, a.timezone FROM accounts a JOIN conversations c ON c.account_id = a.id WHERE a.id = $1",
+            account_id,
+        )
+        if row is None:
+            raise NotFound(f"no account {account_id}")
+        conversation_id, timezone = row["id"], row["timezone"]
+        turn_id = await start_turn(conn, conversation_id, channel=channel, kind=kind)
+        session = SessionContext(kind, trust, channel, account_id, conversation_id, turn_id, timezone, connections)
+        try:
+            if inbound_message_id is not None:
+                await conn.execute(
+                    "UPDATE messages SET turn_id = $1 WHERE id = $2 AND turn_id IS NULL", turn_id, inbound_message_id
+                )
+            dossier = await dossier_text(conn, account_id) if personal else ""
+            if personal:
+                limit = deps.config.memory_messages
+                recent = await recent_messages(conn, conversation_id, limit + 1)
+                memory = memory_block([m for m in recent if m.id != inbound_message_id][-limit:], timezone)
+            else:
+                memory = "Memory: not available in this session."
+        except Exception as exc:
+            await _failed(deps, turn_id, exc)
+            raise
     try:
-        # Memory and the dossier are personal: only a verified owner outside a room sees them.
-        personal = trust == "owner_verified" and kind != "room"
-        dossier = await dossier_text(db, account_id) if personal else ""
-        if personal:
-            recent = await recent_messages(db, conversation_id, deps.config.memory_messages + 1)
-            memory = memory_block(
-                [m for m in recent if m.id != inbound_message_id][-deps.config.memory_messages :], timezone
-            )
-        else:
-            memory = "Memory: not available in this session."
         tools = deps.registry.visible(session, deps.gate.hides)
         specs = [t.spec for t in tools]
         visible = frozenset(t.name for t in tools)
         system_stable = stable_prefix(persona=deps.persona, rules=deps.rules, skills=deps.skills, dossier=dossier)
         messages = [newest_message(text, now, timezone)]
-        ctx = ToolContext(session, db, now)
 
-        async def execute(call: ToolCall) -> CallOutcome:
-            return await run_call(deps.registry, deps.gate, ctx, call, visible=visible)
+        @asynccontextmanager
+        async def tool_round() -> AsyncIterator[Executor]:
+            async with connection(db) as round_conn:
+                ctx = ToolContext(session, round_conn, now)
+
+                async def execute(call: ToolCall) -> CallOutcome:
+                    return await run_call(deps.registry, deps.gate, ctx, call, visible=visible)
+
+                yield execute
 
         loop = TurnLoop(
             deps.models,
@@ -181,7 +192,7 @@ async def run_turn(
             system_dynamic=memory,
             tools=specs,
             messages=messages,
-            execute=execute,
+            tool_round=tool_round,
             round_cap=deps.config.round_cap(kind),
             conversation_key=str(conversation_id),
             tier=tier,
@@ -202,10 +213,14 @@ async def run_turn(
             },
         )
     except Exception as exc:
-        log.exception("turn failed: turn=%s", turn_id)
-        await drop_turn_writes(db, deps.registry, turn_id)
-        await update_turn(db, turn_id, status="failed", error=type(exc).__name__, finished_at=deps.clock())
+        await _failed(deps, turn_id, exc)
         raise
+
+
+async def _failed(deps: HarnessDeps, turn_id: UUID, exc: Exception) -> None:
+    log.error("turn failed: turn=%s error=%s", turn_id, type(exc).__name__, exc_info=exc)
+    await drop_turn_writes(deps.db, deps.registry, turn_id)
+    await update_turn(deps.db, turn_id, status="failed", error=type(exc).__name__, finished_at=deps.clock())
 
 
 async def finish_turn(
@@ -247,6 +262,8 @@ async def finish_turn(
         **parts,
     )
     timings = parts["timings"]
+    # The outcome's figure also covers writing the record itself, which the record cannot hold.
+    harness_ms = (time.perf_counter() - started) * 1000 - timings["model_ms"]
     return TurnOutcome(
         turn_id=session.turn_id,
         reply=reply,
@@ -255,7 +272,7 @@ async def finish_turn(
         staged_writes=len(parts["staged_writes"]) if result.answered else 0,
         model=result.model,
         repaired=bool(repair and repair.changed),
-        harness_ms=timings["harness_ms"],
+        harness_ms=round(harness_ms, 3),
         model_ms=timings["model_ms"],
     )
 

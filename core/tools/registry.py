@@ -12,7 +12,8 @@ model that cannot tell the two apart tells the person "nothing new" when the loo
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -56,6 +57,25 @@ class ToolOutcome:
     @classmethod
     def planned(cls, payload: dict[str, Any], summary: str) -> ToolOutcome:
         return cls("ok", summary, PlannedWrite(payload, summary))
+
+
+@asynccontextmanager
+async def connection(db: Any) -> AsyncIterator[Any]:
+    """One connection for a batch of queries: from the pool of a ``Database``, or ``db`` itself
+    when it already is a connection. Saves a pool round trip (acquire, reset) per query."""
+    pool = getattr(db, "pool", None)
+    if pool is None:
+        yield db
+        return
+    async with pool.acquire() as conn:
+        yield conn
+
+
+@asynccontextmanager
+async def transaction(db: Any) -> AsyncIterator[Any]:
+    """A transaction on ``db`` (a ``Database`` or a connection); yields the connection."""
+    async with connection(db) as conn, conn.transaction():
+        yield conn
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from core.models.types import ToolCall, ToolResult
 from core.tools.gate import Gate, GateDecision
-from core.tools.registry import ToolContext, ToolRegistry, check_arguments
+from core.tools.registry import ToolContext, ToolRegistry, check_arguments, transaction
 from core.tools.staging import stage_write
 
 log = logging.getLogger(__name__)
@@ -143,7 +143,7 @@ async def run_call(
             content = f"Done: {outcome.write.summary}. It is saved when your reply is delivered."
             write = {"summary": outcome.write.summary, "staged": True, "id": write_id}
         else:
-            async with ctx.db.transaction() as conn:
+            async with transaction(ctx.db) as conn:
                 await tool.apply(conn, ctx.session.account_id, outcome.write.payload)  # type: ignore[misc]
             content = f"Done: {outcome.write.summary}."
             write = {"summary": outcome.write.summary, "staged": False}

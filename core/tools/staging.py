@@ -26,7 +26,7 @@ from typing import Any
 from uuid import UUID
 
 from core.tools.context import SessionContext
-from core.tools.registry import PlannedWrite, Tool, ToolRegistry
+from core.tools.registry import PlannedWrite, Tool, ToolRegistry, transaction
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ async def stage_write(db: Any, session: SessionContext, tool: Tool, write: Plann
 
 async def _resolve(db: Any, registry: ToolRegistry, turn_ids: list[UUID], commit: bool) -> list[ResolvedWrite]:
     resolved: list[ResolvedWrite] = []
-    async with db.transaction() as conn:
+    async with transaction(db) as conn:
         rows = await conn.fetch(
             """
             SELECT id, account_id, tool, payload, summary FROM staged_writes
