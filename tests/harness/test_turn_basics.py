@@ -1,8 +1,13 @@
+import asyncio
 import json
+import logging
+
+import pytest
 
 from core.conversation import record_inbound
 from core.models.errors import ModelNotConfigured, ModelTransientError
 from core.testing.scripted import calls, reply
+from core.tools import Tool, ToolRegistry
 from text_loop import run_turn
 from text_loop.loop import MODEL_ERROR_REPLY, NO_MODEL_REPLY
 from text_loop.prompt import LABEL
@@ -90,3 +95,26 @@ async def test_a_model_failure_mid_turn_drops_what_the_turn_staged(db, deps, mod
     outcome = await run_turn(deps, account.id, "web", "done with x")
     assert outcome.status == "model-error" and outcome.reply == MODEL_ERROR_REPLY
     assert await db.fetchval("SELECT status FROM staged_writes WHERE turn_id = $1", outcome.turn_id) == "dropped"
+
+
+async def test_cancelling_a_turn_passes_through_and_leaves_its_writes_to_the_crash_rule(db, deps, models, account):
+    todo = await db.fetchval("INSERT INTO todos (account_id, title) VALUES ($1, 'x') RETURNING id", account.id)
+    models.script(calls(("complete_todo", {"id": todo})), asyncio.CancelledError())
+    with pytest.raises(asyncio.CancelledError):
+        await run_turn(deps, account.id, "web", "done with x")
+    row = await db.fetchrow("SELECT t.status, s.status AS write FROM turns t JOIN staged_writes s ON s.turn_id = t.id")
+    assert (row["status"], row["write"]) == ("running", "staged")
+
+
+async def test_a_tool_that_raises_fails_plainly_and_logs_no_arguments(db, deps, models, account, caplog):
+    async def broken(ctx, args):
+        raise KeyError("boom")
+
+    deps.registry = ToolRegistry([Tool("lookup", "Look up.", {"type": "object"}, broken, area="test")])
+    models.script(calls(("lookup", {"secret": "door code 4411"})), reply("I could not check."))
+    with caplog.at_level(logging.ERROR):
+        outcome = await run_turn(deps, account.id, "web", "look it up")
+    result = models.prompts[1].messages[-1].tool_result
+    assert result.is_error and result.content.startswith("Failed: lookup hit an internal error (KeyError)")
+    assert "tool failed: tool=lookup" in caplog.text and "4411" not in caplog.text
+    assert outcome.status == "replied"
