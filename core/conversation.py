@@ -20,7 +20,7 @@ TURN_KINDS: tuple[str, ...] = ("live", "scheduled", "room", "call", "replay")
 # The JSON parts of a turn record that later features fill in.
 TURN_RECORD_PARTS: tuple[str, ...] = (
     "prompt", "rounds", "tool_calls", "gate_decisions", "staged_writes",
-    "committed_writes", "usage", "timings", "delivery",
+    "committed_writes", "usage", "timings", "delivery", "session",
 )  # fmt: skip
 
 
@@ -139,7 +139,10 @@ async def start_turn(db: Executor, conversation_id: UUID, *, channel: str, kind:
 
 async def update_turn(db: Executor, turn_id: UUID, **parts: Any) -> None:
     """Set parts of a turn record. JSON parts are given as Python values; others as columns."""
-    columns = {"status", "model", "tier", "error", "finished_at", "delivered_at", *TURN_RECORD_PARTS}
+    columns = {
+        "status", "model", "tier", "error", "finished_at", "delivered_at", "trust", "reply", "replay_of",
+        *TURN_RECORD_PARTS,
+    }  # fmt: skip
     unknown = set(parts) - columns
     if unknown:
         raise InvalidInput(f"not parts of a turn record: {sorted(unknown)}")

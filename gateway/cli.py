@@ -74,6 +74,10 @@ def _parser() -> argparse.ArgumentParser:
     assign.add_argument("account", help="account id or unique name")
     assign.add_argument("--label")
     line.add_parser("list", help="list the numbers Pepper answers")
+
+    replay = sub.add_parser("replay", help="run a recorded turn again on another tier; tools return recorded results")
+    replay.add_argument("turn", help="the turn id")
+    replay.add_argument("--tier", help="model tier to run it on (default: the tier it ran on)")
     return parser
 
 
@@ -145,6 +149,43 @@ async def _admin(args: argparse.Namespace, settings: Settings, db: Database, out
                 out(f"{line.number}  {line.kind:<9}  {accounts.get(line.account_id, line.account_id)}")
 
 
+def _model_service(settings: Settings) -> Any:
+    """The ModelService for commands that call models (the router of ``core.models``)."""
+    try:
+        from core.models.router import ModelRouter  # type: ignore[import-not-found]
+    except ImportError:
+        raise CommandError("this build has no model router (core.models.router); replay needs one") from None
+    return ModelRouter.from_settings(settings)
+
+
+# Tests replace this to run commands against a scripted model.
+model_service_factory: Callable[[Settings], Any] = _model_service
+
+
+async def _replay(args: argparse.Namespace, settings: Settings, db: Database, out: Callable[[str], None]) -> None:
+    from uuid import UUID
+
+    from text_loop import HarnessDeps
+    from text_loop.replay import replay_turn, side_by_side
+
+    try:
+        turn_id = UUID(args.turn)
+    except ValueError:
+        raise CommandError(f"not a turn id: {args.turn!r}") from None
+    deps = HarnessDeps(db=db, models=model_service_factory(settings))
+    result = await replay_turn(deps, turn_id, tier=args.tier)
+    out(f"replayed turn {result.original_turn_id} as {result.replay_turn_id} (tier {result.tier}, {result.status})")
+    if result.unmatched_calls:
+        out(f"{result.unmatched_calls} call(s) had no recorded result and were answered as failed")
+    for line in side_by_side(
+        f"before ({result.old_model or 'no model'})",
+        result.old_reply,
+        f"replay ({result.new_model or 'no model'})",
+        result.new_reply,
+    ):
+        out(line)
+
+
 async def _run(args: argparse.Namespace, out: Callable[[str], None]) -> int:
     settings = _settings(args)
     if args.command == "serve":
@@ -160,7 +201,10 @@ async def _run(args: argparse.Namespace, out: Callable[[str], None]) -> int:
         out(render(report))
         return 0 if report.can_serve else 1
     async with open_store(settings, serving=False) as db:
-        await _admin(args, settings, db, out)
+        if args.command == "replay":
+            await _replay(args, settings, db, out)
+        else:
+            await _admin(args, settings, db, out)
     return 0
 
 

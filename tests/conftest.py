@@ -11,6 +11,7 @@ import pytest
 from core.store import Database
 from core.store.embedded import EmbeddedPostgres, wheel_bin_dir
 from core.testing.postgres import DatabaseFactory, test_server
+from core.testing.scripted import ScriptedModels
 
 # Settings a developer's shell may carry must not leak into tests.
 _PEPPER_ENV = (
@@ -84,3 +85,11 @@ def postgres_without_pgvector(tmp_path_factory: pytest.TempPathFactory):
     dsn = pg.start()
     yield dsn
     pg.stop()
+
+
+@pytest.fixture
+def models() -> ScriptedModels:
+    """The model service harness tests talk to: ``models.script(reply(...), calls(...))`` queues
+    generations, ``models.prompts`` holds every prompt received. Swappable for the real router
+    over a loopback peer, as long as the replacement keeps ``script`` and ``prompts``."""
+    return ScriptedModels()

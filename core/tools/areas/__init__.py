@@ -1,0 +1,1 @@
+"""Feature areas. Each is its own package and never imports another area."""

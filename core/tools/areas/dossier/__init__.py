@@ -1,0 +1,61 @@
+"""Feature area: the dossier, a short document about the person in every prompt.
+
+The owner writes one half; the model adds notes to the other. A note is staged: it is what the
+model learned in a turn whose reply the person may never see.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from core.tools.registry import Tool, ToolContext, ToolOutcome
+
+MAX_NOTES_IN_PROMPT = 50
+
+
+async def dossier_text(db: Any, account_id: UUID) -> str:
+    """Both halves as prompt text; empty when there is nothing yet. Byte-stable between turns."""
+    owner = await db.fetchval("SELECT owner_text FROM dossiers WHERE account_id = $1", account_id)
+    notes = await db.fetch(
+        "SELECT body FROM (SELECT id, body FROM dossier_notes WHERE account_id = $1 ORDER BY id DESC LIMIT $2) n"
+        " ORDER BY id",
+        account_id,
+        MAX_NOTES_IN_PROMPT,
+    )
+    parts = []
+    if owner and owner.strip():
+        parts.append("Written by the person:\n" + owner.strip())
+    if notes:
+        parts.append("Noted by Pepper:\n" + "\n".join(f"- {r['body']}" for r in notes))
+    return "\n\n".join(parts)
+
+
+async def _plan_note(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
+    body = " ".join(args["note"].split())
+    if not body:
+        return ToolOutcome.failed("the note is empty")
+    return ToolOutcome.planned({"note": body}, "dossier note added")
+
+
+async def _apply_note(conn: Any, account_id: UUID, payload: dict[str, Any]) -> None:
+    await conn.execute("INSERT INTO dossier_notes (account_id, body) VALUES ($1, $2)", account_id, payload["note"])
+
+
+TOOLS: tuple[Tool, ...] = (
+    Tool(
+        name="add_dossier_note",
+        description="Remember a lasting fact or preference about the person (one short sentence).",
+        parameters={
+            "type": "object",
+            "properties": {"note": {"type": "string", "minLength": 1, "maxLength": 300}},
+            "required": ["note"],
+            "additionalProperties": False,
+        },
+        handler=_plan_note,
+        apply=_apply_note,
+        area="dossier",
+        writes=True,
+        staged=True,
+    ),
+)

@@ -1,0 +1,220 @@
+"""The tool-call gate: every call from text or voice passes an ordered list of policy checks.
+
+Each check allows, denies or changes the call. The gate fails closed:
+
+* a check that raises counts as a deny, and the decision records which check and why;
+* the first deny is final: later checks do not run and cannot allow the call again;
+* a change may only narrow: it keeps the same tool, the changed arguments must still fit the
+  tool's schema, and no later check may change an argument that an earlier check set. A later
+  check that tries is treated as a deny.
+
+Checks see the session (kind, trust, channel). The same checks also decide which tools a session
+can see (``Policy.hides``): a tool the model cannot see is a stronger rule than an instruction.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from core.tools.context import SessionContext
+from core.tools.registry import Tool, check_arguments
+
+log = logging.getLogger(__name__)
+
+Action = Literal["allow", "deny", "modify"]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    action: Action
+    reason: str = ""
+    arguments: dict[str, Any] | None = None
+
+    @classmethod
+    def allow(cls) -> Verdict:
+        return cls("allow")
+
+    @classmethod
+    def deny(cls, reason: str) -> Verdict:
+        return cls("deny", reason)
+
+    @classmethod
+    def modify(cls, arguments: dict[str, Any], reason: str) -> Verdict:
+        return cls("modify", reason, dict(arguments))
+
+
+Check = Callable[[Tool, dict[str, Any], SessionContext], "Verdict | Awaitable[Verdict]"]
+
+
+@dataclass(frozen=True)
+class Policy:
+    """One check. ``hides`` answers, without arguments, whether the check refuses the tool outright."""
+
+    name: str
+    check: Check
+    hides: Callable[[Tool, SessionContext], bool] | None = None
+
+
+@dataclass(frozen=True)
+class GateStep:
+    policy: str
+    action: str
+    reason: str = ""
+    error: str | None = None
+
+    def as_record(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"policy": self.policy, "action": self.action}
+        if self.reason:
+            out["reason"] = self.reason
+        if self.error:
+            out["error"] = self.error
+        return out
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    allowed: bool
+    arguments: dict[str, Any]
+    steps: tuple[GateStep, ...] = field(default_factory=tuple)
+
+    @property
+    def changed(self) -> bool:
+        return any(s.action == "modify" for s in self.steps)
+
+    @property
+    def reason(self) -> str:
+        """Why the call was denied or changed, in words the model can read."""
+        for step in self.steps:
+            if step.action == "deny":
+                return step.reason or "not allowed here"
+        return "; ".join(s.reason for s in self.steps if s.action == "modify" and s.reason)
+
+    def as_record(self) -> dict[str, Any]:
+        return {"allowed": self.allowed, "steps": [s.as_record() for s in self.steps]}
+
+
+class Gate:
+    def __init__(self, policies: Iterable[Policy] = ()):
+        self.policies: tuple[Policy, ...] = tuple(policies)
+
+    def with_policy(self, policy: Policy) -> Gate:
+        """A new gate with one more check at the end (it can only narrow)."""
+        return Gate((*self.policies, policy))
+
+    def hides(self, tool: Tool, session: SessionContext) -> bool:
+        for policy in self.policies:
+            if policy.hides is None:
+                continue
+            try:
+                if policy.hides(tool, session):
+                    return True
+            except Exception:
+                log.exception("policy visibility check failed; hiding the tool: policy=%s", policy.name)
+                return True
+        return False
+
+    async def decide(self, tool: Tool, arguments: dict[str, Any], session: SessionContext) -> GateDecision:
+        current = dict(arguments)
+        pinned: dict[str, tuple[str, Any]] = {}
+        steps: list[GateStep] = []
+        for policy in self.policies:
+            try:
+                verdict = policy.check(tool, dict(current), session)
+                if inspect.isawaitable(verdict):
+                    verdict = await verdict
+                if not isinstance(verdict, Verdict):
+                    raise TypeError(f"policy returned {type(verdict).__name__}, not a Verdict")
+            except Exception as exc:  # CancelledError is a BaseException and passes
+                log.exception("policy check raised; denying the call: policy=%s tool=%s", policy.name, tool.name)
+                steps.append(GateStep(policy.name, "deny", "a safety check failed", error=type(exc).__name__))
+                return GateDecision(False, current, tuple(steps))
+            if verdict.action == "deny":
+                steps.append(GateStep(policy.name, "deny", verdict.reason))
+                return GateDecision(False, current, tuple(steps))
+            if verdict.action == "modify":
+                proposed = verdict.arguments or {}
+                widened = [key for key, (_, value) in pinned.items() if proposed.get(key, _MISSING) != value]
+                if widened:
+                    owner = pinned[widened[0]][0]
+                    steps.append(
+                        GateStep(policy.name, "deny", f"tried to undo a restriction set by {owner}", error="Widening")
+                    )
+                    return GateDecision(False, current, tuple(steps))
+                problem = check_arguments(tool.parameters, proposed)
+                if problem is not None:
+                    steps.append(GateStep(policy.name, "deny", f"changed the call badly: {problem}", error="BadChange"))
+                    return GateDecision(False, current, tuple(steps))
+                for key in set(proposed) | set(current):
+                    if proposed.get(key, _MISSING) != current.get(key, _MISSING):
+                        pinned[key] = (policy.name, proposed.get(key, _MISSING))
+                current = dict(proposed)
+                steps.append(GateStep(policy.name, "modify", verdict.reason))
+                continue
+            steps.append(GateStep(policy.name, "allow"))
+        return GateDecision(True, current, tuple(steps))
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "<missing>"
+
+
+_MISSING: Any = _Missing()
+
+
+# --- The built-in policies -------------------------------------------------------------------
+
+# Feature areas that hold one person's private data; rooms see the room's data instead.
+PERSONAL_AREAS: frozenset[str] = frozenset({"notes", "todos", "dossier"})
+# What a caller who is not the owner may use (the answering service adds its own tools later).
+THIRD_PARTY_AREAS: frozenset[str] = frozenset({"clock"})
+
+
+def _missing_connection(tool: Tool, session: SessionContext) -> bool:
+    return tool.needs_connection is not None and tool.needs_connection not in session.connections
+
+
+def _connection_check(tool: Tool, args: dict[str, Any], session: SessionContext) -> Verdict:
+    if _missing_connection(tool, session):
+        return Verdict.deny(f"the {tool.needs_connection} account is not connected")
+    return Verdict.allow()
+
+
+def _trust_hides(tool: Tool, session: SessionContext) -> bool:
+    if session.trust == "owner_verified":
+        return False
+    if session.trust == "owner_unverified":
+        return tool.writes or tool.needs_connection is not None or tool.area in PERSONAL_AREAS
+    return tool.area not in THIRD_PARTY_AREAS
+
+
+def _trust_check(tool: Tool, args: dict[str, Any], session: SessionContext) -> Verdict:
+    if _trust_hides(tool, session):
+        if session.trust == "owner_unverified":
+            return Verdict.deny("the caller has not proved who they are yet")
+        return Verdict.deny("not available to this caller")
+    return Verdict.allow()
+
+
+def _room_hides(tool: Tool, session: SessionContext) -> bool:
+    return session.kind == "room" and tool.area in PERSONAL_AREAS
+
+
+def _room_check(tool: Tool, args: dict[str, Any], session: SessionContext) -> Verdict:
+    if _room_hides(tool, session):
+        return Verdict.deny("a room cannot use one member's private data")
+    return Verdict.allow()
+
+
+CONNECTION_POLICY = Policy("connection", _connection_check, _missing_connection)
+TRUST_POLICY = Policy("trust", _trust_check, _trust_hides)
+ROOM_POLICY = Policy("room-scope", _room_check, _room_hides)
+
+
+def default_gate() -> Gate:
+    """The checks every session passes, in order."""
+    return Gate((CONNECTION_POLICY, TRUST_POLICY, ROOM_POLICY))

@@ -1,0 +1,210 @@
+"""Tools: what each declares, what it returns, and the registry that shows the right ones.
+
+A tool declares its name, JSON Schema, description, whether it writes, its feature area and the
+connected account it needs. Reading tools do their work in ``handler``. Writing tools never change
+data in ``handler``: it checks the request and returns a :class:`PlannedWrite`; the runner either
+applies it at once (``apply``) or stages it until the reply is delivered (``staged=True``). That
+split is what lets replay run a turn again without any write.
+
+Results say plainly whether a lookup found nothing (``empty``) or failed (``failed``): a small
+model that cannot tell the two apart tells the person "nothing new" when the lookup broke.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+from uuid import UUID
+
+from core.models.types import ToolSpec
+from core.tools.context import SessionContext
+
+OutcomeStatus = Literal["ok", "empty", "failed"]
+
+
+@dataclass(frozen=True)
+class PlannedWrite:
+    """A change a writing tool wants; ``summary`` is short plain text the model may repeat."""
+
+    payload: dict[str, Any]
+    summary: str
+
+
+@dataclass(frozen=True)
+class ToolOutcome:
+    """What a handler returns. ``content`` is the short text the model reads."""
+
+    status: OutcomeStatus
+    content: str
+    write: PlannedWrite | None = None
+
+    @classmethod
+    def ok(cls, content: str) -> ToolOutcome:
+        return cls("ok", content)
+
+    @classmethod
+    def empty(cls, what: str) -> ToolOutcome:
+        """The lookup worked and there is no data; ``what`` says what was looked for."""
+        return cls("empty", what)
+
+    @classmethod
+    def failed(cls, reason: str) -> ToolOutcome:
+        return cls("failed", reason)
+
+    @classmethod
+    def planned(cls, payload: dict[str, Any], summary: str) -> ToolOutcome:
+        return cls("ok", summary, PlannedWrite(payload, summary))
+
+
+@asynccontextmanager
+async def connection(db: Any) -> AsyncIterator[Any]:
+    """One connection for a batch of queries: from the pool of a ``Database``, or ``db`` itself
+    when it already is a connection. Saves a pool round trip (acquire, reset) per query."""
+    pool = getattr(db, "pool", None)
+    if pool is None:
+        yield db
+        return
+    async with pool.acquire() as conn:
+        yield conn
+
+
+@asynccontextmanager
+async def transaction(db: Any) -> AsyncIterator[Any]:
+    """A transaction on ``db`` (a ``Database`` or a connection); yields the connection."""
+    async with connection(db) as conn, conn.transaction():
+        yield conn
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """What a handler may use: the session, the store, and the turn's clock reading."""
+
+    session: SessionContext
+    db: Any
+    now: datetime
+
+
+Handler = Callable[[ToolContext, dict[str, Any]], Awaitable[ToolOutcome]]
+# Applies a planned write for an account inside the caller's transaction.
+Applier = Callable[[Any, UUID, dict[str, Any]], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    handler: Handler
+    area: str
+    writes: bool = False
+    needs_connection: str | None = None
+    staged: bool = False
+    apply: Applier | None = None
+
+    def __post_init__(self) -> None:
+        if self.writes and self.apply is None:
+            raise ValueError(f"tool {self.name} writes but has no apply step")
+        if self.staged and not self.writes:
+            raise ValueError(f"tool {self.name} is staged but does not write")
+        if self.parameters.get("type") != "object":
+            raise ValueError(f"tool {self.name}: parameters must be a JSON Schema object")
+
+    @property
+    def spec(self) -> ToolSpec:
+        return ToolSpec(self.name, self.description, self.parameters)
+
+
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "array": (list, tuple),
+    "object": (dict,),
+}
+
+
+def check_arguments(schema: dict[str, Any], args: Any) -> str | None:
+    """A short reason the arguments do not fit the tool's schema, or None when they do.
+
+    Covers what tool schemas here use: an object with typed properties, required keys, enums,
+    string length and integer bounds, and ``additionalProperties: false``.
+    """
+    if not isinstance(args, dict):
+        return "arguments must be a JSON object"
+    properties: dict[str, Any] = schema.get("properties", {})
+    for key in schema.get("required", ()):
+        if key not in args:
+            return f"missing required argument {key!r}"
+    if schema.get("additionalProperties") is False:
+        extra = sorted(set(args) - set(properties))
+        if extra:
+            return f"unknown argument {extra[0]!r}"
+    for key, value in args.items():
+        prop = properties.get(key)
+        if prop is None:
+            continue
+        kind = prop.get("type")
+        if kind is not None:
+            allowed = _JSON_TYPES.get(kind, (object,))
+            if not isinstance(value, allowed) or (kind in ("integer", "number") and isinstance(value, bool)):
+                return f"argument {key!r} must be {kind}"
+        if "enum" in prop and value not in prop["enum"]:
+            return f"argument {key!r} must be one of {prop['enum']}"
+        if isinstance(value, str):
+            if len(value) < prop.get("minLength", 0):
+                return f"argument {key!r} is too short"
+            if "maxLength" in prop and len(value) > prop["maxLength"]:
+                return f"argument {key!r} is too long"
+        if isinstance(value, int) and not isinstance(value, bool):
+            if "minimum" in prop and value < prop["minimum"]:
+                return f"argument {key!r} must be at least {prop['minimum']}"
+            if "maximum" in prop and value > prop["maximum"]:
+                return f"argument {key!r} must be at most {prop['maximum']}"
+    return None
+
+
+class ToolRegistry:
+    """Every tool by name, in a stable order (the order is part of the cached prompt prefix)."""
+
+    def __init__(self, tools: Iterable[Tool] = ()):
+        self._tools: dict[str, Tool] = {}
+        for tool in tools:
+            self.add(tool)
+
+    def add(self, tool: Tool) -> None:
+        if tool.name in self._tools:
+            raise ValueError(f"two tools are named {tool.name}")
+        self._tools[tool.name] = tool
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    def all(self) -> list[Tool]:
+        return [self._tools[name] for name in sorted(self._tools)]
+
+    def visible(
+        self, session: SessionContext, hidden: Callable[[Tool, SessionContext], bool] | None = None
+    ) -> list[Tool]:
+        """The tools this session's model may see, sorted by name.
+
+        A tool that needs an account the person has not connected is never shown; ``hidden``
+        (usually the gate's static view) removes tools a policy would refuse anyway.
+        """
+        shown = []
+        for tool in self.all():
+            if tool.needs_connection is not None and tool.needs_connection not in session.connections:
+                continue
+            if hidden is not None and hidden(tool, session):
+                continue
+            shown.append(tool)
+        return shown

@@ -1,0 +1,155 @@
+"""Run one tool call the same way for text turns and voice calls: look up, gate, run, write.
+
+The model sees a short text; the log gets the full exception. Writes are applied at once or
+staged with the turn, as the tool declares.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from core.models.types import ToolCall, ToolResult
+from core.tools.gate import Gate, GateDecision
+from core.tools.registry import ToolContext, ToolRegistry, check_arguments, transaction
+from core.tools.staging import stage_write
+
+log = logging.getLogger(__name__)
+
+CallStatus = Literal["ok", "empty", "failed", "denied", "unknown", "repeat"]
+
+
+@dataclass(frozen=True)
+class CallOutcome:
+    """One call after it ran (or did not). ``content`` is exactly what the model reads."""
+
+    call: ToolCall
+    status: CallStatus
+    content: str
+    arguments: dict[str, Any]
+    gate: GateDecision | None = None
+    writes: bool = False
+    write: dict[str, Any] | None = None  # {"summary", "staged", "id"} when a write happened or was staged
+    duration_ms: float = 0.0
+    repeat_of: str | None = None
+
+    @property
+    def succeeded(self) -> bool:
+        return self.status in ("ok", "empty")
+
+    @property
+    def wasted(self) -> bool:
+        """An unknown tool or a refusal: the round did nothing the model asked for."""
+        return self.status in ("unknown", "denied")
+
+    def result(self) -> ToolResult:
+        return ToolResult(self.call.id, self.call.name, self.content, is_error=not self.succeeded)
+
+    def as_record(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "id": self.call.id,
+            "name": self.call.name,
+            "arguments": self.call.arguments,
+            "status": self.status,
+            "content": self.content,
+            "writes": self.writes,
+            "duration_ms": round(self.duration_ms, 3),
+        }
+        if self.arguments != self.call.arguments:
+            out["gated_arguments"] = self.arguments
+        if self.gate is not None:
+            out["gate"] = self.gate.as_record()
+        if self.write is not None:
+            out["write"] = self.write
+        if self.repeat_of is not None:
+            out["repeat_of"] = self.repeat_of
+        return out
+
+
+def render_empty(what: str) -> str:
+    return f"Found nothing: {what}. The lookup worked; there is no data to report."
+
+
+def render_failed(reason: str) -> str:
+    return f"Failed: {reason}. This is an error, not an empty result: do not say there is nothing."
+
+
+def render_denied(reason: str) -> str:
+    return f"Refused by Pepper's rules: {reason}. The call did not run."
+
+
+def render_unknown(name: str) -> str:
+    return f"Unknown tool {name!r}: no such tool is available in this conversation. Nothing ran."
+
+
+async def run_call(
+    registry: ToolRegistry,
+    gate: Gate,
+    ctx: ToolContext,
+    call: ToolCall,
+    *,
+    visible: Collection[str] | None = None,
+) -> CallOutcome:
+    """Run one call. Never raises for a tool's own failure; ``CancelledError`` passes through."""
+    started = time.perf_counter()
+    tool = registry.get(call.name)
+    if tool is None or (visible is not None and call.name not in visible):
+        return CallOutcome(call, "unknown", render_unknown(call.name), call.arguments)
+
+    def done(status: CallStatus, content: str, arguments: dict[str, Any], **kw: Any) -> CallOutcome:
+        return CallOutcome(
+            call,
+            status,
+            content,
+            arguments,
+            writes=tool.writes,
+            duration_ms=(time.perf_counter() - started) * 1000,
+            **kw,
+        )
+
+    problem = check_arguments(tool.parameters, call.arguments)
+    if problem is not None:
+        return done("failed", render_failed(problem), call.arguments)
+    decision = await gate.decide(tool, call.arguments, ctx.session)
+    if not decision.allowed:
+        return done("denied", render_denied(decision.reason), decision.arguments, gate=decision)
+    args = decision.arguments
+    try:
+        outcome = await tool.handler(ctx, args)
+    except Exception as exc:
+        log.exception("tool failed: tool=%s", tool.name)
+        return done(
+            "failed", render_failed(f"{tool.name} hit an internal error ({type(exc).__name__})"), args, gate=decision
+        )
+    note = f" (changed by Pepper's rules: {decision.reason})" if decision.changed else ""
+    if outcome.status == "empty":
+        return done("empty", render_empty(outcome.content) + note, args, gate=decision)
+    if outcome.status == "failed":
+        return done("failed", render_failed(outcome.content), args, gate=decision)
+    if outcome.write is None:
+        if tool.writes:
+            log.error("writing tool returned no planned write: tool=%s", tool.name)
+            return done("failed", render_failed(f"{tool.name} did not say what to change"), args, gate=decision)
+        return done("ok", outcome.content + note, args, gate=decision)
+    if not tool.writes:
+        log.error("reading tool returned a write; ignored: tool=%s", tool.name)
+        return done("failed", render_failed(f"{tool.name} may not change data"), args, gate=decision)
+    try:
+        if tool.staged:
+            write_id = await stage_write(ctx.db, ctx.session, tool, outcome.write)
+            content = f"Done: {outcome.write.summary}. It is saved when your reply is delivered."
+            write = {"summary": outcome.write.summary, "staged": True, "id": write_id}
+        else:
+            async with transaction(ctx.db) as conn:
+                await tool.apply(conn, ctx.session.account_id, outcome.write.payload)  # type: ignore[misc]
+            content = f"Done: {outcome.write.summary}."
+            write = {"summary": outcome.write.summary, "staged": False}
+    except Exception as exc:
+        log.exception("tool write failed: tool=%s", tool.name)
+        return done(
+            "failed", render_failed(f"saving did not work ({type(exc).__name__}); nothing changed"), args, gate=decision
+        )
+    return done("ok", content + note, args, gate=decision, write=write)

@@ -1,0 +1,10 @@
+"""The starter tool set: every built-in feature area's tools in one registry."""
+
+from __future__ import annotations
+
+from core.tools.areas import clock, dossier, notes, todos
+from core.tools.registry import ToolRegistry
+
+
+def starter_registry() -> ToolRegistry:
+    return ToolRegistry((*clock.TOOLS, *notes.TOOLS, *todos.TOOLS, *dossier.TOOLS))

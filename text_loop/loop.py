@@ -1,0 +1,273 @@
+"""The bounded turn loop: generate, run the requested tools in order, give results back, repeat.
+
+The turn's reply is the first generation with text and no tool calls. Guards:
+
+* a round cap per turn kind; from ``budget_notice_within`` rounds before it, a labelled note tells
+  the model how many rounds remain;
+* a round in which every call was an unknown tool or a refusal does not count, at most
+  ``free_wasted_rounds`` times per turn;
+* an identical call (same tool, same arguments) that already succeeded in this turn does not run
+  again: the earlier result is returned, marked as a repeat;
+* at the cap, one last generation runs without tools, on a plain-text rewrite of the turn, and
+  is told which writes completed and which did not;
+* an empty reply is retried once on a plain-text rewrite (recovery); both attempts are recorded.
+
+Model time is measured separately so the benchmark can report what the harness itself costs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.models.errors import ModelError, ModelNotConfigured
+from core.models.types import ChatMessage, Generation, ModelService, Prompt, ToolCall, ToolSpec
+from core.tools.runner import CallOutcome
+from text_loop.config import HarnessConfig
+from text_loop.prompt import canonical_arguments, harness_message, labelled, plain_text_transcript
+from text_loop.records import generation_record, message_record
+
+log = logging.getLogger(__name__)
+
+NO_MODEL_REPLY = (
+    "I can't answer yet: no AI model is configured for Pepper. "
+    "Whoever runs this Pepper can set one up (run `pepper doctor` to see what is missing)."
+)
+MODEL_ERROR_REPLY = "Sorry, I couldn't reach my AI model just now. Please try again in a minute."
+EMPTY_REPLY = "Sorry, I couldn't put an answer together just now. Please try again."
+REPEAT_MARK = (
+    "[Repeated call: it already ran in this turn with the same arguments and did not run again. Earlier result:]"
+)
+
+Executor = Callable[[ToolCall], Awaitable[CallOutcome]]
+# Opened once per round of tool calls (a live turn holds one store connection for the round).
+ToolRound = Callable[[], AbstractAsyncContextManager[Executor]]
+
+
+@dataclass
+class LoopResult:
+    reply: str
+    status: str  # replied | capped | recovered | empty | no-model | model-error
+    rounds: list[dict[str, Any]] = field(default_factory=list)
+    calls: list[CallOutcome] = field(default_factory=list)
+    counted_rounds: int = 0
+    model: str | None = None
+    usage: dict[str, int] = field(default_factory=dict)
+    model_ms: float = 0.0
+    error: str | None = None
+
+    @property
+    def capped(self) -> bool:
+        return self.status == "capped"
+
+    @property
+    def answered(self) -> bool:
+        """True when the reply came from the model and may describe the turn's writes."""
+        return self.status in ("replied", "capped", "recovered")
+
+
+class _Stop(Exception):
+    def __init__(self, status: str, reply: str, error: str):
+        self.status, self.reply, self.error = status, reply, error
+
+
+class TurnLoop:
+    def __init__(
+        self,
+        models: ModelService,
+        config: HarnessConfig,
+        *,
+        system_stable: str,
+        system_dynamic: str,
+        tools: Sequence[ToolSpec],
+        messages: Sequence[ChatMessage],
+        tool_round: ToolRound,
+        round_cap: int,
+        conversation_key: str,
+        tier: str,
+        background: bool = False,
+    ):
+        self.models = models
+        self.config = config
+        self.system_stable = system_stable
+        self.system_dynamic = system_dynamic
+        self.tools = tuple(tools)
+        self.history: list[ChatMessage] = list(messages)
+        self.tool_round = tool_round
+        self.round_cap = round_cap
+        self.conversation_key = conversation_key
+        self.tier = tier
+        self.background = background
+        self.result = LoopResult("", "replied")
+        self._recorded_upto = len(self.history)
+
+    async def _generate(
+        self, purpose: str, messages: Sequence[ChatMessage], *, tools: bool, counted: bool
+    ) -> Generation:
+        prompt = Prompt(
+            system_stable=self.system_stable,
+            system_dynamic=self.system_dynamic,
+            messages=tuple(messages),
+            tools=self.tools if tools else (),
+            max_output_tokens=self.config.max_output_tokens,
+        )
+        record: dict[str, Any] = {"n": len(self.result.rounds) + 1, "purpose": purpose, "tools_offered": tools}
+        if purpose in ("recovery", "final"):
+            record["request"] = [message_record(m) for m in messages]
+        else:
+            # The base prompt is in the turn record; each round adds what is new since it.
+            record["request_tail"] = [message_record(m) for m in messages[self._recorded_upto :]]
+            self._recorded_upto = len(self.history)
+        started = time.perf_counter()
+        try:
+            generation = await self.models.generate(
+                prompt, conversation_key=self.conversation_key, tier=self.tier, background=self.background
+            )
+        except ModelNotConfigured as exc:
+            record["error"] = exc.code
+            self.result.rounds.append(record)
+            raise _Stop("no-model", NO_MODEL_REPLY, exc.code) from exc
+        except ModelError as exc:
+            log.warning("model call failed: code=%s provider=%s", exc.code, exc.provider)
+            record["error"] = exc.code
+            self.result.rounds.append(record)
+            raise _Stop("model-error", MODEL_ERROR_REPLY, exc.code) from exc
+        finally:
+            elapsed = (time.perf_counter() - started) * 1000
+            self.result.model_ms += elapsed
+            record["model_ms"] = round(elapsed, 3)
+        record["counted"] = counted
+        record["response"] = generation_record(generation)
+        self.result.rounds.append(record)
+        self.result.model = generation.model
+        for key in ("input_tokens", "output_tokens", "cached_input_tokens", "reasoning_tokens"):
+            self.result.usage[key] = self.result.usage.get(key, 0) + getattr(generation.usage, key)
+        return generation
+
+    async def run(self) -> LoopResult:
+        try:
+            await self._run()
+        except _Stop as stop:
+            self.result.status, self.result.reply, self.result.error = stop.status, stop.reply, stop.error
+        return self.result
+
+    async def _run(self) -> None:
+        counted = 0
+        forgiven = 0
+        succeeded: dict[tuple[str, str], CallOutcome] = {}
+        while True:
+            remaining = self.round_cap - counted
+            if remaining <= 0:
+                await self._final()
+                return
+            messages = list(self.history)
+            if remaining <= self.config.budget_notice_within:
+                messages.append(harness_message(_budget_note(remaining)))
+            generation = await self._generate("turn", messages, tools=True, counted=True)
+            if not generation.tool_calls:
+                if generation.text.strip():
+                    self.result.reply = generation.text.strip()
+                    self.result.counted_rounds = counted + 1
+                    return
+                await self._recover(messages)
+                self.result.counted_rounds = counted + 1
+                return
+            self.history.append(ChatMessage("assistant", generation.text, generation.tool_calls))
+            outcomes: list[CallOutcome] = []
+            async with self.tool_round() as execute:
+                for call in generation.tool_calls:
+                    key = (call.name, canonical_arguments(call.arguments))
+                    earlier = succeeded.get(key)
+                    if earlier is not None:
+                        outcome = CallOutcome(
+                            call,
+                            "repeat",
+                            f"{REPEAT_MARK}\n{earlier.content}",
+                            earlier.arguments,
+                            writes=earlier.writes,
+                            repeat_of=earlier.call.id,
+                        )
+                    else:
+                        outcome = await execute(call)
+                        if outcome.succeeded:
+                            succeeded[key] = outcome
+                    outcomes.append(outcome)
+                    self.result.calls.append(outcome)
+                    self.history.append(ChatMessage("tool", tool_result=outcome.result()))
+            wasted = all(o.wasted for o in outcomes)
+            if wasted and forgiven < self.config.free_wasted_rounds:
+                forgiven += 1
+                self.result.rounds[-1]["counted"] = False
+                self.result.rounds[-1]["wasted"] = True
+            else:
+                counted += 1
+            self.result.rounds[-1]["calls"] = [o.call.id for o in outcomes]
+
+    async def _final(self) -> None:
+        """At the cap: one generation without tools, told what was and was not written."""
+        self.result.counted_rounds = self.round_cap
+        note = harness_message(_cap_note(self.result.calls))
+        transcript = harness_message("This turn so far, as plain text:\n\n" + plain_text_transcript(self.history))
+        generation = await self._generate("final", [transcript, note], tools=False, counted=False)
+        if generation.text.strip():
+            self.result.status, self.result.reply = "capped", generation.text.strip()
+            return
+        raise _Stop("empty", EMPTY_REPLY, "empty-reply")
+
+    async def _recover(self, messages: Sequence[ChatMessage]) -> None:
+        """An empty reply: ask once more on the turn rewritten as plain text, without tools."""
+        log.info("empty reply; retrying once as plain text")
+        request = [
+            harness_message(
+                "This turn so far, as plain text:\n\n"
+                + plain_text_transcript(messages)
+                + "\n\nYour last answer was empty. Write your reply to the person now, as plain text."
+            )
+        ]
+        generation = await self._generate("recovery", request, tools=False, counted=False)
+        if generation.text.strip():
+            self.result.status, self.result.reply = "recovered", generation.text.strip()
+            return
+        raise _Stop("empty", EMPTY_REPLY, "empty-reply")
+
+
+def _budget_note(remaining: int) -> str:
+    if remaining == 1:
+        return (
+            "Round budget: this is the last round in which tools can run. After it, tools are off. "
+            "If you can answer now, answer now."
+        )
+    return f"Round budget: {remaining} rounds with tools remain in this turn, including this one. Plan to finish."
+
+
+def _cap_note(calls: Sequence[CallOutcome]) -> str:
+    done: list[str] = []
+    not_done: list[str] = []
+    for outcome in calls:
+        if not outcome.writes or outcome.status == "repeat":
+            continue
+        if outcome.succeeded and outcome.write is not None:
+            when = " (saved when this reply is delivered)" if outcome.write.get("staged") else ""
+            done.append(f"- {outcome.call.name}: {outcome.write['summary']}{when}")
+        elif outcome.succeeded:
+            done.append(f"- {outcome.call.name}: nothing needed changing")
+        else:
+            not_done.append(f"- {outcome.call.name}: {outcome.status}: {outcome.content}")
+    lines = [
+        "The round limit for this turn is reached and tools are now off.",
+        "Reply to the person now, from what you already have. Say plainly what you could not finish.",
+    ]
+    lines.append("Writes that completed:\n" + ("\n".join(done) if done else "- none"))
+    lines.append(
+        "Writes that did NOT complete (do not say or imply they happened):\n"
+        + ("\n".join(not_done) if not_done else "- none")
+    )
+    lines.append("Anything else you meant to change but did not call a tool for did not happen either.")
+    return "\n\n".join(lines)
+
+
+__all__ = ["EMPTY_REPLY", "MODEL_ERROR_REPLY", "NO_MODEL_REPLY", "REPEAT_MARK", "LoopResult", "TurnLoop", "labelled"]

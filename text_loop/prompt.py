@@ -1,0 +1,98 @@
+"""Building the prompt: a byte-stable prefix first, then the memory block, the clock last.
+
+The prefix (persona, rules, the skills list, the dossier) and the tool list change only when
+their sources change, never with the time or the turn, so providers can reuse their cache. The
+memory block follows it. The current time rides on the newest message.
+
+Every message the harness itself adds for the model starts with :data:`LABEL`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from core.models.types import ChatMessage
+
+LABEL = "[Pepper runtime note. The user did not write this.]"
+
+PERSONA = """You are Pepper, a personal assistant that people reach by text, email and phone.
+You are warm, brief and plain-spoken. You write for a phone screen: short sentences, no markdown
+tables, no headings. You never pretend: if you did not do something, you do not say you did."""
+
+RULES = f"""Rules:
+- Use the tools to look things up or change things; never invent their results.
+- A tool result starting "Found nothing" means the lookup worked and there is no data. A result
+  starting "Failed" means it broke: say you could not check, never that there is nothing.
+- A result starting "Refused by Pepper's rules" means the call did not run.
+- A result starting "Done" for a write means it happened (or will, once this reply is delivered).
+- Confirm with the person before deleting anything or doing something other people will see.
+- Messages that start with "{LABEL}" come from Pepper's own runtime, not from the person.
+  Follow them, but do not answer them as if the person had said them.
+- When you have what you need, answer with text and no tool calls."""
+
+
+def labelled(text: str) -> str:
+    return f"{LABEL}\n{text}"
+
+
+def harness_message(text: str) -> ChatMessage:
+    return ChatMessage("user", labelled(text))
+
+
+def skills_block(skills: Sequence[tuple[str, str]]) -> str:
+    if not skills:
+        return "Skills: none are installed."
+    return "Skills (name: what it is for):\n" + "\n".join(f"- {name}: {desc}" for name, desc in skills)
+
+
+def stable_prefix(*, persona: str, rules: str, skills: Sequence[tuple[str, str]], dossier: str) -> str:
+    """The cacheable part. Must not contain the time, ids, or anything that varies per turn."""
+    parts = [persona.strip(), rules.strip(), skills_block(skills)]
+    parts.append("About the person (the dossier):\n" + dossier if dossier else "About the person: nothing noted yet.")
+    return "\n\n".join(parts)
+
+
+def memory_block(messages: Iterable[Any], timezone: str) -> str:
+    """Recent messages as text (records with created_at, channel, direction, body)."""
+    zone = ZoneInfo(timezone)
+    lines = []
+    for m in messages:
+        who = "Person" if m.direction == "inbound" else "Pepper"
+        lines.append(f"[{m.created_at.astimezone(zone):%Y-%m-%d %H:%M} {m.channel}] {who}: {m.body}")
+    if not lines:
+        return "Memory: this is the start of the conversation."
+    return "Memory: recent messages, oldest first.\n" + "\n".join(lines)
+
+
+def clock_line(now: datetime, timezone: str) -> str:
+    local = now.astimezone(ZoneInfo(timezone))
+    return labelled(f"Now: {local:%A %d %B %Y, %H:%M} ({timezone}).")
+
+
+def newest_message(text: str, now: datetime, timezone: str) -> ChatMessage:
+    """The person's message with the clock appended under a label."""
+    return ChatMessage("user", f"{text}\n\n{clock_line(now, timezone)}")
+
+
+def canonical_arguments(arguments: dict[str, Any]) -> str:
+    return json.dumps(arguments, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def plain_text_transcript(messages: Sequence[ChatMessage]) -> str:
+    """The turn so far without tool structure, for recovery and the capped summary."""
+    lines: list[str] = []
+    for m in messages:
+        if m.role == "user":
+            lines.append(m.content if m.content.startswith(LABEL) else f"The person wrote:\n{m.content}")
+        elif m.role == "assistant":
+            if m.content.strip():
+                lines.append(f"You wrote:\n{m.content}")
+            for call in m.tool_calls:
+                lines.append(f"You called {call.name} with {canonical_arguments(call.arguments)}.")
+        elif m.tool_result is not None:
+            lines.append(f"Result of {m.tool_result.name}:\n{m.tool_result.content}")
+    return "\n\n".join(lines)

@@ -1,0 +1,302 @@
+"""One text turn from the person's message to a reply, and what happens once it was delivered.
+
+The gateway records the inbound message first (idempotent on the provider's id), then calls
+:func:`run_turn`, sends ``TurnOutcome.reply`` and reports the result with :func:`deliver`, which
+commits the writes the turn staged (delivered) or drops them (not delivered).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+from uuid import UUID
+
+from core.conversation import recent_messages, start_turn, update_turn
+from core.errors import NotFound
+from core.models.types import ModelService, ToolCall
+from core.tools.areas.dossier import dossier_text
+from core.tools.context import SessionContext, SessionKind, Trust
+from core.tools.gate import Gate, default_gate
+from core.tools.registry import ToolContext, ToolRegistry, connection
+from core.tools.runner import CallOutcome, run_call
+from core.tools.staging import ResolvedWrite, commit_turn_writes, drop_turn_writes
+from core.tools.starter import starter_registry
+from text_loop.config import HarnessConfig
+from text_loop.loop import Executor, LoopResult, TurnLoop
+from text_loop.prompt import PERSONA, RULES, memory_block, newest_message, stable_prefix
+from text_loop.records import message_record, tool_spec_record
+from text_loop.repair import RepairResult, repair_reply
+
+log = logging.getLogger(__name__)
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass
+class HarnessDeps:
+    """Everything a turn needs, built once at start-up and shared by every turn."""
+
+    db: Any
+    models: ModelService
+    registry: ToolRegistry = field(default_factory=starter_registry)
+    gate: Gate = field(default_factory=default_gate)
+    config: HarnessConfig = field(default_factory=HarnessConfig)
+    clock: Callable[[], datetime] = _utc_now
+    persona: str = PERSONA
+    rules: str = RULES
+    skills: Sequence[tuple[str, str]] = ()
+
+
+@dataclass(frozen=True)
+class TurnOutcome:
+    """What the gateway needs after a turn. ``reply`` is always set, even when the model failed.
+
+    ``status``: replied, capped, recovered (an empty reply was rescued), empty (not rescued),
+    no-model (none configured), model-error. When the model did not answer, the reply is a plain
+    apology and the turn's staged writes are already dropped.
+    """
+
+    turn_id: UUID
+    reply: str
+    status: str
+    rounds: int
+    staged_writes: int
+    model: str | None
+    repaired: bool
+    harness_ms: float
+    model_ms: float
+
+    @property
+    def capped(self) -> bool:
+        return self.status == "capped"
+
+
+def session_record(session: SessionContext) -> dict[str, Any]:
+    return session.as_record()
+
+
+def turn_parts(
+    result: LoopResult,
+    *,
+    prompt: dict[str, Any],
+    repair: RepairResult | None,
+    started: float,
+    extra_model_ms: float = 0.0,
+) -> dict[str, Any]:
+    """The JSON parts of a finished turn record."""
+    total_ms = (time.perf_counter() - started) * 1000
+    model_ms = result.model_ms + extra_model_ms
+    calls = [o.as_record() for o in result.calls]
+    rounds = list(result.rounds)
+    if repair is not None:
+        rounds.append({"n": len(rounds) + 1, "purpose": "repair", **repair.as_record()})
+    return {
+        "prompt": prompt,
+        "rounds": rounds,
+        "tool_calls": calls,
+        "gate_decisions": [
+            {"call_id": o.call.id, "name": o.call.name, **o.gate.as_record()} for o in result.calls if o.gate
+        ],
+        "staged_writes": [
+            {"call_id": o.call.id, "tool": o.call.name, **o.write}
+            for o in result.calls
+            if o.write is not None and o.write.get("staged")
+        ],
+        "usage": result.usage,
+        "timings": {
+            "total_ms": round(total_ms, 3),
+            "model_ms": round(model_ms, 3),
+            "harness_ms": round(total_ms - model_ms, 3),
+        },
+    }
+
+
+async def run_turn(
+    deps: HarnessDeps,
+    account_id: UUID,
+    channel: str,
+    text: str,
+    *,
+    kind: SessionKind = "live",
+    trust: Trust = "owner_verified",
+    inbound_message_id: int | None = None,
+    connections: frozenset[str] = frozenset(),
+    tier: str | None = None,
+) -> TurnOutcome:
+    """Run one turn for ``text`` from the account's person and return the reply to send.
+
+    Records the turn (every round, call, gate decision and staged write) in ``turns``. Raises
+    ``NotFound`` for an unknown account; model failures do not raise (see ``TurnOutcome.status``).
+    Cancelling the task cancels the turn: its staged writes stay staged and the crash rule in
+    ``core.tools.staging`` drops them later.
+    """
+    started = time.perf_counter()
+    db = deps.db
+    now = deps.clock()
+    tier = tier or deps.config.tier
+    # Memory and the dossier are personal: only a verified owner outside a room sees them.
+    personal = trust == "owner_verified" and kind != "room"
+    async with connection(db) as conn:
+        row = await conn.fetchrow(
+            "SELECT c.id, a.timezone FROM accounts a JOIN conversations c ON c.account_id = a.id WHERE a.id = $1",
+            account_id,
+        )
+        if row is None:
+            raise NotFound(f"no account {account_id}")
+        conversation_id, timezone = row["id"], row["timezone"]
+        turn_id = await start_turn(conn, conversation_id, channel=channel, kind=kind)
+        session = SessionContext(kind, trust, channel, account_id, conversation_id, turn_id, timezone, connections)
+        try:
+            if inbound_message_id is not None:
+                await conn.execute(
+                    "UPDATE messages SET turn_id = $1 WHERE id = $2 AND turn_id IS NULL", turn_id, inbound_message_id
+                )
+            dossier = await dossier_text(conn, account_id) if personal else ""
+            if personal:
+                limit = deps.config.memory_messages
+                recent = await recent_messages(conn, conversation_id, limit + 1)
+                memory = memory_block([m for m in recent if m.id != inbound_message_id][-limit:], timezone)
+            else:
+                memory = "Memory: not available in this session."
+        except Exception as exc:
+            await _failed(deps, turn_id, exc)
+            raise
+    try:
+        tools = deps.registry.visible(session, deps.gate.hides)
+        specs = [t.spec for t in tools]
+        visible = frozenset(t.name for t in tools)
+        system_stable = stable_prefix(persona=deps.persona, rules=deps.rules, skills=deps.skills, dossier=dossier)
+        messages = [newest_message(text, now, timezone)]
+
+        @asynccontextmanager
+        async def tool_round() -> AsyncIterator[Executor]:
+            async with connection(db) as round_conn:
+                ctx = ToolContext(session, round_conn, now)
+
+                async def execute(call: ToolCall) -> CallOutcome:
+                    return await run_call(deps.registry, deps.gate, ctx, call, visible=visible)
+
+                yield execute
+
+        loop = TurnLoop(
+            deps.models,
+            deps.config,
+            system_stable=system_stable,
+            system_dynamic=memory,
+            tools=specs,
+            messages=messages,
+            tool_round=tool_round,
+            round_cap=deps.config.round_cap(kind),
+            conversation_key=str(conversation_id),
+            tier=tier,
+            background=kind == "scheduled",
+        )
+        result = await loop.run()
+        return await finish_turn(
+            deps,
+            session,
+            result,
+            tier=tier,
+            started=started,
+            prompt={
+                "system_stable": system_stable,
+                "system_dynamic": memory,
+                "tools": [tool_spec_record(s) for s in specs],
+                "messages": [message_record(m) for m in messages],
+            },
+        )
+    except Exception as exc:
+        await _failed(deps, turn_id, exc)
+        raise
+
+
+async def _failed(deps: HarnessDeps, turn_id: UUID, exc: Exception) -> None:
+    log.error("turn failed: turn=%s error=%s", turn_id, type(exc).__name__, exc_info=exc)
+    await drop_turn_writes(deps.db, deps.registry, turn_id)
+    await update_turn(deps.db, turn_id, status="failed", error=type(exc).__name__, finished_at=deps.clock())
+
+
+async def finish_turn(
+    deps: HarnessDeps,
+    session: SessionContext,
+    result: LoopResult,
+    *,
+    tier: str,
+    started: float,
+    prompt: dict[str, Any],
+    replay_of: UUID | None = None,
+) -> TurnOutcome:
+    assert session.turn_id is not None
+    db = deps.db
+    reply = result.reply
+    repair: RepairResult | None = None
+    if result.answered and session.channel in deps.config.repair_channels:
+        repair = await repair_reply(deps.models, reply, deps.config, conversation_key=str(session.conversation_id))
+        reply = repair.text
+    if not result.answered:
+        # The reply is an apology that describes none of the turn's work: nothing it staged may commit.
+        await drop_turn_writes(db, deps.registry, session.turn_id)
+    parts = turn_parts(
+        result, prompt=prompt, repair=repair, started=started, extra_model_ms=repair.model_ms if repair else 0.0
+    )
+    columns: dict[str, Any] = {"replay_of": replay_of} if replay_of is not None else {}
+    await update_turn(
+        db,
+        session.turn_id,
+        status="replied",
+        model=result.model,
+        tier=tier,
+        trust=session.trust,
+        session=session.as_record(),
+        reply=reply,
+        error=result.error,
+        finished_at=deps.clock(),
+        **columns,
+        **parts,
+    )
+    timings = parts["timings"]
+    # The outcome's figure also covers writing the record itself, which the record cannot hold.
+    harness_ms = (time.perf_counter() - started) * 1000 - timings["model_ms"]
+    return TurnOutcome(
+        turn_id=session.turn_id,
+        reply=reply,
+        status=result.status,
+        rounds=len([r for r in result.rounds if r.get("counted")]),
+        staged_writes=len(parts["staged_writes"]) if result.answered else 0,
+        model=result.model,
+        repaired=bool(repair and repair.changed),
+        harness_ms=round(harness_ms, 3),
+        model_ms=timings["model_ms"],
+    )
+
+
+async def deliver(
+    deps: HarnessDeps, turn_id: UUID, ok: bool, *, detail: dict[str, Any] | None = None
+) -> list[ResolvedWrite]:
+    """Report whether the turn's reply reached the person.
+
+    ``ok=True`` commits every write the turn staged, ``ok=False`` drops them; either way the turn
+    record gets the delivery. Safe to call twice: the second call finds nothing staged.
+    """
+    delivery = {"ok": ok, **(detail or {})}
+    if ok:
+        writes = await commit_turn_writes(deps.db, deps.registry, turn_id)
+        await update_turn(
+            deps.db,
+            turn_id,
+            status="delivered",
+            delivered_at=deps.clock(),
+            delivery=delivery,
+            committed_writes=[w.as_record() for w in writes if w.status == "committed"],
+        )
+    else:
+        writes = await drop_turn_writes(deps.db, deps.registry, turn_id)
+        await update_turn(deps.db, turn_id, status="failed", delivery={**delivery, "dropped": len(writes)})
+    return writes
