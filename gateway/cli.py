@@ -151,10 +151,8 @@ async def _admin(args: argparse.Namespace, settings: Settings, db: Database, out
 
 def _model_service(settings: Settings) -> Any:
     """The ModelService for commands that call models (the router of ``core.models``)."""
-    try:
-        from core.models.router import ModelRouter  # type: ignore[import-not-found]
-    except ImportError:
-        raise CommandError("this build has no model router (core.models.router); replay needs one") from None
+    from core.models.router import ModelRouter
+
     return ModelRouter.from_settings(settings)
 
 
