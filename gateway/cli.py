@@ -78,7 +78,21 @@ def _parser() -> argparse.ArgumentParser:
     replay = sub.add_parser("replay", help="run a recorded turn again on another tier; tools return recorded results")
     replay.add_argument("turn", help="the turn id")
     replay.add_argument("--tier", help="model tier to run it on (default: the tier it ran on)")
+    for module in _command_modules():
+        module.add_commands(sub)
     return parser
+
+
+# Command groups that live beside their feature, one module each (keeps this file from growing a
+# branch per feature). Each module has ``add_commands(subparsers)`` and
+# ``async def run(args, settings, db, out) -> bool`` returning True when it handled ``args``.
+COMMAND_MODULES: tuple[str, ...] = ()
+
+
+def _command_modules() -> list[Any]:
+    import importlib
+
+    return [importlib.import_module(name) for name in COMMAND_MODULES]
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -201,8 +215,11 @@ async def _run(args: argparse.Namespace, out: Callable[[str], None]) -> int:
     async with open_store(settings, serving=False) as db:
         if args.command == "replay":
             await _replay(args, settings, db, out)
-        else:
-            await _admin(args, settings, db, out)
+            return 0
+        for module in _command_modules():
+            if await module.run(args, settings, db, out):
+                return 0
+        await _admin(args, settings, db, out)
     return 0
 
 
