@@ -46,6 +46,7 @@ def build_app(settings: Settings, db: Database) -> Quart:
     that no model is configured.
     """
     from core.models.router import ModelRouter
+    from core.tools import recover_unresolved
     from text_loop import HarnessDeps
 
     router = ModelRouter.from_settings(settings)
@@ -54,7 +55,15 @@ def build_app(settings: Settings, db: Database) -> Quart:
         from gateway.twilio_client import TwilioMessenger
 
         messenger = TwilioMessenger(settings)
-    app = create_app(settings, db, harness=HarnessDeps(db=db, models=router), messenger=messenger)
+    harness = HarnessDeps(db=db, models=router)
+    app = create_app(settings, db, harness=harness, messenger=messenger)
+
+    @app.before_serving
+    async def resolve_crashed_turns() -> None:
+        # Writes a crash left staged: committed if the reply went out, dropped otherwise.
+        resolved = await recover_unresolved(db, harness.registry)
+        if any(resolved.values()):
+            log.info("resolved staged writes left by an earlier crash: %s", resolved)
 
     @app.after_serving
     async def close_router() -> None:

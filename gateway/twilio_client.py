@@ -6,6 +6,7 @@ the SDK has no base-URL option, so a small ``http_client`` subclass rewrites the
 
 from __future__ import annotations
 
+import base64
 import logging
 import urllib.parse
 
@@ -15,7 +16,7 @@ from twilio.http.async_http_client import AsyncTwilioHttpClient
 from twilio.rest import Client
 
 from core.errors import ConfigError, PepperError
-from core.settings import DEFAULT_TWILIO_API_URL, Settings
+from core.settings import Settings
 
 log = logging.getLogger(__name__)
 # The SDK logs request bodies (numbers, message text) at INFO: keep them out of our logs.
@@ -33,15 +34,24 @@ class TwilioSendError(PepperError):
         self.twilio_code = twilio_code
 
 
-class _BaseUrlHttpClient(AsyncTwilioHttpClient):
+class _HttpClient(AsyncTwilioHttpClient):
+    """The SDK's aiohttp client, sending to ``base_url`` and with the credentials as a header.
+
+    aiohttp 3.13 deprecates the ``auth=`` argument the SDK still passes; the header is equivalent.
+    """
+
     def __init__(self, base_url: str, **kwargs):
         super().__init__(**kwargs)
         self._base = urllib.parse.urlsplit(base_url.rstrip("/"))
 
-    async def request(self, method, url, *args, **kwargs):  # type: ignore[no-untyped-def]
+    async def request(self, method, url, params=None, data=None, headers=None, auth=None, **kwargs):  # type: ignore[no-untyped-def]
         parts = urllib.parse.urlsplit(url)
-        moved = parts._replace(scheme=self._base.scheme, netloc=self._base.netloc)
-        return await super().request(method, urllib.parse.urlunsplit(moved), *args, **kwargs)
+        moved = urllib.parse.urlunsplit(parts._replace(scheme=self._base.scheme, netloc=self._base.netloc))
+        headers = dict(headers or {})
+        if auth is not None:
+            token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode("ascii")
+            headers["Authorization"] = f"Basic {token}"
+        return await super().request(method, moved, params=params, data=data, headers=headers, **kwargs)
 
 
 class TwilioMessenger:
@@ -50,10 +60,7 @@ class TwilioMessenger:
     def __init__(self, settings: Settings):
         if not settings.twilio_account_sid or settings.twilio_auth_token is None:
             raise ConfigError("TWILIO_ACCOUNT_SID and TWILIO_AUTH_TOKEN are needed to send messages")
-        if settings.twilio_api_url == DEFAULT_TWILIO_API_URL:
-            http_client = AsyncTwilioHttpClient(timeout=15)
-        else:
-            http_client = _BaseUrlHttpClient(settings.twilio_api_url, timeout=15)
+        http_client = _HttpClient(settings.twilio_api_url, timeout=15)
         self._http = http_client
         self._client = Client(
             settings.twilio_account_sid, settings.twilio_auth_token.get_secret_value(), http_client=http_client
