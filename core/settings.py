@@ -45,6 +45,9 @@ class Settings(BaseSettings):
     database_url: SecretStr | None = Field(None, validation_alias=_env("DATABASE_URL", "database_url"))
     default_region: str = Field("US", validation_alias=_env("PEPPER_DEFAULT_REGION", "default_region"))
     log_level: str = Field("INFO", validation_alias=_env("PEPPER_LOG_LEVEL", "log_level"))
+    max_concurrent_turns: int = Field(
+        8, ge=1, validation_alias=_env("PEPPER_MAX_CONCURRENT_TURNS", "max_concurrent_turns")
+    )
     graceful_timeout: float = Field(10.0, ge=0, validation_alias=_env("PEPPER_GRACEFUL_TIMEOUT", "graceful_timeout"))
 
     # Model providers: the SDKs' own variable names.

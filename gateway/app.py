@@ -10,6 +10,7 @@ from core.errors import DatabaseUnavailable
 from core.settings import Settings
 from gateway import messaging
 from gateway.services import Services
+from gateway.tasks import BackgroundTasks
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +25,7 @@ def create_app(settings: Settings, db, **services) -> Quart:  # type: ignore[no-
     """
     app = Quart("pepper")
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
+    services.setdefault("tasks", BackgroundTasks(settings.max_concurrent_turns))
     shared = Services(settings=settings, db=db, **services)
     app.extensions["pepper"] = shared
     app.register_blueprint(messaging.blueprint)

@@ -11,16 +11,28 @@ log = logging.getLogger(__name__)
 
 
 class BackgroundTasks:
-    """Owns every task it starts: named, logged if they fail, drained on shutdown."""
+    """Owns every task it starts: named, logged if they fail, drained on shutdown.
 
-    def __init__(self) -> None:
+    At most ``limit`` run at once; the rest wait their turn without costing the event loop
+    anything, so a burst of webhooks is still acknowledged at once while its turns queue.
+    """
+
+    def __init__(self, limit: int = 8) -> None:
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._slots = asyncio.Semaphore(limit)
 
     def spawn(self, name: str, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
-        task = asyncio.get_running_loop().create_task(coro, name=name)
+        task = asyncio.get_running_loop().create_task(self._limited(coro), name=name)
         self._tasks.add(task)
         task.add_done_callback(self._done)
         return task
+
+    async def _limited(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        try:
+            async with self._slots:
+                return await coro
+        finally:
+            coro.close()  # a task cancelled while waiting never started its coroutine
 
     def _done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)

@@ -19,7 +19,7 @@ import asyncpg
 from pgvector.asyncpg import register_vector
 
 from core.errors import DatabaseUnavailable, MissingPgvector, StoreError
-from core.store.migrations import Migration, apply_migrations, pending_migrations
+from core.store.migrations import Migration, apply_migrations, shipped_versions
 
 log = logging.getLogger(__name__)
 
@@ -136,10 +136,10 @@ class Database:
         """What the health endpoint reports; raises ``DatabaseUnavailable`` when the store is down."""
         try:
             async with self.pool.acquire(timeout=2.0) as conn:
-                version = await conn.fetchval("SELECT max(version) FROM schema_migrations")
-                pending = await pending_migrations(conn)
+                applied = {r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations")}
         except asyncio.CancelledError:
             raise
         except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             raise DatabaseUnavailable(f"database check failed: {exc}") from exc
-        return {"schema_version": version, "pending_migrations": len(pending)}
+        pending = [v for v in shipped_versions() if v not in applied]
+        return {"schema_version": max(applied, default=None), "pending_migrations": len(pending)}

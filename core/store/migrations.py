@@ -8,6 +8,7 @@ committed), so the next start applies it again from the beginning.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from dataclasses import dataclass
@@ -41,6 +42,12 @@ def load_migrations() -> list[Migration]:
     if len(set(versions)) != len(versions):
         raise RuntimeError(f"two migrations share a version number: {versions}")
     return found
+
+
+@functools.cache
+def shipped_versions() -> tuple[int, ...]:
+    """The versions this build ships, read from disk once."""
+    return tuple(m.version for m in load_migrations())
 
 
 _CREATE_LEDGER = """
