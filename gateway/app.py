@@ -8,7 +8,8 @@ from quart import Quart, jsonify
 
 from core.errors import DatabaseUnavailable
 from core.settings import Settings
-from gateway import messaging
+from gateway import messaging, webchat
+from gateway.live import LiveFeed
 from gateway.services import Services
 from gateway.tasks import BackgroundTasks
 
@@ -26,9 +27,17 @@ def create_app(settings: Settings, db, **services) -> Quart:  # type: ignore[no-
     app = Quart("pepper")
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     services.setdefault("tasks", BackgroundTasks(settings.max_concurrent_turns))
+    if db is not None:
+        services.setdefault("live", LiveFeed(db.dsn))
     shared = Services(settings=settings, db=db, **services)
     app.extensions["pepper"] = shared
     app.register_blueprint(messaging.blueprint)
+    app.register_blueprint(webchat.blueprint)
+
+    @app.before_serving
+    async def start_live_feed() -> None:
+        if shared.live is not None:
+            await shared.live.start()
 
     @app.get("/healthz")
     async def health():  # type: ignore[no-untyped-def]
@@ -48,6 +57,8 @@ def create_app(settings: Settings, db, **services) -> Quart:  # type: ignore[no-
         await shared.tasks.drain(settings.graceful_timeout)
         if shared.messenger is not None:
             await shared.messenger.close()
+        if shared.live is not None:
+            await shared.live.stop()
 
     return app
 

@@ -86,7 +86,7 @@ def _parser() -> argparse.ArgumentParser:
 # Command groups that live beside their feature, one module each (keeps this file from growing a
 # branch per feature). Each module has ``add_commands(subparsers)`` and
 # ``async def run(args, settings, db, out) -> bool`` returning True when it handled ``args``.
-COMMAND_MODULES: tuple[str, ...] = ()
+COMMAND_MODULES: tuple[str, ...] = ("gateway.cli_web",)
 
 
 def _command_modules() -> list[Any]:
@@ -212,6 +212,14 @@ async def _run(args: argparse.Namespace, out: Callable[[str], None]) -> int:
         report = await diagnose(settings, served_paths(create_app(settings, None)))
         out(render(report))
         return 0 if report.can_serve else 1
+    if args.command == "chat":
+        import os
+
+        from gateway.cli_web import chat
+
+        return await asyncio.to_thread(
+            chat, args, settings, args.token or os.environ.get("PEPPER_TOKEN"), sys.stdin, out
+        )
     async with open_store(settings, serving=False) as db:
         if args.command == "replay":
             await _replay(args, settings, db, out)

@@ -9,6 +9,7 @@ from core.settings import Settings
 from gateway.tasks import BackgroundTasks
 
 if TYPE_CHECKING:
+    from gateway.live import LiveFeed
     from gateway.twilio_client import TwilioMessenger
 
 
@@ -19,3 +20,4 @@ class Services:
     harness: Any = None  # text_loop.HarnessDeps, when models are configured
     messenger: TwilioMessenger | None = None
     tasks: BackgroundTasks = field(default_factory=BackgroundTasks)
+    live: LiveFeed | None = None  # new messages pushed to open chats

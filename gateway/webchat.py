@@ -1,0 +1,274 @@
+"""Web chat and the chat API: the owner signs in, sees the one conversation, and talks to Pepper.
+
+Browser requests authenticate with a session cookie (HttpOnly, SameSite=Strict, Secure behind
+https) and send the session's CSRF token in ``X-CSRF-Token`` on every state-changing request; API
+clients such as ``pepper chat`` send ``Authorization: Bearer <token>`` instead. Replies are pushed
+over Server-Sent Events; the client acknowledges each reply it showed, and that acknowledgement is
+the delivery that commits the turn's staged writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+from importlib import resources
+from typing import Any
+from uuid import UUID
+
+from quart import Blueprint, Response, current_app, make_response, redirect, request
+
+from core import access
+from core.conversation import conversation_for, record_inbound, record_outbound
+from core.errors import PepperError
+from gateway.services import Services
+from text_loop import deliver, run_turn
+
+log = logging.getLogger(__name__)
+
+blueprint = Blueprint("webchat", __name__)
+
+COOKIE = "pepper_session"
+MAX_MESSAGE_CHARS = 8000
+STREAM_SECONDS = 300.0  # EventSource reconnects by itself; a bounded stream never pins shutdown
+KEEPALIVE_SECONDS = 15.0
+APOLOGY_TEXT = "Sorry, something went wrong on my side and I couldn't answer that. Please try again."
+
+
+def _services() -> Services:
+    return current_app.extensions["pepper"]
+
+
+def _json_error(status: int, code: str, message: str) -> Response:
+    return Response(json.dumps({"error": code, "message": message}), status=status, content_type="application/json")
+
+
+async def _authenticate(*, state_changing: bool) -> UUID | Response:
+    """The signed-in account, or the 401/403 response to return."""
+    db = _services().db
+    header = request.headers.get("Authorization", "")
+    if header.startswith("Bearer "):
+        account_id = await access.account_for_token(db, header.removeprefix("Bearer ").strip())
+        return account_id if account_id else _json_error(401, "bad-token", "unknown or revoked API token")
+    session = await access.session_for(db, request.cookies.get(COOKIE))
+    if session is None:
+        return _json_error(401, "signed-out", "sign in first")
+    if state_changing and not hmac.compare_digest(request.headers.get("X-CSRF-Token", ""), session.csrf_token):
+        return _json_error(403, "csrf", "missing or wrong CSRF token")
+    return session.account_id
+
+
+def _same_origin() -> bool:
+    """A form post must come from our own page (login CSRF): its Origin, when sent, is ours."""
+    origin = request.headers.get("Origin")
+    if origin is None or origin == "null":
+        return origin is None
+    public = _services().settings.public_url
+    own = {f"{request.scheme}://{request.host}"} | ({public} if public else set())
+    return origin in own
+
+
+def _message_json(row: Any) -> dict[str, Any]:
+    return {
+        "id": row["id"],
+        "channel": row["channel"],
+        "direction": row["direction"],
+        "body": row["body"],
+        "created_at": row["created_at"].isoformat(),
+        "turn_id": str(row["turn_id"]) if row["turn_id"] else None,
+    }
+
+
+# --- the page ------------------------------------------------------------------------------------
+
+
+@blueprint.get("/chat")
+async def page() -> Response:
+    html = (resources.files("gateway") / "static" / "chat.html").read_text(encoding="utf-8")
+    response = Response(html, content_type="text/html; charset=utf-8")
+    response.headers["Content-Security-Policy"] = (
+        "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
+        "frame-ancestors 'none'"
+    )
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    return response
+
+
+@blueprint.post("/chat/login")
+async def login() -> Response:
+    if not _same_origin():
+        return _json_error(403, "cross-origin", "sign in from Pepper's own page")
+    form = await request.form
+    services = _services()
+    account_id = await access.check_web_login(services.db, form.get("login", ""), form.get("password", ""))
+    if account_id is None:
+        log.info("web sign-in refused")
+        return redirect("/chat?error=1")
+    token, _ = await access.create_session(services.db, account_id)
+    response = redirect("/chat")
+    secure = (services.settings.public_url or "").startswith("https://") or request.scheme == "https"
+    response.set_cookie(
+        COOKIE, token, max_age=int(access.SESSION_LIFETIME.total_seconds()), httponly=True, secure=secure,
+        samesite="Strict", path="/",
+    )  # fmt: skip
+    return response
+
+
+@blueprint.post("/chat/logout")
+async def logout() -> Response:
+    who = await _authenticate(state_changing=True)
+    if isinstance(who, Response):
+        return who
+    await access.end_session(_services().db, request.cookies.get(COOKIE))
+    response = Response(json.dumps({"ok": True}), content_type="application/json")
+    response.delete_cookie(COOKIE, path="/")
+    return response
+
+
+# --- the API -------------------------------------------------------------------------------------
+
+
+@blueprint.get("/api/session")
+async def session_info() -> Response:
+    db = _services().db
+    session = await access.session_for(db, request.cookies.get(COOKIE))
+    if session is None:
+        return _json_error(401, "signed-out", "sign in first")
+    name = await db.fetchval("SELECT name FROM accounts WHERE id = $1", session.account_id)
+    return Response(json.dumps({"name": name, "csrf_token": session.csrf_token}), content_type="application/json")
+
+
+@blueprint.get("/api/messages")
+async def history() -> Response:
+    who = await _authenticate(state_changing=False)
+    if isinstance(who, Response):
+        return who
+    try:
+        limit = min(max(int(request.args.get("limit", "100")), 1), 500)
+    except ValueError:
+        return _json_error(400, "bad-limit", "limit must be a number")
+    db = _services().db
+    conversation_id = await conversation_for(db, who)
+    rows = await db.fetch(
+        """
+        SELECT * FROM (SELECT * FROM messages WHERE conversation_id = $1 ORDER BY id DESC LIMIT $2) recent
+        ORDER BY id
+        """,
+        conversation_id,
+        limit,
+    )
+    return Response(json.dumps({"messages": [_message_json(r) for r in rows]}), content_type="application/json")
+
+
+@blueprint.post("/api/messages")
+async def post_message() -> Response:
+    who = await _authenticate(state_changing=True)
+    if isinstance(who, Response):
+        return who
+    body = await request.get_json(force=True, silent=True)
+    if not isinstance(body, dict) or not isinstance(body.get("text"), str) or not body["text"].strip():
+        return _json_error(400, "bad-message", 'send JSON {"text": "...", "client_id": "..."}')
+    text = body["text"].strip()
+    if len(text) > MAX_MESSAGE_CHARS:
+        return _json_error(413, "too-long", f"a message has at most {MAX_MESSAGE_CHARS} characters")
+    client_id = body.get("client_id")
+    if client_id is not None and (not isinstance(client_id, str) or not 8 <= len(client_id) <= 100):
+        return _json_error(400, "bad-client-id", "client_id is a string of 8 to 100 characters")
+    services = _services()
+    # The client's id makes a retried POST record nothing new and start no second turn.
+    message, created = await record_inbound(
+        services.db, who, "web", text, provider_message_id=f"{who}:{client_id}" if client_id else None
+    )
+    if created:
+        services.tasks.spawn(f"turn-web-{message.id}", _run_web_turn(services, who, text, message.id))
+    payload = {"message_id": message.id, "duplicate": not created}
+    return Response(json.dumps(payload), status=202 if created else 200, content_type="application/json")
+
+
+async def _run_web_turn(services: Services, account_id: UUID, text: str, message_id: int) -> None:
+    turn_id: UUID | None = None
+    try:
+        if services.harness is None:
+            raise PepperError("the text harness is not configured")
+        outcome = await run_turn(services.harness, account_id, "web", text, inbound_message_id=message_id)
+        turn_id, reply = outcome.turn_id, outcome.reply
+    except Exception:
+        log.exception("web turn failed")
+        reply = APOLOGY_TEXT
+    conversation_id = await conversation_for(services.db, account_id)
+    # Recording the reply announces it to every open chat; the browser's ack is the delivery.
+    await record_outbound(services.db, conversation_id, "web", reply, turn_id=turn_id)
+
+
+@blueprint.post("/api/messages/<int:message_id>/ack")
+async def acknowledge(message_id: int) -> Response:
+    """The client showed this reply: deliver the turn (commit its staged writes). Idempotent."""
+    who = await _authenticate(state_changing=True)
+    if isinstance(who, Response):
+        return who
+    services = _services()
+    row = await services.db.fetchrow(
+        """
+        UPDATE messages m SET delivery_status = 'read'
+        FROM conversations c
+        WHERE m.id = $1 AND m.conversation_id = c.id AND c.account_id = $2 AND m.direction = 'outbound'
+        RETURNING m.turn_id, m.channel
+        """,
+        message_id,
+        who,
+    )
+    if row is None:
+        return _json_error(404, "no-such-reply", "no reply with that id in your conversation")
+    if row["turn_id"] is not None and row["channel"] == "web" and services.harness is not None:
+        status = await services.db.fetchval("SELECT status FROM turns WHERE id = $1", row["turn_id"])
+        if status not in ("delivered", "failed"):
+            await deliver(services.harness, row["turn_id"], True, detail={"channel": "web", "ack": message_id})
+    return Response(json.dumps({"ok": True}), content_type="application/json")
+
+
+@blueprint.get("/api/events")
+async def events() -> Response:
+    """Server-Sent Events: every new message of the conversation, from ``after`` on."""
+    who = await _authenticate(state_changing=False)
+    if isinstance(who, Response):
+        return who
+    services = _services()
+    try:
+        after = int(request.args.get("after") or request.headers.get("Last-Event-ID") or 0)
+    except ValueError:
+        return _json_error(400, "bad-after", "after must be a message id")
+    conversation_id = await conversation_for(services.db, who)
+    feed = services.live
+
+    async def stream():  # type: ignore[no-untyped-def]
+        async with feed.subscribe(conversation_id) as queue:
+            yield b"retry: 1000\n\n"
+            # Catch up on what was recorded before the subscription began.
+            last = after
+            for row in await services.db.fetch(
+                "SELECT * FROM messages WHERE conversation_id = $1 AND id > $2 ORDER BY id", conversation_id, after
+            ):
+                last = row["id"]
+                yield _event(row)
+            deadline = asyncio.get_running_loop().time() + STREAM_SECONDS
+            while (left := deadline - asyncio.get_running_loop().time()) > 0:
+                try:
+                    message_id = await asyncio.wait_for(queue.get(), min(KEEPALIVE_SECONDS, left))
+                except TimeoutError:
+                    yield b": keep-alive\n\n"
+                    continue
+                if message_id <= last:
+                    continue
+                row = await services.db.fetchrow("SELECT * FROM messages WHERE id = $1", message_id)
+                if row is not None:
+                    last = message_id
+                    yield _event(row)
+
+    response = await make_response(stream(), 200, {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    response.timeout = None  # type: ignore[union-attr]
+    return response  # type: ignore[return-value]
+
+
+def _event(row: Any) -> bytes:
+    return f"id: {row['id']}\nevent: message\ndata: {json.dumps(_message_json(row))}\n\n".encode()
