@@ -1,0 +1,227 @@
+"""Web chat and the chat API over a real socket: sign-in, CSRF, live events, acknowledgement as delivery,
+one conversation across channels, and `pepper chat` through the same API."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import aiohttp
+import pytest
+
+from core import access, identity
+from core.settings import Settings
+from core.store import Database
+from core.testing.peers import OpenAIPeer, reply_text, reply_tools
+from core.testing.twilio_peer import TwilioPeer
+from gateway.cli_web import ChatError, chat
+from gateway.server import running_app
+
+PASSWORD = "correct horse battery"
+TOKEN = "twilio-token"
+
+
+@dataclass
+class Web:
+    db: Database
+    model: OpenAIPeer
+    twilio: TwilioPeer
+    base: str
+    account_id: object
+    settings: Settings
+
+
+@pytest.fixture
+async def web(db: Database, db_url: str) -> AsyncIterator[Web]:
+    ada = await identity.create_account(db, "Ada")
+    await access.set_web_password(db, ada.id, "ada", PASSWORD)
+    async with OpenAIPeer() as model, TwilioPeer(auth_token=TOKEN) as twilio:
+        settings = Settings(
+            database_url=db_url, openai_api_key="sk-test", openai_base_url=model.base_url, port=0,
+            public_url="https://pepper.example.org", twilio_account_sid=twilio.account_sid,
+            twilio_auth_token=TOKEN, twilio_api_url=twilio.api_url,
+        )  # fmt: skip
+        async with running_app(settings, db) as (_app, port):
+            yield Web(db, model, twilio, f"http://127.0.0.1:{port}", ada.id, settings)
+
+
+def browser(web: Web) -> aiohttp.ClientSession:
+    # The public URL is https (so the cookie is Secure) while the test talks plain http to the
+    # loopback socket, as a TLS-terminating proxy would: treat that origin as the secure one.
+    return aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True, treat_as_secure_origin=[web.base]))
+
+
+async def sign_in(session: aiohttp.ClientSession, base: str, password: str = PASSWORD) -> str | None:
+    """Sign in like the page's form does; return the CSRF token, or None when refused."""
+    async with session.post(base + "/chat/login", data={"login": "ada", "password": password}, allow_redirects=False):
+        pass
+    async with session.get(base + "/api/session") as response:
+        return (await response.json())["csrf_token"] if response.status == 200 else None
+
+
+async def next_events(response: aiohttp.ClientResponse, count: int, within: float = 15) -> list[dict]:
+    events: list[dict] = []
+
+    async def read() -> None:
+        async for raw in response.content:
+            line = raw.decode().strip()
+            if line.startswith("data: "):
+                events.append(json.loads(line.removeprefix("data: ")))
+                if len(events) == count:
+                    return
+
+    await asyncio.wait_for(read(), within)
+    return events
+
+
+async def test_sign_in_sets_a_safe_cookie_and_wrong_passwords_are_refused(web: Web):
+    async with browser(web) as session:
+        assert await sign_in(session, web.base, "wrong password!") is None
+        async with session.post(
+            web.base + "/chat/login", data={"login": "nobody", "password": PASSWORD}, allow_redirects=False
+        ) as response:
+            assert response.status == 302 and "error" in response.headers["Location"]
+            assert "Set-Cookie" not in response.headers
+        async with session.post(
+            web.base + "/chat/login", data={"login": "ada", "password": PASSWORD}, allow_redirects=False
+        ) as response:
+            cookie = response.headers["Set-Cookie"]
+        assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Secure" in cookie
+    assert await web.db.fetchval("SELECT count(*) FROM web_sessions") == 1
+
+
+async def test_a_login_form_posted_from_another_site_is_refused(web: Web):
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            web.base + "/chat/login",
+            data={"login": "ada", "password": PASSWORD},
+            headers={"Origin": "https://evil.example"},
+            allow_redirects=False,
+        ) as response:
+            assert response.status == 403
+    assert await web.db.fetchval("SELECT count(*) FROM web_sessions") == 0
+
+
+async def test_the_api_needs_a_session_and_state_changes_need_the_csrf_token(web: Web):
+    async with browser(web) as session:
+        async with session.get(web.base + "/api/messages") as response:
+            assert response.status == 401
+        csrf = await sign_in(session, web.base)
+        async with session.post(web.base + "/api/messages", json={"text": "hi"}) as response:
+            assert response.status == 403  # signed in, but no CSRF token: a forged cross-site post
+        async with session.post(
+            web.base + "/api/messages", json={"text": "hi"}, headers={"X-CSRF-Token": "guess"}
+        ) as response:
+            assert response.status == 403
+        assert await web.db.fetchval("SELECT count(*) FROM messages") == 0
+        for bad in ({}, {"text": ""}, {"text": 5}, {"text": "x" * 9000}, {"text": "ok", "client_id": "short"}):
+            async with session.post(web.base + "/api/messages", json=bad, headers={"X-CSRF-Token": csrf}) as r:
+                assert r.status in (400, 413), bad
+        assert await web.db.fetchval("SELECT count(*) FROM messages") == 0
+
+
+async def test_a_reply_streams_in_and_its_acknowledgement_commits_the_staged_write(web: Web):
+    todo = await web.db.fetchval(
+        "INSERT INTO todos (account_id, title) VALUES ($1, 'book dentist') RETURNING id", web.account_id
+    )
+    web.model.script(reply_tools(("complete_todo", {"id": todo})), reply_text("Dentist ticked off."))
+    async with browser(web) as session:
+        csrf = await sign_in(session, web.base)
+        headers = {"X-CSRF-Token": csrf}
+        async with session.get(web.base + "/api/events") as stream:
+            assert stream.headers["Content-Type"].startswith("text/event-stream")
+            body = {"text": "I booked the dentist", "client_id": "c1-aaaaaaaa"}
+            async with session.post(web.base + "/api/messages", json=body, headers=headers) as response:
+                assert response.status == 202
+            # A retried POST with the same client id records nothing new and starts no second turn.
+            async with session.post(web.base + "/api/messages", json=body, headers=headers) as response:
+                assert response.status == 200 and (await response.json())["duplicate"] is True
+            inbound, reply = await next_events(stream, 2)
+        assert (inbound["direction"], inbound["body"]) == ("inbound", "I booked the dentist")
+        assert (reply["direction"], reply["body"]) == ("outbound", "Dentist ticked off.")
+        assert await web.db.fetchval("SELECT done_at FROM todos WHERE id = $1", todo) is None  # not yet seen
+        async with session.post(f"{web.base}/api/messages/{reply['id']}/ack", headers=headers) as response:
+            assert response.status == 200
+        assert await web.db.fetchval("SELECT done_at FROM todos WHERE id = $1", todo) is not None
+        assert await web.db.fetchval("SELECT status FROM turns") == "delivered"
+        assert await web.db.fetchval("SELECT count(*) FROM turns") == 1
+
+
+async def test_an_unacknowledged_reply_leaves_the_write_staged(web: Web):
+    todo = await web.db.fetchval(
+        "INSERT INTO todos (account_id, title) VALUES ($1, 'pay rent') RETURNING id", web.account_id
+    )
+    web.model.script(reply_tools(("complete_todo", {"id": todo})), reply_text("Rent ticked off."))
+    async with browser(web) as session:
+        csrf = await sign_in(session, web.base)
+        async with session.get(web.base + "/api/events") as stream:
+            await session.post(web.base + "/api/messages", json={"text": "paid"}, headers={"X-CSRF-Token": csrf})
+            await next_events(stream, 2)
+    assert await web.db.fetchval("SELECT done_at FROM todos WHERE id = $1", todo) is None
+    assert await web.db.fetchval("SELECT count(*) FROM staged_writes") == 1
+
+
+async def test_nobody_can_acknowledge_another_persons_reply(web: Web):
+    bob = await identity.create_account(web.db, "Bob")
+    await access.set_web_password(web.db, bob.id, "bob", PASSWORD)
+    web.model.script(reply_text("for Ada only"))
+    async with browser(web) as ada_session, browser(web) as bob_session:
+        csrf = await sign_in(ada_session, web.base)
+        async with ada_session.get(web.base + "/api/events") as stream:
+            await ada_session.post(web.base + "/api/messages", json={"text": "hi"}, headers={"X-CSRF-Token": csrf})
+            _, reply = await next_events(stream, 2)
+        async with bob_session.post(
+            web.base + "/chat/login", data={"login": "bob", "password": PASSWORD}, allow_redirects=False
+        ):
+            pass
+        async with bob_session.get(web.base + "/api/session") as response:
+            bob_csrf = (await response.json())["csrf_token"]
+        async with bob_session.post(
+            f"{web.base}/api/messages/{reply['id']}/ack", headers={"X-CSRF-Token": bob_csrf}
+        ) as response:
+            assert response.status == 404
+        async with bob_session.get(web.base + "/api/messages") as response:
+            assert (await response.json())["messages"] == []
+    assert await web.db.fetchval("SELECT status FROM turns") == "replied"
+
+
+async def test_a_text_message_shows_up_live_in_the_web_chat(web: Web):
+    """One conversation: an SMS from the owner's phone appears in the open browser."""
+    owner = "+14155552671"
+    await identity.add_handle(web.db, web.account_id, "phone", owner, verified=True)
+    web.model.script(reply_text("Got your text."))
+    async with browser(web) as session:
+        await sign_in(session, web.base)
+        async with session.get(web.base + "/api/events") as stream:
+            form = web.twilio.inbound_message(sender=owner, to="+14155550100", body="texting from the bus")
+            status, _ = await web.twilio.post_form(web.base, web.settings.public_url, "/twilio/sms", form)
+            assert status == 200
+            inbound, reply = await next_events(stream, 2)
+        assert (inbound["channel"], inbound["body"]) == ("sms", "texting from the bus")
+        assert (reply["channel"], reply["body"]) == ("sms", "Got your text.")
+
+
+async def test_pepper_chat_talks_through_the_same_api_with_a_token(web: Web):
+    token = await access.create_api_token(web.db, web.account_id, "cli")
+    web.model.script(reply_text("Hello from Pepper."), reply_text("Second answer."))
+    printed: list[str] = []
+    args = argparse.Namespace(url=web.base, timeout=30.0)
+    code = await asyncio.to_thread(chat, args, web.settings, token, ["hello", "", "and again"], printed.append)
+    assert code == 0 and printed == ["Hello from Pepper.", "Second answer."]
+    assert await web.db.fetchval("SELECT count(*) FROM turns WHERE status = 'delivered'") == 2  # acked
+    with pytest.raises(ChatError, match="refused the API token"):
+        await asyncio.to_thread(chat, args, web.settings, "pep_wrong", ["hi"], printed.append)
+    await access.revoke_api_tokens(web.db, web.account_id)
+    with pytest.raises(ChatError, match="refused the API token"):
+        await asyncio.to_thread(chat, args, web.settings, token, ["hi"], printed.append)
+
+
+async def test_a_new_password_signs_every_browser_out(web: Web):
+    async with browser(web) as session:
+        assert await sign_in(session, web.base) is not None
+        await access.set_web_password(web.db, web.account_id, "ada", "another long password")
+        async with session.get(web.base + "/api/messages") as response:
+            assert response.status == 401
