@@ -58,19 +58,23 @@ async def record_inbound(
     *,
     provider_message_id: str | None = None,
     handle_id: UUID | None = None,
+    handling: str | None = None,
+    meta: dict[str, Any] | None = None,
 ) -> tuple[Message, bool]:
     """Record a message from the person; return it and whether this call created it.
 
     A second delivery with the same ``(channel, provider_message_id)`` returns the first
-    message and ``False``: the caller must not start another turn for it.
+    message and ``False``: the caller must not start another turn for it. ``handling`` is
+    ``queued`` for a message that needs a turn (see :func:`claim_for_turn`), ``skipped`` for one
+    that does not; ``meta`` keeps channel details a reply needs.
     """
     if channel not in MESSAGE_CHANNELS:
         raise InvalidInput(f"unknown channel {channel!r}")
     conversation_id = await conversation_for(db, account_id)
     row = await db.fetchrow(
         """
-        INSERT INTO messages (conversation_id, handle_id, channel, direction, provider_message_id, body)
-        VALUES ($1, $2, $3, 'inbound', $4, $5)
+        INSERT INTO messages (conversation_id, handle_id, channel, direction, provider_message_id, body, handling, meta)
+        VALUES ($1, $2, $3, 'inbound', $4, $5, $6, $7::jsonb)
         ON CONFLICT (channel, provider_message_id) DO NOTHING
         RETURNING *
         """,
@@ -79,6 +83,8 @@ async def record_inbound(
         channel,
         provider_message_id,
         body,
+        handling,
+        json.dumps(meta or {}),
     )
     if row is not None:
         return _message(row), True
@@ -86,6 +92,18 @@ async def record_inbound(
         "SELECT * FROM messages WHERE channel = $1 AND provider_message_id = $2", channel, provider_message_id
     )
     return _message(existing), False
+
+
+async def claim_for_turn(db: Executor, message_id: int) -> bool:
+    """Take a queued message for answering; False when another process (or an earlier run) has it."""
+    claimed = await db.fetchval(
+        "UPDATE messages SET handling = 'running' WHERE id = $1 AND handling = 'queued' RETURNING id", message_id
+    )
+    return claimed is not None
+
+
+async def finish_handling(db: Executor, message_id: int) -> None:
+    await db.execute("UPDATE messages SET handling = 'done' WHERE id = $1", message_id)
 
 
 async def record_outbound(

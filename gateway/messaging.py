@@ -17,7 +17,13 @@ from quart import Blueprint, Response, current_app, request
 from twilio.twiml.messaging_response import MessagingResponse
 
 from core import identity
-from core.conversation import conversation_for, record_inbound, record_outbound
+from core.conversation import (
+    claim_for_turn,
+    conversation_for,
+    finish_handling,
+    record_inbound,
+    record_outbound,
+)
 from core.errors import PepperError
 from gateway.segments import split_message
 from gateway.services import Services
@@ -134,28 +140,30 @@ async def _handle_inbound(channel: str) -> Response:
             return twiml(UNKNOWN_SENDER_TEXT)
         return twiml()
 
-    message, created = await record_inbound(
-        db, handle.account_id, channel, inbound.body, provider_message_id=inbound.sid, handle_id=handle.id
-    )
+    word = (inbound.opt_out_type or "").upper() or keyword(inbound.body)
+    blocked = word is None and await identity.is_blocked(db, handle.id, channel)
+    meta = {"from": inbound.sender, "to": inbound.recipient}
+    async with db.transaction() as conn:
+        # A keyword's consent change commits with the message, so a retried STOP after a crash
+        # is never recorded-but-not-applied.
+        message, created = await record_inbound(
+            conn, handle.account_id, channel, inbound.body, provider_message_id=inbound.sid, handle_id=handle.id,
+            handling="skipped" if word or blocked else "queued", meta=meta,
+        )  # fmt: skip
+        if created and word in ("STOP", "START"):
+            # One STOP blocks every channel that reaches the number: SMS, WhatsApp and calls.
+            await identity.set_consent(
+                conn, handle.id, identity.PHONE_CHANNELS, opted_out=word == "STOP", source=f"{channel} {word}"
+            )
     if not created:
         log.info("duplicate delivery of a %s message; already handled", channel)
         return twiml()
-
-    word = (inbound.opt_out_type or "").upper() or keyword(inbound.body)
-    if word == "STOP":
-        # One STOP blocks every channel that reaches the number: SMS, WhatsApp and calls.
-        await identity.set_consent(db, handle.id, identity.PHONE_CHANNELS, opted_out=True, source=f"{channel} STOP")
-        return twiml()  # Twilio confirms opt-outs itself; nothing more is ever sent
-    if word == "START":
-        await identity.set_consent(db, handle.id, identity.PHONE_CHANNELS, opted_out=False, source=f"{channel} START")
-        return twiml()
-    if word == "HELP":
-        # With Advanced Opt-Out (OptOutType present) Twilio has already answered.
-        return twiml() if inbound.opt_out_type else twiml(HELP_TEXT)
-
-    if await identity.is_blocked(db, handle.id, channel):
-        log.info("message recorded from an opted-out handle; no reply will be sent")
-        return twiml()
+    if word == "HELP" and not inbound.opt_out_type:
+        return twiml(HELP_TEXT)  # with Advanced Opt-Out (OptOutType present) Twilio has already answered
+    if word or blocked:
+        if blocked:
+            log.info("message recorded from an opted-out handle; no reply will be sent")
+        return twiml()  # Twilio confirms opt-outs itself; nothing more is ever sent after STOP
 
     services.tasks.spawn(
         f"turn-{channel}-{message.id}",
@@ -165,9 +173,11 @@ async def _handle_inbound(channel: str) -> Response:
 
 
 async def run_and_reply(services: Services, inbound: Inbound, account_id: UUID, handle_id: UUID, message_id: int):
-    """Run the turn for one recorded message and send its reply. Never raises."""
+    """Run the turn for one recorded message and send its reply, unless another process has it."""
     from text_loop import run_turn
 
+    if not await claim_for_turn(services.db, message_id):
+        return
     turn_id: UUID | None = None
     try:
         if services.harness is None:
@@ -179,7 +189,10 @@ async def run_and_reply(services: Services, inbound: Inbound, account_id: UUID, 
     except Exception:
         log.exception("turn failed for a %s message", inbound.channel)
         reply = APOLOGY_TEXT
-    await send_reply(services, inbound, account_id, handle_id, reply, turn_id)
+    try:
+        await send_reply(services, inbound, account_id, handle_id, reply, turn_id)
+    finally:
+        await finish_handling(services.db, message_id)
 
 
 async def send_reply(

@@ -47,6 +47,7 @@ def build_app(settings: Settings, db: Database) -> Quart:
     """
     from core.models.router import ModelRouter
     from core.tools import recover_unresolved
+    from gateway.resume import resume_unanswered
     from text_loop import HarnessDeps
 
     router = ModelRouter.from_settings(settings)
@@ -64,6 +65,7 @@ def build_app(settings: Settings, db: Database) -> Quart:
         resolved = await recover_unresolved(db, harness.registry)
         if any(resolved.values()):
             log.info("resolved staged writes left by an earlier crash: %s", resolved)
+        await resume_unanswered(app.extensions["pepper"])
 
     @app.after_serving
     async def close_router() -> None:

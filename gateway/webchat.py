@@ -20,7 +20,7 @@ from uuid import UUID
 from quart import Blueprint, Response, current_app, make_response, redirect, request
 
 from core import access
-from core.conversation import conversation_for, record_inbound, record_outbound
+from core.conversation import claim_for_turn, conversation_for, finish_handling, record_inbound, record_outbound
 from core.errors import PepperError
 from gateway.services import Services
 from text_loop import deliver, run_turn
@@ -178,15 +178,19 @@ async def post_message() -> Response:
     services = _services()
     # The client's id makes a retried POST record nothing new and start no second turn.
     message, created = await record_inbound(
-        services.db, who, "web", text, provider_message_id=f"{who}:{client_id}" if client_id else None
-    )
+        services.db, who, "web", text, provider_message_id=f"{who}:{client_id}" if client_id else None,
+        handling="queued",
+    )  # fmt: skip
     if created:
-        services.tasks.spawn(f"turn-web-{message.id}", _run_web_turn(services, who, text, message.id))
+        services.tasks.spawn(f"turn-web-{message.id}", run_web_turn(services, who, text, message.id))
     payload = {"message_id": message.id, "duplicate": not created}
     return Response(json.dumps(payload), status=202 if created else 200, content_type="application/json")
 
 
-async def _run_web_turn(services: Services, account_id: UUID, text: str, message_id: int) -> None:
+async def run_web_turn(services: Services, account_id: UUID, text: str, message_id: int) -> None:
+    """Answer one recorded web message, unless another process has it; the reply is recorded."""
+    if not await claim_for_turn(services.db, message_id):
+        return
     turn_id: UUID | None = None
     try:
         if services.harness is None:
@@ -199,6 +203,7 @@ async def _run_web_turn(services: Services, account_id: UUID, text: str, message
     conversation_id = await conversation_for(services.db, account_id)
     # Recording the reply announces it to every open chat; the browser's ack is the delivery.
     await record_outbound(services.db, conversation_id, "web", reply, turn_id=turn_id)
+    await finish_handling(services.db, message_id)
 
 
 @blueprint.post("/api/messages/<int:message_id>/ack")

@@ -303,3 +303,41 @@ async def test_no_reply_goes_to_a_handle_that_opted_out_during_the_turn(stack: S
 
 def test_apology_text_is_plain():
     assert "wrong" in APOLOGY_TEXT
+
+
+# --- crashes -------------------------------------------------------------------------------------
+
+
+async def test_messages_a_crash_left_unanswered_are_answered_once_at_start(db: Database, db_url: str):
+    from core.conversation import record_inbound
+
+    ada = await identity.create_account(db, "Ada")
+    handle = await identity.add_handle(db, ada.id, "phone", OWNER, verified=True)
+    meta = {"from": OWNER, "to": PEPPER_NUMBER}
+    # What a process killed between the acknowledgement and the turn leaves behind:
+    queued, _ = await record_inbound(db, ada.id, "sms", "still there?", provider_message_id="SMq", handle_id=handle.id,
+                                     handling="queued", meta=meta)  # fmt: skip
+    web, _ = await record_inbound(db, ada.id, "web", "and here?", handling="queued")
+    old, _ = await record_inbound(db, ada.id, "sms", "yesterday", provider_message_id="SMo", handle_id=handle.id,
+                                  handling="queued", meta=meta)  # fmt: skip
+    await db.execute("UPDATE messages SET created_at = now() - interval '1 day' WHERE id = $1", old.id)
+    # A message another live process is answering right now is left alone.
+    busy, _ = await record_inbound(db, ada.id, "sms", "in flight", provider_message_id="SMb", handle_id=handle.id,
+                                   handling="running", meta=meta)  # fmt: skip
+    async with TwilioPeer(auth_token=TOKEN) as twilio, OpenAIPeer() as model:
+        model.script(reply_text("Yes, here."), reply_text("Yes, here."))
+        settings = make_settings(db_url, twilio, model)
+        async with running_app(settings, db) as (app, _port):
+            [sent] = await twilio.wait_for_sent(1)
+            for _ in range(500):
+                if app.extensions["pepper"].tasks.pending == 0:
+                    break
+                await asyncio.sleep(0.01)
+        assert (sent.to, sent.body) == (OWNER, "Yes, here.")
+        assert len(twilio.sent) == 1
+    handling = {r["id"]: r["handling"] for r in await db.fetch("SELECT id, handling FROM messages")}
+    assert handling[queued.id] == "done" and handling[web.id] == "done"
+    assert handling[old.id] == "expired" and handling[busy.id] == "running"
+    web_reply = await db.fetchval("SELECT body FROM messages WHERE channel = 'web' AND direction = 'outbound'")
+    assert web_reply == "Yes, here."
+    assert await db.fetchval("SELECT count(*) FROM turns") == 2
