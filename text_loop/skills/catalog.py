@@ -55,9 +55,7 @@ def limit_problem(skill: Skill, limits: SkillLimits, toolsets: Mapping[str, Tool
             return f"names {len(header.toolsets)} tool sets; at most {limits.builtin_max_toolsets}"
         return None
     if len(header.toolsets) > limits.user_max_toolsets:
-        return (
-            f"names {len(header.toolsets)} tool sets; a skill you write may use at most {limits.user_max_toolsets}"
-        )
+        return f"names {len(header.toolsets)} tool sets; a skill you write may use at most {limits.user_max_toolsets}"
     if limits.user_toolsets is not None:
         barred = [name for name in header.toolsets if name not in limits.user_toolsets]
         if barred:
@@ -109,7 +107,8 @@ class SkillCatalog:
         self.problems: list[SkillProblem] = list(problems)
         for skill in sorted(builtins, key=lambda s: s.name):
             if skill.name in self.builtins:
-                self.problems.append(SkillProblem(skill.name, "builtin", f"a second skill has this name ({skill.source})"))
+                duplicate = f"a second skill has this name ({skill.source})"
+                self.problems.append(SkillProblem(skill.name, "builtin", duplicate))
                 continue
             self.builtins[skill.name] = skill
 

@@ -273,7 +273,8 @@ class SkillRuntime:
             members = tools_of(name, self.registry, self.catalog.toolsets)
             if not members:
                 return [], f"its {name} tool set is not installed in this Pepper"
-            visible = [t for t in members if t.needs_connection is None or t.needs_connection in self.session.connections]
+            connected = self.session.connections
+            visible = [t for t in members if t.needs_connection is None or t.needs_connection in connected]
             if not visible:
                 needed = sorted({t.needs_connection for t in members if t.needs_connection})
                 return [], f"its {name} tools need an account that is not connected ({', '.join(needed)})"
@@ -293,7 +294,8 @@ class SkillRuntime:
                 call,
                 "failed",
                 render_failed(
-                    f"the skill {skill.name} already ran in this turn; it runs again only to finish a step it handed back"
+                    f"the skill {skill.name} already ran in this turn; "
+                    "it runs again only to finish a step it handed back"
                 ),
             )
         tools, reason = self._worker_tools(skill)
@@ -319,9 +321,14 @@ class SkillRuntime:
                 return self._control(worker_call, ASK_USER_SPEC, state, "asked", "question")
             return None
 
-        rules = "\n".join([WORKER_RULES, *([HAND_BACK_RULE] if offer_hand_back else []), *([ASK_USER_RULE] if offer_ask else [])])
+        rules = [WORKER_RULES, *([HAND_BACK_RULE] if offer_hand_back else []), *([ASK_USER_RULE] if offer_ask else [])]
         system = "\n\n".join(
-            [self.persona.strip(), self.rules.strip(), rules, f"Skill {skill.name}: {skill.description}\nSteps:\n{skill.steps}"]
+            [
+                self.persona.strip(),
+                self.rules.strip(),
+                "\n".join(rules),
+                f"Skill {skill.name}: {skill.description}\nSteps:\n{skill.steps}",
+            ]
         )
         tier = skill.header.model or self.config.tier
         cap = skill.header.rounds or self.catalog.limits.worker_rounds
@@ -407,7 +414,7 @@ class SkillRuntime:
             self._end = ("replied", result.reply)
             self.ended_by = "ask_user"
             return self._outcome(
-                call, "ok", f"The {skill.name} worker asked the person: {result.reply}\nThe turn ends with this question."
+                call, "ok", f"The {skill.name} worker asked the person: {result.reply}\nThe turn ends with it."
             )
         if not result.answered:
             return self._outcome(
@@ -420,10 +427,9 @@ class SkillRuntime:
         if skill.header.direct_report and alone and not call.arguments.get("more_to_do"):
             self._end = ("replied", result.reply)
             self.ended_by = "direct_report"
-            return self._outcome(call, "ok", f"The {skill.name} worker's report went to the person as the reply:\n{result.reply}")
-        return self._outcome(
-            call, "ok", f"Report from the {skill.name} worker (use it in your reply):\n{result.reply}"
-        )
+            sent = f"The {skill.name} worker's report went to the person as the reply:\n{result.reply}"
+            return self._outcome(call, "ok", sent)
+        return self._outcome(call, "ok", f"Report from the {skill.name} worker (use it in your reply):\n{result.reply}")
 
     # After the turn.
     def record(self, result: LoopResult) -> dict[str, Any] | None:
