@@ -106,7 +106,7 @@ async def run(args: argparse.Namespace, settings: Settings, db: Any, out: Callab
 
 def _user_state(text: str, stored_name: str, catalog: SkillCatalog, registry: Any) -> str:
     try:
-        skill = parse_skill(text, source=f"user skill {stored_name!r}", origin="user")
+        skill = parse_skill(text, source=repr(stored_name), origin="user")
     except SkillError as exc:
         return f"BROKEN: {exc.message}"
     kind = "worker " + ",".join(skill.header.toolsets) if skill.is_worker else "inline"

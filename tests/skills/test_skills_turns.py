@@ -279,8 +279,8 @@ async def test_user_skills_are_listed_checked_when_run_and_broken_ones_reported(
     assert {
         "skill": "my-broken",
         "origin": "user",
-        "problem": "skill user skill 'my-broken': the header is not valid YAML (header line 2)",
-    } in problems  # noqa: E501
+        "problem": "skill 'my-broken': the header is not valid YAML (header line 2)",
+    } in problems
     assert any(p["skill"] == "my-greedy" and "at most 2" in p["problem"] for p in problems)
     assert "user skill unusable: skill=my-broken" in caplog.text
 

@@ -163,7 +163,7 @@ class SkillCatalog:
             candidates.append(skill)
         for stored_name, text in user_sources:
             try:
-                skill = parse_skill(text, source=f"user skill {stored_name!r}", origin="user")
+                skill = parse_skill(text, source=repr(stored_name), origin="user")
             except SkillError as exc:
                 view.problems.append(SkillProblem(stored_name, "user", exc.message))
                 continue
