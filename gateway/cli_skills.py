@@ -93,7 +93,7 @@ async def run(args: argparse.Namespace, settings: Settings, db: Any, out: Callab
         text = _read(args.file)
         source = "from stdin" if args.file == "-" else Path(args.file).name
         skill, status = await add_user_skill(db, account.id, text, catalog, replace=args.replace, source=source)
-        note = {"added": "added", "replaced": "replaced", "unchanged": "already there, unchanged"}[status]
+        note = {"added": "added", "replaced": "replaced", "unchanged": "already there, unchanged,"}[status]
         out(f"skill {skill.name} {note} for {account.name}")
         reason = catalog.unavailable(skill, registry)
         if reason:
