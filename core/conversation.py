@@ -21,6 +21,7 @@ TURN_KINDS: tuple[str, ...] = ("live", "scheduled", "room", "call", "replay")
 TURN_RECORD_PARTS: tuple[str, ...] = (
     "prompt", "rounds", "tool_calls", "gate_decisions", "staged_writes",
     "committed_writes", "usage", "timings", "delivery", "session",
+    "skills",
 )  # fmt: skip
 
 

@@ -56,7 +56,10 @@ def build_app(settings: Settings, db: Database) -> Quart:
         from gateway.twilio_client import TwilioMessenger
 
         messenger = TwilioMessenger(settings)
-    harness = HarnessDeps(db=db, models=router)
+    from text_loop.skills.catalog import SkillCatalog, log_problems
+
+    harness = HarnessDeps(db=db, models=router, skills=SkillCatalog.load_builtin())
+    log_problems(harness.skills.report(harness.registry))  # type: ignore[union-attr]
     app = create_app(settings, db, harness=harness, messenger=messenger)
 
     @app.before_serving

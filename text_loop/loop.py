@@ -12,6 +12,10 @@ The turn's reply is the first generation with text and no tool calls. Guards:
   is told which writes completed and which did not;
 * an empty reply is retried once on a plain-text rewrite (recovery); both attempts are recorded.
 
+``tier`` and ``round_cap`` may change while the loop runs (an inline skill raises them); each
+round records the tier it ran on. ``after_round``, when set, sees each round's outcomes and may
+end the loop with ``(status, reply)`` (a worker's direct report, a question for the person).
+
 Model time is measured separately so the benchmark can report what the harness itself costs.
 """
 
@@ -46,6 +50,8 @@ REPEAT_MARK = (
 Executor = Callable[[ToolCall], Awaitable[CallOutcome]]
 # Opened once per round of tool calls (a live turn holds one store connection for the round).
 ToolRound = Callable[[], AbstractAsyncContextManager[Executor]]
+# Called after each round of tool calls; returning (status, reply) ends the loop with that reply.
+AfterRound = Callable[[Sequence[CallOutcome]], "tuple[str, str] | None"]
 
 
 @dataclass
@@ -103,6 +109,7 @@ class TurnLoop:
         self.tier = tier
         self.background = background
         self.result = LoopResult("", "replied")
+        self.after_round: AfterRound | None = None
         self._recorded_upto = len(self.history)
 
     async def _generate(
@@ -115,7 +122,12 @@ class TurnLoop:
             tools=self.tools if tools else (),
             max_output_tokens=self.config.max_output_tokens,
         )
-        record: dict[str, Any] = {"n": len(self.result.rounds) + 1, "purpose": purpose, "tools_offered": tools}
+        record: dict[str, Any] = {
+            "n": len(self.result.rounds) + 1,
+            "purpose": purpose,
+            "tools_offered": tools,
+            "tier": self.tier,
+        }
         if purpose in ("recovery", "final"):
             record["request"] = [message_record(m) for m in messages]
         else:
@@ -206,6 +218,11 @@ class TurnLoop:
             else:
                 counted += 1
             self.result.rounds[-1]["calls"] = [o.call.id for o in outcomes]
+            end = self.after_round(outcomes) if self.after_round is not None else None
+            if end is not None:
+                self.result.status, self.result.reply = end
+                self.result.counted_rounds = counted
+                return
 
     async def _final(self) -> None:
         """At the cap: one generation without tools, told what was and was not written."""

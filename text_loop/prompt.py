@@ -46,7 +46,10 @@ def harness_message(text: str) -> ChatMessage:
 def skills_block(skills: Sequence[tuple[str, str]]) -> str:
     if not skills:
         return "Skills: none are installed."
-    return "Skills (name: what it is for):\n" + "\n".join(f"- {name}: {desc}" for name, desc in skills)
+    return (
+        "Skills (name: what it is for). When a request matches one, call use_skill with its name first;"
+        " only these skills exist:\n" + "\n".join(f"- {name}: {desc}" for name, desc in skills)
+    )
 
 
 def stable_prefix(*, persona: str, rules: str, skills: Sequence[tuple[str, str]], dossier: str) -> str:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -31,6 +31,10 @@ from text_loop.loop import Executor, LoopResult, TurnLoop
 from text_loop.prompt import PERSONA, RULES, memory_block, newest_message, stable_prefix
 from text_loop.records import message_record, tool_spec_record
 from text_loop.repair import RepairResult, repair_reply
+from text_loop.skills.catalog import SkillCatalog
+from text_loop.skills.runtime import Interceptor, SkillRuntime
+from text_loop.skills.store import user_skill_sources
+from text_loop.skills.toolsets import worker_only_areas
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +55,8 @@ class HarnessDeps:
     clock: Callable[[], datetime] = _utc_now
     persona: str = PERSONA
     rules: str = RULES
-    skills: Sequence[tuple[str, str]] = ()
+    # Skills and workers (``text_loop.skills``); None: no skills, every visible tool on the orchestrator.
+    skills: SkillCatalog | None = None
 
 
 @dataclass(frozen=True)
@@ -159,6 +164,8 @@ async def run_turn(
                     "UPDATE messages SET turn_id = $1 WHERE id = $2 AND turn_id IS NULL", turn_id, inbound_message_id
                 )
             dossier = await dossier_text(conn, account_id) if personal else ""
+            catalog = deps.skills if trust != "third_party" else None
+            own_skills = await user_skill_sources(conn, account_id) if catalog and trust == "owner_verified" else []
             if personal:
                 limit = deps.config.memory_messages
                 recent = await recent_messages(conn, conversation_id, limit + 1)
@@ -170,20 +177,57 @@ async def run_turn(
             raise
     try:
         tools = deps.registry.visible(session, deps.gate.hides)
-        specs = [t.spec for t in tools]
-        visible = frozenset(t.name for t in tools)
-        system_stable = stable_prefix(persona=deps.persona, rules=deps.rules, skills=deps.skills, dossier=dossier)
         messages = [newest_message(text, now, timezone)]
 
-        @asynccontextmanager
-        async def tool_round() -> AsyncIterator[Executor]:
-            async with connection(db) as round_conn:
-                ctx = ToolContext(session, round_conn, now)
+        def open_round(names: frozenset[str], intercept: Interceptor | None) -> AbstractAsyncContextManager[Executor]:
+            @asynccontextmanager
+            async def tool_round() -> AsyncIterator[Executor]:
+                async with connection(db) as round_conn:
+                    ctx = ToolContext(session, round_conn, now)
 
-                async def execute(call: ToolCall) -> CallOutcome:
-                    return await run_call(deps.registry, deps.gate, ctx, call, visible=visible)
+                    async def execute(call: ToolCall) -> CallOutcome:
+                        if intercept is not None:
+                            handled = await intercept(call)
+                            if handled is not None:
+                                return handled
+                        return await run_call(deps.registry, deps.gate, ctx, call, visible=names)
 
-                yield execute
+                    yield execute
+
+            return tool_round()
+
+        runtime: SkillRuntime | None = None
+        if catalog is not None:
+            view = catalog.view(deps.registry, own_skills)
+            for problem in view.problems:
+                if problem.origin == "user":
+                    log.warning("user skill unusable: skill=%s problem=%s", problem.skill, problem.problem)
+            view.problems = [p for p in view.problems if p.origin == "user"]
+            # Tool sets behind workers reach a prompt only when a worker skill that names them runs.
+            hidden = worker_only_areas(catalog.toolsets)
+            tools = [t for t in tools if t.area not in hidden]
+            runtime = SkillRuntime(
+                catalog=catalog,
+                view=view,
+                models=deps.models,
+                config=deps.config,
+                registry=deps.registry,
+                gate=deps.gate,
+                session=session,
+                open_round=open_round,
+                persona=deps.persona,
+                rules=deps.rules,
+                person_message=messages[0],
+                conversation_key=str(conversation_id),
+                background=kind == "scheduled",
+            )
+        specs = [t.spec for t in tools]
+        visible = frozenset(t.name for t in tools)
+        skill_spec = runtime.spec if runtime is not None else None
+        if skill_spec is not None:
+            specs = sorted([*specs, skill_spec], key=lambda spec: spec.name)
+        listing = runtime.view.listing() if runtime is not None else ()
+        system_stable = stable_prefix(persona=deps.persona, rules=deps.rules, skills=listing, dossier=dossier)
 
         loop = TurnLoop(
             deps.models,
@@ -192,19 +236,22 @@ async def run_turn(
             system_dynamic=memory,
             tools=specs,
             messages=messages,
-            tool_round=tool_round,
+            tool_round=lambda: open_round(visible, runtime.intercept if runtime is not None else None),
             round_cap=deps.config.round_cap(kind),
             conversation_key=str(conversation_id),
             tier=tier,
             background=kind == "scheduled",
         )
+        if runtime is not None:
+            runtime.attach(loop)
         result = await loop.run()
         return await finish_turn(
             deps,
             session,
             result,
-            tier=tier,
+            tier=loop.tier,
             started=started,
+            skills=runtime.record(result) if runtime is not None else None,
             prompt={
                 "system_stable": system_stable,
                 "system_dynamic": memory,
@@ -232,6 +279,7 @@ async def finish_turn(
     started: float,
     prompt: dict[str, Any],
     replay_of: UUID | None = None,
+    skills: dict[str, Any] | None = None,
 ) -> TurnOutcome:
     assert session.turn_id is not None
     db = deps.db
@@ -247,6 +295,8 @@ async def finish_turn(
         result, prompt=prompt, repair=repair, started=started, extra_model_ms=repair.model_ms if repair else 0.0
     )
     columns: dict[str, Any] = {"replay_of": replay_of} if replay_of is not None else {}
+    if skills is not None:
+        columns["skills"] = skills
     await update_turn(
         db,
         session.turn_id,
