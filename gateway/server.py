@@ -54,7 +54,12 @@ def build_app(settings: Settings, db: Database) -> Quart:
         from gateway.twilio_client import TwilioMessenger
 
         messenger = TwilioMessenger(settings)
-    app = create_app(settings, db, harness=HarnessDeps(db=db, models=router), messenger=messenger)
+    harness = HarnessDeps(db=db, models=router)
+    app = create_app(settings, db, harness=harness, messenger=messenger)
+    if settings.scheduler_enabled:
+        from gateway.scheduled import attach_scheduler
+
+        attach_scheduler(app, settings, harness, messenger)
 
     @app.after_serving
     async def close_router() -> None:
