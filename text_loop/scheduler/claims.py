@@ -142,7 +142,7 @@ async def expire_stale(db: Any, now: datetime, *, window: timedelta) -> int:
         """
         UPDATE task_runs SET status = 'missed', finished_at = $1,
             reason = 'not started within the catch-up window'
-        WHERE status = 'due' AND attempts = 0 AND due_at < $1 - $2::interval
+        WHERE status = 'due' AND attempts = 0 AND due_at < $1::timestamptz - $2::interval
         """,
         now,
         window,
@@ -165,7 +165,7 @@ async def claim(db: Any, owner: str, now: datetime, *, lease: timedelta, limit: 
             FOR UPDATE SKIP LOCKED
         )
         UPDATE task_runs r
-        SET status = 'running', lease_owner = $1, lease_expires_at = $2 + $3::interval, heartbeat_at = $2,
+        SET status = 'running', lease_owner = $1, lease_expires_at = $2::timestamptz + $3::interval, heartbeat_at = $2,
             attempts = r.attempts + 1, started_at = coalesce(r.started_at, $2)
         FROM picked, scheduled_tasks t, accounts a
         WHERE r.id = picked.id AND t.id = r.task_id AND a.id = t.account_id
@@ -199,7 +199,7 @@ async def extend_lease(db: Any, run_id: int, owner: str, now: datetime, *, lease
     """The heartbeat. False when the lease is no longer ours (it expired and another took it)."""
     result = await db.execute(
         """
-        UPDATE task_runs SET lease_expires_at = $3 + $4::interval, heartbeat_at = $3
+        UPDATE task_runs SET lease_expires_at = $3::timestamptz + $4::interval, heartbeat_at = $3
         WHERE id = $1 AND lease_owner = $2 AND status = 'running'
         """,
         run_id,
