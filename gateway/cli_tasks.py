@@ -1,9 +1,9 @@
 """``pepper tasks``: scheduled tasks and their receipts, from the command line.
 
-    pepper tasks [list] [--account A] [--all]   tasks and their recent receipts
-    pepper tasks add ACCOUNT TITLE --schedule S --prompt P [--to chat,sms] [--reminder]
-    pepper tasks remove ID [ID ...]
-    pepper tasks place ACCOUNT LAT LON [--label L]   where sunrise and sunset are computed
+pepper tasks [list] [--account A] [--all]   tasks and their recent receipts
+pepper tasks add ACCOUNT TITLE --schedule S --prompt P [--to chat,sms] [--reminder]
+pepper tasks remove ID [ID ...]
+pepper tasks place ACCOUNT LAT LON [--label L]   where sunrise and sunset are computed
 """
 
 from __future__ import annotations
@@ -59,7 +59,9 @@ async def run(args: argparse.Namespace, settings: Settings, db: Any, out: Callab
         zone = await account_timezone(db, account.id)
         schedule = parse_schedule(args.schedule, now=now, timezone=zone)
         if args.reminder and not schedule.one_shot:
-            raise InvalidInput("a reminder happens once: give a time like 'in 20 minutes' or 'once at 2025-06-02 09:00'")
+            raise InvalidInput(
+                "a reminder happens once: give a time like 'in 20 minutes' or 'once at 2025-06-02 09:00'"
+            )
         channels = [c for c in args.to.split(",") if c.strip()]
         async with db.transaction() as conn:
             task = await create_task(

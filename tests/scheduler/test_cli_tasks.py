@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from gateway.cli import main
 
 
@@ -46,9 +45,9 @@ def test_tasks_lists_recent_receipts(db_url, monkeypatch, capsys):
         db = await Database.open(db_url, max_size=1)
         try:
             await db.execute(
-                "INSERT INTO task_runs (task_id, occurrence_at, due_at, status, reason) VALUES"
-                " (1, '2025-06-01 08:00Z', '2025-06-01 08:00Z', 'missed', 'Pepper was not running'),"
-                " (1, '2025-06-02 08:00Z', '2025-06-02 08:00Z', 'silent', NULL)"
+                "INSERT INTO task_runs (task_id, occurrence_at, due_at, ready_at, status, reason) VALUES"
+                " (1, '2025-06-01 08:00Z', '2025-06-01 08:00Z', '2025-06-01 08:00Z', 'missed', 'Pepper was not running'),"
+                " (1, '2025-06-02 08:00Z', '2025-06-02 08:00Z', '2025-06-02 08:00Z', 'silent', NULL)"
             )
         finally:
             await db.close()

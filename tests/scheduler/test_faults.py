@@ -22,7 +22,7 @@ from gateway.scheduled import GatewayDeliverer
 from text_loop import HarnessDeps
 from text_loop.scheduler import Scheduler, SchedulerConfig
 
-WORKER = [sys.executable, "-m", "core.testing.scheduler_worker"]
+WORKER = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "scheduler_worker.py")]
 
 
 def _spawn(dsn: str, owner: str, *extra: str, env: dict[str, str]) -> subprocess.Popen[str]:

@@ -68,7 +68,10 @@ async def test_silent_only_when_every_lookup_succeeded_and_found_nothing(db, sch
     assert receipt["status"] == "silent"
     evidence = json.loads(receipt["evidence"])
     assert evidence["decision"] == "silent"
-    assert evidence["lookups"] == [{"tool": "list_todos", "status": "empty"}, {"tool": "search_notes", "status": "empty"}]
+    assert evidence["lookups"] == [
+        {"tool": "list_todos", "status": "empty"},
+        {"tool": "search_notes", "status": "empty"},
+    ]
     assert await _outbound(db) == []
 
 
@@ -167,7 +170,8 @@ async def test_a_rerun_after_delivery_does_not_post_twice(db, scheduler, models,
     await scheduler.run_due()
     # Make the run look like its process died after delivering and before its receipt.
     await db.execute(
-        "UPDATE task_runs SET status = 'running', lease_owner = 'dead', lease_expires_at = $1 WHERE task_id = $2",
+        "UPDATE task_runs SET status = 'running', lease_owner = 'dead', lease_expires_at = $1, ready_at = $1"
+        " WHERE task_id = $2",
         clock() - timedelta(seconds=1),
         task.id,
     )

@@ -81,14 +81,22 @@ def test_spring_forward_moves_a_time_in_the_gap_forward_and_skips_no_day():
     schedule = parse_schedule("every day at 02:30", now=NOW, timezone=NEW_YORK)
     start = datetime(2025, 3, 8, 12, 0, tzinfo=UTC)
     found = schedule.occurrences(start, start + timedelta(days=3), NEW_YORK)
-    assert _local(found, NEW_YORK) == ["Sun 2025-03-09 03:30 EDT", "Mon 2025-03-10 02:30 EDT", "Tue 2025-03-11 02:30 EDT"]
+    assert _local(found, NEW_YORK) == [
+        "Sun 2025-03-09 03:30 EDT",
+        "Mon 2025-03-10 02:30 EDT",
+        "Tue 2025-03-11 02:30 EDT",
+    ]
 
 
 def test_fall_back_runs_a_repeated_time_once():
     schedule = parse_schedule("every day at 01:30", now=NOW, timezone=NEW_YORK)
     start = datetime(2025, 11, 1, 12, 0, tzinfo=UTC)
     found = schedule.occurrences(start, start + timedelta(days=3), NEW_YORK)
-    assert _local(found, NEW_YORK) == ["Sun 2025-11-02 01:30 EDT", "Mon 2025-11-03 01:30 EST", "Tue 2025-11-04 01:30 EST"]
+    assert _local(found, NEW_YORK) == [
+        "Sun 2025-11-02 01:30 EDT",
+        "Mon 2025-11-03 01:30 EST",
+        "Tue 2025-11-04 01:30 EST",
+    ]
     assert len(set(found)) == len(found)
 
 

@@ -47,9 +47,7 @@ async def test_the_owner_creates_a_task_in_chat(db, deps, models, account):
 
 
 async def test_a_bad_schedule_fails_plainly_and_creates_nothing(db, deps, models, account):
-    models.script(
-        calls(("create_task", {"title": "x", "prompt": "y", "schedule": "whenever"})), reply("I could not.")
-    )
+    models.script(calls(("create_task", {"title": "x", "prompt": "y", "schedule": "whenever"})), reply("I could not."))
     outcome = await run_turn(deps, account.id, "web", "do x whenever")
     [(_, status, content)] = await _contents(db, outcome.turn_id)
     assert status == "failed" and "not a day: 'whenever'" in content and "Write a schedule like" in content

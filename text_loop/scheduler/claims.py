@@ -6,7 +6,8 @@ Every process runs the same statements against one Postgres; the database coordi
   ``FOR UPDATE SKIP LOCKED`` on the task; ``UNIQUE (task_id, occurrence_at)`` makes a second
   insert of the same occurrence a no-op, so no occurrence is ever doubled;
 * ``claim`` takes due rows with ``FOR UPDATE SKIP LOCKED`` and sets a lease (owner, expiry);
-  a row whose lease expired (its process died) is claimable again;
+  a row whose lease expired (its process died) is claimable again. ``ready_at`` is when a row
+  can next be claimed (its due time, then its lease's expiry), so claims scan only ready rows;
 * ``extend_lease`` is the heartbeat; ``finish`` and ``release`` only touch a row whose lease the
   caller still holds (a fence against a process that lost its lease while paused).
 
@@ -51,9 +52,7 @@ def _schedule(row: Any) -> Schedule:
     return Schedule.from_record(json.loads(record) if isinstance(record, str) else record)
 
 
-async def materialize(
-    db: Any, now: datetime, *, window: timedelta, batch: int = 200, missed_limit: int = 200
-) -> int:
+async def materialize(db: Any, now: datetime, *, window: timedelta, batch: int = 200, missed_limit: int = 200) -> int:
     """Record the occurrences of active tasks that are due by ``now``; returns how many tasks moved.
 
     Per task, of the occurrences between its ``next_run_at`` and ``now``: the newest one within
@@ -106,7 +105,9 @@ async def _materialize_task(conn: Any, row: Any, now: datetime, window: timedelt
             due = occ + timedelta(seconds=row["offset_seconds"])
             await _insert_run(conn, task_id, occ, due, "due", None, now)
         elif occ >= now - window:
-            await _insert_run(conn, task_id, occ, occ, "missed", f"superseded by the run for {runs[0].isoformat()}", now)
+            await _insert_run(
+                conn, task_id, occ, occ, "missed", f"superseded by the run for {runs[0].isoformat()}", now
+            )
         else:
             await _insert_run(
                 conn, task_id, occ, occ, "missed", "Pepper was not running within the catch-up window", now
@@ -123,8 +124,8 @@ async def _insert_run(
     finished = now if status in ("missed", "failed") else None
     await conn.execute(
         """
-        INSERT INTO task_runs (task_id, occurrence_at, due_at, status, reason, finished_at)
-        VALUES ($1, $2, $3, $4, $5, $6)
+        INSERT INTO task_runs (task_id, occurrence_at, due_at, ready_at, status, reason, finished_at)
+        VALUES ($1, $2, $3, $3, $4, $5, $6)
         ON CONFLICT (task_id, occurrence_at) DO NOTHING
         """,
         task_id,
@@ -158,19 +159,23 @@ async def claim(db: Any, owner: str, now: datetime, *, lease: timedelta, limit: 
         """
         WITH picked AS (
             SELECT id FROM task_runs
-            WHERE status IN ('due', 'running') AND due_at <= $2
-              AND (lease_expires_at IS NULL OR lease_expires_at < $2)
-            ORDER BY due_at, id
+            WHERE status IN ('due', 'running') AND ready_at <= $2
+            ORDER BY ready_at, id
             LIMIT $4
             FOR UPDATE SKIP LOCKED
+        ), taken AS (
+            UPDATE task_runs r
+            SET status = 'running', lease_owner = $1, lease_expires_at = $2::timestamptz + $3::interval,
+                ready_at = $2::timestamptz + $3::interval, heartbeat_at = $2, attempts = r.attempts + 1,
+                started_at = coalesce(r.started_at, $2)
+            FROM picked WHERE r.id = picked.id
+            RETURNING r.id, r.task_id, r.occurrence_at, r.attempts
         )
-        UPDATE task_runs r
-        SET status = 'running', lease_owner = $1, lease_expires_at = $2::timestamptz + $3::interval, heartbeat_at = $2,
-            attempts = r.attempts + 1, started_at = coalesce(r.started_at, $2)
-        FROM picked, scheduled_tasks t, accounts a
-        WHERE r.id = picked.id AND t.id = r.task_id AND a.id = t.account_id
-        RETURNING r.id, r.task_id, r.occurrence_at, r.attempts, t.account_id, t.kind, t.title, t.prompt,
-                  t.deliver_to, coalesce(t.timezone, a.timezone) AS zone, t.status AS task_status
+        SELECT taken.*, t.account_id, t.kind, t.title, t.prompt, t.deliver_to,
+               coalesce(t.timezone, a.timezone) AS zone, t.status AS task_status
+        FROM taken
+        JOIN scheduled_tasks t ON t.id = taken.task_id
+        JOIN accounts a ON a.id = t.account_id
         """,
         owner,
         now,
@@ -199,7 +204,9 @@ async def extend_lease(db: Any, run_id: int, owner: str, now: datetime, *, lease
     """The heartbeat. False when the lease is no longer ours (it expired and another took it)."""
     result = await db.execute(
         """
-        UPDATE task_runs SET lease_expires_at = $3::timestamptz + $4::interval, heartbeat_at = $3
+        UPDATE task_runs
+        SET lease_expires_at = $3::timestamptz + $4::interval, ready_at = $3::timestamptz + $4::interval,
+            heartbeat_at = $3
         WHERE id = $1 AND lease_owner = $2 AND status = 'running'
         """,
         run_id,
@@ -251,7 +258,7 @@ async def release(
     result = await db.execute(
         """
         UPDATE task_runs
-        SET status = 'due', due_at = $3, reason = $4, lease_owner = NULL, lease_expires_at = NULL,
+        SET status = 'due', due_at = $3, ready_at = $3, reason = $4, lease_owner = NULL, lease_expires_at = NULL,
             attempts = attempts - CASE WHEN $5 THEN 0 ELSE 1 END
         WHERE id = $1 AND lease_owner = $2 AND status = 'running'
         """,

@@ -242,9 +242,7 @@ class Scheduler:
         )
         await claims.set_turn(db, claim.run_id, self.owner, outcome.turn_id)
         calls = await db.fetchval("SELECT tool_calls FROM turns WHERE id = $1", outcome.turn_id)
-        evidence = judge(
-            outcome.reply, outcome.status, _json_list(calls), staged_writes=outcome.staged_writes
-        )
+        evidence = judge(outcome.reply, outcome.status, _json_list(calls), staged_writes=outcome.staged_writes)
         failed_turn = outcome.status in FAILED_TURN_STATUSES
         if evidence.silent:
             await deliver(self.deps, outcome.turn_id, ok=False, detail={"reason": "silent"})

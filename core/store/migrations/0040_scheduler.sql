@@ -37,6 +37,7 @@ CREATE TABLE task_runs (
     task_id           bigint NOT NULL REFERENCES scheduled_tasks (id) ON DELETE CASCADE,
     occurrence_at     timestamptz NOT NULL,     -- the nominal time, the occurrence's identity
     due_at            timestamptz NOT NULL,     -- occurrence plus the task's offset (or a retry time)
+    ready_at          timestamptz NOT NULL,     -- when it can be claimed: due_at, or its lease's expiry
     status            text NOT NULL DEFAULT 'due'
                       CHECK (status IN ('due', 'running', 'ran', 'silent', 'failed', 'missed')),
     lease_owner       text,
@@ -51,7 +52,8 @@ CREATE TABLE task_runs (
     created_at        timestamptz NOT NULL DEFAULT now(),
     UNIQUE (task_id, occurrence_at)
 );
-CREATE INDEX task_runs_claimable ON task_runs (due_at) WHERE status IN ('due', 'running');
+-- Claimed rows move to their lease's expiry, so a claim never scans past runs others hold.
+CREATE INDEX task_runs_claimable ON task_runs (ready_at) WHERE status IN ('due', 'running');
 CREATE INDEX task_runs_task_recent ON task_runs (task_id, occurrence_at DESC);
 
 -- One row per (task, occurrence, channel): the key that stops a double post.

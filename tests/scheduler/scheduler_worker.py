@@ -1,6 +1,6 @@
 """A scheduler in a process of its own, for fault tests (kill -9, several processes on one database).
 
-    python -m core.testing.scheduler_worker DSN OWNER [--hang] [--lease SECONDS]
+    python tests/scheduler/scheduler_worker.py DSN OWNER [--hang] [--lease SECONDS]
 
 Runs the real scheduler and the real harness against ``DSN`` with a model that answers
 "brief from OWNER" (or, with ``--hang``, never answers), delivering to chat, until SIGTERM.
