@@ -100,8 +100,8 @@ class GatewayDeliverer:
             first_sid = first_sid or sid
             await db.execute(
                 """
-                INSERT INTO messages
-                    (conversation_id, handle_id, channel, direction, provider_message_id, body, turn_id, delivery_status)
+                INSERT INTO messages (conversation_id, handle_id, channel, direction,
+                                      provider_message_id, body, turn_id, delivery_status)
                 VALUES ($1, $2, $3, 'outbound', $4, $5, $6, 'queued')
                 ON CONFLICT (channel, provider_message_id) DO NOTHING
                 """,

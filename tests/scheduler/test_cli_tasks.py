@@ -46,7 +46,8 @@ def test_tasks_lists_recent_receipts(db_url, monkeypatch, capsys):
         try:
             await db.execute(
                 "INSERT INTO task_runs (task_id, occurrence_at, due_at, ready_at, status, reason) VALUES"
-                " (1, '2025-06-01 08:00Z', '2025-06-01 08:00Z', '2025-06-01 08:00Z', 'missed', 'Pepper was not running'),"
+                " (1, '2025-06-01 08:00Z', '2025-06-01 08:00Z', '2025-06-01 08:00Z', 'missed',"
+                " 'Pepper was not running'),"
                 " (1, '2025-06-02 08:00Z', '2025-06-02 08:00Z', '2025-06-02 08:00Z', 'silent', NULL)"
             )
         finally:

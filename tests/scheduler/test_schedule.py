@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -104,8 +105,8 @@ def test_hourly_cron_across_both_changes_is_strictly_increasing_with_no_gap_over
     schedule = parse_schedule("cron 30 * * * *", now=NOW, timezone=PARIS)
     for start in (datetime(2025, 3, 29, 20, 0, tzinfo=UTC), datetime(2025, 10, 25, 20, 0, tzinfo=UTC)):
         found = schedule.occurrences(start, start + timedelta(hours=10), PARIS)
-        assert all(b > a for a, b in zip(found, found[1:], strict=False))
-        assert all(b - a <= timedelta(hours=2) for a, b in zip(found, found[1:], strict=False))
+        assert all(b > a for a, b in itertools.pairwise(found))
+        assert all(b - a <= timedelta(hours=2) for a, b in itertools.pairwise(found))
         assert len(found) >= 9
 
 

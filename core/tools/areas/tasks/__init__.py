@@ -55,7 +55,10 @@ async def _plan_create(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
         "turn_id": str(ctx.session.turn_id) if ctx.session.turn_id else None,
     }
     where = ", ".join(channels) if channels else "the usual channel"
-    summary = f"task '{args['title'].strip()}' scheduled {schedule.describe()}, first run {_local(first, timezone)}, results to {where}"
+    summary = (
+        f"task '{args['title'].strip()}' scheduled {schedule.describe()}, "
+        f"first run {_local(first, timezone)}, results to {where}"
+    )
     return ToolOutcome.planned(payload, summary)
 
 
