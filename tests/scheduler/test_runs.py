@@ -253,3 +253,15 @@ async def test_two_schedulers_on_one_database_never_claim_one_occurrence_twice(
     )
     ids = [c.run_id for batch in results for c in batch]
     assert len(ids) == len(set(ids))
+
+
+async def test_the_server_starts_the_scheduler_and_stops_it_on_shutdown(db, account):
+    from core.settings import Settings
+    from gateway.server import running_app
+
+    settings = Settings(port=0, scheduler_poll_seconds=0.05)
+    async with running_app(settings, db) as (app, _port):
+        scheduler = app.extensions["pepper-scheduler"]
+        task = scheduler._loop_task
+        assert task is not None and task.get_name() == "pepper-scheduler" and not task.done()
+    assert task.done() and scheduler._loop_task is None
