@@ -81,6 +81,19 @@ class Settings(BaseSettings):
     # Where this process found its TOML file, if any (for `pepper doctor`).
     config_file: Path | None = Field(None, validation_alias=_env("PEPPER_CONFIG", "config_file"))
 
+    # The scheduler: whether this process runs scheduled tasks, how old a missed occurrence may be
+    # and still run after a restart, how long a claim holds without a heartbeat, how often it looks.
+    scheduler_enabled: bool = Field(True, validation_alias=_env("PEPPER_SCHEDULER_ENABLED", "scheduler_enabled"))
+    scheduler_catch_up_hours: float = Field(
+        6.0, ge=0, validation_alias=_env("PEPPER_SCHEDULER_CATCH_UP_HOURS", "scheduler_catch_up_hours")
+    )
+    scheduler_lease_seconds: float = Field(
+        120.0, ge=2, validation_alias=_env("PEPPER_SCHEDULER_LEASE_SECONDS", "scheduler_lease_seconds")
+    )
+    scheduler_poll_seconds: float = Field(
+        15.0, gt=0, validation_alias=_env("PEPPER_SCHEDULER_POLL_SECONDS", "scheduler_poll_seconds")
+    )
+
     @field_validator("data_dir", mode="after")
     @classmethod
     def _expand(cls, value: Path) -> Path:

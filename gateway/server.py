@@ -70,6 +70,11 @@ def build_app(settings: Settings, db: Database) -> Quart:
             log.info("resolved staged writes left by an earlier crash: %s", resolved)
         await resume_unanswered(app.extensions["pepper"])
 
+    if settings.scheduler_enabled:
+        from gateway.scheduled import attach_scheduler
+
+        attach_scheduler(app, settings, harness, messenger)
+
     @app.after_serving
     async def close_router() -> None:
         await router.aclose()

@@ -1,0 +1,1 @@
+"""Scheduled tasks: schedules (when occurrences fall) and the tasks in the store."""

@@ -1,0 +1,148 @@
+"""The gateway side of scheduled runs: delivering their results, and starting the scheduler.
+
+Channels:
+
+* ``chat``: the message is recorded in the person's conversation (outbound, channel ``web``),
+  with the delivery key as its provider id, so the unique ``(channel, provider_message_id)``
+  makes a repeat a no-op;
+* ``sms`` / ``whatsapp``: sent through Twilio from the account's personal line to its verified
+  phone number, with the status callback; a STOP, no number or no Twilio answers ``unavailable``
+  and the scheduler falls back to chat;
+* ``email``: not built yet (no email channel in this version): ``unavailable``, so chat.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from core import identity
+from core.conversation import conversation_for
+from core.errors import PepperError
+from core.settings import Settings
+from gateway.segments import split_message
+from gateway.signatures import public_request_url
+from gateway.webhooks import MESSAGE_STATUS
+from text_loop import HarnessDeps
+from text_loop.scheduler import DeliveryRequest, DeliveryResult, Scheduler, SchedulerConfig
+
+log = logging.getLogger(__name__)
+
+
+class GatewayDeliverer:
+    """Implements ``text_loop.scheduler.Deliverer`` over the store and Twilio."""
+
+    def __init__(self, settings: Settings, db: Any, messenger: Any = None):
+        self.settings = settings
+        self.db = db
+        self.messenger = messenger
+
+    async def deliver(self, request: DeliveryRequest) -> DeliveryResult:
+        if request.channel == "chat":
+            return await self._chat(request)
+        if request.channel in ("sms", "whatsapp"):
+            return await self._phone(request)
+        return DeliveryResult("unavailable", f"the {request.channel} channel is not available in this version")
+
+    async def _chat(self, request: DeliveryRequest) -> DeliveryResult:
+        conversation_id = await conversation_for(self.db, request.account_id)
+        row = await self.db.fetchrow(
+            """
+            INSERT INTO messages
+                (conversation_id, channel, direction, provider_message_id, body, turn_id, delivery_status)
+            VALUES ($1, 'web', 'outbound', $2, $3, $4, 'delivered')
+            ON CONFLICT (channel, provider_message_id) DO NOTHING
+            RETURNING id
+            """,
+            conversation_id,
+            request.key,
+            request.body,
+            request.turn_id,
+        )
+        if row is None:
+            return DeliveryResult("delivered", "already in the conversation", request.key)
+        return DeliveryResult("delivered", "", request.key)
+
+    async def _phone(self, request: DeliveryRequest) -> DeliveryResult:
+        db = self.db
+        handle = await db.fetchrow(
+            """
+            SELECT h.id, h.value FROM handles h
+            WHERE h.account_id = $1 AND h.kind = 'phone' AND h.verified_at IS NOT NULL
+            ORDER BY h.created_at, h.id LIMIT 1
+            """,
+            request.account_id,
+        )
+        if handle is None:
+            return DeliveryResult("unavailable", "no verified phone number")
+        if await identity.is_blocked(db, handle["id"], request.channel):
+            return DeliveryResult("unavailable", "the person opted out on this channel")
+        line = await db.fetchval(
+            "SELECT number FROM phone_lines WHERE account_id = $1 AND kind = 'personal' ORDER BY created_at LIMIT 1",
+            request.account_id,
+        )
+        if line is None:
+            return DeliveryResult("unavailable", "the account has no personal line to send from")
+        if self.messenger is None:
+            return DeliveryResult("unavailable", "Twilio is not configured")
+        prefix = "whatsapp:" if request.channel == "whatsapp" else ""
+        callback = public_request_url(self.settings, MESSAGE_STATUS.path)
+        conversation_id = await conversation_for(db, request.account_id)
+        first_sid: str | None = None
+        for part in split_message(request.body):
+            try:
+                sid = await self.messenger.send(
+                    to=prefix + handle["value"], from_=prefix + line, body=part, status_callback=callback
+                )
+            except PepperError as exc:
+                log.error("sending a scheduled %s message failed: %s", request.channel, exc.code)
+                return DeliveryResult("failed", exc.code)
+            first_sid = first_sid or sid
+            await db.execute(
+                """
+                INSERT INTO messages (conversation_id, handle_id, channel, direction,
+                                      provider_message_id, body, turn_id, delivery_status)
+                VALUES ($1, $2, $3, 'outbound', $4, $5, $6, 'queued')
+                ON CONFLICT (channel, provider_message_id) DO NOTHING
+                """,
+                conversation_id,
+                handle["id"],
+                request.channel,
+                sid,
+                part,
+                request.turn_id,
+            )
+        return DeliveryResult("queued", "", first_sid)
+
+
+def scheduler_config(settings: Settings) -> SchedulerConfig:
+    from datetime import timedelta
+
+    return SchedulerConfig(
+        catch_up=timedelta(hours=settings.scheduler_catch_up_hours),
+        lease=timedelta(seconds=settings.scheduler_lease_seconds),
+        heartbeat=timedelta(seconds=max(1.0, settings.scheduler_lease_seconds / 4)),
+        poll=settings.scheduler_poll_seconds,
+        drain_grace=settings.graceful_timeout,
+    )
+
+
+def build_scheduler(settings: Settings, harness: HarnessDeps, messenger: Any = None) -> Scheduler:
+    return Scheduler(harness, GatewayDeliverer(settings, harness.db, messenger), scheduler_config(settings))
+
+
+def attach_scheduler(app: Any, settings: Settings, harness: HarnessDeps, messenger: Any = None) -> Scheduler:
+    """Start the scheduler when the app starts serving; stop it first when it stops (before the
+    messenger and the model router close), letting runs in flight finish within the grace time."""
+    scheduler = build_scheduler(settings, harness, messenger)
+    app.extensions["pepper-scheduler"] = scheduler
+
+    async def start() -> None:
+        scheduler.start()
+
+    async def stop() -> None:
+        await scheduler.stop(settings.graceful_timeout)
+
+    app.before_serving(start)
+    app.after_serving_funcs.insert(0, stop)
+    return scheduler
