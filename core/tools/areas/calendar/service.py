@@ -110,7 +110,7 @@ async def book(
         remote = [b for b in await free_busy(db, account_id, start, end, connectors=connectors)]
     async with transaction(db) as conn:
         await conn.execute(
-            "SELECT pg_advisory_xact_lock(hashtextextended('calendar-book:' || $1::text, 0))", account_id
+            "SELECT pg_advisory_xact_lock(hashtextextended('calendar-book:' || $1::uuid::text, 0))", account_id
         )
         if booking_key is not None:
             row = await conn.fetchrow(
