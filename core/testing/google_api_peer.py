@@ -20,6 +20,7 @@ from aiohttp import web
 from dateutil.rrule import rrulestr
 
 STAMP = "%Y%m%dT%H%M%SZ"
+JSON_BODY = web.RequestKey("json_body", object)
 
 
 def _parse(value: dict[str, Any]) -> datetime:
@@ -99,7 +100,7 @@ class GoogleApiPeer:
         if self.fail_next is not None:
             status, self.fail_next = self.fail_next, None
             return _error(status, "injected failure")
-        request["json"] = body
+        request[JSON_BODY] = body
         return await handler(request)
 
     # OAuth.
@@ -156,7 +157,7 @@ class GoogleApiPeer:
         return web.json_response({"kind": "calendar#events", "items": items})
 
     async def _insert(self, request: web.Request) -> web.Response:
-        body = dict(request["json"])
+        body = dict(request[JSON_BODY])
         body["id"] = f"ev{next(self._ids)}"
         body["status"] = "confirmed"
         body["organizer"] = {"email": "owner@example.com", "self": True}
@@ -186,7 +187,7 @@ class GoogleApiPeer:
         found = self._find(event_id)
         if found is None:
             return _error(404, "Not Found")
-        change = dict(request["json"])
+        change = dict(request[JSON_BODY])
         change["lastSendUpdates"] = request.query.get("sendUpdates", "none")
         if event_id in self.events:
             self.events[event_id].update(change)
@@ -208,18 +209,18 @@ class GoogleApiPeer:
     # Gmail.
     async def _draft(self, request: web.Request) -> web.Response:
         draft_id = f"r{next(self._ids)}"
-        self.drafts[draft_id] = {"id": draft_id, "message": request["json"]["message"]}
+        self.drafts[draft_id] = {"id": draft_id, "message": request[JSON_BODY]["message"]}
         return web.json_response({"id": draft_id, "message": {"id": f"m{draft_id}"}})
 
     async def _draft_send(self, request: web.Request) -> web.Response:
-        draft = self.drafts.pop(request["json"]["id"], None)
+        draft = self.drafts.pop(request[JSON_BODY]["id"], None)
         if draft is None:
             return _error(404, "Not Found")
         self.sent.append(draft["message"])
         return web.json_response({"id": f"m{draft['id']}", "labelIds": ["SENT"]})
 
     async def _send(self, request: web.Request) -> web.Response:
-        self.sent.append(request["json"])
+        self.sent.append(request[JSON_BODY])
         return web.json_response({"id": f"m{next(self._ids)}", "labelIds": ["SENT"]})
 
 
