@@ -33,17 +33,11 @@ class RadicaleServer:
 
     def start(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
-        log = (self.folder / "radicale.log").open("wb")
-        self.process = subprocess.Popen(
-            [
-                sys.executable, "-m", "radicale", "--server-hosts", f"127.0.0.1:{self.port}", "--auth-type", "none",
-                "--storage-filesystem-folder", str(self.folder / "collections"), "--logging-level", "warning",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )  # fmt: skip
+        with (self.folder / "radicale.log").open("wb") as log:
+            self._spawn(log)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
+            assert self.process is not None
             if self.process.poll() is not None:
                 raise RuntimeError("radicale exited; see " + str(self.folder / "radicale.log"))
             try:
@@ -52,6 +46,16 @@ class RadicaleServer:
             except OSError:
                 time.sleep(0.05)
         raise RuntimeError("radicale did not start")
+
+    def _spawn(self, log: object) -> None:
+        self.process = subprocess.Popen(
+            [
+                sys.executable, "-m", "radicale", "--server-hosts", f"127.0.0.1:{self.port}", "--auth-type", "none",
+                "--storage-filesystem-folder", str(self.folder / "collections"), "--logging-level", "warning",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
 
     def make_calendar(self, user: str, name: str) -> str:
         url = f"{self.url}/{user}/{name}/"
