@@ -49,7 +49,7 @@ async def fetch(connectors: Connectors, url: str, etag: str | None = None, modif
     if len(response.content) > MAX_BYTES:
         raise FeedError("the feed is too large")
     parsed = feedparser.parse(response.content)
-    if parsed.bozo and not parsed.entries and not parsed.feed.get("title"):
+    if not parsed.get("version") and not parsed.entries:
         raise FeedError("that address is not an RSS or Atom feed")
     parsed["_etag"] = response.headers.get("ETag")
     parsed["_modified"] = response.headers.get("Last-Modified")
