@@ -38,6 +38,27 @@ def _rule(text: str, local_start: datetime) -> rrule:
     return rrulestr(text, dtstart=local_start, cache=False)  # type: ignore[return-value]
 
 
+def _rebase(text: str, local_start: datetime, lo: datetime) -> datetime:
+    """A later start for the same series, on or before ``lo``, so expansion does not walk every
+    occurrence since the first. Only for rules whose occurrences do not depend on where counting
+    began: no COUNT; DAILY/WEEKLY move by whole intervals, MONTHLY/YEARLY by whole years (never
+    from a 29 February)."""
+    if lo <= local_start or "COUNT=" in text:
+        return local_start
+    parts = dict(p.split("=", 1) for p in text.split(";") if "=" in p)
+    interval = int(parts.get("INTERVAL", "1") or 1)
+    freq = parts.get("FREQ")
+    if freq in ("DAILY", "WEEKLY"):
+        step = interval * (7 if freq == "WEEKLY" else 1)
+        return local_start + timedelta(days=step * ((lo - local_start).days // step))
+    if freq in ("MONTHLY", "YEARLY") and not (local_start.month == 2 and local_start.day == 29):
+        years = interval  # k months x 12 (or k years) keeps the series in phase
+        jump = years * ((lo.year - local_start.year - 1) // years)
+        if jump > 0:
+            return local_start.replace(year=local_start.year + jump)
+    return local_start
+
+
 def _place(naive: datetime, tz: ZoneInfo) -> datetime:
     return naive.replace(tzinfo=tz).astimezone(UTC)
 
@@ -59,9 +80,9 @@ def occurrences(
     tz = ZoneInfo(tzid)
     duration = end - start
     local_start = start.astimezone(tz).replace(tzinfo=None)
-    rule = _rule(rule_text, local_start)
     lo = (window_start - duration).astimezone(tz).replace(tzinfo=None) - _MARGIN
     hi = window_end.astimezone(tz).replace(tzinfo=None) + _MARGIN
+    rule = _rule(rule_text, _rebase(rule_text, local_start, lo))
     skipped = {d.astimezone(UTC) for d in exdates}
     for naive in rule.xafter(max(lo, local_start), inc=True):
         if naive > hi:
