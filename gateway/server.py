@@ -54,7 +54,11 @@ def build_app(settings: Settings, db: Database) -> Quart:
         from gateway.twilio_client import TwilioMessenger
 
         messenger = TwilioMessenger(settings)
-    app = create_app(settings, db, harness=HarnessDeps(db=db, models=router), messenger=messenger)
+    from core.tools.connectors import Connectors
+    from core.tools.starter import starter_registry
+
+    registry = starter_registry(Connectors.from_settings(settings))
+    app = create_app(settings, db, harness=HarnessDeps(db=db, models=router, registry=registry), messenger=messenger)
 
     @app.after_serving
     async def close_router() -> None:
