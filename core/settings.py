@@ -93,6 +93,28 @@ class Settings(BaseSettings):
     scheduler_poll_seconds: float = Field(
         15.0, gt=0, validation_alias=_env("PEPPER_SCHEDULER_POLL_SECONDS", "scheduler_poll_seconds")
     )
+    # Feature areas. Pepper's own mail address (SMTP); the owner is always on CC of what it sends.
+    smtp_host: str | None = Field(None, validation_alias=_env("PEPPER_SMTP_HOST", "smtp_host"))
+    smtp_port: int = Field(587, ge=1, le=65535, validation_alias=_env("PEPPER_SMTP_PORT", "smtp_port"))
+    smtp_username: str | None = Field(None, validation_alias=_env("PEPPER_SMTP_USERNAME", "smtp_username"))
+    smtp_password: SecretStr | None = Field(None, validation_alias=_env("PEPPER_SMTP_PASSWORD", "smtp_password"))
+    smtp_from: str | None = Field(None, validation_alias=_env("PEPPER_SMTP_FROM", "smtp_from"))
+    # "starttls" (port 587), "tls" (implicit, port 465) or "none" (a local relay only).
+    smtp_security: Literal["starttls", "tls", "none"] = Field(
+        "starttls", validation_alias=_env("PEPPER_SMTP_SECURITY", "smtp_security")
+    )
+    # Google OAuth client for Calendar (events scope) and Gmail (compose scope).
+    google_client_id: str | None = Field(None, validation_alias=_env("PEPPER_GOOGLE_CLIENT_ID", "google_client_id"))
+    google_client_secret: SecretStr | None = Field(
+        None, validation_alias=_env("PEPPER_GOOGLE_CLIENT_SECRET", "google_client_secret")
+    )
+    # Where Google API and token requests go (loopback peers in tests).
+    google_api_url: str = Field(
+        "https://www.googleapis.com", validation_alias=_env("PEPPER_GOOGLE_API_URL", "google_api_url")
+    )
+    google_token_url: str = Field(
+        "https://oauth2.googleapis.com/token", validation_alias=_env("PEPPER_GOOGLE_TOKEN_URL", "google_token_url")
+    )
 
     @field_validator("data_dir", mode="after")
     @classmethod

@@ -56,9 +56,15 @@ def build_app(settings: Settings, db: Database) -> Quart:
         from gateway.twilio_client import TwilioMessenger
 
         messenger = TwilioMessenger(settings)
+    from core.tools.connectors import Connectors
+    from core.tools.starter import starter_registry
     from text_loop.skills.catalog import SkillCatalog, log_problems
 
-    harness = HarnessDeps(db=db, models=router, skills=SkillCatalog.load_builtin())
+    connectors = Connectors.from_settings(settings)
+    harness = HarnessDeps(
+        db=db, models=router, registry=starter_registry(connectors), skills=SkillCatalog.load_builtin(),
+        connectors=connectors,
+    )  # fmt: skip
     log_problems(harness.skills.report(harness.registry))  # type: ignore[union-attr]
     app = create_app(settings, db, harness=harness, messenger=messenger)
 

@@ -20,6 +20,7 @@ from core.conversation import recent_messages, start_turn, update_turn
 from core.errors import NotFound
 from core.models.types import ModelService, ToolCall
 from core.tools.areas.dossier import dossier_text
+from core.tools.connectors import Connectors, account_connections
 from core.tools.context import SessionContext, SessionKind, Trust
 from core.tools.gate import Gate, default_gate
 from core.tools.registry import ToolContext, ToolRegistry, connection
@@ -57,6 +58,9 @@ class HarnessDeps:
     rules: str = RULES
     # Skills and workers (``text_loop.skills``); None: no skills, every visible tool on the orchestrator.
     skills: SkillCatalog | None = None
+    # Outside services configured on this server (SMTP, Google); with the person's connections in
+    # Postgres they decide which connected tools a turn sees.
+    connectors: Connectors | None = None
 
 
 @dataclass(frozen=True)
@@ -132,7 +136,7 @@ async def run_turn(
     kind: SessionKind = "live",
     trust: Trust = "owner_verified",
     inbound_message_id: int | None = None,
-    connections: frozenset[str] = frozenset(),
+    connections: frozenset[str] | None = None,
     tier: str | None = None,
 ) -> TurnOutcome:
     """Run one turn for ``text`` from the account's person and return the reply to send.
@@ -157,6 +161,9 @@ async def run_turn(
             raise NotFound(f"no account {account_id}")
         conversation_id, timezone = row["id"], row["timezone"]
         turn_id = await start_turn(conn, conversation_id, channel=channel, kind=kind)
+        if connections is None:
+            # The person's connected accounts decide which tools exist for this turn.
+            connections = await account_connections(db, account_id, deps.connectors)
         session = SessionContext(kind, trust, channel, account_id, conversation_id, turn_id, timezone, connections)
         try:
             if inbound_message_id is not None:

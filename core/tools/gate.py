@@ -169,7 +169,9 @@ _MISSING: Any = _Missing()
 # --- The built-in policies -------------------------------------------------------------------
 
 # Feature areas that hold one person's private data; rooms see the room's data instead.
-PERSONAL_AREAS: frozenset[str] = frozenset({"notes", "todos", "dossier", "tasks", "reminders"})
+PERSONAL_AREAS: frozenset[str] = frozenset(
+    {"notes", "todos", "dossier", "tasks", "reminders", "contacts", "calendar", "feeds"}
+)
 # What a caller who is not the owner may use (the answering service adds its own tools later).
 THIRD_PARTY_AREAS: frozenset[str] = frozenset({"clock"})
 
@@ -210,11 +212,35 @@ def _room_check(tool: Tool, args: dict[str, Any], session: SessionContext) -> Ve
     return Verdict.allow()
 
 
+def _scheduled_check(tool: Tool, args: dict[str, Any], session: SessionContext) -> Verdict:
+    """No person is present to confirm: sends become drafts, invitations stay unsent (each tool
+    declares which arguments a scheduled run forces)."""
+    if session.kind != "scheduled" or not tool.scheduled:
+        return Verdict.allow()
+    forced = dict(tool.scheduled)
+    if all(args.get(key, _MISSING) == value for key, value in forced.items()):
+        return Verdict.allow()
+    return Verdict.modify({**args, **forced}, "no one is present in a scheduled run, so " + _describe(forced))
+
+
+def _describe(forced: dict[str, Any]) -> str:
+    parts = []
+    for key, value in forced.items():
+        if key == "mode" and value == "draft":
+            parts.append("the mail was saved as a draft and NOT sent")
+        elif key == "send_invitations" and value is False:
+            parts.append("no invitations were sent")
+        else:
+            parts.append(f"{key} was set to {value!r}")
+    return " and ".join(parts)
+
+
 CONNECTION_POLICY = Policy("connection", _connection_check, _missing_connection)
 TRUST_POLICY = Policy("trust", _trust_check, _trust_hides)
 ROOM_POLICY = Policy("room-scope", _room_check, _room_hides)
+SCHEDULED_POLICY = Policy("scheduled-run", _scheduled_check)
 
 
 def default_gate() -> Gate:
     """The checks every session passes, in order."""
-    return Gate((CONNECTION_POLICY, TRUST_POLICY, ROOM_POLICY))
+    return Gate((CONNECTION_POLICY, TRUST_POLICY, ROOM_POLICY, SCHEDULED_POLICY))

@@ -103,6 +103,9 @@ class Tool:
     needs_connection: str | None = None
     staged: bool = False
     apply: Applier | None = None
+    # Arguments a scheduled run (no person present) forces, e.g. (("mode", "draft"),): the gate
+    # rewrites the call and the result tells the model what changed.
+    scheduled: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         if self.writes and self.apply is None:
@@ -111,6 +114,9 @@ class Tool:
             raise ValueError(f"tool {self.name} is staged but does not write")
         if self.parameters.get("type") != "object":
             raise ValueError(f"tool {self.name}: parameters must be a JSON Schema object")
+        for key, _ in self.scheduled:
+            if key not in self.parameters.get("properties", {}):
+                raise ValueError(f"tool {self.name}: scheduled override of unknown argument {key!r}")
 
     @property
     def spec(self) -> ToolSpec:

@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
-from core.tools.areas import clock, dossier, notes, reminders, tasks, todos
+from core.tools.areas import calendar, clock, contacts, dossier, email, feeds, notes, reminders, tasks, todos
+from core.tools.connectors import Connectors
 from core.tools.registry import ToolRegistry
 
 
-def starter_registry() -> ToolRegistry:
-    return ToolRegistry((*clock.TOOLS, *notes.TOOLS, *todos.TOOLS, *dossier.TOOLS, *tasks.TOOLS, *reminders.TOOLS))
+def starter_registry(connectors: Connectors | None = None) -> ToolRegistry:
+    """All built-in tools; ``connectors`` (from the settings) lets calendar, email and feeds reach
+    outside services. Without it they still load and say plainly what is not set up."""
+    c = connectors or Connectors()
+    areas = (
+        *calendar.make_tools(c),
+        *email.make_tools(c),
+        *feeds.make_tools(c),
+        *contacts.TOOLS,
+        *tasks.TOOLS,
+        *reminders.TOOLS,
+    )
+    return ToolRegistry((*clock.TOOLS, *notes.TOOLS, *todos.TOOLS, *dossier.TOOLS, *areas))

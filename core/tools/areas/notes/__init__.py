@@ -1,4 +1,9 @@
-"""Feature area: the person's notes."""
+"""Feature area: the person's notes and documents.
+
+A document is a note with a title (unique per person, case-insensitive): Pepper writes reports,
+lists and drafts there, and writing the same title again replaces the text. Notes and documents
+are left for the memory search index to pick up (``notes.updated_at``).
+"""
 
 from __future__ import annotations
 
@@ -24,8 +29,8 @@ async def _search(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
     limit = args.get("limit", 10)
     rows = await ctx.db.fetch(
         """
-        SELECT body, created_at FROM notes
-        WHERE account_id = $1 AND ($2 = '' OR body ILIKE '%' || $2 || '%')
+        SELECT title, body, created_at FROM notes
+        WHERE account_id = $1 AND ($2 = '' OR body ILIKE '%' || $2 || '%' OR title ILIKE '%' || $2 || '%')
         ORDER BY created_at DESC, id DESC LIMIT $3
         """,
         ctx.session.account_id,
@@ -34,7 +39,51 @@ async def _search(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
     )
     if not rows:
         return ToolOutcome.empty(f"no notes match {query!r}" if query else "there are no notes")
-    return ToolOutcome.ok("\n".join(f"- ({r['created_at']:%Y-%m-%d}) {r['body']}" for r in rows))
+    return ToolOutcome.ok("\n".join(_note_line(r) for r in rows))
+
+
+def _note_line(row: Any) -> str:
+    if row["title"]:
+        body = row["body"] if len(row["body"]) <= 200 else row["body"][:200] + "..."
+        return f"- ({row['created_at']:%Y-%m-%d}) document {row['title']!r}: {body}"
+    return f"- ({row['created_at']:%Y-%m-%d}) {row['body']}"
+
+
+async def _plan_document(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
+    title, body = " ".join(args["title"].split()), args["text"].strip()
+    if not title or not body:
+        return ToolOutcome.failed("a document needs a title and some text")
+    exists = await ctx.db.fetchval(
+        "SELECT EXISTS (SELECT 1 FROM notes WHERE account_id = $1 AND lower(title) = lower($2))",
+        ctx.session.account_id,
+        title,
+    )
+    verb = "replaced" if exists else "saved"
+    return ToolOutcome.planned({"title": title, "text": body}, f"document {title!r} {verb}")
+
+
+async def _apply_document(conn: Any, account_id: UUID, payload: dict[str, Any]) -> None:
+    await conn.execute(
+        """
+        INSERT INTO notes (account_id, title, body) VALUES ($1, $2, $3)
+        ON CONFLICT (account_id, lower(title)) WHERE title IS NOT NULL
+        DO UPDATE SET body = EXCLUDED.body, title = EXCLUDED.title, updated_at = now()
+        """,
+        account_id,
+        payload["title"],
+        payload["text"],
+    )
+
+
+async def _read_document(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
+    row = await ctx.db.fetchrow(
+        "SELECT title, body, updated_at FROM notes WHERE account_id = $1 AND lower(title) = lower($2)",
+        ctx.session.account_id,
+        " ".join(args["title"].split()),
+    )
+    if row is None:
+        return ToolOutcome.empty(f"no document titled {args['title']!r}")
+    return ToolOutcome.ok(f"Document {row['title']!r} (updated {row['updated_at']:%Y-%m-%d}):\n{row['body']}")
 
 
 TOOLS: tuple[Tool, ...] = (
@@ -64,6 +113,35 @@ TOOLS: tuple[Tool, ...] = (
             "additionalProperties": False,
         },
         handler=_search,
+        area="notes",
+    ),
+    Tool(
+        name="write_document",
+        description="Save a titled document for the person (a report, a list, a draft); same title replaces it.",
+        parameters={
+            "type": "object",
+            "properties": {
+                "title": {"type": "string", "minLength": 1, "maxLength": 200},
+                "text": {"type": "string", "minLength": 1, "maxLength": 100000},
+            },
+            "required": ["title", "text"],
+            "additionalProperties": False,
+        },
+        handler=_plan_document,
+        apply=_apply_document,
+        area="notes",
+        writes=True,
+    ),
+    Tool(
+        name="read_document",
+        description="Read a document by its title.",
+        parameters={
+            "type": "object",
+            "properties": {"title": {"type": "string", "minLength": 1, "maxLength": 200}},
+            "required": ["title"],
+            "additionalProperties": False,
+        },
+        handler=_read_document,
         area="notes",
     ),
 )

@@ -1,0 +1,232 @@
+"""A loopback Google API for tests: the OAuth token endpoint, Calendar v3 events and Gmail v1
+drafts and sends, keeping state in memory like the real service.
+
+``async with GoogleApiPeer() as google:`` then ``Connectors(google_api_url=google.url,
+google_token_url=google.token_url, google_client_id=..., google_client_secret=...)``.
+Recurring events are expanded into instances (``<id>_<UTC stamp>``) for ``singleEvents=true``.
+``google.requests`` records (method, path, query, body) of every call; ``google.fail_next``
+makes the next API call answer that status.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from aiohttp import web
+from dateutil.rrule import rrulestr
+
+STAMP = "%Y%m%dT%H%M%SZ"
+JSON_BODY = web.RequestKey("json_body", object)
+
+
+def _parse(value: dict[str, Any]) -> datetime:
+    if "dateTime" in value:
+        moment = datetime.fromisoformat(value["dateTime"].replace("Z", "+00:00"))
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=ZoneInfo(value.get("timeZone", "UTC")))
+        return moment
+    return datetime.fromisoformat(value["date"]).replace(tzinfo=UTC)
+
+
+class GoogleApiPeer:
+    def __init__(self, *, client_id: str = "client-id", client_secret: str = "client-secret"):
+        self.client_id, self.client_secret = client_id, client_secret
+        self.events: dict[str, dict[str, Any]] = {}
+        self.instances: dict[str, dict[str, Any]] = {}  # instance overrides by instance id
+        self.cancelled: set[str] = set()
+        self.drafts: dict[str, dict[str, Any]] = {}
+        self.sent: list[dict[str, Any]] = []
+        self.requests: list[tuple[str, str, dict[str, str], Any]] = []
+        self.tokens: set[str] = set()
+        self.token_requests: list[dict[str, str]] = []
+        self.granted_scopes = "https://www.googleapis.com/auth/calendar.events"
+        self.fail_next: int | None = None
+        self._ids = itertools.count(1)
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def token_url(self) -> str:
+        return f"{self.url}/token"
+
+    def expire_tokens(self) -> None:
+        self.tokens.clear()
+
+    async def __aenter__(self) -> GoogleApiPeer:
+        app = web.Application(middlewares=[self._middleware])
+        app.add_routes(
+            [
+                web.post("/token", self._token),
+                web.get("/calendar/v3/calendars/{cal}/events", self._list),
+                web.post("/calendar/v3/calendars/{cal}/events", self._insert),
+                web.get("/calendar/v3/calendars/{cal}/events/{id}", self._get),
+                web.patch("/calendar/v3/calendars/{cal}/events/{id}", self._patch),
+                web.delete("/calendar/v3/calendars/{cal}/events/{id}", self._delete),
+                web.post("/gmail/v1/users/me/drafts", self._draft),
+                web.post("/gmail/v1/users/me/drafts/send", self._draft_send),
+                web.post("/gmail/v1/users/me/messages/send", self._send),
+            ]
+        )
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.1)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    @web.middleware
+    async def _middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        body = None
+        if request.can_read_body and request.content_type == "application/json":
+            body = await request.json()
+        self.requests.append((request.method, request.path, dict(request.query), body))
+        if request.path == "/token":
+            return await handler(request)
+        token = request.headers.get("Authorization", "").removeprefix("Bearer ")
+        if token not in self.tokens:
+            return _error(401, "Request had invalid authentication credentials.")
+        if self.fail_next is not None:
+            status, self.fail_next = self.fail_next, None
+            return _error(status, "injected failure")
+        request[JSON_BODY] = body
+        return await handler(request)
+
+    # OAuth.
+    async def _token(self, request: web.Request) -> web.Response:
+        form = dict(await request.post())
+        self.token_requests.append({k: str(v) for k, v in form.items()})
+        if form.get("client_id") != self.client_id or form.get("client_secret") != self.client_secret:
+            return web.json_response({"error": "invalid_client"}, status=401)
+        token = f"token-{next(self._ids)}"
+        self.tokens.add(token)
+        out: dict[str, Any] = {"access_token": token, "expires_in": 3600, "token_type": "Bearer"}
+        if form.get("grant_type") == "authorization_code":
+            out["refresh_token"] = "refresh-1"
+            out["scope"] = self.granted_scopes
+        elif form.get("refresh_token") != "refresh-1":
+            return web.json_response({"error": "invalid_grant"}, status=400)
+        return web.json_response(out)
+
+    # Calendar.
+    def _expand(self, event: dict[str, Any], lo: datetime, hi: datetime) -> list[dict[str, Any]]:
+        if "recurrence" not in event:
+            start, end = _parse(event["start"]), _parse(event["end"])
+            return [event] if start < hi and end > lo else []
+        tz = ZoneInfo(event["start"].get("timeZone", "UTC"))
+        start, end = _parse(event["start"]).astimezone(tz), _parse(event["end"]).astimezone(tz)
+        rule = rrulestr(event["recurrence"][0].removeprefix("RRULE:"), dtstart=start.replace(tzinfo=None))
+        out = []
+        for naive in rule.xafter(
+            (lo - (end - start)).astimezone(tz).replace(tzinfo=None) - timedelta(days=1), inc=True
+        ):
+            occ = naive.replace(tzinfo=tz)
+            if occ >= hi:
+                break
+            iid = f"{event['id']}_{occ.astimezone(UTC):{STAMP}}"
+            if iid in self.cancelled:
+                continue
+            inst = {
+                **{k: v for k, v in event.items() if k != "recurrence"},
+                "id": iid,
+                "recurringEventId": event["id"],
+                "start": {"dateTime": occ.isoformat(), "timeZone": tz.key},
+                "end": {"dateTime": (occ + (end - start)).isoformat(), "timeZone": tz.key},
+            }
+            inst.update(self.instances.get(iid, {}))
+            if _parse(inst["end"]) > lo and _parse(inst["start"]) < hi:
+                out.append(inst)
+        return out
+
+    async def _list(self, request: web.Request) -> web.Response:
+        lo = datetime.fromisoformat(request.query["timeMin"])
+        hi = datetime.fromisoformat(request.query["timeMax"])
+        items = [i for e in self.events.values() if e.get("status") != "cancelled" for i in self._expand(e, lo, hi)]
+        items.sort(key=lambda i: _parse(i["start"]))
+        return web.json_response({"kind": "calendar#events", "items": items})
+
+    async def _insert(self, request: web.Request) -> web.Response:
+        body = dict(request[JSON_BODY])
+        body["id"] = f"ev{next(self._ids)}"
+        body["status"] = "confirmed"
+        body["organizer"] = {"email": "owner@example.com", "self": True}
+        body["sendUpdates"] = request.query.get("sendUpdates", "none")
+        self.events[body["id"]] = body
+        return web.json_response(body)
+
+    def _find(self, event_id: str) -> dict[str, Any] | None:
+        if event_id in self.events:
+            return self.events[event_id]
+        master_id, _, stamp = event_id.rpartition("_")
+        master = self.events.get(master_id)
+        if master is None or event_id in self.cancelled:
+            return None
+        occ = datetime.strptime(stamp, STAMP).replace(tzinfo=UTC)
+        for inst in self._expand(master, occ - timedelta(days=1), occ + timedelta(days=2)):
+            if inst["id"] == event_id:
+                return inst
+        return None
+
+    async def _get(self, request: web.Request) -> web.Response:
+        found = self._find(request.match_info["id"])
+        return web.json_response(found) if found else _error(404, "Not Found")
+
+    async def _patch(self, request: web.Request) -> web.Response:
+        event_id = request.match_info["id"]
+        found = self._find(event_id)
+        if found is None:
+            return _error(404, "Not Found")
+        change = dict(request[JSON_BODY])
+        change["lastSendUpdates"] = request.query.get("sendUpdates", "none")
+        if event_id in self.events:
+            self.events[event_id].update(change)
+        else:
+            self.instances.setdefault(event_id, {}).update(change)
+        return web.json_response(self._find(event_id) or {})
+
+    async def _delete(self, request: web.Request) -> web.Response:
+        event_id = request.match_info["id"]
+        if self._find(event_id) is None:
+            return _error(410, "Resource has been deleted")
+        if event_id in self.events:
+            self.events[event_id]["status"] = "cancelled"
+            self.events[event_id]["lastSendUpdates"] = request.query.get("sendUpdates", "none")
+        else:
+            self.cancelled.add(event_id)
+        return web.Response(status=204)
+
+    # Gmail.
+    async def _draft(self, request: web.Request) -> web.Response:
+        draft_id = f"r{next(self._ids)}"
+        self.drafts[draft_id] = {"id": draft_id, "message": request[JSON_BODY]["message"]}
+        return web.json_response({"id": draft_id, "message": {"id": f"m{draft_id}"}})
+
+    async def _draft_send(self, request: web.Request) -> web.Response:
+        draft = self.drafts.pop(request[JSON_BODY]["id"], None)
+        if draft is None:
+            return _error(404, "Not Found")
+        self.sent.append(draft["message"])
+        return web.json_response({"id": f"m{draft['id']}", "labelIds": ["SENT"]})
+
+    async def _send(self, request: web.Request) -> web.Response:
+        self.sent.append(request[JSON_BODY])
+        return web.json_response({"id": f"m{next(self._ids)}", "labelIds": ["SENT"]})
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": {"code": status, "message": message}}, status=status)
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value)

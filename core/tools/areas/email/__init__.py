@@ -1,0 +1,270 @@
+"""Feature area: email. Every tool names who sends:
+
+* ``email_from_pepper``: Pepper, from its own address (SMTP); the person is always on CC;
+* ``email_from_my_gmail``: the person, from their Gmail (compose scope); a draft unless asked to send.
+
+A draft is stored with a card (``draft_cards``) that chat shows for review; ``send_email_draft``
+sends a reviewed one. Every recipient of a real send must be an address Pepper can verify (the
+person's own handles or a contact's addresses), else the tool refuses. In a scheduled run the
+gate turns a send into a draft, and the result says the mail was not sent.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+from typing import Any
+from uuid import UUID
+
+from core.errors import InvalidInput, PepperError
+from core.tools.connectors import GMAIL_COMPOSE, Connectors
+from core.tools.google_api import GoogleClient, google_connection
+from core.tools.mail import build_message, clean_addresses, owner_emails, send_smtp, unverifiable
+from core.tools.registry import Tool, ToolContext, ToolOutcome
+
+log = logging.getLogger(__name__)
+
+AREA = "email"
+
+
+async def draft_cards(db: Any, account_id: UUID) -> list[dict[str, Any]]:
+    """The cards of drafts waiting for review, oldest first (what chat shows)."""
+    rows = await db.fetch(
+        "SELECT card FROM email_messages WHERE account_id = $1 AND status = 'draft' ORDER BY id", account_id
+    )
+    return [json.loads(r["card"]) if isinstance(r["card"], str) else r["card"] for r in rows]
+
+
+def _card(row_id: int, sender: str, from_address: str, to: list[str], cc: list[str], subject: str, body: str) -> dict:
+    return {
+        "type": "email-draft",
+        "draft": row_id,
+        "sender": sender,
+        "from": from_address,
+        "to": to,
+        "cc": cc,
+        "subject": subject,
+        "body": body,
+        "actions": ["send", "discard"],
+    }
+
+
+def _who(sender: str, from_address: str) -> str:
+    return f"Pepper ({from_address})" if sender == "pepper" else f"the person's Gmail ({from_address})"
+
+
+def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
+    async def _plan(ctx: ToolContext, args: dict[str, Any], sender: str) -> ToolOutcome:
+        account_id = ctx.session.account_id
+        try:
+            to = clean_addresses(args["to"])
+            cc = clean_addresses(args.get("cc", ()))
+        except InvalidInput as exc:
+            return ToolOutcome.failed(exc.message)
+        if not to:
+            return ToolOutcome.failed("the mail needs at least one recipient")
+        subject, body = args["subject"].strip(), args["body"].strip()
+        if not body:
+            return ToolOutcome.failed("the mail has no text")
+        own = await owner_emails(ctx.db, account_id)
+        if not own:
+            return ToolOutcome.failed("the person has no email address on file to send from or copy")
+        default = "send" if sender == "pepper" else "draft"
+        mode = args.get("mode", default)
+        forced = ""
+        if mode == "send" and ctx.session.kind == "scheduled":
+            mode, forced = "draft", " (no one is present in a scheduled run, so it was NOT sent)"
+        if sender == "pepper":
+            from_address = connectors.smtp_from or ""
+            cc = [a for a in cc if a not in to]
+            if own[0] not in to and own[0] not in cc:
+                cc.append(own[0])  # the person always sees what Pepper sends in their name
+        else:
+            from_address = own[0]
+        if mode == "send":
+            bad = await unverifiable(ctx.db, account_id, [*to, *cc])
+            if bad:
+                return ToolOutcome.failed(
+                    f"refused: {', '.join(bad)} is not an address Pepper can verify (not a contact or one of the "
+                    "person's own addresses). Nothing was sent. Ask the person to confirm the address and add it "
+                    "as a contact, or save a draft instead"
+                )
+        key = hashlib.sha256(
+            json.dumps([str(ctx.session.turn_id), sender, mode, to, cc, subject, body]).encode()
+        ).hexdigest()
+        payload = {
+            "sender": sender, "mode": mode, "from": from_address, "to": to, "cc": cc, "subject": subject,
+            "body": body, "key": key, "turn_id": str(ctx.session.turn_id) if ctx.session.turn_id else None,
+        }  # fmt: skip
+        who = _who(sender, from_address)
+        copy = f", cc {', '.join(cc)}" if cc else ""
+        if mode == "send":
+            summary = f"mail sent from {who} to {', '.join(to)}{copy}"
+        else:
+            where = "in the person's Gmail drafts" if sender == "gmail" else "by Pepper"
+            summary = (
+                f"draft saved {where}, from {who} to {', '.join(to)}{copy}: NOT sent{forced}. It is shown in the "
+                "chat as a card for the person to review and send"
+            )
+        return ToolOutcome.planned(payload, summary)
+
+    async def _apply(conn: Any, account_id: UUID, p: dict[str, Any]) -> None:
+        row_id = await conn.fetchval(
+            """
+            INSERT INTO email_messages (account_id, sender, from_address, to_addresses, cc_addresses, subject, body,
+                                        status, dedupe_key, turn_id)
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::uuid)
+            ON CONFLICT (account_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
+            RETURNING id
+            """,
+            account_id, p["sender"], p["from"], p["to"], p["cc"], p["subject"], p["body"],
+            "sent" if p["mode"] == "send" else "draft", p["key"], p["turn_id"],
+        )  # fmt: skip
+        if row_id is None:
+            return  # the same mail was already handled once
+        await _deliver(conn, account_id, row_id, p, draft=p["mode"] != "send")
+
+    async def _deliver(conn: Any, account_id: UUID, row_id: int, p: dict[str, Any], *, draft: bool) -> None:
+        message = build_message(
+            from_address=p["from"], from_name="Pepper" if p["sender"] == "pepper" else "", to=p["to"], cc=p["cc"],
+            subject=p["subject"], body=p["body"],
+        )  # fmt: skip
+        remote_id = None
+        if p["sender"] == "gmail":
+            connection_id = await google_connection(conn, account_id, GMAIL_COMPOSE)
+            if connection_id is None:
+                raise PepperError("Gmail is not connected")
+            client = GoogleClient(conn, connectors, connection_id)
+            raw = base64.urlsafe_b64encode(message.as_bytes()).decode()
+            if draft and p.get("remote_id") is None:
+                made = await client.call("POST", "/gmail/v1/users/me/drafts", body={"message": {"raw": raw}})
+                remote_id = made.get("id")
+            elif p.get("remote_id"):
+                made = await client.call("POST", "/gmail/v1/users/me/drafts/send", body={"id": p["remote_id"]})
+                remote_id = made.get("id")
+            else:
+                made = await client.call("POST", "/gmail/v1/users/me/messages/send", body={"raw": raw})
+                remote_id = made.get("id")
+        elif not draft:
+            await send_smtp(connectors, message)
+        card = None
+        if draft:
+            card = json.dumps(_card(row_id, p["sender"], p["from"], p["to"], p["cc"], p["subject"], p["body"]))
+        await conn.execute(
+            """
+            UPDATE email_messages SET remote_id = coalesce($2, remote_id), message_id = $3, card = $4::jsonb,
+                   sent_at = CASE WHEN $5 THEN now() END, status = CASE WHEN $5 THEN 'sent' ELSE 'draft' END
+            WHERE id = $1
+            """,
+            row_id, remote_id, None if draft else message["Message-ID"], card, not draft,
+        )  # fmt: skip
+
+    async def _plan_pepper(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
+        if not connectors.smtp_configured:
+            return ToolOutcome.failed("Pepper's own mail address is not set up on this server")
+        return await _plan(ctx, args, "pepper")
+
+    async def _plan_gmail(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
+        return await _plan(ctx, args, "gmail")
+
+    async def _plan_send_draft(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
+        if ctx.session.kind == "scheduled":
+            return ToolOutcome.failed("refused: a draft is sent only when the person is present to approve it")
+        row = await ctx.db.fetchrow(
+            "SELECT * FROM email_messages WHERE id = $1 AND account_id = $2", args["draft"], ctx.session.account_id
+        )
+        if row is None or row["status"] != "draft":
+            return ToolOutcome.failed(f"there is no unsent draft #{args['draft']}")
+        bad = await unverifiable(ctx.db, ctx.session.account_id, [*row["to_addresses"], *row["cc_addresses"]])
+        if bad:
+            return ToolOutcome.failed(
+                f"refused: {', '.join(bad)} is not an address Pepper can verify. Nothing was sent; add it as a "
+                "contact first"
+            )
+        who = _who(row["sender"], row["from_address"])
+        return ToolOutcome.planned({"draft": row["id"]}, f"draft #{row['id']} sent from {who}")
+
+    async def _apply_send_draft(conn: Any, account_id: UUID, p: dict[str, Any]) -> None:
+        row = await conn.fetchrow(
+            "SELECT * FROM email_messages WHERE id = $1 AND account_id = $2 AND status = 'draft' FOR UPDATE",
+            p["draft"],
+            account_id,
+        )
+        if row is None:
+            return  # sent or discarded meanwhile
+        payload = {
+            "sender": row["sender"], "from": row["from_address"], "to": list(row["to_addresses"]),
+            "cc": list(row["cc_addresses"]), "subject": row["subject"], "body": row["body"],
+            "remote_id": row["remote_id"],
+        }  # fmt: skip
+        await _deliver(conn, account_id, row["id"], payload, draft=False)
+        await conn.execute("UPDATE email_messages SET card = NULL WHERE id = $1", row["id"])
+
+    addresses = {"type": "array", "items": {"type": "string"}, "minItems": 1}
+    base = {
+        "to": addresses,
+        "cc": {"type": "array", "items": {"type": "string"}},
+        "subject": {"type": "string", "maxLength": 300},
+        "body": {"type": "string", "minLength": 1, "maxLength": 20000},
+    }
+    return (
+        Tool(
+            name="email_from_pepper",
+            description=(
+                "Send an email FROM PEPPER's own address (the person is always copied). Only to the person's own "
+                "addresses or contacts. mode=draft saves it for review instead."
+            ),
+            parameters={
+                "type": "object",
+                "properties": {**base, "mode": {"type": "string", "enum": ["send", "draft"]}},
+                "required": ["to", "subject", "body"],
+                "additionalProperties": False,
+            },
+            handler=_plan_pepper,
+            apply=_apply,
+            area=AREA,
+            writes=True,
+            needs_connection="pepper_mail",
+            scheduled=(("mode", "draft"),),
+        ),
+        Tool(
+            name="email_from_my_gmail",
+            description=(
+                "Write an email FROM THE PERSON's own Gmail. Saves a draft (shown as a card to review) unless "
+                "mode=send and the person asked to send now; only to their own addresses or contacts."
+            ),
+            parameters={
+                "type": "object",
+                "properties": {**base, "mode": {"type": "string", "enum": ["draft", "send"]}},
+                "required": ["to", "subject", "body"],
+                "additionalProperties": False,
+            },
+            handler=_plan_gmail,
+            apply=_apply,
+            area=AREA,
+            writes=True,
+            needs_connection="gmail",
+            scheduled=(("mode", "draft"),),
+        ),
+        Tool(
+            name="send_email_draft",
+            description="Send a draft the person reviewed and approved, by its draft number.",
+            parameters={
+                "type": "object",
+                "properties": {"draft": {"type": "integer", "minimum": 1}},
+                "required": ["draft"],
+                "additionalProperties": False,
+            },
+            handler=_plan_send_draft,
+            apply=_apply_send_draft,
+            area=AREA,
+            writes=True,
+        ),
+    )
+
+
+TOOLS = make_tools(Connectors())
+
+__all__ = ["TOOLS", "draft_cards", "make_tools"]

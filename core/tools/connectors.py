@@ -1,0 +1,123 @@
+"""What feature areas need to reach outside services, and which of them a person has connected.
+
+Built once at start-up from the settings (:meth:`Connectors.from_settings`) and handed to the
+areas' tool factories. Per-person credentials (Google tokens, a CalDAV password) live in the
+``connections`` table; server-wide ones (Pepper's SMTP account, the Google OAuth client) here.
+
+Connection names a session can hold (``SessionContext.connections``):
+
+* ``pepper_mail``: Pepper's own SMTP address is configured and the person has an email handle to
+  put on CC;
+* ``gmail``: a Google connection granted the Gmail compose scope;
+* ``google_calendar``: a Google connection granted the Calendar events scope;
+* ``caldav``: a CalDAV server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+from uuid import UUID
+
+import httpx
+
+from core.errors import InvalidInput
+
+GMAIL_COMPOSE = "https://www.googleapis.com/auth/gmail.compose"
+CALENDAR_EVENTS = "https://www.googleapis.com/auth/calendar.events"
+# What each Google feature asks for: only the scopes its tools use (compose for Gmail, events
+# for Calendar; the events scope also reads events, which is all free/busy needs).
+GOOGLE_SCOPES: dict[str, tuple[str, ...]] = {"gmail": (GMAIL_COMPOSE,), "google_calendar": (CALENDAR_EVENTS,)}
+
+
+@dataclass(frozen=True)
+class Connectors:
+    smtp_host: str | None = None
+    smtp_port: int = 587
+    smtp_username: str | None = None
+    smtp_password: str | None = None
+    smtp_from: str | None = None
+    smtp_security: str = "starttls"
+    google_client_id: str | None = None
+    google_client_secret: str | None = None
+    google_api_url: str = "https://www.googleapis.com"
+    google_token_url: str = "https://oauth2.googleapis.com/token"
+    http_timeout: float = 15.0
+    # Tests serve feeds and calendars on 127.0.0.1; a real server refuses private addresses so a
+    # URL from a conversation cannot reach the machine's own services.
+    allow_private_hosts: bool = False
+    transport: httpx.AsyncBaseTransport | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> Connectors:
+        def secret(value: Any) -> str | None:
+            return value.get_secret_value() if value is not None else None
+
+        return cls(
+            smtp_host=settings.smtp_host,
+            smtp_port=settings.smtp_port,
+            smtp_username=settings.smtp_username,
+            smtp_password=secret(settings.smtp_password),
+            smtp_from=settings.smtp_from,
+            smtp_security=settings.smtp_security,
+            google_client_id=settings.google_client_id,
+            google_client_secret=secret(settings.google_client_secret),
+            google_api_url=settings.google_api_url.rstrip("/"),
+            google_token_url=settings.google_token_url,
+        )
+
+    @property
+    def smtp_configured(self) -> bool:
+        return bool(self.smtp_host and self.smtp_from)
+
+    def http(self, **kw: Any) -> httpx.AsyncClient:
+        """A fresh HTTP client with Pepper's timeouts (close it, or use ``async with``)."""
+        return httpx.AsyncClient(
+            timeout=self.http_timeout,
+            transport=self.transport,
+            follow_redirects=kw.pop("follow_redirects", False),
+            **kw,
+        )
+
+    async def check_public_url(self, url: str) -> str:
+        """``url`` if it is an http(s) URL whose host is a public address; else ``InvalidInput``."""
+        parts = urlsplit(url.strip())
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise InvalidInput("the address must be an http:// or https:// URL")
+        if self.allow_private_hosts:
+            return url.strip()
+        try:
+            infos = await asyncio.get_running_loop().getaddrinfo(
+                parts.hostname, parts.port or 443, type=socket.SOCK_STREAM
+            )
+        except OSError as exc:
+            raise InvalidInput("the address's host name does not resolve") from exc
+        for info in infos:
+            address = ipaddress.ip_address(info[4][0])
+            if not address.is_global:
+                raise InvalidInput("the address points to a private network")
+        return url.strip()
+
+
+async def account_connections(db: Any, account_id: UUID, connectors: Connectors | None = None) -> frozenset[str]:
+    """The connection names this person has (see the module docstring): what the gateway puts in
+    ``SessionContext.connections`` for each turn."""
+    names: set[str] = set()
+    rows = await db.fetch("SELECT provider, scopes FROM connections WHERE account_id = $1", account_id)
+    for row in rows:
+        if row["provider"] == "caldav":
+            names.add("caldav")
+        elif row["provider"] == "google":
+            granted = set(row["scopes"])
+            names.update(name for name, scopes in GOOGLE_SCOPES.items() if granted.issuperset(scopes))
+    if connectors is not None and connectors.smtp_configured:
+        has_email = await db.fetchval(
+            "SELECT EXISTS (SELECT 1 FROM handles WHERE account_id = $1 AND kind = 'email')", account_id
+        )
+        if has_email:
+            names.add("pepper_mail")
+    return frozenset(names)

@@ -1,0 +1,186 @@
+"""A small Google API client (Calendar v3, Gmail v1) over httpx, with OAuth tokens kept in the store.
+
+Pepper owns this client instead of importing google-api-python-client: the few calls it makes
+are plain JSON over HTTPS, and tests point ``Connectors.google_api_url`` and ``google_token_url``
+at the loopback peer in ``core.testing.google_api_peer``.
+
+Scopes are narrow (``core.tools.connectors.GOOGLE_SCOPES``): Calendar events and Gmail compose,
+asked only for the features the person connects.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from urllib.parse import urlencode
+from uuid import UUID
+
+import httpx
+
+from core.errors import InvalidInput, PepperError
+from core.tools.connectors import GOOGLE_SCOPES, Connectors
+
+log = logging.getLogger(__name__)
+
+AUTH_URL = "https://accounts.google.com/o/oauth2/v2/auth"
+
+
+class GoogleError(PepperError):
+    code = "google-error"
+
+    def __init__(self, message: str, *, status: int | None = None, retryable: bool | None = None):
+        super().__init__(message, retryable=retryable)
+        self.status = status
+
+
+def authorization_url(connectors: Connectors, features: list[str], redirect_uri: str, state: str) -> str:
+    """The consent page URL for ``features`` (``gmail``, ``google_calendar``): only their scopes."""
+    if not connectors.google_client_id:
+        raise InvalidInput("PEPPER_GOOGLE_CLIENT_ID is not set")
+    unknown = [f for f in features if f not in GOOGLE_SCOPES]
+    if unknown or not features:
+        raise InvalidInput(f"connect one or more of {', '.join(GOOGLE_SCOPES)}")
+    scopes = sorted({scope for f in features for scope in GOOGLE_SCOPES[f]})
+    query = {
+        "client_id": connectors.google_client_id,
+        "redirect_uri": redirect_uri,
+        "response_type": "code",
+        "scope": " ".join(scopes),
+        "access_type": "offline",
+        "include_granted_scopes": "true",
+        "prompt": "consent",
+        "state": state,
+    }
+    return f"{AUTH_URL}?{urlencode(query)}"
+
+
+async def exchange_code(
+    db: Any, connectors: Connectors, account_id: UUID, code: str, redirect_uri: str, *, label: str = ""
+) -> UUID:
+    """Trade an authorization code for tokens and store the connection; returns its id."""
+    tokens = await _token_request(
+        connectors, {"grant_type": "authorization_code", "code": code, "redirect_uri": redirect_uri}
+    )
+    scopes = sorted(set(tokens.get("scope", "").split()))
+    secret = _secret_from(tokens, {})
+    return await db.fetchval(
+        """
+        INSERT INTO connections (account_id, provider, label, secret, scopes)
+        VALUES ($1, 'google', $2, $3::jsonb, $4)
+        ON CONFLICT (account_id, provider, label)
+        DO UPDATE SET secret = EXCLUDED.secret, scopes = EXCLUDED.scopes, updated_at = now()
+        RETURNING id
+        """,
+        account_id,
+        label,
+        json.dumps(secret),
+        scopes,
+    )
+
+
+async def google_connection(db: Any, account_id: UUID, scope: str) -> UUID | None:
+    """The person's Google connection that was granted ``scope``, if any."""
+    return await db.fetchval(
+        "SELECT id FROM connections WHERE account_id = $1 AND provider = 'google' AND $2 = ANY(scopes)"
+        " ORDER BY created_at LIMIT 1",
+        account_id,
+        scope,
+    )
+
+
+def _secret_from(tokens: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:
+    expires = datetime.now(UTC) + timedelta(seconds=int(tokens.get("expires_in", 3600)) - 60)
+    return {
+        "access_token": tokens["access_token"],
+        "refresh_token": tokens.get("refresh_token") or old.get("refresh_token"),
+        "expires_at": expires.isoformat(),
+    }
+
+
+async def _token_request(connectors: Connectors, form: dict[str, str]) -> dict[str, Any]:
+    if not connectors.google_client_id or not connectors.google_client_secret:
+        raise GoogleError("the Google OAuth client is not configured", retryable=False)
+    form = {**form, "client_id": connectors.google_client_id, "client_secret": connectors.google_client_secret}
+    try:
+        async with connectors.http() as http:
+            response = await http.post(connectors.google_token_url, data=form)
+    except httpx.HTTPError as exc:
+        raise GoogleError("Google's sign-in service did not answer", retryable=True) from exc
+    if response.status_code != 200:
+        raise GoogleError(
+            "Google refused the sign-in; the person may need to connect Google again",
+            status=response.status_code,
+            retryable=response.status_code >= 500,
+        )
+    return response.json()
+
+
+class GoogleClient:
+    """Authorised JSON calls for one stored connection. Refreshes the access token when it is
+    expired or Google answers 401, once per call."""
+
+    def __init__(self, db: Any, connectors: Connectors, connection_id: UUID):
+        self.db = db
+        self.connectors = connectors
+        self.connection_id = connection_id
+
+    async def _token(self, *, force: bool = False) -> str:
+        raw = await self.db.fetchval("SELECT secret FROM connections WHERE id = $1", self.connection_id)
+        if raw is None:
+            raise GoogleError("the Google connection is gone", retryable=False)
+        secret = json.loads(raw) if isinstance(raw, str) else dict(raw)
+        expires = secret.get("expires_at")
+        fresh = expires is not None and datetime.fromisoformat(expires) > datetime.now(UTC)
+        if secret.get("access_token") and fresh and not force:
+            return secret["access_token"]
+        if not secret.get("refresh_token"):
+            raise GoogleError("the Google connection has expired; connect Google again", retryable=False)
+        tokens = await _token_request(
+            self.connectors, {"grant_type": "refresh_token", "refresh_token": secret["refresh_token"]}
+        )
+        secret = _secret_from(tokens, secret)
+        await self.db.execute(
+            "UPDATE connections SET secret = $2::jsonb, updated_at = now() WHERE id = $1",
+            self.connection_id,
+            json.dumps(secret),
+        )
+        return secret["access_token"]
+
+    async def call(
+        self, method: str, path: str, *, params: dict[str, Any] | None = None, body: Any = None
+    ) -> dict[str, Any]:
+        """One API call; returns the JSON body ({} for an empty one). Raises ``GoogleError``."""
+        url = self.connectors.google_api_url + path
+        token = await self._token()
+        for attempt in (1, 2):
+            try:
+                async with self.connectors.http() as http:
+                    response = await http.request(
+                        method, url, params=params, json=body, headers={"Authorization": f"Bearer {token}"}
+                    )
+            except httpx.HTTPError as exc:
+                raise GoogleError("Google did not answer", retryable=True) from exc
+            if response.status_code == 401 and attempt == 1:
+                token = await self._token(force=True)
+                continue
+            break
+        if response.status_code >= 400:
+            log.warning("google api error: status=%s path=%s", response.status_code, path.split("?")[0])
+            raise GoogleError(
+                _google_message(response),
+                status=response.status_code,
+                retryable=response.status_code in (429, 500, 502, 503, 504),
+            )
+        if not response.content:
+            return {}
+        return response.json()
+
+
+def _google_message(response: httpx.Response) -> str:
+    try:
+        message = response.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = ""
+    return f"Google answered {response.status_code}" + (f": {message}" if message else "")

@@ -1,0 +1,70 @@
+"""Fixtures for the feature areas: an owner with an email handle, connectors, a tool caller."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from core.conversation import start_turn
+from core.identity import Account, add_handle, create_account
+from core.models.types import ToolCall
+from core.store import Database
+from core.tools import SessionContext, ToolContext, default_gate, run_call
+from core.tools.connectors import Connectors, account_connections
+from core.tools.runner import CallOutcome
+from core.tools.starter import starter_registry
+
+NOW = datetime(2025, 3, 27, 10, 0, tzinfo=UTC)  # a Thursday, three days before Paris moves to summer time
+OWNER_EMAIL = "ada@example.com"
+
+
+@pytest.fixture
+async def owner(db: Database) -> Account:
+    account = await create_account(db, "Ada", timezone="Europe/Paris")
+    await add_handle(db, account.id, "email", OWNER_EMAIL, verified=True)
+    return account
+
+
+@dataclass
+class Caller:
+    """Runs one tool call the way a turn does: registry, default gate, runner."""
+
+    db: Database
+    account: Account
+    connectors: Connectors
+    kind: str = "live"
+    now: datetime = NOW
+    calls: int = 0
+
+    async def session(self, kind: str | None = None) -> SessionContext:
+        conversation = await self.db.fetchval("SELECT id FROM conversations WHERE account_id = $1", self.account.id)
+        turn = await start_turn(self.db, conversation, channel="sms", kind=kind or self.kind)
+        names = await account_connections(self.db, self.account.id, self.connectors)
+        return SessionContext(
+            kind or self.kind, "owner_verified", "sms", self.account.id, conversation, turn, "Europe/Paris", names
+        )  # type: ignore[arg-type]
+
+    async def __call__(
+        self, name: str, args: dict[str, Any], *, kind: str | None = None, session: Any = None
+    ) -> CallOutcome:
+        self.calls += 1
+        session = session or await self.session(kind)
+        registry = starter_registry(self.connectors)
+        ctx = ToolContext(session, self.db, self.now)
+        return await run_call(registry, default_gate(), ctx, ToolCall(f"c{self.calls}", name, args))
+
+    def using(self, **changes: Any) -> Caller:
+        return replace(self, connectors=replace(self.connectors, **changes))
+
+
+@pytest.fixture
+def connectors() -> Connectors:
+    return Connectors(allow_private_hosts=True, http_timeout=5.0)
+
+
+@pytest.fixture
+def call(db: Database, owner: Account, connectors: Connectors) -> Caller:
+    return Caller(db, owner, connectors)

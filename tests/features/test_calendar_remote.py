@@ -1,0 +1,198 @@
+"""Remote calendars: CalDAV against a real Radicale, Google Calendar against the loopback peer,
+and read-only iCalendar feeds served over HTTP."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from datetime import UTC, datetime
+
+import pytest
+from aiohttp import web
+
+from core.testing.google_api_peer import GoogleApiPeer
+from core.testing.radicale_server import RadicaleServer
+from core.tools.areas.calendar import CalendarUnavailable, add_ical_feed, connect_caldav, free_busy
+from core.tools.connectors import CALENDAR_EVENTS
+from core.tools.google_api import exchange_code
+
+from .conftest import OWNER_EMAIL
+
+
+def refs(text: str) -> list[str]:
+    return re.findall(r"\(ref ([^)]+)\)", text)
+
+
+@pytest.fixture(scope="session")
+def radicale(tmp_path_factory):
+    with RadicaleServer(tmp_path_factory.mktemp("radicale")) as server:
+        yield server
+
+
+@pytest.fixture
+async def caldav(call, radicale):
+    url = radicale.make_calendar("ada", f"cal-{uuid.uuid4().hex[:8]}")
+    await connect_caldav(call.db, call.connectors, call.account.id, url, "ada", "secret")
+    return url
+
+
+async def test_caldav_create_list_move_and_cancel_across_dst(call, caldav):
+    session = await call.session()
+    assert "caldav" in session.connections
+    made = await call(
+        "create_event",
+        {"title": "Swim", "start": "2025-03-28T07:30", "calendar": "caldav", "recurrence": "FREQ=DAILY;COUNT=4"},
+    )
+    assert made.status == "ok", made.content
+    listed = await call("list_events", {"start": "2025-03-28T00:00", "days": 5})
+    assert listed.content.count("Swim") == 4
+    assert "Sun 30 Mar 2025 07:30-08:30 Swim" in listed.content and "Mon 31 Mar 2025 07:30-08:30 Swim" in listed.content
+    busy = await free_busy(
+        call.db, call.account.id, datetime(2025, 3, 29, tzinfo=UTC), datetime(2025, 3, 31, tzinfo=UTC),
+        connectors=call.connectors,
+    )  # fmt: skip
+    assert [b.start.hour for b in busy] == [6, 5]  # 07:30 CET, then 07:30 CEST
+    swim = [r for r in refs(listed.content)]
+    moved = await call("move_event", {"event": swim[1], "new_start": "2025-03-29T18:00"})
+    assert moved.status == "ok", moved.content
+    cancelled = await call("cancel_event", {"event": swim[2]})
+    assert cancelled.status == "ok", cancelled.content
+    listed = (await call("list_events", {"start": "2025-03-28T00:00", "days": 5})).content
+    assert "Sat 29 Mar 2025 18:00-19:00 Swim" in listed and "Sun 30 Mar" not in listed
+    assert listed.count("Swim") == 3
+    gone = await call("cancel_event", {"event": refs(listed)[0], "whole_series": True})
+    assert gone.status == "ok"
+    assert (await call("list_events", {"start": "2025-03-28T00:00", "days": 5})).status == "empty"
+
+
+async def test_an_unreachable_caldav_server_is_unknown_never_free(call, radicale):
+    url = radicale.make_calendar("ada", f"cal-{uuid.uuid4().hex[:8]}")
+    await connect_caldav(call.db, call.connectors, call.account.id, url, "ada", "x")
+    await call.db.execute("UPDATE calendars SET remote = 'http://127.0.0.1:9/nothing/' WHERE kind = 'caldav'")
+    await call("create_event", {"title": "Mine", "start": "2025-04-01T10:00"})
+    listed = await call("list_events", {"start": "2025-04-01T00:00", "days": 1})
+    assert listed.status == "ok" and "Mine" in listed.content and "unknown, not absent" in listed.content
+    with pytest.raises(CalendarUnavailable):
+        await free_busy(
+            call.db, call.account.id, datetime(2025, 4, 1, tzinfo=UTC), datetime(2025, 4, 2, tzinfo=UTC),
+            connectors=call.connectors,
+        )  # fmt: skip
+
+
+@pytest.fixture
+async def google(call):
+    async with GoogleApiPeer() as peer:
+        peer.granted_scopes = CALENDAR_EVENTS
+        yield peer
+
+
+@pytest.fixture
+async def gcal(call, google):
+    caller = call.using(
+        google_api_url=google.url, google_token_url=google.token_url, google_client_id="client-id",
+        google_client_secret="client-secret",
+    )  # fmt: skip
+    await exchange_code(call.db, caller.connectors, call.account.id, "code", "https://pepper.test/cb")
+    return caller
+
+
+async def test_google_calendar_events_invitations_and_scheduled_rules(gcal, google):
+    session = await gcal.session()
+    assert "google_calendar" in session.connections and "gmail" not in session.connections
+    await gcal("add_contact", {"name": "Bob", "emails": ["bob@example.org"]})
+    made = await gcal(
+        "create_event",
+        {"title": "Sync", "start": "2025-03-28T09:00", "calendar": "google", "attendees": ["bob@example.org"]},
+    )
+    assert made.status == "ok", made.content
+    [event] = google.events.values()
+    assert event["sendUpdates"] == "all" and event["attendees"] == [{"email": "bob@example.org"}]
+    quiet = await gcal(
+        "create_event",
+        {"title": "Plan", "start": "2025-03-28T14:00", "calendar": "google", "attendees": ["bob@example.org"]},
+        kind="scheduled",
+    )
+    assert quiet.status == "ok" and "NO invitations" in quiet.content
+    assert [e["sendUpdates"] for e in google.events.values()] == ["all", "none"]
+    listed = await gcal("list_events", {"start": "2025-03-28T00:00", "days": 1})
+    sync, _plan = refs(listed.content)
+    refused = await gcal("move_event", {"event": sync, "new_start": "2025-03-28T11:00"}, kind="scheduled")
+    assert refused.status == "failed" and "other attendees" in refused.content
+    moved = await gcal("move_event", {"event": sync, "new_start": "2025-03-28T11:00"})
+    assert moved.status == "ok"
+    first = next(iter(google.events.values()))
+    assert first["start"]["dateTime"].startswith("2025-03-28T11:00:00+01:00") and first["lastSendUpdates"] == "all"
+    busy = await free_busy(
+        gcal.db, gcal.account.id, datetime(2025, 3, 28, tzinfo=UTC), datetime(2025, 3, 29, tzinfo=UTC),
+        connectors=gcal.connectors,
+    )  # fmt: skip
+    assert [(b.start.hour, b.end.hour) for b in busy] == [(10, 11), (13, 14)]
+    google.fail_next = 503
+    with pytest.raises(CalendarUnavailable):
+        await free_busy(
+            gcal.db, gcal.account.id, datetime(2025, 3, 28, tzinfo=UTC), datetime(2025, 3, 29, tzinfo=UTC),
+            connectors=gcal.connectors,
+        )  # fmt: skip
+    assert OWNER_EMAIL not in str(event["attendees"])
+
+
+FEED = b"""BEGIN:VCALENDAR
+VERSION:2.0
+PRODID:-//School//Term//EN
+BEGIN:VEVENT
+UID:term@school
+DTSTART;VALUE=DATE:20250331
+DTEND;VALUE=DATE:20250401
+SUMMARY:Term starts
+END:VEVENT
+BEGIN:VEVENT
+UID:club@school
+DTSTART;TZID=Europe/Paris:20250327T160000
+DTEND;TZID=Europe/Paris:20250327T170000
+RRULE:FREQ=WEEKLY;COUNT=2
+EXDATE;TZID=Europe/Paris:20250403T160000
+SUMMARY:Chess club
+END:VEVENT
+END:VCALENDAR
+"""
+
+
+async def test_ical_feeds_are_read_only_and_do_not_block_free_busy(call):
+    async def school(request: web.Request) -> web.Response:
+        return web.Response(body=FEED, content_type="text/calendar")
+
+    async def page(request: web.Request) -> web.Response:
+        return web.Response(text="<html>not a calendar</html>", content_type="text/html")
+
+    app = web.Application()
+    app.router.add_get("/school.ics", school)
+    app.router.add_get("/page", page)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    base = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+    try:
+        with pytest.raises(CalendarUnavailable):
+            await add_ical_feed(call.db, call.connectors, call.account.id, f"{base}/page", "Page")
+        await add_ical_feed(call.db, call.connectors, call.account.id, f"{base}/school.ics", "School")
+        listed = await call("list_events", {"start": "2025-03-27T00:00", "days": 14})
+        assert "Thu 27 Mar 2025 16:00-17:00 Chess club [School; repeats; read-only]" in listed.content
+        assert "Mon 31 Mar 2025 all day Term starts" in listed.content
+        assert listed.content.count("Chess club") == 1  # the second occurrence is excluded
+        club = refs(listed.content)[0]
+        out = await call("cancel_event", {"event": club})
+        assert out.status == "failed" and "read-only" in out.content
+        busy = await free_busy(
+            call.db, call.account.id, datetime(2025, 3, 27, tzinfo=UTC), datetime(2025, 4, 5, tzinfo=UTC),
+            connectors=call.connectors,
+        )  # fmt: skip
+        assert busy == []
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_private_feed_address_is_refused_outside_tests(call):
+    strict = call.connectors.__class__()
+    with pytest.raises(Exception, match="private network"):
+        await add_ical_feed(call.db, strict, call.account.id, "http://127.0.0.1:1/x.ics", "Local")

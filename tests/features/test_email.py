@@ -1,0 +1,149 @@
+"""Email: who sends is always said; verifiable recipients only; drafts in scheduled runs; Gmail drafts."""
+
+from __future__ import annotations
+
+import base64
+import email
+import email.policy
+
+import pytest
+
+from core.testing.google_api_peer import GoogleApiPeer
+from core.testing.smtp_peer import SmtpPeer
+from core.tools.areas.email import draft_cards
+from core.tools.connectors import GMAIL_COMPOSE
+from core.tools.google_api import authorization_url, exchange_code
+from core.tools.starter import starter_registry
+
+from .conftest import OWNER_EMAIL
+
+MAIL = {"to": ["bob@example.org"], "subject": "Friday", "body": "See you at noon."}
+
+
+@pytest.fixture
+async def smtp():
+    async with SmtpPeer() as peer:
+        yield peer
+
+
+@pytest.fixture
+def mailer(call, smtp):
+    return call.using(smtp_host="127.0.0.1", smtp_port=smtp.port, smtp_security="none", smtp_from="pepper@p.test")
+
+
+async def test_unconnected_mail_tools_are_invisible(call, mailer):
+    session = await call.session()
+    names = {t.name for t in starter_registry(call.connectors).visible(session)}
+    assert "email_from_pepper" not in names and "email_from_my_gmail" not in names
+    out = await call("email_from_pepper", MAIL)
+    assert out.status == "denied"
+    session = await mailer.session()
+    assert "pepper_mail" in session.connections
+    assert "email_from_pepper" in {t.name for t in starter_registry(mailer.connectors).visible(session)}
+
+
+async def test_pepper_sends_from_its_address_with_the_owner_on_cc(mailer, smtp):
+    await mailer("add_contact", {"name": "Bob", "emails": ["bob@example.org"]})
+    out = await mailer("email_from_pepper", MAIL)
+    assert out.status == "ok", out.content
+    assert "sent from Pepper (pepper@p.test)" in out.content and f"cc {OWNER_EMAIL}" in out.content
+    [mail] = smtp.received
+    assert mail.message["From"] == "Pepper <pepper@p.test>"
+    assert set(mail.rcpt_to) == {"bob@example.org", OWNER_EMAIL}
+    assert mail.message["Cc"] == OWNER_EMAIL
+    row = await mailer.db.fetchrow("SELECT status, message_id FROM email_messages")
+    assert row["status"] == "sent" and row["message_id"] == mail.message["Message-ID"]
+
+
+async def test_a_send_to_an_unverifiable_address_is_refused(mailer, smtp):
+    out = await mailer("email_from_pepper", {**MAIL, "to": ["bob@example.org"], "cc": []})
+    assert out.status == "failed" and "bob@example.org" in out.content and "Nothing was sent" in out.content
+    assert smtp.received == [] and await mailer.db.fetchval("SELECT count(*) FROM email_messages") == 0
+    bad = await mailer("email_from_pepper", {**MAIL, "to": ["not an address"]})
+    assert bad.status == "failed" and "not an email address" in bad.content
+
+
+async def test_the_same_send_in_one_turn_goes_out_once(mailer, smtp):
+    await mailer("add_contact", {"name": "Bob", "emails": ["bob@example.org"]})
+    session = await mailer.session()
+    first = await mailer("email_from_pepper", MAIL, session=session)
+    second = await mailer("email_from_pepper", MAIL, session=session)
+    assert first.status == second.status == "ok"
+    assert len(smtp.received) == 1
+
+
+async def test_in_a_scheduled_run_a_send_becomes_a_draft_and_says_so(mailer, smtp):
+    await mailer("add_contact", {"name": "Bob", "emails": ["bob@example.org"]})
+    out = await mailer("email_from_pepper", {**MAIL, "mode": "send"}, kind="scheduled")
+    assert out.status == "ok"
+    assert "NOT sent" in out.content and "sent from" not in out.content
+    assert out.arguments["mode"] == "draft"
+    assert smtp.received == []
+    [card] = await draft_cards(mailer.db, mailer.account.id)
+    assert card["type"] == "email-draft" and card["to"] == ["bob@example.org"] and card["from"] == "pepper@p.test"
+    # The scheduled run cannot send the draft either; the person can, later, in a live turn.
+    assert (await mailer("send_email_draft", {"draft": card["draft"]}, kind="scheduled")).status == "failed"
+    sent = await mailer("send_email_draft", {"draft": card["draft"]})
+    assert sent.status == "ok" and len(smtp.received) == 1
+    assert await draft_cards(mailer.db, mailer.account.id) == []
+
+
+async def test_smtp_refusal_is_a_failure_and_records_nothing(mailer, smtp):
+    await mailer("add_contact", {"name": "Bob", "emails": ["bob@example.org"]})
+    smtp.refuse = 554
+    out = await mailer("email_from_pepper", MAIL)
+    assert out.status == "failed"
+    assert await mailer.db.fetchval("SELECT count(*) FROM email_messages") == 0
+
+
+async def test_google_connection_asks_only_for_the_scopes_it_uses(call):
+    connectors = call.connectors.__class__(google_client_id="client-id")
+    url = authorization_url(connectors, ["gmail"], "https://pepper.test/cb", "s1")
+    assert "scope=https%3A%2F%2Fwww.googleapis.com%2Fauth%2Fgmail.compose&" in url
+    url = authorization_url(connectors, ["google_calendar", "gmail"], "https://pepper.test/cb", "s1")
+    assert (
+        "calendar.events" in url and "gmail.compose" in url and "readonly" not in url and "mail.google.com" not in url
+    )
+
+
+@pytest.fixture
+async def google(call):
+    async with GoogleApiPeer() as peer:
+        peer.granted_scopes = GMAIL_COMPOSE
+        yield peer
+
+
+@pytest.fixture
+async def gmail(call, google):
+    caller = call.using(
+        google_api_url=google.url, google_token_url=google.token_url, google_client_id="client-id",
+        google_client_secret="client-secret",
+    )  # fmt: skip
+    await exchange_code(call.db, caller.connectors, call.account.id, "code-1", "https://pepper.test/cb")
+    return caller
+
+
+async def test_gmail_makes_a_draft_by_default_shown_as_a_card(gmail, google):
+    out = await gmail("email_from_my_gmail", {**MAIL, "to": ["anyone@else.test"]})
+    assert out.status == "ok", out.content
+    assert f"from the person's Gmail ({OWNER_EMAIL})" in out.content and "NOT sent" in out.content
+    [draft] = google.drafts.values()
+    raw = base64.urlsafe_b64decode(draft["message"]["raw"])
+    parsed = email.message_from_bytes(raw, policy=email.policy.default)
+    assert parsed["To"] == "anyone@else.test" and parsed["Subject"] == "Friday"
+    [card] = await draft_cards(gmail.db, gmail.account.id)
+    assert card["sender"] == "gmail"
+    # Sending it needs a verifiable recipient.
+    refused = await gmail("send_email_draft", {"draft": card["draft"]})
+    assert refused.status == "failed" and google.sent == []
+
+
+async def test_gmail_send_when_asked_and_draft_in_a_scheduled_run(gmail, google):
+    await gmail("add_contact", {"name": "Bob", "emails": ["bob@example.org"]})
+    sent = await gmail("email_from_my_gmail", {**MAIL, "mode": "send"})
+    assert sent.status == "ok" and "mail sent from the person's Gmail" in sent.content and len(google.sent) == 1
+    google.expire_tokens()  # the next call refreshes the token once and carries on
+    later = await gmail("email_from_my_gmail", {**MAIL, "mode": "send", "subject": "Again"}, kind="scheduled")
+    assert later.status == "ok" and "NOT sent" in later.content
+    assert len(google.sent) == 1 and len(google.drafts) == 1
+    assert [r["grant_type"] for r in google.token_requests] == ["authorization_code", "refresh_token"]
