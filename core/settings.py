@@ -78,8 +78,29 @@ class Settings(BaseSettings):
         "ignore", validation_alias=_env("PEPPER_UNKNOWN_SENDER", "unknown_sender")
     )
 
+    # Email channel. The mail provider's HTTP webhook signing key (Mailgun: Sending > Webhooks).
+    email_webhook_signing_key: SecretStr | None = Field(
+        None, validation_alias=_env("PEPPER_EMAIL_WEBHOOK_SIGNING_KEY", "email_webhook_signing_key")
+    )
+    # Mail claiming to be from a person's address must prove it (the provider's DKIM or SPF pass,
+    # aligned with the From domain) before it reaches their agent. Turn off only behind a trusted relay.
+    email_require_sender_auth: bool = Field(
+        True, validation_alias=_env("PEPPER_EMAIL_REQUIRE_SENDER_AUTH", "email_require_sender_auth")
+    )
+
     # Where this process found its TOML file, if any (for `pepper doctor`).
     config_file: Path | None = Field(None, validation_alias=_env("PEPPER_CONFIG", "config_file"))
+
+    # Feature areas. Pepper's own mail address (SMTP); the owner is always on CC of what it sends.
+    smtp_host: str | None = Field(None, validation_alias=_env("PEPPER_SMTP_HOST", "smtp_host"))
+    smtp_port: int = Field(587, ge=1, le=65535, validation_alias=_env("PEPPER_SMTP_PORT", "smtp_port"))
+    smtp_username: str | None = Field(None, validation_alias=_env("PEPPER_SMTP_USERNAME", "smtp_username"))
+    smtp_password: SecretStr | None = Field(None, validation_alias=_env("PEPPER_SMTP_PASSWORD", "smtp_password"))
+    smtp_from: str | None = Field(None, validation_alias=_env("PEPPER_SMTP_FROM", "smtp_from"))
+    # "starttls" (port 587), "tls" (implicit, port 465) or "none" (a local relay only).
+    smtp_security: Literal["starttls", "tls", "none"] = Field(
+        "starttls", validation_alias=_env("PEPPER_SMTP_SECURITY", "smtp_security")
+    )
 
     @field_validator("data_dir", mode="after")
     @classmethod

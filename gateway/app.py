@@ -8,7 +8,7 @@ from quart import Quart, jsonify
 
 from core.errors import DatabaseUnavailable
 from core.settings import Settings
-from gateway import messaging
+from gateway import email_channel, messaging
 from gateway.services import Services
 from gateway.tasks import BackgroundTasks
 
@@ -29,6 +29,7 @@ def create_app(settings: Settings, db, **services) -> Quart:  # type: ignore[no-
     shared = Services(settings=settings, db=db, **services)
     app.extensions["pepper"] = shared
     app.register_blueprint(messaging.blueprint)
+    app.register_blueprint(email_channel.blueprint)
 
     @app.get("/healthz")
     async def health():  # type: ignore[no-untyped-def]

@@ -47,6 +47,7 @@ def build_app(settings: Settings, db: Database) -> Quart:
     """
     from core.models.router import ModelRouter
     from core.tools import recover_unresolved
+    from gateway.mailer import SmtpMailer, smtp_configured
     from text_loop import HarnessDeps
 
     router = ModelRouter.from_settings(settings)
@@ -56,7 +57,8 @@ def build_app(settings: Settings, db: Database) -> Quart:
 
         messenger = TwilioMessenger(settings)
     harness = HarnessDeps(db=db, models=router)
-    app = create_app(settings, db, harness=harness, messenger=messenger)
+    mailer = SmtpMailer(settings) if smtp_configured(settings) else None
+    app = create_app(settings, db, harness=harness, messenger=messenger, mailer=mailer)
 
     @app.before_serving
     async def resolve_crashed_turns() -> None:
