@@ -148,7 +148,8 @@ def _email(report: Report, settings: Settings) -> None:
     if missing:
         report.add(area, MISSING, f"set {', '.join(missing)} (inbound mail webhook and SMTP replies)")
         return
-    detail = f"replies from {settings.smtp_from} via {settings.smtp_host}:{settings.smtp_port} ({settings.smtp_security})"
+    where = f"{settings.smtp_host}:{settings.smtp_port} ({settings.smtp_security})"
+    detail = f"replies from {settings.smtp_from} via {where}"
     if not settings.email_require_sender_auth:
         detail += "; sender DKIM/SPF check is OFF"
     report.add(area, OK, detail)

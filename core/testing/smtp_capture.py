@@ -64,13 +64,14 @@ class SmtpCapture:
     async def __aexit__(self, *exc: object) -> None:
         await asyncio.to_thread(self._controller.stop)
 
-    async def wait_for(self, count: int, timeout: float = 5.0) -> list[CapturedMail]:
-        """The first ``count`` messages, once that many arrived."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while loop.time() < deadline:
-            with self._lock:
-                if len(self.received) >= count:
-                    return list(self.received[:count])
-            await asyncio.sleep(0.01)
-        raise AssertionError(f"expected {count} message(s), the SMTP server got {len(self.received)}")
+    async def wait_for(self, count: int, within: float = 5.0) -> list[CapturedMail]:
+        """The first ``count`` messages, once that many arrived (``AssertionError`` after ``within`` s)."""
+        try:
+            async with asyncio.timeout(within):
+                while True:
+                    with self._lock:
+                        if len(self.received) >= count:
+                            return list(self.received[:count])
+                    await asyncio.sleep(0.01)
+        except TimeoutError:
+            raise AssertionError(f"expected {count} message(s), the SMTP server got {len(self.received)}") from None
