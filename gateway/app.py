@@ -9,6 +9,7 @@ from quart import Quart, jsonify
 from core.errors import DatabaseUnavailable
 from core.settings import Settings
 from gateway import email_channel, messaging
+from gateway.limits import PathLimitedRequest
 from gateway.services import Services
 from gateway.tasks import BackgroundTasks
 
@@ -25,6 +26,7 @@ def create_app(settings: Settings, db, **services) -> Quart:  # type: ignore[no-
     """
     app = Quart("pepper")
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
+    app.request_class = PathLimitedRequest  # inbound mail may be larger
     services.setdefault("tasks", BackgroundTasks(settings.max_concurrent_turns))
     shared = Services(settings=settings, db=db, **services)
     app.extensions["pepper"] = shared

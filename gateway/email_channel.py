@@ -32,6 +32,7 @@ from core import identity
 from core.conversation import conversation_for, record_inbound, record_outbound
 from core.errors import InvalidInput, PepperError
 from core.settings import Settings
+from gateway.limits import MAX_EMAIL_BYTES
 from gateway.mailtext import html_to_text, strip_quoted
 from gateway.services import Services
 from gateway.webhooks import EMAIL
@@ -40,8 +41,6 @@ log = logging.getLogger(__name__)
 
 # A signed webhook older (or further in the future) than this is refused; Mailgun re-signs retries.
 MAX_WEBHOOK_AGE = 300
-# Mail with attachments arrives as one multipart form; Mailgun accepts messages up to 25 MB.
-MAX_EMAIL_BYTES = 30 * 1024 * 1024
 # What the model and the conversation get of one mail's text.
 MAX_TEXT_CHARS = 20_000
 MAX_TOKEN_LENGTH = 256
@@ -296,7 +295,7 @@ async def _security_event(services: Services, kind: str) -> None:
 async def email_webhook() -> Response:
     services = _services()
     settings, db = services.settings, services.db
-    request.max_content_length = MAX_EMAIL_BYTES
+    request.max_form_memory_size = MAX_EMAIL_BYTES  # long HTML parts; the body limit is set in gateway.limits
     form = await request.form
     files = await request.files
 

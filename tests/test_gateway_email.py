@@ -358,3 +358,22 @@ async def test_doctor_says_whether_the_email_channel_is_configured(db_url: str):
     assert "whsec-hidden" not in out and "pw-hidden" not in out
     broken = render(await diagnose(Settings(database_url=db_url, smtp_from="pepper"), set()))
     assert "PEPPER_SMTP_FROM is not an email address" in broken and "cannot serve" in broken
+
+
+async def test_a_large_mail_with_attachments_is_accepted_and_the_attachments_named(stack: Stack):
+    stack.model.script(reply_text("I can't open attachments yet, but I read your note."))
+    long_text = "Here are the plans for the kitchen. " * 20_000  # ~700 KB of text, more than any Twilio form
+    form = stack.mail(long_text, subject="Kitchen plans")
+    form["attachment-count"] = "1"
+    data = aiohttp.FormData()
+    for name, value in form.items():
+        data.add_field(name, value)
+    data.add_field("attachment-1", io.BytesIO(b"%PDF-1.7 " + b"0" * 1_000_000), filename="plans.pdf")
+    async with stack.session.post(stack.local + "/email/inbound", data=data) as response:
+        assert response.status == 200, await response.text()
+    await stack.smtp.wait_for(1)
+    await stack.settle()
+    body = await stack.db.fetchval("SELECT body FROM messages WHERE direction = 'inbound'")
+    assert body.startswith("Subject: Kitchen plans\n\nHere are the plans for the kitchen.")
+    assert "more characters not shown]" in body and body.endswith("[Attachments not read: plans.pdf]")
+    assert len(body) < 25_000
