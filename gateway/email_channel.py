@@ -15,6 +15,7 @@ unproven sender: Mailgun does not retry), 403 bad signature, stale or replayed, 
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
@@ -314,7 +315,8 @@ async def email_webhook() -> Response:
 
     problem = ""
     try:
-        mail: InboundMail | None = parse_inbound(form, files)
+        # Off the event loop: turning a long HTML mail into text takes a while.
+        mail: InboundMail | None = await asyncio.to_thread(parse_inbound, form, files)
     except InvalidInput as exc:
         mail, problem = None, str(exc)
 
