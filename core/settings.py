@@ -78,6 +78,16 @@ class Settings(BaseSettings):
         "ignore", validation_alias=_env("PEPPER_UNKNOWN_SENDER", "unknown_sender")
     )
 
+    # Email channel. The mail provider's HTTP webhook signing key (Mailgun: Sending > Webhooks).
+    email_webhook_signing_key: SecretStr | None = Field(
+        None, validation_alias=_env("PEPPER_EMAIL_WEBHOOK_SIGNING_KEY", "email_webhook_signing_key")
+    )
+    # Mail claiming to be from a person's address must prove it (the provider's DKIM or SPF pass,
+    # aligned with the From domain) before it reaches their agent. Turn off only behind a trusted relay.
+    email_require_sender_auth: bool = Field(
+        True, validation_alias=_env("PEPPER_EMAIL_REQUIRE_SENDER_AUTH", "email_require_sender_auth")
+    )
+
     # Where this process found its TOML file, if any (for `pepper doctor`).
     config_file: Path | None = Field(None, validation_alias=_env("PEPPER_CONFIG", "config_file"))
 

@@ -8,7 +8,8 @@ from quart import Quart, jsonify
 
 from core.errors import DatabaseUnavailable
 from core.settings import Settings
-from gateway import messaging, webchat
+from gateway import email_channel, messaging, webchat
+from gateway.limits import PathLimitedRequest
 from gateway.live import LiveFeed
 from gateway.services import Services
 from gateway.tasks import BackgroundTasks
@@ -26,6 +27,7 @@ def create_app(settings: Settings, db, **services) -> Quart:  # type: ignore[no-
     """
     app = Quart("pepper")
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
+    app.request_class = PathLimitedRequest  # inbound mail may be larger
     services.setdefault("tasks", BackgroundTasks(settings.max_concurrent_turns))
     if db is not None:
         services.setdefault("live", LiveFeed(db.dsn))
@@ -33,6 +35,7 @@ def create_app(settings: Settings, db, **services) -> Quart:  # type: ignore[no-
     app.extensions["pepper"] = shared
     app.register_blueprint(messaging.blueprint)
     app.register_blueprint(webchat.blueprint)
+    app.register_blueprint(email_channel.blueprint)
 
     @app.before_serving
     async def start_live_feed() -> None:

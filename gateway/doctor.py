@@ -6,6 +6,7 @@ It changes nothing. The exit status is non-zero only when the server could not r
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from email.utils import parseaddr
 
 from pydantic import SecretStr
 
@@ -117,6 +118,7 @@ async def diagnose(settings: Settings, served_paths: set[str]) -> Report:
     else:
         api = "" if settings.twilio_api_url == DEFAULT_TWILIO_API_URL else f"; REST API at {settings.twilio_api_url}"
         report.add("channel: Twilio calls, SMS, WhatsApp", OK, f"account {settings.twilio_account_sid}{api}")
+    _email(report, settings)
     if settings.public_url and settings.public_url.startswith("http://"):
         report.add("public URL", MISSING, "PEPPER_PUBLIC_URL is plain http; Twilio needs https in production")
     report.add(
@@ -130,6 +132,27 @@ async def diagnose(settings: Settings, served_paths: set[str]) -> Report:
     for hook in WEBHOOKS:
         report.webhooks.append((hook.name, public_url_for(settings, hook), hook.where, hook.path in served_paths))
     return report
+
+
+def _email(report: Report, settings: Settings) -> None:
+    area = "channel: email"
+    if settings.smtp_from and "@" not in parseaddr(settings.smtp_from)[1]:
+        report.add(area, BAD, "PEPPER_SMTP_FROM is not an email address (e.g. 'Pepper <pepper@example.org>')")
+        return
+    missing = [name for name, value in (
+        ("PEPPER_EMAIL_WEBHOOK_SIGNING_KEY", settings.email_webhook_signing_key),
+        ("PEPPER_PUBLIC_URL", settings.public_url),
+        ("PEPPER_SMTP_HOST", settings.smtp_host),
+        ("PEPPER_SMTP_FROM", settings.smtp_from),
+    ) if not _set(value)]  # fmt: skip
+    if missing:
+        report.add(area, MISSING, f"set {', '.join(missing)} (inbound mail webhook and SMTP replies)")
+        return
+    where = f"{settings.smtp_host}:{settings.smtp_port} ({settings.smtp_security})"
+    detail = f"replies from {settings.smtp_from} via {where}"
+    if not settings.email_require_sender_auth:
+        detail += "; sender DKIM/SPF check is OFF"
+    report.add(area, OK, detail)
 
 
 def render(report: Report) -> str:

@@ -47,6 +47,7 @@ def build_app(settings: Settings, db: Database) -> Quart:
     """
     from core.models.router import ModelRouter
     from core.tools import recover_unresolved
+    from gateway.mailer import SmtpMailer, smtp_configured
     from gateway.resume import resume_unanswered
     from text_loop import HarnessDeps
 
@@ -66,7 +67,8 @@ def build_app(settings: Settings, db: Database) -> Quart:
         connectors=connectors,
     )  # fmt: skip
     log_problems(harness.skills.report(harness.registry))  # type: ignore[union-attr]
-    app = create_app(settings, db, harness=harness, messenger=messenger)
+    mailer = SmtpMailer(settings) if smtp_configured(settings) else None
+    app = create_app(settings, db, harness=harness, messenger=messenger, mailer=mailer)
 
     @app.before_serving
     async def resolve_crashed_turns() -> None:

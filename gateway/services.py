@@ -19,5 +19,6 @@ class Services:
     db: Any  # core.store.Database; None only when the app is built to list its routes
     harness: Any = None  # text_loop.HarnessDeps, when models are configured
     messenger: TwilioMessenger | None = None
+    mailer: Any = None  # gateway.mailer.SmtpMailer, when Pepper's SMTP account is configured
     tasks: BackgroundTasks = field(default_factory=BackgroundTasks)
     live: LiveFeed | None = None  # new messages pushed to open chats

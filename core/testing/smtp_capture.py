@@ -1,0 +1,77 @@
+"""A loopback SMTP server for tests (aiosmtpd) that keeps every message it accepts.
+
+    async with SmtpCapture() as smtp:
+        Settings(smtp_host="127.0.0.1", smtp_port=smtp.port, smtp_security="none", ...)
+        [mail] = await smtp.wait_for(1)   # mail.message is an email.message.EmailMessage
+
+``smtp.refuse = 554`` makes it refuse the messages that follow with that code (at DATA).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email
+import email.policy
+import socket
+import threading
+from dataclasses import dataclass
+from email.message import EmailMessage
+from typing import Any
+
+from aiosmtpd.controller import Controller
+
+
+@dataclass
+class CapturedMail:
+    mail_from: str
+    rcpt_to: list[str]
+    message: EmailMessage
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class _Handler:
+    def __init__(self, capture: SmtpCapture) -> None:
+        self.capture = capture
+
+    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+        if self.capture.refuse:
+            self.capture.refused += 1
+            return f"{self.capture.refuse} refused by the test server"
+        message = email.message_from_bytes(envelope.original_content, policy=email.policy.default)
+        with self.capture._lock:
+            self.capture.received.append(CapturedMail(envelope.mail_from, list(envelope.rcpt_tos), message))  # type: ignore[arg-type]
+        return "250 Message accepted for delivery"
+
+
+class SmtpCapture:
+    def __init__(self) -> None:
+        self.port = _free_port()  # aiosmtpd's Controller cannot bind port 0
+        self.received: list[CapturedMail] = []
+        self.refuse: int | None = None
+        self.refused = 0
+        self._lock = threading.Lock()
+        self._controller = Controller(_Handler(self), hostname="127.0.0.1", port=self.port)
+
+    async def __aenter__(self) -> SmtpCapture:
+        await asyncio.to_thread(self._controller.start)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await asyncio.to_thread(self._controller.stop)
+
+    async def wait_for(self, count: int, within: float = 5.0) -> list[CapturedMail]:
+        """The first ``count`` messages, once that many arrived (``AssertionError`` after ``within`` s)."""
+        try:
+            async with asyncio.timeout(within):
+                while True:
+                    with self._lock:
+                        if len(self.received) >= count:
+                            return list(self.received[:count])
+                    await asyncio.sleep(0.01)
+        except TimeoutError:
+            raise AssertionError(f"expected {count} message(s), the SMTP server got {len(self.received)}") from None

@@ -1,0 +1,475 @@
+"""Email: signed Mailgun-style inbound webhooks, replies by SMTP from Pepper's own address.
+
+One inbound mail: check the signature (hex HMAC-SHA256 of ``timestamp + token`` under the webhook
+signing key) and the timestamp's age -> parse the form -> the sender must have proved the From
+address (the provider's DKIM or SPF verdict, aligned with the From domain) and it must be a
+verified email handle -> in one transaction, claim the token (a reused token is refused) and
+record the message keyed by its ``Message-Id`` (a duplicate starts no second turn) -> 200 -> run
+the turn on channel ``email`` in the background -> reply by SMTP, threaded (``In-Reply-To``,
+``References``, ``Re:``), the owner always on CC -> the SMTP server accepting the reply commits
+the turn's staged writes; a refusal drops them.
+
+Status codes follow Mailgun's retry rules: 200 done, 406 refused for good (malformed, unknown or
+unproven sender: Mailgun does not retry), 403 bad signature, stale or replayed, 413 too large.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import logging
+import time
+from dataclasses import dataclass
+from email.message import EmailMessage
+from email.utils import formataddr, formatdate, getaddresses, make_msgid, parseaddr
+from typing import Any
+from uuid import UUID
+
+from quart import Blueprint, Response, current_app, request
+
+from core import identity
+from core.conversation import conversation_for, record_inbound, record_outbound
+from core.errors import InvalidInput, PepperError
+from core.settings import Settings
+from gateway.limits import MAX_EMAIL_BYTES
+from gateway.mailtext import html_to_text, strip_quoted
+from gateway.services import Services
+from gateway.webhooks import EMAIL
+
+log = logging.getLogger(__name__)
+
+# A signed webhook older (or further in the future) than this is refused; Mailgun re-signs retries.
+MAX_WEBHOOK_AGE = 300
+# What the model and the conversation get of one mail's text.
+MAX_TEXT_CHARS = 20_000
+MAX_TOKEN_LENGTH = 256
+# How many earlier Message-Ids a reply's References keeps (the thread's root and the latest ones).
+MAX_REFERENCES = 20
+
+APOLOGY_TEXT = "Sorry, something went wrong on my side and I couldn't answer that. Please try again."
+
+blueprint = Blueprint("email", __name__)
+
+
+@dataclass(frozen=True)
+class InboundMail:
+    message_id: str  # "<...>" as in the header; derived from the content when the mail had none
+    message_id_derived: bool
+    sender_name: str
+    sender: str  # the From address, lower-cased
+    recipient: str  # the address it was sent to (Pepper's)
+    subject: str
+    text: str  # what the person wrote, quotes stripped
+    in_reply_to: str | None
+    references: tuple[str, ...]
+    attachments: tuple[str, ...]
+    automatic: bool  # an auto-reply, bounce or list mail: recorded, never answered
+
+    def body(self) -> str:
+        """The message as recorded in the conversation and given to the model."""
+        parts = []
+        if self.subject:
+            parts.append(f"Subject: {self.subject}")
+        parts.append(self.text or "(no text)")
+        if self.attachments:
+            parts.append("[Attachments not read: " + ", ".join(self.attachments) + "]")
+        return "\n\n".join(parts)
+
+
+def _services() -> Services:
+    return current_app.extensions["pepper"]
+
+
+def _plain(text: str, status: int) -> Response:
+    return Response(text + "\n", status=status, content_type="text/plain")
+
+
+# --- signature -----------------------------------------------------------------------------------
+
+
+def mailgun_signature(key: str, timestamp: str, token: str) -> str:
+    """The signature Mailgun sends for ``timestamp`` and ``token`` under the webhook signing key."""
+    return hmac.new(key.encode(), (timestamp + token).encode(), hashlib.sha256).hexdigest()
+
+
+def signature_ok(settings: Settings, timestamp: str, token: str, signature: str) -> bool:
+    """True only for a valid signature; a missing key or any missing piece fails closed."""
+    key = settings.email_webhook_signing_key
+    if key is None or not key.get_secret_value() or not timestamp or not token or not signature:
+        return False
+    expected = mailgun_signature(key.get_secret_value(), timestamp, token)
+    return hmac.compare_digest(expected.encode(), signature.strip().lower().encode("utf-8", "replace"))
+
+
+def fresh(timestamp: str, now: float | None = None) -> bool:
+    try:
+        sent = int(timestamp)
+    except ValueError:
+        return False
+    return abs((time.time() if now is None else now) - sent) <= MAX_WEBHOOK_AGE
+
+
+async def claim_token(conn: Any, token: str) -> bool:
+    """Remember a webhook token; False when it was seen before (a replay). Prunes expired ones."""
+    await conn.execute(
+        "DELETE FROM email_webhook_tokens WHERE seen_at < now() - make_interval(secs => $1)", 2 * MAX_WEBHOOK_AGE
+    )
+    claimed = await conn.fetchval(
+        "INSERT INTO email_webhook_tokens (token) VALUES ($1) ON CONFLICT DO NOTHING RETURNING true", token
+    )
+    return bool(claimed)
+
+
+# --- parsing -------------------------------------------------------------------------------------
+
+
+class _Headers:
+    """Case-insensitive view of the form's header fields, then of ``message-headers`` (JSON pairs)."""
+
+    def __init__(self, form: Any) -> None:
+        self._fields = {k.lower(): k for k in form}
+        self._form = form
+        self._json: dict[str, list[str]] = {}
+        try:
+            pairs = json.loads(form.get("message-headers") or "[]")
+        except ValueError:
+            pairs = []
+        for pair in pairs if isinstance(pairs, list) else []:
+            if isinstance(pair, list) and len(pair) == 2 and all(isinstance(p, str) for p in pair):
+                self._json.setdefault(pair[0].lower(), []).append(pair[1])
+
+    def get(self, name: str) -> str:
+        key = self._fields.get(name.lower())
+        if key is not None and self._form.get(key):
+            return str(self._form.get(key)).strip()
+        values = self._json.get(name.lower())
+        return values[0].strip() if values else ""
+
+    def all(self, name: str) -> list[str]:
+        return self._json.get(name.lower(), [])
+
+
+def _message_ids(value: str) -> list[str]:
+    ids, current = [], ""
+    for char in value:
+        if char == "<":
+            current = "<"
+        elif char == ">" and current:
+            ids.append(current + ">")
+            current = ""
+        elif current:
+            current += char
+    if not ids and value.strip() and " " not in value.strip():
+        ids.append("<" + value.strip().strip("<>") + ">")
+    return [i for i in ids if len(i) > 2 and " " not in i]
+
+
+def _domain(address: str) -> str:
+    return address.rsplit("@", 1)[-1].lower().strip(".") if "@" in address else ""
+
+
+def _aligned(a: str, b: str) -> bool:
+    """Relaxed alignment: the same domain, or one a subdomain of the other."""
+    return bool(a and b) and (a == b or a.endswith("." + b) or b.endswith("." + a))
+
+
+def sender_authenticated(headers: _Headers, from_address: str, envelope_sender: str) -> bool:
+    """The provider checked the mail really comes from the From domain.
+
+    DKIM passed with a signing domain (``d=``) aligned with the From domain, or SPF passed for an
+    envelope sender aligned with it. Anything else (no verdict, fail, softfail) is unproven.
+    """
+    from_domain = _domain(from_address)
+    if headers.get("X-Mailgun-Dkim-Check-Result").lower() == "pass":
+        for signature in headers.all("DKIM-Signature") or [headers.get("DKIM-Signature")]:
+            for tag in signature.replace("\r", " ").replace("\n", " ").split(";"):
+                name, _, value = tag.strip().partition("=")
+                if name.strip().lower() == "d" and _aligned(value.strip().lower(), from_domain):
+                    return True
+    spf = headers.get("X-Mailgun-Spf").lower()
+    return spf == "pass" and _aligned(_domain(envelope_sender), from_domain)
+
+
+def _automatic(headers: _Headers, from_address: str) -> bool:
+    """RFC 3834 auto-replies, bounces and list mail: answering them risks a mail loop."""
+    auto = headers.get("Auto-Submitted").lower()
+    if auto and auto != "no":
+        return True
+    if headers.get("Precedence").lower() in ("bulk", "junk", "list", "auto_reply"):
+        return True
+    if headers.get("X-Autoreply") or headers.get("X-Autorespond") or headers.get("List-Id"):
+        return True
+    local = from_address.split("@", 1)[0]
+    return local in ("mailer-daemon", "postmaster")
+
+
+def _text(form: Any) -> str:
+    stripped = (form.get("stripped-text") or "").strip()
+    if stripped:
+        return stripped
+    plain = (form.get("body-plain") or "").strip()
+    if plain:
+        return strip_quoted(plain)
+    html = (form.get("stripped-html") or "").strip()
+    if html:
+        text = html_to_text(html, drop_quotes=False)
+        if text:
+            return text
+    html = (form.get("body-html") or "").strip()
+    if html:
+        return strip_quoted(html_to_text(html) or html_to_text(html, drop_quotes=False))
+    return ""
+
+
+def _attachments(form: Any, files: Any) -> tuple[str, ...]:
+    names = [f.filename or "unnamed" for f in files.values()] if files else []
+    try:
+        count = int(form.get("attachment-count") or 0)
+    except ValueError:
+        count = 0
+    names += ["unnamed"] * max(0, count - len(names))
+    return tuple(names)
+
+
+def parse_inbound(form: Any, files: Any = None) -> InboundMail:
+    """The mail in a Mailgun route form. Raises ``InvalidInput`` saying what is missing or wrong."""
+    headers = _Headers(form)
+    raw_from = form.get("from") or headers.get("From") or form.get("sender") or ""
+    parsed = [(n, a) for n, a in getaddresses([raw_from]) if a]
+    if not parsed:
+        raise InvalidInput("the mail has no From address")
+    name, address = parsed[0]
+    try:
+        address = identity.normalize_email(address)
+    except InvalidInput:
+        raise InvalidInput("the From address is not an email address") from None
+    recipient = parseaddr(form.get("recipient") or headers.get("To") or "")[1]
+    if not recipient:
+        raise InvalidInput("the mail has no recipient")
+
+    text = _text(form)
+    if len(text) > MAX_TEXT_CHARS:
+        text = text[:MAX_TEXT_CHARS] + f"\n[… {len(text) - MAX_TEXT_CHARS} more characters not shown]"
+    subject = " ".join((form.get("subject") or headers.get("Subject")).split())
+
+    message_ids = _message_ids(headers.get("Message-Id"))
+    derived = not message_ids
+    if derived:
+        # No Message-Id: the same mail still maps to the same key, so a retry starts no second turn.
+        digest = hashlib.sha256(
+            "\0".join((address, headers.get("Date"), subject, form.get("body-plain") or "", text)).encode()
+        ).hexdigest()
+        message_ids = [f"<{digest}@derived.pepper.invalid>"]
+    in_reply_to = _message_ids(headers.get("In-Reply-To"))
+    return InboundMail(
+        message_id=message_ids[0],
+        message_id_derived=derived,
+        sender_name=name,
+        sender=address,
+        recipient=recipient.lower(),
+        subject=subject,
+        text=text,
+        in_reply_to=in_reply_to[0] if in_reply_to else None,
+        references=tuple(_message_ids(headers.get("References"))),
+        attachments=_attachments(form, files),
+        automatic=_automatic(headers, address),
+    )
+
+
+# --- the webhook ---------------------------------------------------------------------------------
+
+
+async def _security_event(services: Services, kind: str) -> None:
+    try:
+        await services.db.execute(
+            "INSERT INTO security_events (kind, detail) VALUES ($1, jsonb_build_object('path', $2::text))",
+            kind,
+            EMAIL.path,
+        )
+    except Exception:  # the refusal itself must not fail because the record did
+        log.exception("could not record a security event")
+
+
+@blueprint.post(EMAIL.path)
+async def email_webhook() -> Response:
+    services = _services()
+    settings, db = services.settings, services.db
+    request.max_form_memory_size = MAX_EMAIL_BYTES  # long HTML parts; the body limit is set in gateway.limits
+    form = await request.form
+    files = await request.files
+
+    timestamp, token = form.get("timestamp", ""), form.get("token", "")
+    if not signature_ok(settings, timestamp, token, form.get("signature", "")) or len(token) > MAX_TOKEN_LENGTH:
+        if settings.email_webhook_signing_key is None:
+            log.error("refused an email webhook: PEPPER_EMAIL_WEBHOOK_SIGNING_KEY is not set")
+        else:
+            log.warning("refused an email webhook with a missing or invalid signature")
+        await _security_event(services, "email-signature-invalid")
+        return _plain("invalid signature", 403)
+    if not fresh(timestamp):
+        log.warning("refused an email webhook with a stale timestamp")
+        await _security_event(services, "email-webhook-stale")
+        return _plain("stale timestamp", 403)
+
+    problem = ""
+    try:
+        # Off the event loop: turning a long HTML mail into text takes a while.
+        mail: InboundMail | None = await asyncio.to_thread(parse_inbound, form, files)
+    except InvalidInput as exc:
+        mail, problem = None, str(exc)
+
+    # (status, text, security event) when the mail is refused.
+    refusal: tuple[int, str, str | None] | None = None
+    created = False
+    message = handle = None
+    async with db.transaction() as conn:
+        if not await claim_token(conn, token):
+            refusal = (403, "token already used", "email-token-reused")
+        elif mail is None:
+            refusal = (406, problem, None)
+        elif settings.email_require_sender_auth and not sender_authenticated(
+            _Headers(form), mail.sender, form.get("sender") or ""
+        ):
+            refusal = (406, "the sender's address is not authenticated (DKIM/SPF)", "email-sender-unauthenticated")
+        else:
+            handle = await identity.find_handle(conn, "email", mail.sender)
+            if handle is None or not handle.verified:
+                # An address that belongs to no account (or is not verified) never reaches an agent.
+                refusal = (406, "this address answers only the people it works for", None)
+            else:
+                message, created = await record_inbound(
+                    conn, handle.account_id, "email", mail.body(), provider_message_id=mail.message_id,
+                    handle_id=handle.id,
+                )  # fmt: skip
+    if refusal is not None:
+        status, text, event = refusal
+        log.warning("refused an inbound email: status=%s reason=%s", status, event or "not-accepted")
+        if event is not None:
+            await _security_event(services, event)
+        return _plain(text, status)
+    assert mail is not None and message is not None and handle is not None
+    if not created:
+        log.info("duplicate delivery of an email; already handled")
+        return _plain("ok", 200)
+    if mail.automatic:
+        log.info("automatic mail recorded; not answered")
+        return _plain("ok", 200)
+    if await identity.is_blocked(db, handle.id, "email"):
+        log.info("mail recorded from a handle that opted out of email; no reply will be sent")
+        return _plain("ok", 200)
+    services.tasks.spawn(
+        f"turn-email-{message.id}", run_and_reply(services, mail, handle.account_id, handle.id, message.id)
+    )
+    return _plain("ok", 200)
+
+
+# --- the turn and the reply ----------------------------------------------------------------------
+
+
+async def run_and_reply(services: Services, mail: InboundMail, account_id: UUID, handle_id: UUID, message_id: int):
+    """Run the turn for one recorded mail and send its reply. Never raises."""
+    from text_loop import run_turn
+
+    turn_id: UUID | None = None
+    try:
+        if services.harness is None:
+            raise PepperError("the text harness is not configured")
+        outcome = await run_turn(services.harness, account_id, "email", mail.body(), inbound_message_id=message_id)
+        turn_id, reply = outcome.turn_id, outcome.reply
+    except Exception:
+        log.exception("turn failed for an email")
+        reply = APOLOGY_TEXT
+    await send_reply(services, mail, account_id, handle_id, reply, turn_id)
+
+
+def reply_subject(subject: str) -> str:
+    subject = subject.strip()
+    if not subject:
+        return "Re: your message"
+    return subject if subject.lower().startswith("re:") else f"Re: {subject}"
+
+
+def thread_references(mail: InboundMail) -> list[str]:
+    """The inbound References plus its Message-Id: the root and the latest, at most ``MAX_REFERENCES``."""
+    chain = list(mail.references)
+    if mail.in_reply_to and mail.in_reply_to not in chain:
+        chain.append(mail.in_reply_to)
+    chain.append(mail.message_id)
+    if len(chain) > MAX_REFERENCES:
+        chain = [chain[0], *chain[-(MAX_REFERENCES - 1) :]]
+    return chain
+
+
+def build_reply(
+    mail: InboundMail, body: str, *, from_name: str, from_address: str, owner: str, to_name: str = ""
+) -> EmailMessage:
+    """Pepper's threaded reply to ``mail``: to its sender, the owner on CC."""
+    message = EmailMessage()
+    message["From"] = formataddr((from_name, from_address))
+    message["To"] = formataddr((to_name, mail.sender))
+    message["Cc"] = owner
+    message["Subject"] = reply_subject(mail.subject)
+    message["Date"] = formatdate(usegmt=True)
+    message["Message-ID"] = make_msgid(domain=from_address.rsplit("@", 1)[-1])
+    if not mail.message_id_derived:
+        message["In-Reply-To"] = mail.message_id
+        message["References"] = " ".join(thread_references(mail))
+    # RFC 3834: a generated answer; well-behaved auto-responders will not answer it back.
+    message["Auto-Submitted"] = "auto-replied"
+    message.set_content(body)
+    return message
+
+
+async def owner_address(db: Any, account_id: UUID) -> str | None:
+    """The account's own address for CC: its first verified email handle."""
+    return await db.fetchval(
+        "SELECT value FROM handles WHERE account_id = $1 AND kind = 'email' AND verified_at IS NOT NULL"
+        " ORDER BY verified_at, created_at LIMIT 1",
+        account_id,
+    )
+
+
+async def send_reply(
+    services: Services, mail: InboundMail, account_id: UUID, handle_id: UUID, reply: str, turn_id: UUID | None
+) -> None:
+    db = services.db
+    conversation_id = await conversation_for(db, account_id)
+    if await identity.is_blocked(db, handle_id, "email"):  # an opt-out may have arrived meanwhile
+        await _report_delivery(services, turn_id, ok=False, detail={"reason": "opted-out"})
+        return
+    mailer = services.mailer
+    if mailer is None:
+        log.error("cannot reply by email: PEPPER_SMTP_HOST and PEPPER_SMTP_FROM are not configured")
+        await _report_delivery(services, turn_id, ok=False, detail={"reason": "smtp-not-configured"})
+        return
+    owner = await owner_address(db, account_id) or mail.sender
+    message = build_reply(
+        mail, reply, from_name=mailer.from_name, from_address=mailer.from_address, owner=owner,
+        to_name=mail.sender_name,
+    )  # fmt: skip
+    try:
+        await mailer.send(message, [mail.sender, owner])
+    except PepperError as exc:
+        log.error("sending an email reply failed: %s", exc.code)
+        stored = await record_outbound(
+            db, conversation_id, "email", reply, turn_id=turn_id, provider_message_id=message["Message-ID"]
+        )
+        await db.execute("UPDATE messages SET delivery_status = 'failed' WHERE id = $1", stored.id)
+        await _report_delivery(services, turn_id, ok=False, detail={"reason": "smtp-refused", "code": exc.code})
+        return
+    stored = await record_outbound(
+        db, conversation_id, "email", reply, turn_id=turn_id, provider_message_id=message["Message-ID"]
+    )
+    await db.execute("UPDATE messages SET delivery_status = 'sent' WHERE id = $1", stored.id)
+    # The SMTP server accepted the reply: that is the delivery.
+    await _report_delivery(services, turn_id, ok=True, detail={"status": "accepted-by-smtp"})
+
+
+async def _report_delivery(services: Services, turn_id: UUID | None, *, ok: bool, detail: dict[str, Any]) -> None:
+    if turn_id is None or services.harness is None:
+        return
+    from text_loop import deliver
+
+    await deliver(services.harness, turn_id, ok, detail=detail)

@@ -1,0 +1,92 @@
+"""Pepper's own outgoing mail: one SMTP account (``PEPPER_SMTP_*``), sent with aiosmtplib.
+
+The SMTP server accepting a message is the delivery; there is no later receipt to wait for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from email.message import EmailMessage
+from email.utils import parseaddr
+
+import aiosmtplib
+
+from core.errors import ConfigError, PepperError
+from core.settings import Settings
+
+log = logging.getLogger(__name__)
+
+SMTP_TIMEOUT = 30.0
+# Waits before the second and third attempt when the server could not be reached or said "try later".
+RETRY_DELAYS: tuple[float, ...] = (1.0, 4.0)
+
+
+class MailRefused(PepperError):
+    """The SMTP server did not accept the message. ``retryable`` when it was a transient fault."""
+
+    code = "mail-refused"
+
+
+def smtp_configured(settings: Settings) -> bool:
+    return bool(settings.smtp_host and settings.smtp_from)
+
+
+class SmtpMailer:
+    """Sends through the configured SMTP server as Pepper's own address (``smtp_from``)."""
+
+    def __init__(self, settings: Settings) -> None:
+        if not smtp_configured(settings):
+            raise ConfigError("set PEPPER_SMTP_HOST and PEPPER_SMTP_FROM to send mail")
+        name, address = parseaddr(settings.smtp_from or "")
+        if "@" not in address:
+            raise ConfigError("PEPPER_SMTP_FROM must be an email address, e.g. 'Pepper <pepper@example.org>'")
+        self.settings = settings
+        self.from_name = name or "Pepper"
+        self.from_address = address
+
+    async def send(self, message: EmailMessage, recipients: Sequence[str]) -> None:
+        """Hand ``message`` to the SMTP server for ``recipients`` (the envelope, de-duplicated).
+
+        Returns once the server accepted it. Transient faults (no connection, 4xx replies) are
+        retried twice; then, or on a permanent refusal (5xx), raises :class:`MailRefused`.
+        """
+        envelope = list(dict.fromkeys(r.lower() for r in recipients))
+        for attempt in range(len(RETRY_DELAYS) + 1):
+            try:
+                await self._send_once(message, envelope)
+                return
+            except MailRefused as exc:
+                if not exc.retryable or attempt == len(RETRY_DELAYS):
+                    raise
+                log.warning("smtp send failed, trying again: attempt=%s code=%s", attempt + 1, exc.code)
+                await asyncio.sleep(RETRY_DELAYS[attempt])
+
+    async def _send_once(self, message: EmailMessage, envelope: list[str]) -> None:
+        s = self.settings
+        password = s.smtp_password.get_secret_value() if s.smtp_password is not None else None
+        try:
+            await aiosmtplib.send(
+                message,
+                sender=self.from_address,
+                recipients=envelope,
+                hostname=s.smtp_host,
+                port=s.smtp_port,
+                username=s.smtp_username or None,
+                password=password if s.smtp_username else None,
+                use_tls=s.smtp_security == "tls",
+                start_tls=s.smtp_security == "starttls",
+                timeout=SMTP_TIMEOUT,
+            )
+        except aiosmtplib.SMTPRecipientsRefused as exc:
+            raise MailRefused("the mail server refused every recipient", code="mail-recipients-refused") from exc
+        except aiosmtplib.SMTPResponseException as exc:
+            transient = 400 <= exc.code < 500
+            raise MailRefused(
+                f"the mail server refused the message ({exc.code})", code=f"smtp-{exc.code}", retryable=transient
+            ) from exc
+        except (aiosmtplib.SMTPException, OSError) as exc:
+            raise MailRefused(
+                f"the mail server could not be reached ({type(exc).__name__})", code="smtp-unreachable", retryable=True
+            ) from exc
