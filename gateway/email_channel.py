@@ -21,7 +21,7 @@ import hmac
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from email.message import EmailMessage
 from email.utils import formataddr, formatdate, getaddresses, make_msgid, parseaddr
 from typing import Any
@@ -30,7 +30,7 @@ from uuid import UUID
 from quart import Blueprint, Response, current_app, request
 
 from core import identity
-from core.conversation import conversation_for, record_inbound, record_outbound
+from core.conversation import claim_for_turn, conversation_for, finish_handling, record_inbound, record_outbound
 from core.errors import InvalidInput, PepperError
 from core.settings import Settings
 from gateway.limits import MAX_EMAIL_BYTES
@@ -339,9 +339,10 @@ async def email_webhook() -> Response:
                 # An address that belongs to no account (or is not verified) never reaches an agent.
                 refusal = (406, "this address answers only the people it works for", None)
             else:
+                skip = mail.automatic or await identity.is_blocked(conn, handle.id, "email")
                 message, created = await record_inbound(
                     conn, handle.account_id, "email", mail.body(), provider_message_id=mail.message_id,
-                    handle_id=handle.id,
+                    handle_id=handle.id, handling="skipped" if skip else "queued", meta=asdict(mail),
                 )  # fmt: skip
     if refusal is not None:
         status, text, event = refusal
@@ -369,9 +370,11 @@ async def email_webhook() -> Response:
 
 
 async def run_and_reply(services: Services, mail: InboundMail, account_id: UUID, handle_id: UUID, message_id: int):
-    """Run the turn for one recorded mail and send its reply. Never raises."""
+    """Run the turn for one recorded mail and send its reply, unless another process has it."""
     from text_loop import run_turn
 
+    if not await claim_for_turn(services.db, message_id):
+        return
     turn_id: UUID | None = None
     try:
         if services.harness is None:
@@ -381,7 +384,10 @@ async def run_and_reply(services: Services, mail: InboundMail, account_id: UUID,
     except Exception:
         log.exception("turn failed for an email")
         reply = APOLOGY_TEXT
-    await send_reply(services, mail, account_id, handle_id, reply, turn_id)
+    try:
+        await send_reply(services, mail, account_id, handle_id, reply, turn_id)
+    finally:
+        await finish_handling(services.db, message_id)
 
 
 def reply_subject(subject: str) -> str:

@@ -12,6 +12,8 @@ import json
 import logging
 from datetime import timedelta
 
+from gateway.email_channel import InboundMail
+from gateway.email_channel import run_and_reply as run_email
 from gateway.messaging import Inbound, run_and_reply
 from gateway.services import Services
 from gateway.webchat import run_web_turn
@@ -56,6 +58,10 @@ async def resume_unanswered(services: Services, *, window: timedelta = RESUME_WI
         if row["channel"] in ("sms", "whatsapp") and meta.get("from") and meta.get("to") and row["handle_id"]:
             inbound = Inbound(row["channel"], row["provider_message_id"], meta["from"], meta["to"], row["body"], None)
             job = run_and_reply(services, inbound, row["account_id"], row["handle_id"], row["id"])
+        elif row["channel"] == "email" and meta.get("message_id") and row["handle_id"]:
+            fields = {**meta, "references": tuple(meta.get("references", ())),
+                      "attachments": tuple(meta.get("attachments", ()))}  # fmt: skip
+            job = run_email(services, InboundMail(**fields), row["account_id"], row["handle_id"], row["id"])
         elif row["channel"] == "web":
             job = run_web_turn(services, row["account_id"], row["body"], row["id"])
         else:
