@@ -30,12 +30,13 @@ from uuid import UUID
 from quart import Blueprint, Response, current_app, request
 
 from core import identity
-from core.conversation import claim_for_turn, conversation_for, finish_handling, record_inbound, record_outbound
+from core.conversation import conversation_for, record_inbound, record_outbound
 from core.errors import InvalidInput, PepperError
 from core.settings import Settings
 from gateway.limits import MAX_EMAIL_BYTES
 from gateway.mailtext import html_to_text, strip_quoted
 from gateway.services import Services
+from gateway.turns import answer_message
 from gateway.webhooks import EMAIL
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,6 @@ MAX_TOKEN_LENGTH = 256
 # How many earlier Message-Ids a reply's References keeps (the thread's root and the latest ones).
 MAX_REFERENCES = 20
 
-APOLOGY_TEXT = "Sorry, something went wrong on my side and I couldn't answer that. Please try again."
 
 blueprint = Blueprint("email", __name__)
 
@@ -370,24 +370,12 @@ async def email_webhook() -> Response:
 
 
 async def run_and_reply(services: Services, mail: InboundMail, account_id: UUID, handle_id: UUID, message_id: int):
-    """Run the turn for one recorded mail and send its reply, unless another process has it."""
-    from text_loop import run_turn
+    """Answer one recorded mail (see ``gateway.turns.answer_message``)."""
 
-    if not await claim_for_turn(services.db, message_id):
-        return
-    turn_id: UUID | None = None
-    try:
-        if services.harness is None:
-            raise PepperError("the text harness is not configured")
-        outcome = await run_turn(services.harness, account_id, "email", mail.body(), inbound_message_id=message_id)
-        turn_id, reply = outcome.turn_id, outcome.reply
-    except Exception:
-        log.exception("turn failed for an email")
-        reply = APOLOGY_TEXT
-    try:
+    async def send(turn_id: UUID | None, reply: str) -> None:
         await send_reply(services, mail, account_id, handle_id, reply, turn_id)
-    finally:
-        await finish_handling(services.db, message_id)
+
+    await answer_message(services, account_id, "email", mail.body(), message_id, send)
 
 
 def reply_subject(subject: str) -> str:

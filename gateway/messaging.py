@@ -18,9 +18,7 @@ from twilio.twiml.messaging_response import MessagingResponse
 
 from core import identity
 from core.conversation import (
-    claim_for_turn,
     conversation_for,
-    finish_handling,
     record_inbound,
     record_outbound,
 )
@@ -28,6 +26,7 @@ from core.errors import PepperError
 from gateway.segments import split_message
 from gateway.services import Services
 from gateway.signatures import public_request_url, twilio_signature_ok
+from gateway.turns import answer_message
 from gateway.webhooks import MESSAGE_STATUS, SMS, WHATSAPP
 
 log = logging.getLogger(__name__)
@@ -42,7 +41,6 @@ HELP_TEXT = (
     "and calls, START to resume."
 )
 UNKNOWN_SENDER_TEXT = "Sorry, this number only answers the people it works for."
-APOLOGY_TEXT = "Sorry, something went wrong on my side and I couldn't answer that. Please try again."
 
 DELIVERED = frozenset({"sent", "delivered", "read"})
 NOT_DELIVERED = frozenset({"failed", "undelivered", "canceled"})
@@ -173,26 +171,12 @@ async def _handle_inbound(channel: str) -> Response:
 
 
 async def run_and_reply(services: Services, inbound: Inbound, account_id: UUID, handle_id: UUID, message_id: int):
-    """Run the turn for one recorded message and send its reply, unless another process has it."""
-    from text_loop import run_turn
+    """Answer one recorded SMS or WhatsApp message (see ``gateway.turns.answer_message``)."""
 
-    if not await claim_for_turn(services.db, message_id):
-        return
-    turn_id: UUID | None = None
-    try:
-        if services.harness is None:
-            raise PepperError("the text harness is not configured")
-        outcome = await run_turn(
-            services.harness, account_id, inbound.channel, inbound.body, inbound_message_id=message_id
-        )
-        turn_id, reply = outcome.turn_id, outcome.reply
-    except Exception:
-        log.exception("turn failed for a %s message", inbound.channel)
-        reply = APOLOGY_TEXT
-    try:
+    async def send(turn_id: UUID | None, reply: str) -> None:
         await send_reply(services, inbound, account_id, handle_id, reply, turn_id)
-    finally:
-        await finish_handling(services.db, message_id)
+
+    await answer_message(services, account_id, inbound.channel, inbound.body, message_id, send)
 
 
 async def send_reply(

@@ -20,10 +20,10 @@ from uuid import UUID
 from quart import Blueprint, Response, current_app, make_response, redirect, request
 
 from core import access
-from core.conversation import claim_for_turn, conversation_for, finish_handling, record_inbound, record_outbound
-from core.errors import PepperError
+from core.conversation import conversation_for, record_inbound, record_outbound
 from gateway.services import Services
-from text_loop import deliver, run_turn
+from gateway.turns import answer_message
+from text_loop import deliver
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,6 @@ COOKIE = "pepper_session"
 MAX_MESSAGE_CHARS = 8000
 STREAM_SECONDS = 300.0  # EventSource reconnects by itself; a bounded stream never pins shutdown
 KEEPALIVE_SECONDS = 15.0
-APOLOGY_TEXT = "Sorry, something went wrong on my side and I couldn't answer that. Please try again."
 
 
 def _services() -> Services:
@@ -188,22 +187,14 @@ async def post_message() -> Response:
 
 
 async def run_web_turn(services: Services, account_id: UUID, text: str, message_id: int) -> None:
-    """Answer one recorded web message, unless another process has it; the reply is recorded."""
-    if not await claim_for_turn(services.db, message_id):
-        return
-    turn_id: UUID | None = None
-    try:
-        if services.harness is None:
-            raise PepperError("the text harness is not configured")
-        outcome = await run_turn(services.harness, account_id, "web", text, inbound_message_id=message_id)
-        turn_id, reply = outcome.turn_id, outcome.reply
-    except Exception:
-        log.exception("web turn failed")
-        reply = APOLOGY_TEXT
-    conversation_id = await conversation_for(services.db, account_id)
-    # Recording the reply announces it to every open chat; the browser's ack is the delivery.
-    await record_outbound(services.db, conversation_id, "web", reply, turn_id=turn_id)
-    await finish_handling(services.db, message_id)
+    """Answer one recorded web message; the reply is recorded, which announces it to open chats."""
+
+    async def send(turn_id: UUID | None, reply: str) -> None:
+        # The browser's acknowledgement of this reply is the delivery (see ``acknowledge``).
+        conversation_id = await conversation_for(services.db, account_id)
+        await record_outbound(services.db, conversation_id, "web", reply, turn_id=turn_id)
+
+    await answer_message(services, account_id, "web", text, message_id, send)
 
 
 @blueprint.post("/api/messages/<int:message_id>/ack")

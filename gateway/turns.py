@@ -1,0 +1,43 @@
+"""Answering one recorded inbound message, the same way on every text channel."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from uuid import UUID
+
+from core.conversation import claim_for_turn, finish_handling
+from core.errors import PepperError
+from gateway.services import Services
+from text_loop import run_turn
+
+log = logging.getLogger(__name__)
+
+APOLOGY_TEXT = "Sorry, something went wrong on my side and I couldn't answer that. Please try again."
+
+SendReply = Callable[[UUID | None, str], Awaitable[None]]
+
+
+async def answer_message(
+    services: Services, account_id: UUID, channel: str, text: str, message_id: int, send: SendReply
+) -> None:
+    """Claim the message, run its turn and ``send(turn_id, reply)``; nothing if another process has it.
+
+    The person always hears back: a turn that crashes sends an apology (``turn_id`` None) instead
+    of silence. The message is marked answered once the send was attempted.
+    """
+    if not await claim_for_turn(services.db, message_id):
+        return
+    turn_id: UUID | None = None
+    try:
+        if services.harness is None:
+            raise PepperError("the text harness is not configured")
+        outcome = await run_turn(services.harness, account_id, channel, text, inbound_message_id=message_id)
+        turn_id, reply = outcome.turn_id, outcome.reply
+    except Exception:
+        log.exception("turn failed on %s", channel)
+        reply = APOLOGY_TEXT
+    try:
+        await send(turn_id, reply)
+    finally:
+        await finish_handling(services.db, message_id)
