@@ -16,8 +16,9 @@ from core.settings import Settings
 from core.store import Database
 from core.testing.peers import OpenAIPeer, fault, reply_text, reply_tools
 from core.testing.twilio_peer import TwilioPeer
-from gateway.messaging import APOLOGY_TEXT, HELP_TEXT, UNKNOWN_SENDER_TEXT
+from gateway.messaging import HELP_TEXT, UNKNOWN_SENDER_TEXT
 from gateway.server import running_app
+from gateway.turns import APOLOGY_TEXT
 
 TOKEN = "twilio-test-auth-token"
 PUBLIC = "https://pepper.example.org"
