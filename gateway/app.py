@@ -8,7 +8,7 @@ from quart import Quart, jsonify
 
 from core.errors import DatabaseUnavailable
 from core.settings import Settings
-from gateway import messaging
+from gateway import messaging, voice_routes
 from gateway.services import Services
 
 log = logging.getLogger(__name__)
@@ -27,6 +27,7 @@ def create_app(settings: Settings, db, **services) -> Quart:  # type: ignore[no-
     shared = Services(settings=settings, db=db, **services)
     app.extensions["pepper"] = shared
     app.register_blueprint(messaging.blueprint)
+    app.register_blueprint(voice_routes.blueprint)
 
     @app.get("/healthz")
     async def health():  # type: ignore[no-untyped-def]
@@ -43,7 +44,11 @@ def create_app(settings: Settings, db, **services) -> Quart:  # type: ignore[no-
     @app.after_serving
     async def drain() -> None:
         # Turns started by webhooks that were already acknowledged: let them finish and reply.
+        if shared.calls is not None:
+            shared.calls.hang_up_all()
         await shared.tasks.drain(settings.graceful_timeout)
+        if shared.calls is not None:
+            await shared.calls.aclose()
         if shared.messenger is not None:
             await shared.messenger.close()
 

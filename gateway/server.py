@@ -54,13 +54,28 @@ def build_app(settings: Settings, db: Database) -> Quart:
         from gateway.twilio_client import TwilioMessenger
 
         messenger = TwilioMessenger(settings)
-    app = create_app(settings, db, harness=HarnessDeps(db=db, models=router), messenger=messenger)
+    harness = HarnessDeps(db=db, models=router)
+    calls = build_calls(settings, db, harness, messenger)
+    app = create_app(settings, db, harness=harness, messenger=messenger, calls=calls)
 
     @app.after_serving
     async def close_router() -> None:
         await router.aclose()
 
     return app
+
+
+def build_calls(settings: Settings, db: Database, harness, messenger):  # type: ignore[no-untyped-def]
+    """Phone calls on the same registry and gate as text; the one-time code goes out by SMS."""
+    from voice.service import call_service_from_settings
+
+    send_sms = None
+    if messenger is not None:
+
+        async def send_sms(to: str, from_: str, body: str) -> None:
+            await messenger.send(to=to, from_=from_, body=body, status_callback=None)
+
+    return call_service_from_settings(settings, db, registry=harness.registry, gate=harness.gate, send_sms=send_sms)
 
 
 @asynccontextmanager

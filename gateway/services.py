@@ -18,4 +18,5 @@ class Services:
     db: Any  # core.store.Database; None only when the app is built to list its routes
     harness: Any = None  # text_loop.HarnessDeps, when models are configured
     messenger: TwilioMessenger | None = None
+    calls: Any = None  # voice.service.CallService, when phone calls are wired
     tasks: BackgroundTasks = field(default_factory=BackgroundTasks)
