@@ -86,6 +86,10 @@ class Settings(BaseSettings):
     voice_engine: Literal["openai-realtime"] = Field(
         "openai-realtime", validation_alias=_env("PEPPER_VOICE_ENGINE", "voice_engine")
     )
+    # The Realtime websocket base (default: OPENAI_BASE_URL with a ws scheme, as the SDK does).
+    openai_realtime_url: str | None = Field(
+        None, validation_alias=_env("PEPPER_OPENAI_REALTIME_URL", "openai_realtime_url")
+    )
     voice_model: str = Field("gpt-realtime", validation_alias=_env("PEPPER_VOICE_MODEL", "voice_model"))
     voice_voice: str = Field("marin", validation_alias=_env("PEPPER_VOICE_VOICE", "voice_voice"))
     voice_notice: str = Field(

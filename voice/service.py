@@ -195,6 +195,7 @@ def call_service_from_settings(settings: Any, db: Any, *, registry: Any, gate: A
             api_key=settings.openai_api_key.get_secret_value(),
             model=settings.voice_model,
             base_url=settings.openai_base_url,
+            websocket_base_url=settings.openai_realtime_url,
         )
     deps = VoiceDeps(
         db=db, model=model, registry=registry, gate=gate, config=VoiceConfig.from_settings(settings), send_sms=send_sms

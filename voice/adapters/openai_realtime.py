@@ -100,8 +100,9 @@ class OpenAIRealtimeConnection:
 
     async def _send(self, event: dict[str, Any]) -> None:
         try:
-            await self._conn.send(event)
-        except (ConnectionClosed, WebSocketException, OSError) as exc:
+            # The SDK's raw send: a typed-param transform per audio frame would sit on the hot path.
+            await self._conn.send_raw(json.dumps(event))
+        except (ConnectionClosed, WebSocketException, OSError, OpenAIError) as exc:
             raise RealtimeDisconnected("the realtime socket is closed") from exc
 
     async def configure(self, config: SessionConfig) -> None:
@@ -143,7 +144,7 @@ class OpenAIRealtimeConnection:
             except ConnectionClosed as exc:
                 code = exc.rcvd.code if exc.rcvd is not None else None
                 raise RealtimeDisconnected("the realtime socket closed", close_code=code) from exc
-            except (WebSocketException, OSError) as exc:
+            except (WebSocketException, OSError, OpenAIError) as exc:
                 raise RealtimeDisconnected("the realtime socket failed") from exc
             try:
                 data = json.loads(raw)
@@ -159,9 +160,18 @@ class OpenAIRealtime:
 
     name = "openai-realtime"
 
-    def __init__(self, *, api_key: str, model: str = "gpt-realtime", base_url: str | None = None):
+    def __init__(
+        self,
+        *,
+        api_key: str,
+        model: str = "gpt-realtime",
+        base_url: str | None = None,
+        websocket_base_url: str | None = None,
+    ):
         self.model = model
-        self._client = AsyncOpenAI(api_key=api_key, base_url=base_url, max_retries=0)
+        self._client = AsyncOpenAI(
+            api_key=api_key, base_url=base_url, websocket_base_url=websocket_base_url, max_retries=0
+        )
 
     @asynccontextmanager
     async def connect(self) -> AsyncIterator[OpenAIRealtimeConnection]:
