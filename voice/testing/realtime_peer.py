@@ -313,8 +313,9 @@ class RealtimePeer:
         record = PeerSession(headers, request.path)
         self.sessions.append(record)
         if "openai-beta" in headers:
-            await ws.send(json.dumps({"type": "error", "error": {"type": "invalid_request_error",
-                          "code": "beta_api_shape_disabled", "message": "The beta API shape is retired."}}))  # fmt: skip
+            error = {"type": "invalid_request_error", "code": "beta_api_shape_disabled",
+                     "message": "The beta API shape is retired."}  # fmt: skip
+            await ws.send(json.dumps({"type": "error", "error": error}))
             await ws.close(4000, "beta_api_shape_disabled")
             return
         if not request.path.startswith("/v1/realtime") or "authorization" not in headers:
@@ -322,8 +323,9 @@ class RealtimePeer:
             return
         conn = _Conn(self, ws, record)
         self._conns.append(conn)
-        await conn.emit({"type": "session.created", "session": {"type": "realtime", "id": conn.next_id("sess"),
-                         "object": "realtime.session", "model": "gpt-realtime", "output_modalities": ["audio"]}})  # fmt: skip
+        created = {"type": "realtime", "id": conn.next_id("sess"), "object": "realtime.session",
+                   "model": "gpt-realtime", "output_modalities": ["audio"]}  # fmt: skip
+        await conn.emit({"type": "session.created", "session": created})
         try:
             async for raw in ws:
                 try:
