@@ -310,7 +310,7 @@ async def test_a_model_that_cannot_be_reached_again_ends_the_call_with_an_apolog
         await call.wait(lambda: call.closed.is_set(), within=10, what="Pepper to end the call")
     row = await phone.call_row(answer.call_sid)
     assert row["end_reason"] == "model-failed"
-    status, twiml = await phone.caller.post("/twilio/voice/after-stream", {"CallSid": answer.call_sid})
+    _, twiml = await phone.caller.post("/twilio/voice/after-stream", {"CallSid": answer.call_sid})
     assert "<Say>Sorry, I lost the connection" in twiml and "<Hangup" in twiml
     # The transcript so far is kept.
     assert await phone.db.fetchval("SELECT count(*) FROM messages WHERE channel = 'voice'") >= 1
