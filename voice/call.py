@@ -186,6 +186,8 @@ class _Mark:
 
 _DIGIT_WORDS = r"(?:zero|oh|one|two|three|four|five|six|seven|eight|nine|\d)"
 _DIGIT_RUN = re.compile(rf"\b{_DIGIT_WORDS}(?:[\s,.-]*{_DIGIT_WORDS}){{2,}}\b", re.IGNORECASE)
+# Playback is tracked with a Twilio mark at least every 100 ms of audio (and at each response's end).
+MARK_EVERY_BYTES = 100 * media.BYTES_PER_MS
 # Arguments never written to records: a PIN or code the caller gave.
 SECRET_TOOLS = frozenset({"verify_pin", "check_code"})
 
@@ -219,6 +221,7 @@ class CallSession:
         self._mark_seq = 0
         self._sent_bytes: dict[str, int] = {}
         self._played_bytes: dict[str, int] = {}
+        self._marked_bytes: dict[str, int] = {}
         self._last_item: str | None = None
         self._active_response: str | None = None
         self._cancelled_responses: set[str] = set()
@@ -520,7 +523,9 @@ class CallSession:
             self._sent_bytes[event.item_id] = sent
             self._last_item = event.item_id
             self._response_audio[event.response_id] = self._response_audio.get(event.response_id, 0) + size
-            await self._send_mark(_Mark("audio", event.item_id, sent))
+            if sent - self._marked_bytes.get(event.item_id, 0) >= MARK_EVERY_BYTES:
+                self._marked_bytes[event.item_id] = sent
+                await self._send_mark(_Mark("audio", event.item_id, sent))
         elif type(event) is SpeechStarted:
             await self._barge_in()
         elif type(event) is ResponseCreated:
@@ -555,6 +560,10 @@ class CallSession:
     async def _on_response_done(self, event: ResponseDone) -> None:
         if self._active_response == event.response_id:
             self._active_response = None
+        item = self._last_item
+        if item is not None and self._sent_bytes.get(item, 0) > self._marked_bytes.get(item, 0):
+            self._marked_bytes[item] = self._sent_bytes[item]
+            await self._send_mark(_Mark("audio", item, self._sent_bytes[item]))
         if event.response_id == self._notice_response:
             if event.status == "completed":
                 await self._send_mark(_Mark("notice"))
@@ -598,7 +607,7 @@ class CallSession:
             if item is not None and self._played_bytes.get(item, 0) < self._sent_bytes.get(item, 0):
                 played_ms = self._played_bytes.get(item, 0) // media.BYTES_PER_MS
                 await conn.truncate(item, played_ms)
-                self._sent_bytes[item] = self._played_bytes.get(item, 0)
+                self._sent_bytes[item] = self._marked_bytes[item] = self._played_bytes.get(item, 0)
         except RealtimeDisconnected:
             pass  # the model loop reconnects
         if dropped:

@@ -113,6 +113,7 @@ class _Conn:
         self.silence_ms = 0
         self.user_item = 0
         self.awaiting_outputs: set[str] = set()
+        self.index = len(peer._conns)
 
     def next_id(self, prefix: str) -> str:
         self.peer._ids += 1
@@ -217,7 +218,7 @@ class _Conn:
                     break
                 part = audio[offset : offset + chunk]
                 if self.peer.delta_hook is not None:
-                    part = self.peer.delta_hook(part)
+                    part = self.peer.delta_hook(self.index, part)
                 await self.emit({"type": "response.output_audio.delta", "response_id": response_id,
                                  "item_id": item_id, "output_index": 0, "content_index": 0,
                                  "delta": base64.b64encode(part).decode()})  # fmt: skip
@@ -257,8 +258,8 @@ class RealtimePeer:
         self.vad_threshold = vad_threshold
         self.default_ms = default_ms
         self.sessions: list[PeerSession] = []
-        self.audio_hook: Callable[[bytes], None] | None = None
-        self.delta_hook: Callable[[bytes], bytes] | None = None
+        self.audio_hook: Callable[[bytes], None] | None = None  # each appended chunk, decoded
+        self.delta_hook: Callable[[int, bytes], bytes] | None = None  # (socket index, chunk) -> chunk
         self._responses: deque[ScriptedResponse] = deque()
         self._heard: deque[str] = deque()
         self._conns: list[_Conn] = []
@@ -293,6 +294,19 @@ class RealtimePeer:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
+
+    async def respond(self, index: int = -1) -> None:
+        """Start the next scripted response on one socket unprompted (as server VAD would)."""
+        await self._conns[index].start_response()
+
+    async def speech_started(self, index: int = -1) -> None:
+        """Report caller speech on one socket, as server VAD would (cancels a running response)."""
+        conn = self._conns[index]
+        conn.user_item += 1
+        await conn.emit({"type": "input_audio_buffer.speech_started", "item_id": f"item_u{conn.user_item}",
+                         "audio_start_ms": len(conn.rec.audio_in) // 8})  # fmt: skip
+        if conn.response_task is not None and not conn.response_task.done():
+            conn.cancel_flag = True
 
     async def drop(self, index: int = -1) -> None:
         """Drop one model socket abruptly (close code 1011), as a failing upstream would."""
