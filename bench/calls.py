@@ -24,7 +24,6 @@ import json
 import os
 import statistics
 import struct
-import subprocess
 import sys
 import time
 from typing import Any
@@ -214,13 +213,13 @@ async def main() -> None:
         async with RealtimePeer(chunk_ms=20, pace=0.02, vad=False) as peer:
             port = 18000 + os.getpid() % 1000
             env = dict(os.environ, PYTHONPATH=os.getcwd(), PYTHONWARNINGS="ignore")
-            proc = subprocess.Popen(
-                [sys.executable, __file__, "--serve", dsn, str(port), peer.websocket_url],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True,
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, __file__, "--serve", dsn, str(port), peer.websocket_url,
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env,
             )  # fmt: skip
             try:
                 assert proc.stdout is not None
-                line = await asyncio.get_running_loop().run_in_executor(None, proc.stdout.readline)
+                line = (await proc.stdout.readline()).decode()
                 assert line.strip() == "ready", line
                 caller = TwilioCaller(TOKEN, local=f"http://127.0.0.1:{port}", public=PUBLIC)
                 bench = Bench(peer, caller, db, psutil.Process(proc.pid))
@@ -239,9 +238,10 @@ async def main() -> None:
                 if proc.stdin is not None:
                     proc.stdin.close()
                 try:
-                    proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
+                    await asyncio.wait_for(proc.wait(), 20)
+                except TimeoutError:
                     proc.kill()
+                    await proc.wait()
         await db.close()
         await factory.drop(dsn)
 
