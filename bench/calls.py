@@ -143,12 +143,15 @@ class Bench:
         for index in range(first_socket, first_socket + count):
             await self.peer.respond(index)
         await asyncio.sleep(1.0)
+        me = psutil.Process()
+        mine0 = me.cpu_times()
         cpu0, t0 = self.server.cpu_times(), time.perf_counter()
         rss0 = self.server.memory_info().rss
         self.measuring = True
         await asyncio.sleep(seconds)
         self.measuring = False
         cpu1, t1 = self.server.cpu_times(), time.perf_counter()
+        mine1 = me.cpu_times()
         rss1 = self.server.memory_info().rss
         # Barge-in on every call while its reply still streams.
         hops: list[float] = []
@@ -184,6 +187,8 @@ class Bench:
             "clear": clear_ms,
             "hop": hops,
             "cpu_per_call": busy / (t1 - t0) / count * 100,
+            "peers_cpu": ((mine1.user + mine1.system) - (mine0.user + mine0.system)) / (t1 - t0) * 100,
+            "load": os.getloadavg()[0],
             "rss_mb": rss1 / 1e6,
             "rss_delta_per_call_kb": (rss1 - rss0) / 1e3 / count,
         }
@@ -233,6 +238,8 @@ async def main() -> None:
                     print(f"  peer -> Pepper -> caller    {_fmt(r['hop'])}  (barge-in, full hop)")
                     print(f"  server CPU per call {r['cpu_per_call']:.2f}% of a core; server RSS {r['rss_mb']:.0f} MB"
                           f" ({r['rss_delta_per_call_kb']:+.0f} kB per call over the window)")  # fmt: skip
+                    print(f"  load generator (callers + model peer) CPU {r['peers_cpu']:.0f}% of a core;"
+                          f" machine load average {r['load']:.1f}")  # fmt: skip
                 print("\nBaseline (stock pipecat Twilio + OpenAI Realtime pipeline): not run here; see docs/voice.md.")
             finally:
                 if proc.stdin is not None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import json
 import math
 import time
@@ -43,13 +44,20 @@ from voice.codec import audioop
 SILENCE = b"\xff"
 
 
-def tone(ms: int, hz: float = 440.0, level: int = 8000) -> bytes:
-    """A sine tone as 8 kHz mu-law (what the peer "says" when no audio is scripted)."""
-    samples = int(8 * ms)
+@functools.lru_cache(maxsize=16)
+def _tone_second(hz: float, level: int) -> bytes:
     pcm = b"".join(
-        int(level * math.sin(2 * math.pi * hz * i / 8000)).to_bytes(2, "little", signed=True) for i in range(samples)
+        int(level * math.sin(2 * math.pi * hz * i / 8000)).to_bytes(2, "little", signed=True) for i in range(8000)
     )
     return audioop.lin2ulaw(pcm, 2)
+
+
+def tone(ms: int, hz: float = 440.0, level: int = 8000) -> bytes:
+    """A tone as 8 kHz mu-law (what the peer "says" when no audio is scripted); whole-hertz
+    frequencies repeat every second, so one computed second is tiled."""
+    second = _tone_second(hz, level)
+    size = 8 * ms
+    return (second * (size // len(second) + 1))[:size]
 
 
 @dataclass
