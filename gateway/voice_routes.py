@@ -122,7 +122,7 @@ async def media_stream() -> None:
     try:
         frames = await services.calls.read_first_frames(ws.receive)
         start, call = await services.calls.admit(frames, signature_ok=signature_ok)
-    except (StreamRefused, TimeoutError):
+    except StreamRefused:
         await ws.close(POLICY_VIOLATION)
         return
     link = _QuartLink(ws)

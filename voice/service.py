@@ -159,17 +159,20 @@ class CallService:
             self.sessions.pop(session.call.call_sid, None)
 
     async def read_first_frames(self, receive: Any) -> list[str | bytes]:
-        """Up to the ``start`` frame (or three frames), within ``START_TIMEOUT`` seconds."""
+        """Up to the ``start`` frame (or three frames), or whatever came within ``START_TIMEOUT`` seconds."""
         frames: list[str | bytes] = []
-        async with asyncio.timeout(START_TIMEOUT):
-            while len(frames) < 3:
-                raw = await receive()
-                frames.append(raw)
-                try:
-                    if media.parse(raw)["event"] == "start":
-                        break
-                except media.MalformedFrame:
-                    continue
+        try:
+            async with asyncio.timeout(START_TIMEOUT):
+                while len(frames) < 3:
+                    raw = await receive()
+                    frames.append(raw)
+                    try:
+                        if media.parse(raw)["event"] == "start":
+                            break
+                    except media.MalformedFrame:
+                        continue
+        except TimeoutError:
+            pass  # admit() refuses a stream that never started
         return frames
 
     def hang_up_all(self) -> None:

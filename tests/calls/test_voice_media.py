@@ -162,3 +162,25 @@ def test_payload_sizes_are_counted_without_decoding():
 
     for size in (1, 2, 3, 159, 160, 800):
         assert decoded_length(base64.b64encode(b"x" * size).decode()) == size
+
+
+async def test_a_socket_that_never_sends_start_is_refused(phone):
+    import voice.service
+
+    original = voice.service.START_TIMEOUT
+    voice.service.START_TIMEOUT = 0.3
+    try:
+        answer = await phone.dial_owner()
+        assert await _refused(phone, answer, send_start=False) == 1008
+    finally:
+        voice.service.START_TIMEOUT = original
+    assert await phone.db.fetchval("SELECT kind FROM security_events") == "media-no-start"
+    assert await phone.db.fetchval("SELECT used_at FROM call_stream_tokens") is None
+
+
+def test_spoken_digits_are_withheld_before_verification():
+    from voice.call import withhold_digits
+
+    assert withhold_digits("my pin is two four six eight") == "my pin is [digits withheld]"
+    assert withhold_digits("it's 1 2 3 4, thanks") == "it's [digits withheld], thanks"
+    assert withhold_digits("I have two questions") == "I have two questions"
