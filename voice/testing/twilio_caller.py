@@ -143,6 +143,8 @@ class TwilioCaller:
         try:
             if send_start:
                 await call.start()
+            else:
+                call.listen()
             yield call
         finally:
             await call.aclose()
@@ -208,6 +210,12 @@ class MediaCall:
             loop.create_task(self._listen(), name=f"caller-listen-{self.call_sid[-6:]}"),
             loop.create_task(self._playback(), name=f"caller-playback-{self.call_sid[-6:]}"),
         ]
+
+    def listen(self) -> None:
+        """Only read what Pepper sends (a socket that never starts its stream)."""
+        self._tasks.append(
+            asyncio.get_running_loop().create_task(self._listen(), name=f"caller-listen-{self.call_sid[-6:]}")
+        )
 
     def say(self, mulaw: bytes) -> None:
         """Queue speech; it goes out in 20 ms frames after what is already queued."""
