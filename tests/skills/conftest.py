@@ -94,7 +94,7 @@ required: [list_events]
     "email-digest": """---
 name: email-digest
 description: Summarise the unread mail.
-toolsets: [email]
+toolsets: [github]
 ---
 1. List unread mail.
 """,
@@ -128,7 +128,8 @@ async def account(db: Database) -> Account:
 
 @pytest.fixture
 def registry() -> ToolRegistry:
-    return ToolRegistry([*starter_registry().all(), *CALENDAR_TOOLS])
+    # The real calendar area gives way to the small test-made one.
+    return ToolRegistry([*(t for t in starter_registry().all() if t.area != "calendar"), *CALENDAR_TOOLS])
 
 
 @pytest.fixture
