@@ -169,7 +169,7 @@ _MISSING: Any = _Missing()
 # --- The built-in policies -------------------------------------------------------------------
 
 # Feature areas that hold one person's private data; rooms see the room's data instead.
-PERSONAL_AREAS: frozenset[str] = frozenset({"notes", "todos", "dossier"})
+PERSONAL_AREAS: frozenset[str] = frozenset({"notes", "todos", "dossier", "memory"})
 # What a caller who is not the owner may use (the answering service adds its own tools later).
 THIRD_PARTY_AREAS: frozenset[str] = frozenset({"clock"})
 

@@ -1,0 +1,192 @@
+"""The memory block: what an owner's prompt holds of the one conversation.
+
+Oldest and coarsest first: monthly summaries, then weekly ones after the last month, then daily
+ones after that (a day inside an included week is left to the week), then the messages no
+included summary covers yet, split into exchanges by pauses in time. Today's messages are never
+cut: all of them are there, whole. Older uncovered messages (a day whose summary job has not run
+yet) are limited to the newest ``block_older_messages`` and trimmed. Nothing older is replayed:
+detailed recall is the search the model can run.
+
+It goes in ``Prompt.system_dynamic``, after the byte-stable prefix, and only for a verified
+owner outside a room: the caller decides that (``text_loop.turn``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import date, datetime
+from typing import Any
+from uuid import UUID
+
+from core.conversation import Message, _message
+from core.memory.config import MemoryConfig
+from core.memory.exchanges import render_exchanges, split_exchanges
+from core.memory.periods import Period, label, local_date, local_midnight
+
+NO_MEMORY = "Memory: not available in this session."
+
+
+@dataclass(frozen=True)
+class Summary:
+    id: int
+    period: Period
+    starts_on: date
+    ends_on: date
+    covers_from: datetime
+    covers_until: datetime
+    body: str
+
+
+def _summary(row: Any) -> Summary:
+    return Summary(
+        row["id"], row["period"], row["starts_on"], row["ends_on"], row["covers_from"], row["covers_until"], row["body"]
+    )
+
+
+@dataclass(frozen=True)
+class MemoryView:
+    """What the block shows, before rendering: chosen summaries and uncovered messages."""
+
+    months: tuple[Summary, ...]
+    weeks: tuple[Summary, ...]
+    days: tuple[Summary, ...]
+    messages: tuple[Message, ...]  # oldest first
+    older_left_out: bool  # older uncovered messages exist beyond the limit
+    today_starts: datetime
+
+
+async def memory_view(
+    db: Any,
+    account_id: UUID,
+    conversation_id: UUID,
+    timezone: str,
+    now: datetime,
+    *,
+    config: MemoryConfig,
+    exclude_message_id: int | None = None,
+) -> MemoryView:
+    today_starts = local_midnight(local_date(now, timezone), timezone)
+    months = [
+        _summary(r)
+        for r in await db.fetch(
+            "SELECT * FROM memory_summaries WHERE account_id = $1 AND period = 'month' AND covers_until <= $2"
+            " ORDER BY starts_on DESC LIMIT $3",
+            account_id,
+            today_starts,
+            config.block_months,
+        )
+    ][::-1]
+    after = months[-1].covers_until if months else None
+    finer = await db.fetch(
+        """
+        (SELECT * FROM memory_summaries WHERE account_id = $1 AND period = 'week'
+            AND ($2::timestamptz IS NULL OR covers_from >= $2) AND covers_until <= $3
+            ORDER BY starts_on DESC LIMIT $4)
+        UNION ALL
+        (SELECT * FROM memory_summaries WHERE account_id = $1 AND period = 'day'
+            AND ($2::timestamptz IS NULL OR covers_from >= $2) AND covers_until <= $3
+            ORDER BY starts_on DESC LIMIT $5)
+        """,
+        account_id,
+        after,
+        today_starts,
+        config.block_weeks,
+        config.block_days,
+    )
+    weeks = sorted((_summary(r) for r in finer if r["period"] == "week"), key=lambda s: s.starts_on)
+    days = sorted(
+        (
+            s
+            for s in (_summary(r) for r in finer if r["period"] == "day")
+            if not any(w.covers_from <= s.covers_from and s.covers_until <= w.covers_until for w in weeks)
+        ),
+        key=lambda s: s.starts_on,
+    )
+    chosen = [*months, *weeks, *days]
+    floor = min((s.covers_from for s in chosen), default=None)
+    starts = [s.covers_from for s in chosen]
+    ends = [s.covers_until for s in chosen]
+    excluded = exclude_message_id if exclude_message_id is not None else -1
+    today = await db.fetch(
+        "SELECT * FROM messages WHERE conversation_id = $1 AND created_at >= $2 AND id <> $3 ORDER BY created_at, id",
+        conversation_id,
+        today_starts,
+        excluded,
+    )
+    older = await db.fetch(
+        """
+        SELECT * FROM messages m
+        WHERE m.conversation_id = $1 AND m.created_at < $2 AND m.id <> $3
+          AND ($4::timestamptz IS NULL OR m.created_at >= $4)
+          AND NOT EXISTS (
+              SELECT 1 FROM unnest($5::timestamptz[], $6::timestamptz[]) AS c(s, e)
+              WHERE m.created_at >= c.s AND m.created_at < c.e)
+        ORDER BY m.created_at DESC, m.id DESC LIMIT $7
+        """,
+        conversation_id,
+        today_starts,
+        excluded,
+        floor,
+        starts,
+        ends,
+        config.block_older_messages + 1,
+    )
+    left_out = len(older) > config.block_older_messages
+    older = older[: config.block_older_messages][::-1]
+    return MemoryView(
+        tuple(months),
+        tuple(weeks),
+        tuple(days),
+        tuple(_message(r) for r in [*older, *today]),
+        left_out,
+        today_starts,
+    )
+
+
+def render_memory(view: MemoryView, timezone: str, config: MemoryConfig) -> str:
+    parts = [
+        f"Memory: one conversation across every channel, oldest first; times are the person's ({timezone})."
+        " For details not shown here, search past messages."
+    ]
+    for title, summaries in (
+        ("Monthly summaries", view.months),
+        ("Weekly summaries", view.weeks),
+        ("Daily summaries", view.days),
+    ):
+        if summaries:
+            parts.append(f"{title}:\n" + "\n\n".join(f"{label(s.period, s.starts_on)}:\n{s.body}" for s in summaries))
+    if view.messages:
+        lines = render_exchanges(
+            split_exchanges(view.messages, config.exchange_gap),
+            timezone,
+            trim=config.block_older_message_chars,
+            keep_whole_after=view.today_starts,
+        )
+        head = "Recent messages that no summary covers yet, in exchanges:"
+        if view.older_left_out:
+            head += " (earlier ones are left out; search finds them)"
+        parts.append(head + "\n" + "\n".join(lines))
+    elif not (view.months or view.weeks or view.days):
+        return "Memory: this is the start of the conversation."
+    return "\n\n".join(parts)
+
+
+async def build_memory_block(
+    db: Any,
+    account_id: UUID,
+    conversation_id: UUID,
+    timezone: str,
+    now: datetime,
+    *,
+    config: MemoryConfig | None = None,
+    exclude_message_id: int | None = None,
+) -> str:
+    """The memory block for an owner's prompt at ``now`` (see the module docstring).
+
+    ``exclude_message_id`` leaves out the message the turn answers (it is the newest message).
+    """
+    config = config or MemoryConfig()
+    view = await memory_view(
+        db, account_id, conversation_id, timezone, now, config=config, exclude_message_id=exclude_message_id
+    )
+    return render_memory(view, timezone, config)
