@@ -78,6 +78,12 @@ class Settings(BaseSettings):
     # Where this process found its TOML file, if any (for `pepper doctor`).
     config_file: Path | None = Field(None, validation_alias=_env("PEPPER_CONFIG", "config_file"))
 
+    # Seconds between rounds of background memory work (summaries, dossier rewrites, indexing); 0 turns
+    # it off (when the scheduler calls core.memory.memory_jobs_tick instead).
+    memory_jobs_interval: float = Field(
+        60.0, ge=0, validation_alias=_env("PEPPER_MEMORY_JOBS_INTERVAL", "memory_jobs_interval")
+    )
+
     @field_validator("data_dir", mode="after")
     @classmethod
     def _expand(cls, value: Path) -> Path:
