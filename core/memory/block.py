@@ -14,7 +14,7 @@ owner outside a room: the caller decides that (``text_loop.turn``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import date, datetime
+from datetime import UTC, date, datetime
 from typing import Any
 from uuid import UUID
 
@@ -53,6 +53,25 @@ class MemoryView:
     messages: tuple[Message, ...]  # oldest first
     older_left_out: bool  # older uncovered messages exist beyond the limit
     today_starts: datetime
+
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def uncovered_spans(summaries: list[Summary], until: datetime) -> list[tuple[datetime, datetime]]:
+    """The spans before ``until`` that none of ``summaries`` covers, from the oldest summary's
+    start (or from the beginning when there is none). Older time is left to summaries not shown
+    and to search."""
+    spans: list[tuple[datetime, datetime]] = []
+    ordered = sorted(summaries, key=lambda s: s.covers_from)
+    cursor = ordered[0].covers_from if ordered else EPOCH
+    for s in ordered:
+        if s.covers_from > cursor:
+            spans.append((cursor, min(s.covers_from, until)))
+        cursor = max(cursor, s.covers_until)
+    if cursor < until:
+        spans.append((cursor, until))
+    return [(a, b) for a, b in spans if a < b]
 
 
 async def memory_view(
@@ -102,10 +121,7 @@ async def memory_view(
         ),
         key=lambda s: s.starts_on,
     )
-    chosen = [*months, *weeks, *days]
-    floor = min((s.covers_from for s in chosen), default=None)
-    starts = [s.covers_from for s in chosen]
-    ends = [s.covers_until for s in chosen]
+    gaps = uncovered_spans([*months, *weeks, *days], today_starts)
     excluded = exclude_message_id if exclude_message_id is not None else -1
     today = await db.fetch(
         "SELECT * FROM messages WHERE conversation_id = $1 AND created_at >= $2 AND id <> $3 ORDER BY created_at, id",
@@ -115,20 +131,18 @@ async def memory_view(
     )
     older = await db.fetch(
         """
-        SELECT * FROM messages m
-        WHERE m.conversation_id = $1 AND m.created_at < $2 AND m.id <> $3
-          AND ($4::timestamptz IS NULL OR m.created_at >= $4)
-          AND NOT EXISTS (
-              SELECT 1 FROM unnest($5::timestamptz[], $6::timestamptz[]) AS c(s, e)
-              WHERE m.created_at >= c.s AND m.created_at < c.e)
-        ORDER BY m.created_at DESC, m.id DESC LIMIT $7
+        SELECT m.* FROM unnest($2::timestamptz[], $3::timestamptz[]) AS g(s, e)
+        CROSS JOIN LATERAL (
+            SELECT * FROM messages
+            WHERE conversation_id = $1 AND created_at >= g.s AND created_at < g.e AND id <> $4
+            ORDER BY created_at DESC, id DESC LIMIT $5
+        ) m
+        ORDER BY m.created_at DESC, m.id DESC LIMIT $5
         """,
         conversation_id,
-        today_starts,
+        [a for a, _ in gaps],
+        [b for _, b in gaps],
         excluded,
-        floor,
-        starts,
-        ends,
         config.block_older_messages + 1,
     )
     left_out = len(older) > config.block_older_messages
