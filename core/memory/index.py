@@ -42,6 +42,14 @@ class Embedders:
     def __init__(self) -> None:
         self._configured: Embedder | None = None
         self._by_id: dict[str, Embedder] = {}
+        self._warned: set[str] = set()
+
+    def warn_once(self, key: str) -> bool:
+        """True the first time ``key`` is seen (so a tick every minute logs a problem once)."""
+        if key in self._warned:
+            return False
+        self._warned.add(key)
+        return True
 
     def use(self, embedder: Embedder) -> None:
         check_model_id(embedder.model_id)
@@ -217,8 +225,16 @@ async def index_pending(
     if state.target_model is None:
         state = await set_target(db, embedders.configured(), now=now)
     embedder = embedders.get(state.target_model)
+    configured = embedders.configured().model_id
+    if configured != state.target_model and embedders.warn_once(f"differs:{configured}:{state.target_model}"):
+        log.warning(
+            "the configured embedding model is not the index's; run `pepper memory reindex`: configured=%s index=%s",
+            configured,
+            state.target_model,
+        )
     if embedder is None:
-        log.warning("no embedder for the index target; indexing waits: model=%s", state.target_model)
+        if embedders.warn_once(f"missing:{state.target_model}"):
+            log.warning("no embedder for the index target; indexing waits: model=%s", state.target_model)
         return IndexProgress(state.target_model, 0, 0, 0, False, False)
     added = 0
     async with connection(db) as conn:

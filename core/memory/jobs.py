@@ -288,14 +288,19 @@ async def memory_jobs_tick(
     config: MemoryConfig | None = None,
     embedders: Embedders = EMBEDDERS,
     index_batches: int = 20,
+    enqueue: bool = True,
 ) -> JobsReport:
-    """One round of background memory work: enqueue, run due jobs, index new messages.
+    """One round of background memory work: enqueue (unless ``enqueue=False``; once every few
+    minutes is plenty), run due jobs, index new messages.
 
     Meant to be called about once a minute by the scheduler (or :class:`MemoryWorker`). Safe to
     call from several processes at once.
     """
     config = config or MemoryConfig()
-    report = await run_nightly_summaries(db, models, now, config=config)
+    if enqueue:
+        report = await run_nightly_summaries(db, models, now, config=config)
+    else:
+        report = await run_due_jobs(db, models, now, config=config)
     try:
         report.index = await index_pending(db, embedders=embedders, config=config, now=now, max_batches=index_batches)
     except Exception as exc:

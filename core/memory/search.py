@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any, Protocol
 from uuid import UUID
 
+from core.errors import PepperError
 from core.memory.config import MemoryConfig
 from core.memory.index import EMBEDDERS, Embedders, index_state, vector_sql
 from core.tools.registry import transaction
@@ -22,6 +23,12 @@ log = logging.getLogger(__name__)
 
 _QUOTED = re.compile(r'"([^"]+)"|“([^”]+)”')
 SNIPPET_CHARS = 320
+
+
+class SearchUnavailable(PepperError):
+    """The index was built with an embedding model this process cannot run."""
+
+    code = "search-unavailable"
 
 
 @dataclass(frozen=True)
@@ -124,11 +131,12 @@ class BuiltinMemorySearch:
         if not query.strip():
             return []
         state = await index_state(db)
-        model_id = state.active_model if self.embedders.get(state.active_model) else state.target_model
+        model_id = state.active_model or state.target_model
+        if model_id is None:  # nothing was ever indexed
+            return []
         embedder = self.embedders.get(model_id)
-        if embedder is None or model_id is None:
-            embedder = self.embedders.configured()
-            model_id = embedder.model_id
+        if embedder is None:
+            raise SearchUnavailable(f"no embedder for the indexed model {model_id} in this process")
         (vector,) = await embedder.embed([query])
         cast, where = vector_sql(model_id, embedder.dimensions)
         async with transaction(db) as conn:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from core.memory.config import MemoryConfig
@@ -17,6 +17,9 @@ from core.memory.jobs import memory_jobs_tick
 from core.models.types import ModelService
 
 log = logging.getLogger(__name__)
+
+# Looking for newly finished periods is a scan of recent activity; due jobs are checked every tick.
+ENQUEUE_EVERY = timedelta(minutes=10)
 
 
 def _utc_now() -> datetime:
@@ -40,6 +43,7 @@ class MemoryWorker:
         self.clock = clock
         self.ticks = 0
         self._task: asyncio.Task[None] | None = None
+        self._enqueued: datetime | None = None
 
     def start(self) -> None:
         if self._task is None:
@@ -55,7 +59,11 @@ class MemoryWorker:
         while True:
             await asyncio.sleep(self.interval)
             try:
-                report = await memory_jobs_tick(self.db, self.models, self.clock(), config=self.config)
+                now = self.clock()
+                enqueue = self._enqueued is None or now - self._enqueued >= ENQUEUE_EVERY
+                report = await memory_jobs_tick(self.db, self.models, now, config=self.config, enqueue=enqueue)
+                if enqueue:
+                    self._enqueued = now
                 if report.claimed:
                     log.info("memory jobs: done=%s failed=%s", report.done, report.failed)
             except Exception as exc:

@@ -123,3 +123,23 @@ async def test_the_tick_also_indexes_new_messages(db, ada, peer_router) -> None:
     report = await memory_jobs_tick(db, router, NOW, config=CONFIG)
     assert report.index is not None and report.index.finished and report.index.added == 1
     assert not peer.requests  # nothing finished yet to summarise
+
+
+async def test_the_worker_ticks_in_a_named_task_and_stops(db, ada, peer_router) -> None:
+    import asyncio
+
+    from core.memory.worker import MemoryWorker
+
+    _peer, router = peer_router
+    await say(db, ada.id, NOW - timedelta(minutes=5), "The spare key is under the blue flowerpot")
+    worker = MemoryWorker(db, router, interval=0.01, clock=lambda: NOW)
+    worker.start()
+    assert any(t.get_name() == "pepper-memory-jobs" for t in asyncio.all_tasks())
+    for _ in range(500):
+        if worker.ticks >= 2:
+            break
+        await asyncio.sleep(0.02)
+    await worker.stop()
+    assert worker.ticks >= 2
+    assert not any(t.get_name() == "pepper-memory-jobs" for t in asyncio.all_tasks())
+    assert await db.fetchval("SELECT count(*) FROM memory_index") == 1

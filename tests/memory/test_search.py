@@ -144,3 +144,11 @@ async def test_reindexing_to_a_new_model_switches_when_done(db, ada) -> None:
         assert hits[0].source_id == ids[3]
         await remote.aclose()
     assert (await progress(db)).finished
+
+
+async def test_an_index_this_process_cannot_query_is_a_failure_not_nothing(db, ada, models) -> None:
+    await db.execute("UPDATE memory_index_state SET active_model = 'openai:text-embedding-3-large'")
+    deps = HarnessDeps(db=db, models=models, clock=lambda: NOW)
+    models.script(calls(("search_memory", {"query": "wifi"})), reply("I could not check."))
+    await run_turn(deps, ada.id, "web", "wifi?")
+    assert models.prompts[-1].messages[-1].tool_result.content.startswith("Failed")
