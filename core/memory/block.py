@@ -85,73 +85,72 @@ async def memory_view(
     exclude_message_id: int | None = None,
 ) -> MemoryView:
     today_starts = local_midnight(local_date(now, timezone), timezone)
-    months = [
-        _summary(r)
-        for r in await db.fetch(
-            "SELECT * FROM memory_summaries WHERE account_id = $1 AND period = 'month' AND covers_until <= $2"
-            " ORDER BY starts_on DESC LIMIT $3",
-            account_id,
-            today_starts,
-            config.block_months,
-        )
-    ][::-1]
-    after = months[-1].covers_until if months else None
-    finer = await db.fetch(
+    # One round trip for the summaries: the last months, then weeks and days after them.
+    rows = await db.fetch(
         """
-        (SELECT * FROM memory_summaries WHERE account_id = $1 AND period = 'week'
-            AND ($2::timestamptz IS NULL OR covers_from >= $2) AND covers_until <= $3
-            ORDER BY starts_on DESC LIMIT $4)
+        WITH months AS (
+            SELECT * FROM memory_summaries
+            WHERE account_id = $1 AND period = 'month' AND covers_until <= $2
+            ORDER BY starts_on DESC LIMIT $3
+        ), after AS (SELECT max(covers_until) AS t FROM months)
+        SELECT * FROM months
         UNION ALL
-        (SELECT * FROM memory_summaries WHERE account_id = $1 AND period = 'day'
-            AND ($2::timestamptz IS NULL OR covers_from >= $2) AND covers_until <= $3
-            ORDER BY starts_on DESC LIMIT $5)
+        (SELECT s.* FROM memory_summaries s, after
+            WHERE s.account_id = $1 AND s.period = 'week' AND s.covers_until <= $2
+              AND (after.t IS NULL OR s.covers_from >= after.t)
+            ORDER BY s.starts_on DESC LIMIT $4)
+        UNION ALL
+        (SELECT s.* FROM memory_summaries s, after
+            WHERE s.account_id = $1 AND s.period = 'day' AND s.covers_until <= $2
+              AND (after.t IS NULL OR s.covers_from >= after.t)
+            ORDER BY s.starts_on DESC LIMIT $5)
         """,
         account_id,
-        after,
         today_starts,
+        config.block_months,
         config.block_weeks,
         config.block_days,
     )
-    weeks = sorted((_summary(r) for r in finer if r["period"] == "week"), key=lambda s: s.starts_on)
-    days = sorted(
-        (
-            s
-            for s in (_summary(r) for r in finer if r["period"] == "day")
-            if not any(w.covers_from <= s.covers_from and s.covers_until <= w.covers_until for w in weeks)
-        ),
-        key=lambda s: s.starts_on,
-    )
+    summaries = sorted((_summary(r) for r in rows), key=lambda s: s.starts_on)
+    months = [s for s in summaries if s.period == "month"]
+    weeks = [s for s in summaries if s.period == "week"]
+    days = [
+        s
+        for s in summaries
+        if s.period == "day"
+        and not any(w.covers_from <= s.covers_from and s.covers_until <= w.covers_until for w in weeks)
+    ]
     gaps = uncovered_spans([*months, *weeks, *days], today_starts)
-    excluded = exclude_message_id if exclude_message_id is not None else -1
-    today = await db.fetch(
-        "SELECT * FROM messages WHERE conversation_id = $1 AND created_at >= $2 AND id <> $3 ORDER BY created_at, id",
-        conversation_id,
-        today_starts,
-        excluded,
-    )
-    older = await db.fetch(
+    # One round trip for the messages: all of today's, and the newest uncovered older ones.
+    rows = await db.fetch(
         """
-        SELECT m.* FROM unnest($2::timestamptz[], $3::timestamptz[]) AS g(s, e)
-        CROSS JOIN LATERAL (
-            SELECT * FROM messages
-            WHERE conversation_id = $1 AND created_at >= g.s AND created_at < g.e AND id <> $4
-            ORDER BY created_at DESC, id DESC LIMIT $5
-        ) m
-        ORDER BY m.created_at DESC, m.id DESC LIMIT $5
+        (SELECT * FROM messages WHERE conversation_id = $1 AND created_at >= $2 AND id <> $3)
+        UNION ALL
+        (SELECT m.* FROM unnest($4::timestamptz[], $5::timestamptz[]) AS g(s, e)
+            CROSS JOIN LATERAL (
+                SELECT * FROM messages
+                WHERE conversation_id = $1 AND created_at >= g.s AND created_at < g.e AND id <> $3
+                ORDER BY created_at DESC, id DESC LIMIT $6
+            ) m
+            ORDER BY m.created_at DESC, m.id DESC LIMIT $6)
         """,
         conversation_id,
+        today_starts,
+        exclude_message_id if exclude_message_id is not None else -1,
         [a for a, _ in gaps],
         [b for _, b in gaps],
-        excluded,
         config.block_older_messages + 1,
     )
+    messages = sorted((_message(r) for r in rows), key=lambda m: (m.created_at, m.id))
+    today = [m for m in messages if m.created_at >= today_starts]
+    older = [m for m in messages if m.created_at < today_starts]
     left_out = len(older) > config.block_older_messages
-    older = older[: config.block_older_messages][::-1]
+    older = older[len(older) - config.block_older_messages :] if left_out else older
     return MemoryView(
         tuple(months),
         tuple(weeks),
         tuple(days),
-        tuple(_message(r) for r in [*older, *today]),
+        (*older, *today),
         left_out,
         today_starts,
     )
