@@ -2,6 +2,7 @@
 
 For a server without the scheduler: ``gateway.server.build_app`` starts one. The first tick runs
 one interval after start, so short-lived processes (tests, a quick restart) do no memory work.
+While the index is behind (a re-index, a backlog), ticks follow each other after a short pause.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ log = logging.getLogger(__name__)
 
 # Looking for newly finished periods is a scan of recent activity; due jobs are checked every tick.
 ENQUEUE_EVERY = timedelta(minutes=10)
+CATCH_UP_PAUSE = 1.0
 
 
 def _utc_now() -> datetime:
@@ -56,8 +58,10 @@ class MemoryWorker:
             await asyncio.gather(task, return_exceptions=True)
 
     async def _run(self) -> None:
+        pause = self.interval
         while True:
-            await asyncio.sleep(self.interval)
+            await asyncio.sleep(pause)
+            pause = self.interval
             try:
                 now = self.clock()
                 enqueue = self._enqueued is None or now - self._enqueued >= ENQUEUE_EVERY
@@ -66,6 +70,8 @@ class MemoryWorker:
                     self._enqueued = now
                 if report.claimed:
                     log.info("memory jobs: done=%s failed=%s", report.done, report.failed)
+                if report.index is not None and report.index.ran and not report.index.finished:
+                    pause = CATCH_UP_PAUSE  # a re-index or a backlog: keep going, between short pauses
             except Exception as exc:
                 log.error("memory jobs tick failed: error=%s", type(exc).__name__, exc_info=exc)
             self.ticks += 1
