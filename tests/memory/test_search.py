@@ -3,6 +3,7 @@ runs left out, isolation between people, the tool behind the gate, and re-indexi
 
 from __future__ import annotations
 
+import itertools
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -152,3 +153,25 @@ async def test_an_index_this_process_cannot_query_is_a_failure_not_nothing(db, a
     models.script(calls(("search_memory", {"query": "wifi"})), reply("I could not check."))
     await run_turn(deps, ada.id, "web", "wifi?")
     assert models.prompts[-1].messages[-1].tool_result.content.startswith("Failed")
+
+
+def test_long_texts_are_cut_into_overlapping_chunks_at_spaces() -> None:
+    from core.memory.index import chunks
+
+    text = " ".join(f"word{n}" for n in range(600))  # about 4,300 characters
+    spans = chunks(text, 1000, 150)
+    assert spans[0][0] == 0 and spans[-1][1] == len(text) and all(b - a <= 1000 for a, b in spans)
+    assert all(nxt[0] < prev[1] for prev, nxt in itertools.pairwise(spans))  # they overlap
+    assert all(text[a - 1] == " " for a, _ in spans[1:]) and all(text[b : b + 1] in (" ", "") for _, b in spans)
+    assert chunks("   ", 1000, 150) == [] and chunks("short", 1000, 150) == [(0, 5)]
+
+
+async def test_the_end_of_a_long_email_is_found(db, ada, search) -> None:
+    filler = " ".join(["The quarterly newsletter covers gardening, recipes and local events."] * 40)
+    body = filler + " P.S. The boat rental for the lake trip is booked for the 14th of August."
+    email = await say(db, ada.id, T0, body, channel="email")
+    await seed(db, ada.id)
+    await index_pending(db, now=NOW)
+    assert await db.fetchval("SELECT count(*) FROM memory_index WHERE message_id = $1", email) >= 3
+    hits = await search.search(db, ada.id, "when is the boat rental for the lake", limit=1)
+    assert hits[0].source_id == email and "boat rental" in hits[0].snippet
