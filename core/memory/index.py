@@ -87,8 +87,56 @@ def vector_sql(model_id: str, dimensions: int) -> tuple[str, str]:
     return f"embedding::vector({int(dimensions)})", f"model_id = '{model_id}'"
 
 
-def hnsw_index_name(model_id: str) -> str:
-    return "memory_index_hnsw_" + hashlib.blake2b(model_id.encode(), digest_size=6).hexdigest()
+def hnsw_index_name(model_id: str, account_id: UUID | None = None) -> str:
+    """The model's HNSW index, or one person's own (``account_id``); all share the model's prefix."""
+    name = "memory_index_hnsw_" + hashlib.blake2b(model_id.encode(), digest_size=6).hexdigest()
+    return name if account_id is None else f"{name}_{account_id.hex[:16]}"
+
+
+def person_filter(account_id: UUID) -> str:
+    """The person filter as SQL text, so the planner can use the person's own index."""
+    return f"account_id = '{UUID(str(account_id))}'"
+
+
+async def ensure_person_indexes(db: Any, model_id: str, dimensions: int, min_rows: int) -> int:
+    """Give each person with at least ``min_rows`` rows for the model an HNSW index of their own.
+
+    Searches are always filtered to one person; on the shared index the filter makes the scan
+    skip everyone else's rows, which costs more the more others there are. A person's own index
+    (partial on their account) keeps a search on their rows alone. With one person there is
+    nothing to skip, so nothing is built. Returns how many indexes were created.
+    """
+    rows = await db.fetch(
+        "SELECT account_id, count(*) AS n FROM memory_index WHERE model_id = $1 GROUP BY account_id", model_id
+    )
+    if len(rows) < 2:
+        return 0
+    existing = {r["indexname"] for r in await db.fetch(
+        "SELECT indexname FROM pg_indexes WHERE tablename = 'memory_index' AND indexname LIKE $1",
+        hnsw_index_name(model_id) + "\\_%",
+    )}  # fmt: skip
+    cast, where = vector_sql(model_id, dimensions)
+    created = 0
+    for r in rows:
+        name = hnsw_index_name(model_id, r["account_id"])
+        if r["n"] < min_rows or name in existing:
+            continue
+        await db.execute(
+            f"CREATE INDEX IF NOT EXISTS {name} ON memory_index USING hnsw (({cast}) vector_cosine_ops)"
+            f" WHERE {where} AND {person_filter(r['account_id'])}"
+        )
+        created += 1
+        log.info("memory search index of its own for a person: rows=%s", r["n"])
+    return created
+
+
+async def drop_model_indexes(db: Any, model_id: str) -> None:
+    names = await db.fetch(
+        "SELECT indexname FROM pg_indexes WHERE tablename = 'memory_index' AND indexname LIKE $1",
+        hnsw_index_name(model_id) + "%",
+    )
+    for r in names:
+        await db.execute(f"DROP INDEX IF EXISTS {r['indexname']}")
 
 
 async def ensure_model_index(db: Any, model_id: str, dimensions: int) -> None:
@@ -252,6 +300,8 @@ async def index_pending(
                 if not more:
                     await _finish_if_done(conn, state, now)
                     break
+            if added:
+                await ensure_person_indexes(conn, embedder.model_id, embedder.dimensions, config.index_person_min_rows)
         finally:
             await conn.execute("SELECT pg_advisory_unlock($1)", INDEX_LOCK)
     result = await progress(db, embedder.model_id)
@@ -340,7 +390,7 @@ async def _finish_if_done(conn: Any, state: IndexState, now: datetime) -> None:
         if old is not None:
             await conn.execute("DELETE FROM memory_index WHERE model_id = $1", old)
     if old is not None:
-        await conn.execute(f"DROP INDEX IF EXISTS {hnsw_index_name(old)}")
+        await drop_model_indexes(conn, old)
     log.info("memory re-index finished: model=%s replaced=%s", state.target_model, old)
 
 

@@ -16,7 +16,7 @@ from uuid import UUID
 
 from core.errors import PepperError
 from core.memory.config import MemoryConfig
-from core.memory.index import EMBEDDERS, Embedders, index_state, vector_sql
+from core.memory.index import EMBEDDERS, Embedders, index_state, person_filter, vector_sql
 from core.tools.registry import transaction
 
 log = logging.getLogger(__name__)
@@ -148,7 +148,7 @@ class BuiltinMemorySearch:
                 f"""
                 WITH nearest AS (
                     SELECT message_id, document_id, chunk_start, chunk_end, {cast} <=> $2::real[]::vector AS distance
-                    FROM memory_index WHERE {where} AND account_id = $1
+                    FROM memory_index WHERE {where} AND {person_filter(account_id)} AND account_id = $1
                     ORDER BY {cast} <=> $2::real[]::vector LIMIT $3
                 )
                 SELECT n.*, m.channel, m.direction, coalesce(m.body, d.title || E'\n' || d.body) AS text,
