@@ -242,8 +242,8 @@ async def progress(db: Any, model_id: str | None = None) -> IndexProgress:
     model_id = model_id or state.target_model
     total = await db.fetchval(
         "SELECT (SELECT count(*) FROM messages m LEFT JOIN turns t ON t.id = m.turn_id"
-        "        WHERE t.kind IS DISTINCT FROM 'scheduled' AND btrim(m.body) <> '')"
-        "     + (SELECT count(*) FROM memory_documents WHERE btrim(body) <> '')"
+        "        WHERE t.kind IS DISTINCT FROM 'scheduled' AND m.body ~ '\\S')"
+        "     + (SELECT count(*) FROM memory_documents WHERE (title || body) ~ '\\S')"
     )
     indexed = await db.fetchval(
         "SELECT count(*) FROM memory_index WHERE model_id = $1 AND chunk = 0", model_id
@@ -262,11 +262,14 @@ async def index_pending(
     now: datetime,
     max_batches: int | None = None,
     on_progress: ProgressFn | None = None,
+    count: bool = True,
 ) -> IndexProgress:
     """Index what the target model lacks, in batches; switch the active model when a re-index ends.
 
     Returns at once (``ran=False``) when another process is indexing. ``max_batches`` bounds one
-    call (a background tick); the cursors keep the place for the next call.
+    call (a background tick); the cursors keep the place for the next call. ``count=False`` skips
+    counting everything for the returned progress (``indexed`` and ``total`` are then 0, and
+    ``finished`` says whether this call reached the end).
     """
     config = config or MemoryConfig()
     state = await index_state(db)
@@ -284,7 +287,7 @@ async def index_pending(
         if embedders.warn_once(f"missing:{state.target_model}"):
             log.warning("no embedder for the index target; indexing waits: model=%s", state.target_model)
         return IndexProgress(state.target_model, 0, 0, 0, False, False)
-    added = 0
+    added, more = 0, True
     async with connection(db) as conn:
         if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", INDEX_LOCK):
             return IndexProgress(state.target_model, 0, 0, 0, False, False)
@@ -304,6 +307,8 @@ async def index_pending(
                 await ensure_person_indexes(conn, embedder.model_id, embedder.dimensions, config.index_person_min_rows)
         finally:
             await conn.execute("SELECT pg_advisory_unlock($1)", INDEX_LOCK)
+    if not count:
+        return IndexProgress(embedder.model_id, 0, 0, added, not more, True)
     result = await progress(db, embedder.model_id)
     return IndexProgress(result.model_id, result.indexed, result.total, added, result.finished, True)
 
@@ -316,7 +321,7 @@ async def _index_batch(conn: Any, embedder: Embedder, state: IndexState, config:
         SELECT m.id, c.account_id, m.body, m.created_at FROM messages m
         JOIN conversations c ON c.id = m.conversation_id
         LEFT JOIN turns t ON t.id = m.turn_id
-        WHERE m.id > $2 AND t.kind IS DISTINCT FROM 'scheduled'
+        WHERE m.id > $2 AND t.kind IS DISTINCT FROM 'scheduled' AND m.body ~ '\\S'
           AND NOT EXISTS (SELECT 1 FROM memory_index i WHERE i.model_id = $1 AND i.message_id = m.id)
         ORDER BY m.id LIMIT $3
         """,
@@ -329,7 +334,7 @@ async def _index_batch(conn: Any, embedder: Embedder, state: IndexState, config:
         documents = await conn.fetch(
             """
             SELECT d.id, d.account_id, d.title, d.body, d.created_at FROM memory_documents d
-            WHERE d.id > $2
+            WHERE d.id > $2 AND (d.title || d.body) ~ '\\S'
               AND NOT EXISTS (SELECT 1 FROM memory_index i WHERE i.model_id = $1 AND i.document_id = d.id)
             ORDER BY d.id LIMIT $3
             """,
@@ -359,6 +364,7 @@ async def _index_batch(conn: Any, embedder: Embedder, state: IndexState, config:
         )
         for (kind, row, n, start, end, _), vector in zip(pieces, vectors, strict=True)
     ]
+    before = (state.message_cursor, state.document_cursor)
     async with conn.transaction():
         if records:
             await conn.executemany(
@@ -375,7 +381,9 @@ async def _index_batch(conn: Any, embedder: Embedder, state: IndexState, config:
             max(message_ids, default=0),
             max(document_ids, default=0),
         )
-    return len(records), True
+    after = (max(message_ids, default=before[0]), max(document_ids, default=before[1]))
+    # Only sources behind the cursor (inside the lag) and nothing written: nothing new is left.
+    return len(records), bool(records) or after[0] > before[0] or after[1] > before[1]
 
 
 async def _finish_if_done(conn: Any, state: IndexState, now: datetime) -> None:

@@ -302,7 +302,9 @@ async def memory_jobs_tick(
     else:
         report = await run_due_jobs(db, models, now, config=config)
     try:
-        report.index = await index_pending(db, embedders=embedders, config=config, now=now, max_batches=index_batches)
+        report.index = await index_pending(
+            db, embedders=embedders, config=config, now=now, max_batches=index_batches, count=False
+        )
     except Exception as exc:
         log.warning("memory indexing failed; it resumes on the next tick: error=%s", type(exc).__name__, exc_info=exc)
     return report

@@ -3,6 +3,7 @@ runs left out, isolation between people, the tool behind the gate, and re-indexi
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from datetime import UTC, datetime, timedelta
 
@@ -197,3 +198,12 @@ async def test_people_with_many_rows_get_an_index_of_their_own(db, ada, bob) -> 
             f" ORDER BY {cast} <=> $2::real[]::vector LIMIT 5", ada.id, [0.1] * 384,
         ))  # fmt: skip
     assert own in plan
+
+
+async def test_blank_messages_never_stall_the_indexer(db, ada) -> None:
+    for _ in range(70):  # more than one batch of nothing to embed
+        await say(db, ada.id, T0, " \n\t ")
+    real = await say(db, ada.id, T0, "The gate code is 1234")
+    result = await asyncio.wait_for(index_pending(db, now=NOW), timeout=60)
+    assert result.finished and result.indexed == result.total == 1
+    assert await db.fetchval("SELECT message_id FROM memory_index") == real
