@@ -111,18 +111,25 @@ async def ensure_person_indexes(db: Any, model_id: str, dimensions: int, min_row
     )
     if len(rows) < 2:
         return 0
-    existing = {r["indexname"] for r in await db.fetch(
-        "SELECT indexname FROM pg_indexes WHERE tablename = 'memory_index' AND indexname LIKE $1",
+    existing: set[str] = set()
+    for r in await db.fetch(
+        "SELECT c.relname, i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+        " WHERE i.indrelid = 'memory_index'::regclass AND c.relname LIKE $1",
         hnsw_index_name(model_id) + "\\_%",
-    )}  # fmt: skip
+    ):
+        if r["indisvalid"]:
+            existing.add(r["relname"])
+        else:  # a concurrent build that was interrupted: start again
+            await db.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {r['relname']}")
     cast, where = vector_sql(model_id, dimensions)
     created = 0
     for r in rows:
         name = hnsw_index_name(model_id, r["account_id"])
         if r["n"] < min_rows or name in existing:
             continue
+        # Concurrently: writes (a new message's rows, an account's deletion) go on meanwhile.
         await db.execute(
-            f"CREATE INDEX IF NOT EXISTS {name} ON memory_index USING hnsw (({cast}) vector_cosine_ops)"
+            f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON memory_index USING hnsw (({cast}) vector_cosine_ops)"
             f" WHERE {where} AND {person_filter(r['account_id'])}"
         )
         created += 1
