@@ -48,6 +48,6 @@ class MemoryConfig:
     index_batch: int = 64
     index_chunk_chars: int = 1_000
     index_chunk_overlap: int = 150
-    index_person_min_rows: int = 20_000
+    index_person_min_rows: int = 200_000
     search_limit: int = 8
     search_ef: int = 64
