@@ -85,7 +85,8 @@ async def bench(turns: int, warmup: int, *, no_flush: bool = False) -> None:
             todo = await db.fetchval(
                 "INSERT INTO todos (account_id, title) VALUES ($1, 'bench') RETURNING id", account.id
             )
-            registry = ToolRegistry([*starter_registry().all(), *_filler_tools(13)])
+            starter = starter_registry().all()
+            registry = ToolRegistry([*starter, *_filler_tools(20 - len(starter))])
             assert len(registry) == 20
             models = ScriptedModels(default=_script(todo))
             deps = HarnessDeps(db=db, models=models, registry=registry)

@@ -153,6 +153,11 @@ class Settings(BaseSettings):
     voice_max_verify_failures: int = Field(
         3, ge=1, le=10, validation_alias=_env("PEPPER_VOICE_MAX_VERIFY_FAILURES", "voice_max_verify_failures")
     )
+    # Seconds between rounds of background memory work (summaries, dossier rewrites, indexing); 0 turns
+    # it off (when the scheduler calls core.memory.memory_jobs_tick instead).
+    memory_jobs_interval: float = Field(
+        60.0, ge=0, validation_alias=_env("PEPPER_MEMORY_JOBS_INTERVAL", "memory_jobs_interval")
+    )
 
     @field_validator("data_dir", mode="after")
     @classmethod

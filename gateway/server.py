@@ -10,12 +10,13 @@ import signal
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Config
 from quart import Quart
 
-from core.errors import StartupError
+from core.errors import PepperError, StartupError
 from core.settings import Settings
 from core.store import Database, open_store
 from gateway.app import create_app
@@ -84,8 +85,17 @@ def build_app(settings: Settings, db: Database) -> Quart:
 
         attach_scheduler(app, settings, harness, messenger)
 
+    memory = start_memory(settings, db, router)
+
+    @app.before_serving
+    async def start_memory_jobs() -> None:
+        if memory is not None:
+            memory.start()
+
     @app.after_serving
     async def close_router() -> None:
+        if memory is not None:
+            await memory.stop()
         await router.aclose()
 
     return app
@@ -102,6 +112,21 @@ def build_calls(settings: Settings, db: Database, harness, messenger):  # type: 
             await messenger.send(to=to, from_=from_, body=body, status_callback=None)
 
     return call_service_from_settings(settings, db, registry=harness.registry, gate=harness.gate, send_sms=send_sms)
+
+
+def start_memory(settings: Settings, db: Database, models: Any) -> Any:
+    """The configured embedder for search, and the memory jobs loop (None when turned off)."""
+    from core.memory.index import EMBEDDERS
+    from core.memory.worker import MemoryWorker
+    from core.models.embeddings import embedder_from_settings
+
+    try:
+        EMBEDDERS.use(embedder_from_settings(settings))
+    except PepperError as exc:
+        log.error("the configured embedding model cannot be used; search keeps the local one: %s", exc.message)
+    if settings.memory_jobs_interval <= 0:
+        return None
+    return MemoryWorker(db, models, interval=settings.memory_jobs_interval)
 
 
 @asynccontextmanager

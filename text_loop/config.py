@@ -32,7 +32,6 @@ class HarnessConfig:
     free_wasted_rounds: int = 2
     tier: str = "small"
     max_output_tokens: int = 1024
-    memory_messages: int = 40
     repair_channels: frozenset[str] = frozenset({"sms", "email"})
     repair_tier: str = "small"
     repair_max_length_change: float = 0.4

@@ -2,7 +2,7 @@
 
 The prefix (persona, rules, the skills list, the dossier) and the tool list change only when
 their sources change, never with the time or the turn, so providers can reuse their cache. The
-memory block follows it. The current time rides on the newest message.
+memory block (``core.memory.block``) follows it. The current time rides on the newest message.
 
 Every message the harness itself adds for the model starts with :data:`LABEL`.
 """
@@ -10,7 +10,7 @@ Every message the harness itself adds for the model starts with :data:`LABEL`.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -57,18 +57,6 @@ def stable_prefix(*, persona: str, rules: str, skills: Sequence[tuple[str, str]]
     parts = [persona.strip(), rules.strip(), skills_block(skills)]
     parts.append("About the person (the dossier):\n" + dossier if dossier else "About the person: nothing noted yet.")
     return "\n\n".join(parts)
-
-
-def memory_block(messages: Iterable[Any], timezone: str) -> str:
-    """Recent messages as text (records with created_at, channel, direction, body)."""
-    zone = ZoneInfo(timezone)
-    lines = []
-    for m in messages:
-        who = "Person" if m.direction == "inbound" else "Pepper"
-        lines.append(f"[{m.created_at.astimezone(zone):%Y-%m-%d %H:%M} {m.channel}] {who}: {m.body}")
-    if not lines:
-        return "Memory: this is the start of the conversation."
-    return "Memory: recent messages, oldest first.\n" + "\n".join(lines)
 
 
 def clock_line(now: datetime, timezone: str) -> str:

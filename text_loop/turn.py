@@ -16,8 +16,9 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
-from core.conversation import recent_messages, start_turn, update_turn
+from core.conversation import start_turn, update_turn
 from core.errors import NotFound
+from core.memory import NO_MEMORY, MemoryConfig, build_memory_block
 from core.models.types import ModelService, ToolCall
 from core.tools.areas.dossier import dossier_text
 from core.tools.connectors import Connectors, account_connections
@@ -29,7 +30,7 @@ from core.tools.staging import ResolvedWrite, commit_turn_writes, drop_turn_writ
 from core.tools.starter import starter_registry
 from text_loop.config import HarnessConfig
 from text_loop.loop import Executor, LoopResult, TurnLoop
-from text_loop.prompt import PERSONA, RULES, memory_block, newest_message, stable_prefix
+from text_loop.prompt import PERSONA, RULES, newest_message, stable_prefix
 from text_loop.records import message_record, tool_spec_record
 from text_loop.repair import RepairResult, repair_reply
 from text_loop.skills.catalog import SkillCatalog
@@ -61,6 +62,7 @@ class HarnessDeps:
     # Outside services configured on this server (SMTP, Google); with the person's connections in
     # Postgres they decide which connected tools a turn sees.
     connectors: Connectors | None = None
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
 
 
 @dataclass(frozen=True)
@@ -174,11 +176,12 @@ async def run_turn(
             catalog = deps.skills if trust != "third_party" else None
             own_skills = await user_skill_sources(conn, account_id) if catalog and trust == "owner_verified" else []
             if personal:
-                limit = deps.config.memory_messages
-                recent = await recent_messages(conn, conversation_id, limit + 1)
-                memory = memory_block([m for m in recent if m.id != inbound_message_id][-limit:], timezone)
+                memory = await build_memory_block(
+                    conn, account_id, conversation_id, timezone, now,
+                    config=deps.memory, exclude_message_id=inbound_message_id,
+                )  # fmt: skip
             else:
-                memory = "Memory: not available in this session."
+                memory = NO_MEMORY
         except Exception as exc:
             await _failed(deps, turn_id, exc)
             raise

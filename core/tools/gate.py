@@ -170,7 +170,7 @@ _MISSING: Any = _Missing()
 
 # Feature areas that hold one person's private data; rooms see the room's data instead.
 PERSONAL_AREAS: frozenset[str] = frozenset(
-    {"notes", "todos", "dossier", "tasks", "reminders", "contacts", "calendar", "feeds"}
+    {"notes", "todos", "dossier", "tasks", "reminders", "contacts", "calendar", "feeds", "memory"}
 )
 # What a caller who is not the owner may use (the answering service adds its own tools later).
 THIRD_PARTY_AREAS: frozenset[str] = frozenset({"clock"})

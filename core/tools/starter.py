@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from core.tools.areas import calendar, clock, contacts, dossier, email, feeds, notes, reminders, tasks, todos
+from core.tools.areas import calendar, clock, contacts, dossier, email, feeds, memory, notes, reminders, tasks, todos
 from core.tools.connectors import Connectors
 from core.tools.registry import ToolRegistry
 
@@ -18,5 +18,6 @@ def starter_registry(connectors: Connectors | None = None) -> ToolRegistry:
         *contacts.TOOLS,
         *tasks.TOOLS,
         *reminders.TOOLS,
+        *memory.TOOLS,
     )
     return ToolRegistry((*clock.TOOLS, *notes.TOOLS, *todos.TOOLS, *dossier.TOOLS, *areas))

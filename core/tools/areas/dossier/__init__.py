@@ -1,7 +1,8 @@
 """Feature area: the dossier, a short document about the person in every prompt.
 
 The owner writes one half; the model adds notes to the other. A note is staged: it is what the
-model learned in a turn whose reply the person may never see.
+model learned in a turn whose reply the person may never see. Notes only accumulate; the weekly
+rewrite, revisions and the prompt text live in ``core.memory.dossier``.
 """
 
 from __future__ import annotations
@@ -9,26 +10,10 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
+from core.memory.dossier import MAX_NOTES_IN_PROMPT, dossier_text
 from core.tools.registry import Tool, ToolContext, ToolOutcome
 
-MAX_NOTES_IN_PROMPT = 50
-
-
-async def dossier_text(db: Any, account_id: UUID) -> str:
-    """Both halves as prompt text; empty when there is nothing yet. Byte-stable between turns."""
-    owner = await db.fetchval("SELECT owner_text FROM dossiers WHERE account_id = $1", account_id)
-    notes = await db.fetch(
-        "SELECT body FROM (SELECT id, body FROM dossier_notes WHERE account_id = $1 ORDER BY id DESC LIMIT $2) n"
-        " ORDER BY id",
-        account_id,
-        MAX_NOTES_IN_PROMPT,
-    )
-    parts = []
-    if owner and owner.strip():
-        parts.append("Written by the person:\n" + owner.strip())
-    if notes:
-        parts.append("Noted by Pepper:\n" + "\n".join(f"- {r['body']}" for r in notes))
-    return "\n\n".join(parts)
+__all__ = ["MAX_NOTES_IN_PROMPT", "TOOLS", "dossier_text"]
 
 
 async def _plan_note(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
