@@ -125,7 +125,16 @@ async def test_kill_9_mid_run_runs_again_after_the_lease_and_delivers_once(db, d
 async def test_two_processes_never_run_one_occurrence_twice(db, db_url, subprocess_env, tmp_path):
     ids = await _due_tasks(db, 40)
     # A long lease: a heartbeat delayed by a busy machine must not look like a crash here.
-    workers = [await _spawn(db_url, f"w{i}", "--lease", "30", env=subprocess_env, logs=tmp_path) for i in range(2)]
+    # Both start together, so both are claiming while the occurrences are due.
+    spawned = await asyncio.gather(
+        *(_spawn(db_url, f"w{i}", "--lease", "30", env=subprocess_env, logs=tmp_path) for i in range(2)),
+        return_exceptions=True,
+    )
+    workers = [w for w in spawned if isinstance(w, Worker)]
+    if len(workers) < len(spawned):
+        for w in workers:
+            await w.stop()
+        raise next(e for e in spawned if isinstance(e, BaseException))
     try:
         done = await _wait_for(db, "SELECT count(*) FROM task_runs WHERE status = 'ran'", 40, 30.0)
     finally:
