@@ -154,20 +154,23 @@ async def run_turn(
     tier = tier or deps.config.tier
     # Memory and the dossier are personal: only a verified owner outside a room sees them.
     personal = trust == "owner_verified" and kind != "room"
-    async with connection(db) as conn:
-        row = await conn.fetchrow(
-            "SELECT c.id, a.timezone FROM accounts a JOIN conversations c ON c.account_id = a.id WHERE a.id = $1",
-            account_id,
-        )
-        if row is None:
-            raise NotFound(f"no account {account_id}")
-        conversation_id, timezone = row["id"], row["timezone"]
-        turn_id = await start_turn(conn, conversation_id, channel=channel, kind=kind)
-        if connections is None:
-            # The person's connected accounts decide which tools exist for this turn.
-            connections = await account_connections(db, account_id, deps.connectors)
-        session = SessionContext(kind, trust, channel, account_id, conversation_id, turn_id, timezone, connections)
-        try:
+    # A turn holds at most one pool connection at a time: a query on ``db`` while ``conn`` is held
+    # would wait for a second one, and concurrent turns holding the whole pool would wait forever.
+    turn_id: UUID | None = None
+    try:
+        async with connection(db) as conn:
+            row = await conn.fetchrow(
+                "SELECT c.id, a.timezone FROM accounts a JOIN conversations c ON c.account_id = a.id WHERE a.id = $1",
+                account_id,
+            )
+            if row is None:
+                raise NotFound(f"no account {account_id}")
+            conversation_id, timezone = row["id"], row["timezone"]
+            turn_id = await start_turn(conn, conversation_id, channel=channel, kind=kind)
+            if connections is None:
+                # The person's connected accounts decide which tools exist for this turn.
+                connections = await account_connections(conn, account_id, deps.connectors)
+            session = SessionContext(kind, trust, channel, account_id, conversation_id, turn_id, timezone, connections)
             if inbound_message_id is not None:
                 await conn.execute(
                     "UPDATE messages SET turn_id = $1 WHERE id = $2 AND turn_id IS NULL", turn_id, inbound_message_id
@@ -182,9 +185,10 @@ async def run_turn(
                 )  # fmt: skip
             else:
                 memory = NO_MEMORY
-        except Exception as exc:
-            await _failed(deps, turn_id, exc)
-            raise
+    except Exception as exc:
+        if turn_id is not None:
+            await _failed(deps, turn_id, exc)  # after the connection went back to the pool
+        raise
     try:
         tools = deps.registry.visible(session, deps.gate.hides)
         messages = [newest_message(text, now, timezone)]

@@ -87,7 +87,7 @@ async def open_store(settings: Settings, *, serving: bool) -> AsyncIterator[Data
         admin_dsn = await asyncio.to_thread(pg.start)
         try:
             await create_database_if_missing(admin_dsn, EMBEDDED_DATABASE)
-            db = await Database.open(pg.dsn(EMBEDDED_DATABASE), max_size=20 if serving else 2)
+            db = await Database.open(pg.dsn(EMBEDDED_DATABASE), max_size=40 if serving else 2)
             try:
                 yield db
             finally:

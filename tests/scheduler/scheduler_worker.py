@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import signal
 import sys
 from datetime import timedelta
@@ -42,6 +43,7 @@ async def main(argv: list[str]) -> None:
     parser.add_argument("--hang", action="store_true")
     parser.add_argument("--lease", type=float, default=2.0)
     args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     db = await Database.open(args.dsn, max_size=4)
     deps = HarnessDeps(db=db, models=_Model(args.owner, args.hang))  # type: ignore[arg-type]
     config = SchedulerConfig(
