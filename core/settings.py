@@ -125,6 +125,34 @@ class Settings(BaseSettings):
     google_token_url: str = Field(
         "https://oauth2.googleapis.com/token", validation_alias=_env("PEPPER_GOOGLE_TOKEN_URL", "google_token_url")
     )
+    # Phone calls (voice/). A caller on a personal line who is not its verified owner: "refuse"
+    # politely, or hand the call to the "answering" service. Never the owner's session.
+    voice_unknown_caller: Literal["refuse", "answering"] = Field(
+        "refuse", validation_alias=_env("PEPPER_VOICE_UNKNOWN_CALLER", "voice_unknown_caller")
+    )
+    voice_engine: Literal["openai-realtime"] = Field(
+        "openai-realtime", validation_alias=_env("PEPPER_VOICE_ENGINE", "voice_engine")
+    )
+    # The Realtime websocket base (default: OPENAI_BASE_URL with a ws scheme, as the SDK does).
+    openai_realtime_url: str | None = Field(
+        None, validation_alias=_env("PEPPER_OPENAI_REALTIME_URL", "openai_realtime_url")
+    )
+    voice_model: str = Field("gpt-realtime", validation_alias=_env("PEPPER_VOICE_MODEL", "voice_model"))
+    voice_voice: str = Field("marin", validation_alias=_env("PEPPER_VOICE_VOICE", "voice_voice"))
+    voice_notice: str = Field(
+        "Hi, this is Pepper. This call is transcribed. To unlock your assistant, key in your PIN and then"
+        " the pound key, say your PIN, or ask me to text you a code.",
+        validation_alias=_env("PEPPER_VOICE_NOTICE", "voice_notice"),
+    )
+    voice_max_call_seconds: int = Field(
+        1800, ge=10, validation_alias=_env("PEPPER_VOICE_MAX_CALL_SECONDS", "voice_max_call_seconds")
+    )
+    voice_token_ttl_seconds: int = Field(
+        60, ge=5, le=600, validation_alias=_env("PEPPER_VOICE_TOKEN_TTL_SECONDS", "voice_token_ttl_seconds")
+    )
+    voice_max_verify_failures: int = Field(
+        3, ge=1, le=10, validation_alias=_env("PEPPER_VOICE_MAX_VERIFY_FAILURES", "voice_max_verify_failures")
+    )
 
     @field_validator("data_dir", mode="after")
     @classmethod

@@ -8,7 +8,7 @@ from quart import Quart, jsonify
 
 from core.errors import DatabaseUnavailable
 from core.settings import Settings
-from gateway import email_channel, messaging, webchat
+from gateway import email_channel, messaging, voice_routes, webchat
 from gateway.limits import PathLimitedRequest
 from gateway.live import LiveFeed
 from gateway.services import Services
@@ -36,6 +36,7 @@ def create_app(settings: Settings, db, **services) -> Quart:  # type: ignore[no-
     app.register_blueprint(messaging.blueprint)
     app.register_blueprint(webchat.blueprint)
     app.register_blueprint(email_channel.blueprint)
+    app.register_blueprint(voice_routes.blueprint)
 
     @app.before_serving
     async def start_live_feed() -> None:
@@ -57,7 +58,11 @@ def create_app(settings: Settings, db, **services) -> Quart:  # type: ignore[no-
     @app.after_serving
     async def drain() -> None:
         # Turns started by webhooks that were already acknowledged: let them finish and reply.
+        if shared.calls is not None:
+            shared.calls.hang_up_all()
         await shared.tasks.drain(settings.graceful_timeout)
+        if shared.calls is not None:
+            await shared.calls.aclose()
         if shared.messenger is not None:
             await shared.messenger.close()
         if shared.live is not None:

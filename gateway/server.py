@@ -68,7 +68,8 @@ def build_app(settings: Settings, db: Database) -> Quart:
     )  # fmt: skip
     log_problems(harness.skills.report(harness.registry))  # type: ignore[union-attr]
     mailer = SmtpMailer(settings) if smtp_configured(settings) else None
-    app = create_app(settings, db, harness=harness, messenger=messenger, mailer=mailer)
+    calls = build_calls(settings, db, harness, messenger)
+    app = create_app(settings, db, harness=harness, messenger=messenger, mailer=mailer, calls=calls)
 
     @app.before_serving
     async def resolve_crashed_turns() -> None:
@@ -88,6 +89,19 @@ def build_app(settings: Settings, db: Database) -> Quart:
         await router.aclose()
 
     return app
+
+
+def build_calls(settings: Settings, db: Database, harness, messenger):  # type: ignore[no-untyped-def]
+    """Phone calls on the same registry and gate as text; the one-time code goes out by SMS."""
+    from voice.service import call_service_from_settings
+
+    send_sms = None
+    if messenger is not None:
+
+        async def send_sms(to: str, from_: str, body: str) -> None:
+            await messenger.send(to=to, from_=from_, body=body, status_callback=None)
+
+    return call_service_from_settings(settings, db, registry=harness.registry, gate=harness.gate, send_sms=send_sms)
 
 
 @asynccontextmanager

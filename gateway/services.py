@@ -20,5 +20,6 @@ class Services:
     harness: Any = None  # text_loop.HarnessDeps, when models are configured
     messenger: TwilioMessenger | None = None
     mailer: Any = None  # gateway.mailer.SmtpMailer, when Pepper's SMTP account is configured
+    calls: Any = None  # voice.service.CallService, when phone calls are wired
     tasks: BackgroundTasks = field(default_factory=BackgroundTasks)
     live: LiveFeed | None = None  # new messages pushed to open chats

@@ -62,15 +62,19 @@ async def stage_write(db: Any, session: SessionContext, tool: Tool, write: Plann
     )
 
 
-async def _resolve(db: Any, registry: ToolRegistry, turn_ids: list[UUID], commit: bool) -> list[ResolvedWrite]:
+async def _resolve(
+    db: Any, registry: ToolRegistry, turn_ids: list[UUID], commit: bool, write_ids: list[int] | None = None
+) -> list[ResolvedWrite]:
     resolved: list[ResolvedWrite] = []
     async with transaction(db) as conn:
         rows = await conn.fetch(
             """
             SELECT id, account_id, tool, payload, summary FROM staged_writes
-            WHERE turn_id = ANY($1::uuid[]) AND status = 'staged' ORDER BY id FOR UPDATE
+            WHERE turn_id = ANY($1::uuid[]) AND status = 'staged' AND ($2::bigint[] IS NULL OR id = ANY($2::bigint[]))
+            ORDER BY id FOR UPDATE
             """,
             turn_ids,
+            write_ids,
         )
         for row in rows:
             status = "dropped"
@@ -100,6 +104,16 @@ async def commit_turn_writes(db: Any, registry: ToolRegistry, turn_id: UUID) -> 
 async def drop_turn_writes(db: Any, registry: ToolRegistry, turn_id: UUID) -> list[ResolvedWrite]:
     """Drop every write the turn staged (the reply was not delivered)."""
     return await _resolve(db, registry, [turn_id], commit=False)
+
+
+async def commit_writes(db: Any, registry: ToolRegistry, turn_id: UUID, write_ids: list[int]) -> list[ResolvedWrite]:
+    """Apply some of a turn's staged writes (a call: the sentence confirming them was heard)."""
+    return await _resolve(db, registry, [turn_id], commit=True, write_ids=write_ids)
+
+
+async def drop_writes(db: Any, registry: ToolRegistry, turn_id: UUID, write_ids: list[int]) -> list[ResolvedWrite]:
+    """Drop some of a turn's staged writes (a call: the caller never heard them confirmed)."""
+    return await _resolve(db, registry, [turn_id], commit=False, write_ids=write_ids)
 
 
 async def staged_for_turn(db: Any, turn_id: UUID) -> list[dict[str, Any]]:

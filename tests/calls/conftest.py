@@ -1,0 +1,114 @@
+"""Phone calls end to end: a loopback Twilio caller and a loopback OpenAI Realtime server, Pepper on
+a real Hypercorn socket over a fresh database, the realtime model reached through the openai SDK."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from core import identity
+from core.settings import Settings
+from core.store import Database
+from core.testing.twilio_peer import TwilioPeer
+from gateway.server import running_app
+from voice.testing.realtime_peer import RealtimePeer, speak
+from voice.testing.twilio_caller import MediaCall, TwilioCaller
+
+TOKEN = "twilio-test-auth-token"
+PUBLIC = "https://pepper.example.org"
+OWNER = "+14155552671"
+LINE = "+14155550100"
+ANSWERING_LINE = "+14155550101"
+STRANGER = "+14155559999"
+PIN = "2468"
+NOTICE = "Hi, this is Pepper. This call is transcribed."
+
+SPEECH = Path(__file__).resolve().parents[2] / "voice" / "testing" / "data"
+
+
+_PIN_HASH: list[str] = []
+
+
+async def _set_pin(db: Database, account_id: Any) -> None:
+    """The owner's PIN, hashed once per run (argon2id takes about a second on a busy machine)."""
+    if not _PIN_HASH:
+        _PIN_HASH.append(identity.hash_pin(PIN))
+    await db.execute("UPDATE accounts SET pin_hash = $2 WHERE id = $1", account_id, _PIN_HASH[0])
+
+
+def speech(name: str) -> bytes:
+    """Real speech (espeak-ng), 8 kHz mu-law; regenerate with scripts/voice-fixtures."""
+    return (SPEECH / f"{name}.ulaw").read_bytes()
+
+
+@dataclass
+class Phone:
+    db: Database
+    twilio: TwilioPeer
+    model: RealtimePeer
+    caller: TwilioCaller
+    services: Any
+    account_id: Any
+    handle_id: Any
+
+    @property
+    def calls(self) -> Any:
+        return self.services.calls
+
+    def tune(self, **changes: Any) -> None:
+        """Shorten the call's timers for a test (the VoiceConfig the service uses)."""
+        deps = self.services.calls.deps
+        deps.config = dataclasses.replace(deps.config, **changes)
+
+    async def dial_owner(self, **extra: str):
+        answer = await self.caller.dial(from_=OWNER, to=LINE, **extra)
+        assert answer.connected, answer.twiml
+        return answer
+
+    async def until_listening(self, call: MediaCall) -> None:
+        """The notice played and its mark came back: Pepper now passes audio to the model."""
+        await call.wait(lambda: any(m.name.startswith("n") for m in call.marks), what="the notice mark")
+        await self.model.wait_for(lambda: bool(self.model.sessions) and self.model.sessions[-1].first_audio_at)
+
+    async def call_row(self, call_sid: str) -> Any:
+        for _ in range(500):
+            row = await self.db.fetchrow("SELECT * FROM calls WHERE call_sid = $1", call_sid)
+            if row is not None and row["ended_at"] is not None and row["summary"] is not None:
+                return row
+            await asyncio.sleep(0.01)
+        raise AssertionError("the call was never recorded as ended")
+
+
+@pytest.fixture
+async def phone(db: Database, db_url: str) -> AsyncIterator[Phone]:
+    ada = await identity.create_account(db, "Ada")
+    handle = await identity.add_handle(db, ada.id, "phone", OWNER, verified=True)
+    await _set_pin(db, ada.id)
+    await identity.assign_line(db, LINE, "personal", ada.id)
+    await identity.assign_line(db, ANSWERING_LINE, "answering", ada.id)
+    async with TwilioPeer(auth_token=TOKEN) as twilio, RealtimePeer() as model:
+        settings = Settings(
+            database_url=db_url,
+            public_url=PUBLIC,
+            twilio_account_sid=twilio.account_sid,
+            twilio_auth_token=TOKEN,
+            twilio_api_url=twilio.api_url,
+            openai_api_key="sk-test",
+            openai_realtime_url=model.websocket_url,
+            voice_notice=NOTICE,
+            port=0,
+            graceful_timeout=2,
+        )
+        async with running_app(settings, db) as (app, port):
+            caller = TwilioCaller(TOKEN, local=f"http://127.0.0.1:{port}", public=PUBLIC,
+                                  account_sid=twilio.account_sid)  # fmt: skip
+            phone = Phone(db, twilio, model, caller, app.extensions["pepper"], ada.id, handle.id)
+            phone.tune(notice_timeout=5.0, closing_grace=3.0, filler_after=1.0)
+            model.script(speak(NOTICE, ms=300))
+            yield phone

@@ -1,0 +1,186 @@
+"""The media socket: admission (signature over the public wss URL, one-time token bound to the call)
+and the call itself end to end: notice first, audio passed through unchanged, marks, hang-up."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+
+from conftest import NOTICE, speech
+
+from voice.testing.realtime_peer import speak
+
+
+async def _refused(phone, answer, **kw) -> int | None:
+    async with phone.caller.media(answer, **kw) as call:
+        await call.wait(lambda: call.closed.is_set(), within=5, what="the socket to close")
+        return call.close_code
+
+
+async def test_an_unsigned_socket_is_closed_with_1008_and_only_a_security_event_is_kept(phone):
+    answer = await phone.dial_owner()
+    assert await _refused(phone, answer, signature="") == 1008
+    events = [r["kind"] for r in await phone.db.fetch("SELECT kind FROM security_events")]
+    assert events == ["media-signature-invalid"]
+    assert phone.model.sessions == []  # nothing reached the model
+    assert await phone.db.fetchval("SELECT count(*) FROM turns") == 0
+
+
+async def test_a_socket_signed_over_the_loopback_url_is_refused(phone):
+    answer = await phone.dial_owner()
+    wrong = phone.caller.sign(phone.caller.local_ws_url(answer.stream_url), {})
+    assert await _refused(phone, answer, signature=wrong) == 1008
+
+
+async def test_a_reused_token_is_refused(phone):
+    answer = await phone.dial_owner()
+    async with phone.caller.media(answer) as first:
+        await phone.until_listening(first)
+        assert await _refused(phone, answer) == 1008
+        await first.hang_up()
+    kinds = [r["kind"] for r in await phone.db.fetch("SELECT kind FROM security_events")]
+    assert kinds == ["media-token-reused"]
+
+
+async def test_a_token_of_another_call_is_refused_and_burnt(phone):
+    first = await phone.dial_owner()
+    second = await phone.dial_owner()
+    assert await _refused(phone, second, parameters=first.parameters) == 1008
+    # The leaked token is burnt: its own call cannot use it either.
+    assert await _refused(phone, first) == 1008
+    kinds = [r["kind"] for r in await phone.db.fetch("SELECT kind FROM security_events ORDER BY id")]
+    assert kinds == ["media-token-foreign", "media-token-reused"]
+
+
+async def test_an_expired_token_is_refused(phone):
+    answer = await phone.dial_owner()
+    await phone.db.execute("UPDATE call_stream_tokens SET expires_at = now() - interval '1 second'")
+    assert await _refused(phone, answer) == 1008
+    assert await phone.db.fetchval("SELECT kind FROM security_events") == "media-token-expired"
+
+
+async def test_nothing_reaches_the_model_before_the_notice_has_played_then_audio_passes_through(phone):
+    hello = speech("hello")
+    answer = await phone.dial_owner()
+    async with phone.caller.media(answer) as call:
+        call.say(hello)  # the caller talks straight away, over the notice
+        await phone.until_listening(call)
+        session = phone.model.sessions[0]
+        notice_mark = next(m for m in call.marks if m.name.startswith("n"))
+        assert session.first_audio_at >= notice_mark.at
+        # The notice was the first thing asked of the model, and the caller heard all of it.
+        assert NOTICE in session.response_creates[0]["instructions"]
+        assert call.heard_ms >= 300
+        stats = phone.calls.sessions[answer.call_sid].stats
+        assert stats.frames_discarded > 0
+        # From now on the caller's audio reaches the model byte for byte (no decoding, no resampling).
+        await call.wait(lambda: not call.outgoing, what="the first speech to be sent")
+        before = len(session.audio_in)
+        call.say(hello)
+        await call.wait(lambda: len(session.audio_in) >= before + len(hello) + 320, what="the speech to arrive")
+        assert hello in bytes(session.audio_in)
+        assert session.config["audio"]["input"]["format"] == {"type": "audio/pcmu"}
+        assert session.config["audio"]["output"]["format"] == {"type": "audio/pcmu"}
+        assert "openai-beta" not in session.headers
+        await call.hang_up()
+    row = await phone.call_row(answer.call_sid)
+    assert row["end_reason"] == "hangup"
+    assert row["stats"] and json.loads(row["stats"])["frames_discarded"] > 0
+
+
+async def test_model_audio_reaches_the_caller_unchanged_and_marks_track_playback(phone):
+    reply = speech("todo")  # any real audio will do as the model's voice
+    phone.model.script(speak("Here you go.", audio=reply))
+    phone.model.hear("hello")
+    answer = await phone.dial_owner()
+    async with phone.caller.media(answer) as call:
+        await phone.until_listening(call)
+        call.say(speech("hello"))
+        await call.wait(lambda: len(call.heard) >= 2400 + len(reply), within=15, what="the reply to play")
+        assert reply in bytes(call.heard)
+        await call.wait(lambda: len([m for m in call.marks if m.name.startswith("a")]) >= 2, what="audio marks")
+        await call.hang_up()
+    await phone.call_row(answer.call_sid)
+    messages = await phone.db.fetch("SELECT direction, body, channel FROM messages ORDER BY id")
+    assert [(m["direction"], m["body"]) for m in messages] == [
+        ("outbound", NOTICE),
+        ("inbound", "hello"),
+        ("outbound", "Here you go."),
+    ] or [(m["direction"], m["body"]) for m in messages] == [
+        ("outbound", NOTICE),
+        ("outbound", "Here you go."),
+        ("inbound", "hello"),
+    ]
+    assert {m["channel"] for m in messages} == {"voice"}
+
+
+async def test_malformed_frames_are_ignored_and_counted(phone):
+    answer = await phone.dial_owner()
+    async with phone.caller.media(answer) as call:
+        await phone.until_listening(call)
+        for bad in ("not json", "[1,2]", '{"event":"media"}', '{"event":"media","media":{"payload":7}}',
+                    '{"event":"dtmf","dtmf":{"digit":"xx"}}', '{"event":"bogus"}'):  # fmt: skip
+            await call.send_raw(bad)
+        session = phone.model.sessions[0]
+        before = len(session.audio_in)
+        await call.wait(lambda: len(session.audio_in) > before + 1600, what="audio to keep flowing")
+        stats = phone.calls.sessions[answer.call_sid].stats
+        assert stats.frames_malformed == 6
+        await call.hang_up()
+    row = await phone.call_row(answer.call_sid)
+    assert json.loads(row["stats"])["frames_malformed"] == 6
+
+
+async def test_the_status_callback_ends_a_call_whose_socket_stays_open(phone):
+    answer = await phone.dial_owner()
+    async with phone.caller.media(answer) as call:
+        await phone.until_listening(call)
+        assert await phone.caller.status(answer.call_sid, "completed") == 204
+        await call.wait(lambda: call.closed.is_set(), what="Pepper to close the socket")
+    row = await phone.call_row(answer.call_sid)
+    assert row["end_reason"] == "hangup"
+
+
+async def test_the_beta_interface_is_refused_by_the_peer_like_production(phone):
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
+
+    url = phone.model.websocket_url + "/realtime?model=gpt-realtime"
+    async with connect(url, additional_headers={"Authorization": "Bearer sk", "OpenAI-Beta": "realtime=v1"}) as ws:
+        first = json.loads(await ws.recv())
+        assert first["error"]["code"] == "beta_api_shape_disabled"
+        try:
+            await asyncio.wait_for(ws.recv(), 2)
+        except ConnectionClosed:
+            pass
+        assert ws.close_code == 4000
+
+
+def test_payload_sizes_are_counted_without_decoding():
+    from voice.media import decoded_length
+
+    for size in (1, 2, 3, 159, 160, 800):
+        assert decoded_length(base64.b64encode(b"x" * size).decode()) == size
+
+
+async def test_a_socket_that_never_sends_start_is_refused(phone):
+    import voice.service
+
+    original = voice.service.START_TIMEOUT
+    voice.service.START_TIMEOUT = 0.3
+    try:
+        answer = await phone.dial_owner()
+        assert await _refused(phone, answer, send_start=False) == 1008
+    finally:
+        voice.service.START_TIMEOUT = original
+    assert await phone.db.fetchval("SELECT kind FROM security_events") == "media-no-start"
+    assert await phone.db.fetchval("SELECT used_at FROM call_stream_tokens") is None
+
+
+def test_spoken_digits_are_withheld_before_verification():
+    from voice.call import withhold_digits
+
+    assert withhold_digits("my pin is two four six eight") == "my pin is [digits withheld]"
+    assert withhold_digits("it's 1 2 3 4, thanks") == "it's [digits withheld], thanks"
+    assert withhold_digits("I have two questions") == "I have two questions"

@@ -1,0 +1,340 @@
+"""A call's session end to end: restricted until proven, tools through the gate, barge-in, staged
+writes on the mark, and every way a call ends."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+
+from conftest import PIN, speech
+
+from core.conversation import conversation_for, record_inbound
+from core.tools.registry import Tool, ToolOutcome, ToolRegistry
+from core.tools.starter import starter_registry
+from voice.testing.realtime_peer import call_tool, speak
+
+RESTRICTED_TOOLS = {"check_code", "end_call", "send_code", "verify_pin"}
+
+
+def _tools(session) -> set[str]:
+    return set(session.tool_names())
+
+
+async def _verify_by_keypad(phone, call, pin: str = PIN) -> None:
+    session = phone.model.sessions[-1]
+    updates = len([e for e in session.events if e["type"] == "session.update"])
+    await call.keypad(pin + "#")
+    await phone.model.wait_for(lambda: len([e for e in session.events if e["type"] == "session.update"]) > updates)
+
+
+async def test_a_call_starts_restricted_and_the_keypad_pin_unlocks_the_same_session(phone):
+    conversation = await conversation_for(phone.db, phone.account_id)
+    await record_inbound(phone.db, phone.account_id, "sms", "Remember the blue door code is behind the plant")
+    phone.model.script(speak("You're verified. How can I help?"))
+    answer = await phone.dial_owner()
+    async with phone.caller.media(answer) as call:
+        await phone.until_listening(call)
+        session = phone.model.sessions[0]
+        restricted = _tools(session)
+        assert RESTRICTED_TOOLS <= restricted
+        assert not restricted & {"add_todo", "list_todos", "complete_todo", "add_note"}
+        assert "blue door" not in session.config["instructions"]
+        await _verify_by_keypad(phone, call)
+        assert "blue door" in session.config["instructions"]
+        unlocked = _tools(session)
+        assert {"add_todo", "list_todos", "complete_todo"} <= unlocked
+        assert not unlocked & {"verify_pin", "send_code", "check_code"}
+        assert len(phone.model.sessions) == 1  # no reconnect
+        await phone.model.wait_for(lambda: len(session.response_creates) >= 2)
+        await call.hang_up()
+    row = await phone.call_row(answer.call_sid)
+    assert row["verified_by"] == "pin-keypad"
+    turn = await phone.db.fetchrow("SELECT * FROM turns WHERE id = $1", row["turn_id"])
+    assert turn["kind"] == "call" and turn["channel"] == "voice" and turn["trust"] == "owner_verified"
+    assert turn["conversation_id"] == conversation
+    assert PIN not in json.dumps(json.loads(turn["rounds"]))
+
+
+async def test_a_spoken_pin_is_checked_in_code_and_never_stored(phone):
+    phone.model.script(call_tool("verify_pin", {"digits": "2 4 6 8"}), speak("Thanks, you're verified."))
+    phone.model.hear("my pin is two four six eight")
+    answer = await phone.dial_owner()
+    async with phone.caller.media(answer) as call:
+        await phone.until_listening(call)
+        call.say(speech("pin"))
+        session = phone.model.sessions[0]
+        await phone.model.wait_for(lambda: session.tool_outputs, within=15)
+        assert session.tool_outputs[0]["output"].startswith("PIN correct")
+        await phone.model.wait_for(lambda: "add_todo" in _tools(session))
+        await call.hang_up()
+    row = await phone.call_row(answer.call_sid)
+    assert row["verified_by"] == "pin-spoken"
+    inbound = await phone.db.fetchval("SELECT body FROM messages WHERE direction = 'inbound'")
+    assert inbound == "my pin is [digits withheld]"
+    turn = await phone.db.fetchrow("SELECT tool_calls FROM turns WHERE id = $1", row["turn_id"])
+    record = json.dumps(json.loads(turn["tool_calls"]))
+    assert "verify_pin" in record and "2 4 6 8" not in record and "[withheld]" in record
+
+
+async def test_a_one_time_code_by_sms_unlocks_the_call(phone):
+    phone.model.script(call_tool("send_code"), speak("I've texted you a code."), speak("You're in."))
+    phone.model.hear("text me a code")
+    answer = await phone.dial_owner()
+    async with phone.caller.media(answer) as call:
+        await phone.until_listening(call)
+        call.say(speech("hello"))
+        [sms] = await phone.twilio.wait_for_sent(1, within=15)
+        assert sms.to == "+14155552671" and sms.from_ == "+14155550100"
+        code = re.search(r"\d{6}", sms.body).group(0)
+        await _verify_by_keypad(phone, call, code)
+        assert "add_todo" in _tools(phone.model.sessions[0])
+        await call.hang_up()
+    assert (await phone.call_row(answer.call_sid))["verified_by"] == "sms-code-keypad"
+
+
+async def test_repeated_failures_end_the_call_and_notify_the_owner(phone):
+    phone.tune(max_verify_failures=2)
+    phone.model.script(speak("That PIN was wrong."), speak("Sorry, I couldn't verify you. Goodbye."))
+    answer = await phone.dial_owner()
+    async with phone.caller.media(answer) as call:
+        await phone.until_listening(call)
+        await call.keypad("0000#")
+        await asyncio.sleep(0.2)
+        await call.keypad("1111#")
+        await call.wait(lambda: call.closed.is_set(), within=15, what="Pepper to end the call")
+        assert call.close_code == 1000
+    row = await phone.call_row(answer.call_sid)
+    assert row["end_reason"] == "verification-failed" and row["verified_by"] is None
+    [notice] = await phone.twilio.wait_for_sent(1)
+    assert "failed to verify" in notice.body and notice.to == "+14155552671"
+    assert await phone.db.fetchval("SELECT kind FROM security_events") == "call-verification-failed"
+    assert "add_todo" not in _tools(phone.model.sessions[0])
+
+
+async def test_tools_pass_the_same_gate_unverified_writes_are_refused(phone):
+    phone.model.script(call_tool("add_todo", {"title": "buy milk"}), speak("I can't do that yet."))
+    phone.model.hear("add buy milk to my todos")
+    answer = await phone.dial_owner()
+    async with phone.caller.media(answer) as call:
+        await phone.until_listening(call)
+        call.say(speech("todo"))
+        session = phone.model.sessions[0]
+        await phone.model.wait_for(lambda: session.tool_outputs, within=15)
+        assert session.tool_outputs[0]["output"].startswith("Unknown tool 'add_todo'")
+        await call.hang_up()
+    await phone.call_row(answer.call_sid)
+    assert await phone.db.fetchval("SELECT count(*) FROM todos") == 0
+
+
+async def test_a_slow_tool_plays_a_filler_and_its_result_reaches_the_model(phone):
+    async def slow(ctx, args):
+        await asyncio.sleep(1.3)
+        return ToolOutcome.ok("It is sunny.")
+
+    registry = starter_registry()
+    registry.add(Tool("weather", "The weather.", {"type": "object", "properties": {}}, slow, area="clock"))
+    phone.calls.deps.registry = registry
+    phone.model.script(call_tool("weather"), speak("It's sunny."))
+    phone.model.hear("what's the weather")
+    answer = await phone.dial_owner()
+    async with phone.caller.media(answer) as call:
+        await phone.until_listening(call)
+        call.say(speech("hello"))
+        session = phone.model.sessions[0]
+        await phone.model.wait_for(lambda: session.tool_outputs, within=15)
+        assert session.tool_outputs[0]["output"] == "It is sunny."
+        assert phone.calls.sessions[answer.call_sid].stats.fillers == 1
+        filler = phone.calls.deps.filler
+        await call.wait(lambda: filler[:800] in bytes(call.heard), what="the filler to play")
+        await call.hang_up()
+
+
+async def test_barge_in_clears_twilio_cancels_and_truncates_to_what_was_played(phone):
+    phone.model.pace = 0.1  # the model streams in real time, so the response is still running
+    phone.model.script(speak("A very long answer.", ms=4000))
+    phone.model.hear("hello", "wait")
+    answer = await phone.dial_owner()
+    async with phone.caller.media(answer) as call:
+        await phone.until_listening(call)
+        call.say(speech("hello"))
+        session = phone.model.sessions[0]
+        await call.wait(lambda: call.received_media_bytes > 8 * 1500, within=15, what="the long answer to arrive")
+        heard_before = call.heard_ms
+        await call.wait(lambda: call.heard_ms > heard_before + 600, what="some of it to play")
+        call.say(speech("interrupt"))
+        await call.wait(lambda: call.clears, within=10, what="a clear")
+        heard_at_clear = call.heard_ms
+        await phone.model.wait_for(lambda: session.truncates)
+        truncate = session.truncates[0]
+        # The assistant item is cut to what the caller heard of it (marks every 100 ms).
+        assert 0 < truncate["audio_end_ms"] <= heard_at_clear - 300
+        assert truncate["audio_end_ms"] < 4000
+        assert session.cancels >= 1
+        await asyncio.sleep(0.3)
+        assert call.heard_ms - heard_at_clear < 300  # the queue was thrown away
+        stats = phone.calls.sessions[answer.call_sid].stats
+        assert stats.barge_ins == 1 and stats.clear_ms[0] < 50
+        await call.hang_up()
+    turn = await phone.db.fetchrow("SELECT rounds FROM turns")
+    rounds = json.loads(turn["rounds"])
+    assert not any(r.get("text") == "A very long answer." and not r.get("interrupted") for r in rounds)
+
+
+async def _todo(phone) -> int:
+    return await phone.db.fetchval(
+        "INSERT INTO todos (account_id, title) VALUES ($1, 'call the plumber') RETURNING id", phone.account_id
+    )
+
+
+async def test_a_staged_write_commits_when_the_confirming_sentence_was_heard(phone):
+    todo = await _todo(phone)
+    phone.model.script(speak("You're verified."), call_tool("complete_todo", {"id": todo}),
+                       speak("Done, I ticked off call the plumber.", ms=600))  # fmt: skip
+    phone.model.hear("tick off the plumber")
+    answer = await phone.dial_owner()
+    async with phone.caller.media(answer) as call:
+        await phone.until_listening(call)
+        await _verify_by_keypad(phone, call)
+        await asyncio.sleep(0.5)
+        call.say(speech("todo"))
+        session = phone.model.sessions[0]
+        await phone.model.wait_for(lambda: session.tool_outputs, within=15)
+        assert "once the caller has heard you confirm it" in session.tool_outputs[0]["output"]
+        assert await phone.db.fetchval("SELECT done_at FROM todos WHERE id = $1", todo) is None
+        await call.wait(lambda: any(m.name.startswith("c") and not m.cleared for m in call.marks), within=10,
+                        what="the commit mark")  # fmt: skip
+        for _ in range(200):
+            if await phone.db.fetchval("SELECT done_at FROM todos WHERE id = $1", todo) is not None:
+                break
+            await asyncio.sleep(0.01)
+        assert await phone.db.fetchval("SELECT done_at FROM todos WHERE id = $1", todo) is not None
+        await call.hang_up()
+    row = await phone.call_row(answer.call_sid)
+    assert f"saved: todo #{todo} marked done" in row["summary"]
+    assert await phone.db.fetchval("SELECT status FROM staged_writes") == "committed"
+
+
+async def test_a_barge_in_before_the_confirmation_drops_the_write_and_tells_the_model(phone):
+    todo = await _todo(phone)
+    phone.model.script(speak("You're verified."), call_tool("complete_todo", {"id": todo}),
+                       speak("Done, I ticked off call the plumber, and here is a long tail.", ms=4000))  # fmt: skip
+    phone.model.hear("tick off the plumber", "wait")
+    answer = await phone.dial_owner()
+    async with phone.caller.media(answer) as call:
+        await phone.until_listening(call)
+        await _verify_by_keypad(phone, call)
+        await asyncio.sleep(0.5)
+        call.say(speech("todo"))
+        session = phone.model.sessions[0]
+        await phone.model.wait_for(lambda: session.tool_outputs, within=15)
+        await call.wait(lambda: call.received_media_bytes > 8 * 3000, within=15, what="the confirmation to arrive")
+        call.say(speech("interrupt"))
+        await call.wait(lambda: call.clears, within=10, what="a clear")
+        await phone.model.wait_for(lambda: any("NOT saved" in n for n in session.notes))
+        await call.hang_up()
+    await phone.call_row(answer.call_sid)
+    assert await phone.db.fetchval("SELECT done_at FROM todos WHERE id = $1", todo) is None
+    assert await phone.db.fetchval("SELECT status FROM staged_writes") == "dropped"
+
+
+async def test_a_hang_up_before_the_confirmation_drops_the_write(phone):
+    todo = await _todo(phone)
+    phone.model.script(speak("You're verified."), call_tool("complete_todo", {"id": todo}),
+                       speak("Done.", ms=3000))  # fmt: skip
+    phone.model.hear("tick off the plumber")
+    answer = await phone.dial_owner()
+    async with phone.caller.media(answer) as call:
+        await phone.until_listening(call)
+        await _verify_by_keypad(phone, call)
+        await asyncio.sleep(0.5)
+        call.say(speech("todo"))
+        session = phone.model.sessions[0]
+        await phone.model.wait_for(lambda: session.tool_outputs, within=15)
+        await call.hang_up()
+    await phone.call_row(answer.call_sid)
+    assert await phone.db.fetchval("SELECT done_at FROM todos WHERE id = $1", todo) is None
+    assert await phone.db.fetchval("SELECT status FROM staged_writes") == "dropped"
+
+
+async def test_the_end_call_tool_hangs_up_after_the_goodbye_played(phone):
+    phone.model.script(call_tool("end_call"), speak("Goodbye!", ms=500))
+    phone.model.hear("bye")
+    answer = await phone.dial_owner()
+    async with phone.caller.media(answer) as call:
+        await phone.until_listening(call)
+        call.say(speech("hello"))
+        await call.wait(lambda: call.closed.is_set(), within=15, what="Pepper to hang up")
+        assert call.close_code == 1000
+        bye = next(m for m in call.marks if m.name.startswith("b"))
+        assert not bye.cleared
+    row = await phone.call_row(answer.call_sid)
+    assert row["end_reason"] == "end-call"
+    status, twiml = await phone.caller.post("/twilio/voice/after-stream", {"CallSid": answer.call_sid})
+    assert status == 200 and "<Hangup" in twiml and "<Say" not in twiml
+
+
+async def test_a_call_ends_at_its_maximum_duration(phone):
+    phone.tune(max_call_seconds=1.5)
+    phone.model.script(speak("We're out of time. Goodbye.", ms=300))
+    answer = await phone.dial_owner()
+    async with phone.caller.media(answer) as call:
+        await call.wait(lambda: call.closed.is_set(), within=10, what="the time limit")
+    assert (await phone.call_row(answer.call_sid))["end_reason"] == "max-duration"
+
+
+async def test_a_dropped_model_socket_reconnects_and_the_call_goes_on(phone):
+    phone.model.script(speak("Sorry, where were we?"))
+    answer = await phone.dial_owner()
+    async with phone.caller.media(answer) as call:
+        await phone.until_listening(call)
+        await _verify_by_keypad(phone, call)
+        await phone.model.drop(0)
+        await phone.model.wait_for(lambda: len(phone.model.sessions) == 2)
+        second = phone.model.sessions[1]
+        await phone.model.wait_for(lambda: second.first_audio_at is not None)
+        assert "add_todo" in _tools(second)  # still verified
+        assert "Apologise" in second.response_creates[0]["instructions"]
+        await call.hang_up()
+    row = await phone.call_row(answer.call_sid)
+    assert row["end_reason"] == "hangup" and json.loads(row["stats"])["model_reconnects"] == 1
+
+
+async def test_a_model_that_cannot_be_reached_again_ends_the_call_with_an_apology(phone):
+    answer = await phone.dial_owner()
+    async with phone.caller.media(answer) as call:
+        await phone.until_listening(call)
+        await phone.model.drop(0)
+        await phone.model.wait_for(lambda: len(phone.model.sessions) == 2)
+        await phone.model.drop(1)
+        await call.wait(lambda: call.closed.is_set(), within=10, what="Pepper to end the call")
+    row = await phone.call_row(answer.call_sid)
+    assert row["end_reason"] == "model-failed"
+    _, twiml = await phone.caller.post("/twilio/voice/after-stream", {"CallSid": answer.call_sid})
+    assert "<Say>Sorry, I lost the connection" in twiml and "<Hangup" in twiml
+    # The transcript so far is kept.
+    assert await phone.db.fetchval("SELECT count(*) FROM messages WHERE channel = 'voice'") >= 1
+
+
+async def test_hang_up_records_the_transcript_and_a_summary_in_the_one_conversation(phone):
+    phone.model.script(speak("Hello Ada."))
+    phone.model.hear("hello pepper")
+    answer = await phone.dial_owner()
+    async with phone.caller.media(answer) as call:
+        await phone.until_listening(call)
+        call.say(speech("hello"))
+        for _ in range(1500):
+            if await phone.db.fetchval("SELECT count(*) FROM messages WHERE body = 'Hello Ada.'"):
+                break
+            await asyncio.sleep(0.01)
+        await call.hang_up()
+    row = await phone.call_row(answer.call_sid)
+    assert row["summary"].startswith("Phone call, 0 min")
+    assert 'opened with "hello pepper"' in row["summary"] and "ended: hangup" in row["summary"]
+    turn = await phone.db.fetchrow("SELECT * FROM turns WHERE id = $1", row["turn_id"])
+    assert turn["reply"] == row["summary"] and turn["finished_at"] is not None
+    roles = [r["role"] for r in json.loads(turn["rounds"])]
+    assert "caller" in roles and "pepper" in roles
+    bodies = [r["body"] for r in await phone.db.fetch("SELECT body FROM messages ORDER BY id")]
+    assert "hello pepper" in bodies and "Hello Ada." in bodies
+    assert ToolRegistry  # the registry type is what deps take

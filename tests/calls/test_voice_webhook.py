@@ -1,0 +1,73 @@
+"""The voice webhook: signature, classification in code, and the TwiML that answers each kind of call."""
+
+from __future__ import annotations
+
+from conftest import ANSWERING_LINE, LINE, OWNER, PUBLIC, STRANGER
+
+from core import identity
+from voice import routing
+
+
+async def test_a_verified_owner_is_connected_to_a_stream_with_a_one_time_token(phone):
+    answer = await phone.dial_owner()
+    assert answer.stream_url == "wss://pepper.example.org/twilio/media"
+    assert "?" not in answer.stream_url
+    token = answer.parameters["call_token"]
+    assert len(token) >= 32
+    assert answer.action == PUBLIC + "/twilio/voice/after-stream"
+    stored = await phone.db.fetchrow("SELECT call_sid, used_at FROM call_stream_tokens")
+    assert stored["call_sid"] == answer.call_sid and stored["used_at"] is None
+    assert token.encode() not in bytes(await phone.db.fetchval("SELECT token_hash FROM call_stream_tokens"))
+    row = await phone.db.fetchrow("SELECT route, account_id FROM calls WHERE call_sid = $1", answer.call_sid)
+    assert row["route"] == "owner" and row["account_id"] == phone.account_id
+
+
+async def test_a_forged_webhook_is_refused_and_recorded(phone):
+    answer = await phone.caller.dial(from_=OWNER, to=LINE, signature="bm90IGEgc2lnbmF0dXJl")
+    assert answer.status == 403
+    assert await phone.db.fetchval("SELECT count(*) FROM calls") == 0
+    assert await phone.db.fetchval("SELECT count(*) FROM call_stream_tokens") == 0
+    assert await phone.db.fetchval("SELECT kind FROM security_events") == "twilio-signature-invalid"
+
+
+async def test_a_stranger_on_the_personal_line_is_refused_politely(phone):
+    answer = await phone.caller.dial(from_=STRANGER, to=LINE)
+    assert answer.status == 200 and not answer.connected
+    assert answer.says == [routing.REFUSED_TEXT]
+    assert "<Hangup" in answer.twiml
+    assert await phone.db.fetchval("SELECT count(*) FROM call_stream_tokens") == 0
+
+
+async def test_strangers_can_be_handed_to_the_answering_service_but_never_the_owner(phone):
+    phone.calls.unknown_caller = "answering"
+    answer = await phone.caller.dial(from_=STRANGER, to=LINE)
+    assert not answer.connected
+    assert answer.says == [routing.ANSWERING_UNAVAILABLE_TEXT]
+
+
+async def test_an_unverified_number_of_the_owner_never_reaches_the_owner_session(phone):
+    other = "+14155552672"
+    await identity.add_handle(phone.db, phone.account_id, "phone", other, verified=False)
+    answer = await phone.caller.dial(from_=other, to=LINE)
+    assert not answer.connected and answer.says == [routing.REFUSED_TEXT]
+
+
+async def test_forwarded_calls_and_answering_lines_go_to_the_answering_service(phone):
+    forwarded = await phone.caller.dial(from_=OWNER, to=LINE, ForwardedFrom="+14155557777")
+    assert not forwarded.connected and forwarded.says == [routing.ANSWERING_UNAVAILABLE_TEXT]
+    answering = await phone.caller.dial(from_=OWNER, to=ANSWERING_LINE)
+    assert not answering.connected and answering.says == [routing.ANSWERING_UNAVAILABLE_TEXT]
+    routes = {r["route"] for r in await phone.db.fetch("SELECT route FROM calls")}
+    assert routes == {"answering"}
+
+
+async def test_a_stop_blocked_caller_is_refused(phone):
+    await identity.set_consent(phone.db, phone.handle_id, identity.PHONE_CHANNELS, opted_out=True, source="sms STOP")
+    answer = await phone.caller.dial(from_=OWNER, to=LINE)
+    assert not answer.connected and answer.says == [routing.BLOCKED_TEXT]
+    assert await phone.db.fetchval("SELECT route FROM calls") == "blocked"
+
+
+async def test_a_number_pepper_does_not_answer_is_refused(phone):
+    answer = await phone.caller.dial(from_=OWNER, to="+14155550199")
+    assert not answer.connected and answer.says == [routing.REFUSED_TEXT]

@@ -1,0 +1,192 @@
+"""OpenAI Realtime (the GA interface) through the official SDK's websocket client.
+
+Audio is ``audio/pcmu`` in both directions, so Twilio's base64 payloads pass through unchanged:
+``input_audio_buffer.append.audio`` on the way in, ``response.output_audio.delta.delta`` on the
+way out. Events are read as raw JSON and mapped to :mod:`voice.realtime` events without building
+the SDK's typed models (one event per ~20-100 ms of audio per call).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from openai import AsyncOpenAI, OpenAIError
+from websockets.exceptions import ConnectionClosed, WebSocketException
+
+from voice.realtime import (
+    AssistantTranscript,
+    AudioDelta,
+    FunctionCall,
+    ModelError,
+    Other,
+    RealtimeDisconnected,
+    RealtimeEvent,
+    ResponseCreated,
+    ResponseDone,
+    SessionConfig,
+    SpeechStarted,
+    SpeechStopped,
+    UserTranscript,
+)
+
+log = logging.getLogger(__name__)
+
+TRANSCRIPTION_MODEL = "gpt-4o-mini-transcribe"
+
+
+def session_payload(config: SessionConfig) -> dict[str, Any]:
+    return {
+        "type": "realtime",
+        "instructions": config.instructions,
+        "output_modalities": ["audio"],
+        "audio": {
+            "input": {
+                "format": {"type": "audio/pcmu"},
+                "turn_detection": {
+                    "type": "server_vad",
+                    "threshold": 0.5,
+                    "prefix_padding_ms": 300,
+                    "silence_duration_ms": 500,
+                    "create_response": True,
+                    "interrupt_response": True,
+                },
+                "transcription": {"model": TRANSCRIPTION_MODEL},
+            },
+            "output": {"format": {"type": "audio/pcmu"}, "voice": config.voice},
+        },
+        "tools": [
+            {"type": "function", "name": t.name, "description": t.description, "parameters": t.parameters}
+            for t in config.tools
+        ],
+        "tool_choice": "auto",
+    }
+
+
+def map_event(data: dict[str, Any]) -> RealtimeEvent:
+    kind = data.get("type", "")
+    if kind == "response.output_audio.delta":
+        return AudioDelta(data.get("response_id", ""), data.get("item_id", ""), data.get("delta", ""))
+    if kind == "input_audio_buffer.speech_started":
+        return SpeechStarted(data.get("item_id"), data.get("audio_start_ms"))
+    if kind == "input_audio_buffer.speech_stopped":
+        return SpeechStopped(data.get("item_id"))
+    if kind == "response.created":
+        return ResponseCreated((data.get("response") or {}).get("id", ""))
+    if kind == "response.done":
+        response = data.get("response") or {}
+        calls = sum(1 for item in response.get("output") or () if item.get("type") == "function_call")
+        return ResponseDone(response.get("id", ""), response.get("status", "completed"), calls)
+    if kind == "response.function_call_arguments.done":
+        return FunctionCall(
+            data.get("response_id", ""), data.get("call_id", ""), data.get("name", ""), data.get("arguments", "")
+        )
+    if kind == "response.output_audio_transcript.done":
+        return AssistantTranscript(data.get("response_id", ""), data.get("item_id", ""), data.get("transcript", ""))
+    if kind == "conversation.item.input_audio_transcription.completed":
+        return UserTranscript(data.get("item_id", ""), data.get("transcript", ""))
+    if kind == "error":
+        error = data.get("error") or {}
+        return ModelError(str(error.get("code") or error.get("type") or "error"), str(error.get("message", "")))
+    return Other(kind, data)
+
+
+class OpenAIRealtimeConnection:
+    def __init__(self, conn: Any):
+        self._conn = conn
+
+    async def _send(self, event: dict[str, Any]) -> None:
+        try:
+            # The SDK's raw send: a typed-param transform per audio frame would sit on the hot path.
+            await self._conn.send_raw(json.dumps(event))
+        except (ConnectionClosed, WebSocketException, OSError, OpenAIError) as exc:
+            raise RealtimeDisconnected("the realtime socket is closed") from exc
+
+    async def configure(self, config: SessionConfig) -> None:
+        await self._send({"type": "session.update", "session": session_payload(config)})
+
+    async def append_audio(self, payload: str) -> None:
+        await self._send({"type": "input_audio_buffer.append", "audio": payload})
+
+    async def send_tool_output(self, call_id: str, output: str) -> None:
+        await self._send(
+            {"type": "conversation.item.create", "item": {"type": "function_call_output", "call_id": call_id,
+                                                          "output": output}}
+        )  # fmt: skip
+
+    async def add_note(self, text: str) -> None:
+        await self._send(
+            {"type": "conversation.item.create",
+             "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}}
+        )  # fmt: skip
+
+    async def create_response(self, instructions: str | None = None) -> None:
+        event: dict[str, Any] = {"type": "response.create"}
+        if instructions is not None:
+            event["response"] = {"instructions": instructions}
+        await self._send(event)
+
+    async def cancel_response(self) -> None:
+        await self._send({"type": "response.cancel"})
+
+    async def truncate(self, item_id: str, audio_end_ms: int) -> None:
+        await self._send(
+            {"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0, "audio_end_ms": audio_end_ms}
+        )
+
+    async def events(self) -> AsyncIterator[RealtimeEvent]:
+        while True:
+            try:
+                raw = await self._conn.recv_bytes()
+            except ConnectionClosed as exc:
+                code = exc.rcvd.code if exc.rcvd is not None else None
+                raise RealtimeDisconnected("the realtime socket closed", close_code=code) from exc
+            except (WebSocketException, OSError, OpenAIError) as exc:
+                raise RealtimeDisconnected("the realtime socket failed") from exc
+            try:
+                data = json.loads(raw)
+            except ValueError:
+                log.warning("realtime model sent a frame that is not JSON; ignored")
+                continue
+            if isinstance(data, dict):
+                yield map_event(data)
+
+
+class OpenAIRealtime:
+    """Connects one session per call. ``base_url`` follows the SDK (``OPENAI_BASE_URL`` style)."""
+
+    name = "openai-realtime"
+
+    def __init__(
+        self,
+        *,
+        api_key: str,
+        model: str = "gpt-realtime",
+        base_url: str | None = None,
+        websocket_base_url: str | None = None,
+    ):
+        self.model = model
+        self._client = AsyncOpenAI(
+            api_key=api_key, base_url=base_url, websocket_base_url=websocket_base_url, max_retries=0
+        )
+
+    @asynccontextmanager
+    async def connect(self) -> AsyncIterator[OpenAIRealtimeConnection]:
+        try:
+            manager = self._client.realtime.connect(model=self.model)
+            conn = await manager.__aenter__()
+        except (OpenAIError, WebSocketException, OSError) as exc:
+            raise RealtimeDisconnected("cannot open the realtime socket") from exc
+        try:
+            yield OpenAIRealtimeConnection(conn)
+        finally:
+            try:
+                await manager.__aexit__(None, None, None)
+            except (WebSocketException, OSError):
+                log.debug("realtime socket close failed", exc_info=True)
+
+    async def aclose(self) -> None:
+        await self._client.close()

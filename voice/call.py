@@ -1,0 +1,929 @@
+"""One phone call: Twilio Media Streams on one side, a realtime voice model on the other.
+
+What a call session promises:
+
+* **Opening.** The transcription notice is the first thing the model says. Until the Twilio mark
+  after it comes back (the caller has heard it), caller audio is discarded: neither buffered nor
+  sent to the model.
+* **Restricted until proven.** The session starts ``owner_unverified``: no memory in the
+  instructions, only the tools the gate shows an unverified owner (read-only, nothing personal,
+  nothing connected), plus the call's own controls. The PIN (keypad, or spoken digits the model
+  passes to ``verify_pin``) or a one-time code sent by SMS is checked in code; on success the same
+  model session is reconfigured with the memory block and the full tool set. Repeated failures end
+  the call and notify the owner.
+* **Tools** come from the same registry and pass the same gate and runner as text turns. A tool
+  that takes longer than ``filler_after`` seconds makes the caller hear a short filler.
+* **Barge-in.** When the model reports the caller speaking over Pepper: Twilio ``clear``, cancel
+  the response, truncate the assistant item to what was played (tracked with marks).
+* **Staged writes** wait for the mark after the sentence that confirms them; a barge-in or a
+  hang-up before it drops them, and the model is told.
+* **End.** Caller hang-up (``stop``, socket closed, status callback), the ``end_call`` tool after
+  its goodbye was played, the maximum duration, repeated verification failures, or a model that
+  cannot be reconnected. The transcript (both sides, tool calls) lands in the person's one
+  conversation and the call's turn record, with a short summary.
+* **Malformed frames** are ignored and counted; the call goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import logging
+import re
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from importlib import resources
+from typing import Any, Protocol
+from uuid import UUID
+from zoneinfo import ZoneInfo
+
+from core import identity
+from core.conversation import conversation_for, record_inbound, record_outbound, start_turn, update_turn
+from core.models.types import ToolCall
+from core.settings import Settings
+from core.tools.areas.dossier import dossier_text
+from core.tools.context import SessionContext
+from core.tools.gate import Gate
+from core.tools.registry import Tool, ToolContext, ToolOutcome, ToolRegistry
+from core.tools.runner import CallOutcome, run_call
+from core.tools.staging import commit_writes, drop_turn_writes, drop_writes
+from voice import media
+from voice.realtime import (
+    AssistantTranscript,
+    AudioDelta,
+    FunctionCall,
+    ModelError,
+    RealtimeConnection,
+    RealtimeDisconnected,
+    RealtimeModel,
+    ResponseCreated,
+    ResponseDone,
+    SessionConfig,
+    SpeechStarted,
+    UserTranscript,
+)
+
+log = logging.getLogger(__name__)
+
+LABEL = "[Pepper runtime note. The caller did not say this.]"
+SendSms = Callable[[str, str, str], Awaitable[None]]  # (to, from_, body)
+
+PERSONA = f"""You are Pepper, a personal assistant, on a phone call. Speak briefly and naturally: one or
+two short sentences at a time, no lists, no markdown. Never pretend: if you did not do something,
+do not say you did. Use the tools to look things up or change things; never invent their results.
+A tool result starting "Found nothing" means the lookup worked and there is no data; "Failed" means
+it broke; "Refused by Pepper's rules" means it did not run. Confirm before deleting anything or doing
+something other people will see. When a write is done, say in one sentence what changed.
+Messages that start with "{LABEL}" come from Pepper's runtime, not from the caller."""
+
+RESTRICTED = """The caller has not yet proved who they are, so you cannot see the person's memory or
+accounts. They can key in their PIN and then the pound key, say their PIN (pass the digits to
+verify_pin), or ask for a one-time code by text message (send_code, then check_code with the digits
+they read back). Never guess or repeat a PIN or code aloud."""
+
+VERIFIED = """The caller proved who they are: you may use the person's memory and every tool."""
+
+
+def _load_filler() -> bytes:
+    return (resources.files("voice") / "data" / "filler.ulaw").read_bytes()
+
+
+@dataclass(frozen=True)
+class VoiceConfig:
+    notice: str = "Hi, this is Pepper. This call is transcribed."
+    voice: str = "marin"
+    max_call_seconds: float = 1800.0
+    max_verify_failures: int = 3
+    filler_after: float = 1.0
+    notice_timeout: float = 20.0
+    closing_grace: float = 10.0
+    model_reconnects: int = 1
+    code_ttl_seconds: float = 300.0
+    dtmf_idle_seconds: float = 3.0
+    memory_messages: int = 30
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> VoiceConfig:
+        return cls(
+            notice=settings.voice_notice,
+            voice=settings.voice_voice,
+            max_call_seconds=float(settings.voice_max_call_seconds),
+            max_verify_failures=settings.voice_max_verify_failures,
+        )
+
+
+@dataclass
+class VoiceDeps:
+    """Built once at start-up and shared by every call."""
+
+    db: Any
+    model: RealtimeModel | None
+    registry: ToolRegistry
+    gate: Gate
+    config: VoiceConfig = field(default_factory=VoiceConfig)
+    send_sms: SendSms | None = None
+    clock: Callable[[], datetime] = lambda: datetime.now(UTC)
+    filler: bytes = field(default_factory=_load_filler)
+
+    @property
+    def filler_payload(self) -> str:
+        return base64.b64encode(self.filler).decode()
+
+
+class TwilioLink(Protocol):
+    """The media socket as the session uses it; the gateway owns reading it (``CallSession.feed``)."""
+
+    async def send(self, text: str) -> None: ...
+
+    async def close(self, code: int = 1000) -> None: ...
+
+
+@dataclass(frozen=True)
+class OwnerCall:
+    """The owner-route call this stream belongs to (from the ``calls`` row)."""
+
+    call_sid: str
+    account_id: UUID
+    handle_id: UUID | None
+    caller: str | None
+    line_number: str | None
+
+
+@dataclass
+class CallStats:
+    frames_in: int = 0
+    frames_to_model: int = 0
+    frames_discarded: int = 0
+    frames_malformed: int = 0
+    frames_dropped: int = 0  # while the model socket was being replaced
+    audio_out_bytes: int = 0
+    barge_ins: int = 0
+    clear_ms: list[float] = field(default_factory=list)
+    fillers: int = 0
+    model_reconnects: int = 0
+    verify_failures: int = 0
+
+    def as_record(self) -> dict[str, Any]:
+        out = {k: v for k, v in self.__dict__.items() if k != "clear_ms"}
+        out["clear_ms"] = [round(v, 3) for v in self.clear_ms]
+        return out
+
+
+@dataclass(slots=True)
+class _Mark:
+    kind: str  # audio, notice, commit, bye
+    item_id: str | None = None
+    played_bytes: int = 0
+    write_ids: tuple[int, ...] = ()
+    cancelled: bool = False
+
+
+_DIGIT_WORDS = r"(?:zero|oh|one|two|three|four|five|six|seven|eight|nine|\d)"
+_DIGIT_RUN = re.compile(rf"\b{_DIGIT_WORDS}(?:[\s,.-]*{_DIGIT_WORDS}){{2,}}\b", re.IGNORECASE)
+# Playback is tracked with a Twilio mark at least every 100 ms of audio (and at each response's end).
+MARK_EVERY_BYTES = 100 * media.BYTES_PER_MS
+# Arguments never written to records: a PIN or code the caller gave.
+SECRET_TOOLS = frozenset({"verify_pin", "check_code"})
+
+
+def withhold_digits(text: str) -> str:
+    """Runs of three or more spoken digits, replaced (a PIN or code said before verification)."""
+    return _DIGIT_RUN.sub("[digits withheld]", text)
+
+
+def labelled(text: str) -> str:
+    return f"{LABEL}\n{text}"
+
+
+class CallSession:
+    def __init__(self, deps: VoiceDeps, link: TwilioLink, start: media.StreamStart, call: OwnerCall):
+        self.deps = deps
+        self.link = link
+        self.start = start
+        self.call = call
+        self.stats = CallStats()
+        self.trust = "owner_unverified"
+        self.verified_by: str | None = None
+        self.listening = False
+        self.end_reason: str | None = None
+        self._ended = asyncio.Event()
+        self._sid = start.stream_sid
+        self._conn: RealtimeConnection | None = None
+        self._conn_stack: AsyncExitStack | None = None
+        self._generation = 0  # bumps on every model reconnect
+        self._marks: dict[str, _Mark] = {}
+        self._mark_seq = 0
+        self._sent_bytes: dict[str, int] = {}
+        self._played_bytes: dict[str, int] = {}
+        self._marked_bytes: dict[str, int] = {}
+        self._last_item: str | None = None
+        self._active_response: str | None = None
+        self._cancelled_responses: set[str] = set()
+        self._response_audio: dict[str, int] = {}
+        self._notice_response: str | None = None
+        self._notice_requested = False
+        self._unconfirmed: list[int] = []
+        self._dropped_notes: list[str] = []
+        self._write_summaries: dict[int, str] = {}
+        self._tool_tasks: dict[str, list[asyncio.Task[CallOutcome]]] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._closing: str | None = None
+        self._dtmf: list[str] = []
+        self._dtmf_timer: asyncio.TimerHandle | None = None
+        self._code: tuple[str, float] | None = None
+        self._outcomes: list[CallOutcome] = []
+        self._transcript: list[dict[str, Any]] = []
+        self._records: asyncio.Queue[tuple[str, str, str] | None] = asyncio.Queue()
+        self._started = time.monotonic()
+        self._started_at = deps.clock()
+        self._turn_id: UUID | None = None
+        self._conversation_id: UUID | None = None
+        self._registry = self._call_registry()
+        self._session_ctx: SessionContext | None = None
+        self._timezone = "UTC"
+        self._resolved: list[dict[str, Any]] = []
+        self._trust_changed = False
+
+    # --- The call's own controls, as tools through the same gate --------------------------------
+
+    def _call_registry(self) -> ToolRegistry:
+        digits = {"type": "object", "properties": {"digits": {"type": "string", "minLength": 1, "maxLength": 40}},
+                  "required": ["digits"], "additionalProperties": False}  # fmt: skip
+        empty = {"type": "object", "properties": {}, "additionalProperties": False}
+        controls = (
+            Tool("verify_pin", "Check the PIN the caller said aloud (digits only).", digits, self._tool_verify_pin,
+                 area="call"),
+            Tool("send_code", "Text a one-time code to the caller's verified phone number.", empty,
+                 self._tool_send_code, area="call"),
+            Tool("check_code", "Check the one-time code the caller read back (digits only).", digits,
+                 self._tool_check_code, area="call"),
+            Tool("end_call", "End the call after you have said goodbye in this response.", empty,
+                 self._tool_end_call, area="call"),
+        )  # fmt: skip
+        registry = ToolRegistry(controls)
+        for tool in self.deps.registry.all():
+            if tool.name not in registry:
+                registry.add(tool)
+        return registry
+
+    def _session(self) -> SessionContext:
+        return SessionContext(
+            kind="call",
+            trust=self.trust,  # type: ignore[arg-type]
+            channel="voice",
+            account_id=self.call.account_id,
+            conversation_id=self._conversation_id,
+            turn_id=self._turn_id,
+            timezone=self._timezone,
+        )
+
+    def visible_tools(self) -> list[Tool]:
+        session = self._session()
+        shown = self._registry.visible(session, hidden=self.deps.gate.hides)
+        if self.trust == "owner_verified":
+            shown = [t for t in shown if t.name not in ("verify_pin", "send_code", "check_code")]
+        return shown
+
+    async def _instructions(self) -> str:
+        if self.trust != "owner_verified":
+            return f"{PERSONA}\n\n{RESTRICTED}"
+        db = self.deps.db
+        dossier = await dossier_text(db, self.call.account_id)
+        rows = await db.fetch(
+            """
+            SELECT * FROM (SELECT created_at, channel, direction, body, id FROM messages
+                           WHERE conversation_id = $1 ORDER BY created_at DESC, id DESC LIMIT $2) m
+            ORDER BY created_at, id
+            """,
+            self._conversation_id,
+            self.deps.config.memory_messages,
+        )
+        zone = ZoneInfo(self._timezone)
+        memory = "\n".join(
+            f"[{r['created_at'].astimezone(zone):%Y-%m-%d %H:%M} {r['channel']}]"
+            f" {'Person' if r['direction'] == 'inbound' else 'Pepper'}: {r['body']}"
+            for r in rows
+        )
+        parts = [PERSONA, VERIFIED]
+        parts.append("About the person (the dossier):\n" + dossier if dossier else "About the person: nothing noted.")
+        parts.append("Memory: recent messages, oldest first.\n" + memory if memory else "Memory: nothing yet.")
+        return "\n\n".join(parts)
+
+    async def _config(self) -> SessionConfig:
+        return SessionConfig(
+            await self._instructions(), tuple(t.spec for t in self.visible_tools()), voice=self.deps.config.voice
+        )
+
+    # --- Running -----------------------------------------------------------------------------
+
+    @property
+    def ended(self) -> bool:
+        return self._ended.is_set()
+
+    def hang_up(self, reason: str = "hangup") -> None:
+        """End the call from outside (the caller hung up, the status callback said so)."""
+        self._end(reason)
+
+    def _end(self, reason: str) -> None:
+        if self.end_reason is None:
+            self.end_reason = reason
+        self._ended.set()
+
+    def _spawn(self, name: str, coro: Awaitable[Any]) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro, name=f"call-{self.call.call_sid[-8:]}-{name}")  # type: ignore[arg-type]
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("call task %s failed", task.get_name(), exc_info=task.exception())
+            self._end("error")
+
+    async def run(self) -> None:
+        """Run the call until it ends, then record it. Returns normally; CancelledError passes."""
+        db = self.deps.db
+        self._conversation_id = await conversation_for(db, self.call.account_id)
+        self._timezone = await db.fetchval("SELECT timezone FROM accounts WHERE id = $1", self.call.account_id)
+        self._turn_id = await start_turn(db, self._conversation_id, channel="voice", kind="call")
+        await db.execute("UPDATE calls SET status = 'in-progress', turn_id = $2 WHERE call_sid = $1",
+                         self.call.call_sid, self._turn_id)  # fmt: skip
+        recorder = self._spawn("recorder", self._record_loop())
+        try:
+            if self.deps.model is None or not await self._open_model():
+                self._end("model-failed")
+            else:
+                self._spawn("model", self._model_loop())
+                self._spawn("deadline", self._deadline())
+                self._spawn("notice-watch", self._notice_watch())
+                await self._conn.create_response(  # type: ignore[union-attr]
+                    f"Say exactly this, and nothing else: {self.deps.config.notice}"
+                )
+                self._notice_requested = True
+            await self._ended.wait()
+        except RealtimeDisconnected:
+            self._end("model-failed")
+        finally:
+            await self._shutdown(recorder)
+
+    async def _shutdown(self, recorder: asyncio.Task[Any]) -> None:
+        for task in list(self._tasks):
+            if task is not recorder:
+                task.cancel()
+        if self._dtmf_timer is not None:
+            self._dtmf_timer.cancel()
+        others = [t for t in self._tasks if t is not recorder]
+        if others:
+            await asyncio.gather(*others, return_exceptions=True)
+        if self._conn_stack is not None:
+            with contextlib.suppress(Exception):
+                await self._conn_stack.aclose()
+        if self.end_reason != "hangup":
+            with contextlib.suppress(Exception):
+                await self.link.close(1000)
+        self._records.put_nowait(None)
+        await asyncio.gather(recorder, return_exceptions=True)
+        await self._finish()
+
+    async def _open_model(self) -> bool:
+        assert self.deps.model is not None
+        stack = AsyncExitStack()
+        try:
+            conn = await stack.enter_async_context(self.deps.model.connect())
+            await conn.configure(await self._config())
+        except RealtimeDisconnected:
+            await stack.aclose()
+            log.warning("could not open the realtime model session")
+            return False
+        self._conn, self._conn_stack = conn, stack
+        return True
+
+    async def _deadline(self) -> None:
+        await asyncio.sleep(self.deps.config.max_call_seconds)
+        await self._begin_closing("max-duration", "The call has reached its time limit. Say goodbye in one sentence.")
+
+    async def _notice_watch(self) -> None:
+        await asyncio.sleep(self.deps.config.notice_timeout)
+        if not self.listening:
+            log.warning("the opening notice never finished playing; ending the call")
+            self._end("model-failed")
+
+    # --- Twilio -> model (the hot path) -----------------------------------------------------------
+
+    async def feed(self, raw: str | bytes) -> None:
+        """One frame from Twilio. Never raises for a bad frame."""
+        try:
+            frame = media.parse(raw)
+            event = frame["event"]
+            if event == "media":
+                payload = media.media_payload(frame)
+                self.stats.frames_in += 1
+                if not self.listening:
+                    self.stats.frames_discarded += 1
+                    return
+                conn = self._conn
+                if conn is None:
+                    self.stats.frames_dropped += 1
+                    return
+                try:
+                    await conn.append_audio(payload)
+                    self.stats.frames_to_model += 1
+                except RealtimeDisconnected:
+                    self.stats.frames_dropped += 1
+            elif event == "mark":
+                await self._on_mark(media.mark_name(frame))
+            elif event == "dtmf":
+                self._on_dtmf(media.dtmf_digit(frame))
+            elif event == "stop":
+                self._end("hangup")
+            elif event not in ("connected", "start"):
+                raise media.MalformedFrame("unknown event")
+        except media.MalformedFrame:
+            self.stats.frames_malformed += 1
+
+    async def _on_mark(self, name: str) -> None:
+        mark = self._marks.pop(name, None)
+        if mark is None:
+            return
+        if mark.cancelled:
+            return  # echoed by a clear: never played
+        if mark.kind == "audio" and mark.item_id is not None:
+            self._played_bytes[mark.item_id] = mark.played_bytes
+        elif mark.kind == "notice":
+            self.listening = True
+        elif mark.kind == "commit":
+            self._spawn("commit", self._resolve_writes(list(mark.write_ids), commit=True))
+        elif mark.kind == "bye":
+            self._end(self._closing or "end-call")
+
+    async def _send_mark(self, mark: _Mark) -> None:
+        self._mark_seq += 1
+        name = f"{mark.kind[0]}{self._mark_seq}"
+        self._marks[name] = mark
+        await self.link.send(media.mark_frame(self._sid, name))
+
+    # --- Model -> Twilio ----------------------------------------------------------------------
+
+    async def _model_loop(self) -> None:
+        reconnects = 0
+        while not self._ended.is_set():
+            conn = self._conn
+            assert conn is not None
+            try:
+                async for event in conn.events():
+                    await self._on_model(event)
+                raise RealtimeDisconnected("the event stream ended")
+            except RealtimeDisconnected as exc:
+                if self._ended.is_set():
+                    return
+                log.warning("realtime model socket dropped mid-call: close_code=%s", getattr(exc, "close_code", None))
+                if reconnects >= self.deps.config.model_reconnects or not await self._reconnect():
+                    self._end("model-failed")
+                    return
+                reconnects += 1
+
+    async def _reconnect(self) -> bool:
+        old = self._conn_stack
+        self._conn, self._conn_stack = None, None
+        if old is not None:
+            with contextlib.suppress(Exception):
+                await old.aclose()
+        self._generation += 1
+        self._active_response = None
+        if not await self._open_model():
+            return False
+        self.stats.model_reconnects += 1
+        assert self._conn is not None
+        said = "\n".join(f"{e['role']}: {e['text']}" for e in self._transcript if "text" in e)[-4000:]
+        if said:
+            await self._conn.add_note(labelled("The line to the model dropped. The call so far:\n" + said))
+        if not self.listening:
+            await self._conn.create_response(f"Say exactly this, and nothing else: {self.deps.config.notice}")
+        else:
+            await self._conn.create_response(
+                "Apologise in a few words for the short interruption and carry on where you left off."
+            )
+        return True
+
+    async def _on_model(self, event: Any) -> None:
+        if type(event) is AudioDelta:
+            if event.response_id in self._cancelled_responses:
+                return
+            await self.link.send(media.media_frame(self._sid, event.payload))
+            size = media.decoded_length(event.payload)
+            self.stats.audio_out_bytes += size
+            sent = self._sent_bytes.get(event.item_id, 0) + size
+            self._sent_bytes[event.item_id] = sent
+            self._last_item = event.item_id
+            self._response_audio[event.response_id] = self._response_audio.get(event.response_id, 0) + size
+            if sent - self._marked_bytes.get(event.item_id, 0) >= MARK_EVERY_BYTES:
+                self._marked_bytes[event.item_id] = sent
+                await self._send_mark(_Mark("audio", event.item_id, sent))
+        elif type(event) is SpeechStarted:
+            await self._barge_in()
+        elif type(event) is ResponseCreated:
+            self._active_response = event.response_id
+            if self._notice_requested and self._notice_response is None:
+                self._notice_response = event.response_id
+        elif type(event) is ResponseDone:
+            await self._on_response_done(event)
+        elif type(event) is FunctionCall:
+            self._start_tool(event)
+        elif type(event) is UserTranscript:
+            text = event.text.strip()
+            if text:
+                if self.trust != "owner_verified":
+                    text = withhold_digits(text)
+                self._note_transcript("caller", text)
+                self._records.put_nowait(("in", event.item_id, text))
+        elif type(event) is AssistantTranscript:
+            text = event.text.strip()
+            if text:
+                interrupted = event.response_id in self._cancelled_responses
+                self._note_transcript("pepper", text, interrupted=interrupted)
+                self._records.put_nowait(("out", event.item_id, text + (" [interrupted]" if interrupted else "")))
+        elif type(event) is ModelError:
+            if event.code not in ("response_cancel_not_active",):
+                log.warning("realtime model reported an error: code=%s", event.code)
+
+    def _note_transcript(self, role: str, text: str, **extra: Any) -> None:
+        self._transcript.append({"at_ms": round((time.monotonic() - self._started) * 1000), "role": role,
+                                 "text": text, **extra})  # fmt: skip
+
+    async def _on_response_done(self, event: ResponseDone) -> None:
+        if self._active_response == event.response_id:
+            self._active_response = None
+        item = self._last_item
+        if item is not None and self._sent_bytes.get(item, 0) > self._marked_bytes.get(item, 0):
+            self._marked_bytes[item] = self._sent_bytes[item]
+            await self._send_mark(_Mark("audio", item, self._sent_bytes[item]))
+        if event.response_id == self._notice_response:
+            if event.status == "completed":
+                await self._send_mark(_Mark("notice"))
+            else:
+                log.warning("the opening notice response did not complete: status=%s", event.status)
+                self._end("model-failed")
+            return
+        if event.response_id in self._tool_tasks:
+            self._spawn("tool-results", self._finish_tools(event.response_id, self._generation))
+            return
+        if event.status != "completed":
+            return
+        spoke = self._response_audio.get(event.response_id, 0) > 0
+        if spoke and self._unconfirmed:
+            ids, self._unconfirmed = tuple(self._unconfirmed), []
+            await self._send_mark(_Mark("commit", write_ids=ids))
+        if self._closing is not None and (spoke or event.function_calls == 0):
+            await self._send_mark(_Mark("bye"))
+
+    async def _barge_in(self) -> None:
+        started = time.perf_counter()
+        pending = [m for m in self._marks.values() if not m.cancelled and m.kind != "notice"]
+        if not pending and self._active_response is None:
+            return
+        await self.link.send(media.clear_frame(self._sid))
+        self.stats.clear_ms.append((time.perf_counter() - started) * 1000)
+        self.stats.barge_ins += 1
+        dropped: list[int] = list(self._unconfirmed)
+        self._unconfirmed = []
+        for mark in pending:
+            mark.cancelled = True
+            dropped.extend(mark.write_ids)
+        conn = self._conn
+        if conn is None:
+            return
+        try:
+            if self._active_response is not None:
+                self._cancelled_responses.add(self._active_response)
+                await conn.cancel_response()
+            item = self._last_item
+            if item is not None and self._played_bytes.get(item, 0) < self._sent_bytes.get(item, 0):
+                played_ms = self._played_bytes.get(item, 0) // media.BYTES_PER_MS
+                await conn.truncate(item, played_ms)
+                self._sent_bytes[item] = self._marked_bytes[item] = self._played_bytes.get(item, 0)
+        except RealtimeDisconnected:
+            pass  # the model loop reconnects
+        if dropped:
+            self._spawn("drop", self._resolve_writes(dropped, commit=False, tell_model=True))
+
+    # --- Tools -------------------------------------------------------------------------------
+
+    def _start_tool(self, event: FunctionCall) -> None:
+        try:
+            arguments = json.loads(event.arguments or "{}")
+        except ValueError:
+            arguments = event.arguments  # the runner reports it as not a JSON object
+        call = ToolCall(event.call_id, event.name, arguments)
+        task = self._spawn(f"tool-{event.name}", self._run_tool(call))
+        self._tool_tasks.setdefault(event.response_id, []).append(task)
+
+    async def _run_tool(self, call: ToolCall) -> CallOutcome:
+        ctx = ToolContext(self._session(), self.deps.db, self.deps.clock())
+        visible = {t.name for t in self.visible_tools()}
+        work = asyncio.ensure_future(run_call(self._registry, self.deps.gate, ctx, call, visible=visible))
+        try:
+            done, _ = await asyncio.wait({work}, timeout=self.deps.config.filler_after)
+            if not done:
+                await self._play_filler()
+            outcome = await work
+        finally:
+            if not work.done():
+                work.cancel()
+        self._outcomes.append(outcome)
+        if outcome.write is not None and outcome.write.get("staged"):
+            self._unconfirmed.append(int(outcome.write["id"]))
+            self._write_summaries[int(outcome.write["id"])] = str(outcome.write.get("summary", ""))
+        return outcome
+
+    async def _play_filler(self) -> None:
+        self.stats.fillers += 1
+        await self.link.send(media.media_frame(self._sid, self.deps.filler_payload))
+        await self._send_mark(_Mark("audio", None))
+
+    async def _finish_tools(self, response_id: str, generation: int) -> None:
+        tasks = self._tool_tasks.pop(response_id, [])
+        outcomes = await asyncio.gather(*tasks)
+        conn = self._conn
+        if conn is None or generation != self._generation or self._ended.is_set():
+            return  # the model session was replaced; its call ids mean nothing to the new one
+        try:
+            for outcome in outcomes:
+                content = outcome.content
+                if outcome.write is not None and outcome.write.get("staged"):
+                    content = (f"Done: {outcome.write['summary']}. It is saved once the caller has heard you"
+                               " confirm it; say so in one short sentence.")  # fmt: skip
+                await conn.send_tool_output(outcome.call.id, content)
+            if self._trust_changed:
+                self._trust_changed = False
+                await conn.configure(await self._config())
+            await conn.create_response()
+        except RealtimeDisconnected:
+            pass
+
+    async def _resolve_writes(self, ids: list[int], *, commit: bool, tell_model: bool = False) -> None:
+        assert self._turn_id is not None
+        resolve = commit_writes if commit else drop_writes
+        for write in await resolve(self.deps.db, self._registry, self._turn_id, ids):
+            self._resolved.append(write.as_record())
+        if tell_model and not commit and self._conn is not None:
+            summaries = ", ".join(self._write_summaries.get(i, "a change") for i in ids)
+            with contextlib.suppress(RealtimeDisconnected):
+                await self._conn.add_note(
+                    labelled(f"NOT saved, because the caller interrupted before hearing it confirmed: {summaries}."
+                             " Ask again if they still want it.")
+                )  # fmt: skip
+
+    # --- Verification ------------------------------------------------------------------------
+
+    async def _verified(self, how: str) -> None:
+        self.trust = "owner_verified"
+        self.verified_by = how
+        self._code = None
+        self._trust_changed = True
+        log.info("caller verified on a call: method=%s", how)
+
+    async def _failed_verification(self) -> str:
+        self.stats.verify_failures += 1
+        left = self.deps.config.max_verify_failures - self.stats.verify_failures
+        if left > 0:
+            return f"That did not match. {left} attempt{'s' if left > 1 else ''} left."
+        await self._record_security_event("call-verification-failed")
+        self._spawn("notify-owner", self._notify_owner())
+        await self._begin_closing(
+            "verification-failed",
+            "Tell the caller you could not verify them, so you are ending the call. Say goodbye in one sentence.",
+        )
+        return "Verification failed too many times; the call is ending."
+
+    async def _tool_verify_pin(self, ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
+        if self.trust == "owner_verified":
+            return ToolOutcome.ok("The caller is already verified.")
+        digits = re.sub(r"\D", "", args["digits"])
+        if await identity.verify_pin(self.deps.db, self.call.account_id, digits):
+            await self._verified("pin-spoken")
+            return ToolOutcome.ok("PIN correct: the caller is verified. Memory and every tool are now available.")
+        return ToolOutcome.failed(await self._failed_verification())
+
+    async def _tool_send_code(self, ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
+        if self.trust == "owner_verified":
+            return ToolOutcome.ok("The caller is already verified.")
+        if self.deps.send_sms is None or not self.call.caller or not self.call.line_number:
+            return ToolOutcome.failed("text messages cannot be sent from this line")
+        code = f"{secrets.randbelow(10**6):06d}"
+        try:
+            await self.deps.send_sms(self.call.caller, self.call.line_number, f"Your Pepper call code is {code}.")
+        except Exception:
+            log.exception("sending a one-time call code failed")
+            return ToolOutcome.failed("the text message could not be sent")
+        self._code = (code, time.monotonic() + self.deps.config.code_ttl_seconds)
+        return ToolOutcome.ok("A six-digit code was texted to the caller's phone. Ask them to read it out or key it.")
+
+    def _code_matches(self, digits: str) -> bool:
+        if self._code is None or time.monotonic() > self._code[1]:
+            return False
+        return secrets.compare_digest(digits, self._code[0])
+
+    async def _tool_check_code(self, ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
+        if self.trust == "owner_verified":
+            return ToolOutcome.ok("The caller is already verified.")
+        if self._code is None:
+            return ToolOutcome.failed("no code was sent; use send_code first")
+        if self._code_matches(re.sub(r"\D", "", args["digits"])):
+            await self._verified("sms-code")
+            return ToolOutcome.ok("Code correct: the caller is verified. Memory and every tool are now available.")
+        return ToolOutcome.failed(await self._failed_verification())
+
+    async def _tool_end_call(self, ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
+        await self._begin_closing("end-call", None)
+        return ToolOutcome.ok("The call ends once your goodbye has played. Say goodbye now in a few words.")
+
+    def _on_dtmf(self, digit: str) -> None:
+        if self.trust == "owner_verified" or self._closing is not None:
+            return
+        if self._dtmf_timer is not None:
+            self._dtmf_timer.cancel()
+            self._dtmf_timer = None
+        if digit == "#":
+            self._submit_dtmf()
+            return
+        if digit.isdigit():
+            self._dtmf.append(digit)
+        if len(self._dtmf) >= 12:
+            self._submit_dtmf()
+            return
+        self._dtmf_timer = asyncio.get_running_loop().call_later(self.deps.config.dtmf_idle_seconds, self._submit_dtmf)
+
+    def _submit_dtmf(self) -> None:
+        if self._dtmf_timer is not None:
+            self._dtmf_timer.cancel()
+            self._dtmf_timer = None
+        digits, self._dtmf = "".join(self._dtmf), []
+        if len(digits) >= 4:
+            self._spawn("dtmf-check", self._check_dtmf(digits))
+
+    async def _check_dtmf(self, digits: str) -> None:
+        if self.trust == "owner_verified":
+            return
+        ok = await identity.verify_pin(self.deps.db, self.call.account_id, digits)
+        method = "pin-keypad"
+        if not ok and self._code_matches(digits):
+            ok, method = True, "sms-code-keypad"
+        self._transcript.append({"at_ms": round((time.monotonic() - self._started) * 1000), "role": "keypad",
+                                 "event": "verified" if ok else "wrong digits"})  # fmt: skip
+        conn = self._conn
+        if ok:
+            await self._verified(method)
+            self._trust_changed = False
+            if conn is not None:
+                with contextlib.suppress(RealtimeDisconnected):
+                    await conn.configure(await self._config())
+                    await conn.add_note(labelled("The caller keyed in the right PIN: they are verified."))
+                    if self._active_response is None:
+                        await conn.create_response("Tell the caller in a few words that they are verified, and ask"
+                                                   " how you can help.")  # fmt: skip
+            return
+        message = await self._failed_verification()
+        if conn is not None and self._closing is None:
+            with contextlib.suppress(RealtimeDisconnected):
+                await conn.add_note(labelled(f"The caller keyed in a wrong PIN. {message}"))
+                if self._active_response is None:
+                    await conn.create_response("Tell the caller the PIN was wrong, in a few words.")
+
+    async def _begin_closing(self, reason: str, instructions: str | None) -> None:
+        if self._closing is not None:
+            return
+        self._closing = reason
+        self._spawn("closing-grace", self._closing_grace(reason))
+        if instructions is not None and self._conn is not None:
+            with contextlib.suppress(RealtimeDisconnected):
+                if self._active_response is not None:
+                    await self._conn.cancel_response()
+                await self._conn.create_response(instructions)
+
+    async def _closing_grace(self, reason: str) -> None:
+        await asyncio.sleep(self.deps.config.closing_grace)
+        self._end(reason)
+
+    async def _notify_owner(self) -> None:
+        if self.deps.send_sms is None or not self.call.caller or not self.call.line_number:
+            return
+        await self.deps.send_sms(
+            self.call.caller,
+            self.call.line_number,
+            "Pepper: someone calling from your number failed to verify and the call was ended.",
+        )
+
+    async def _record_security_event(self, kind: str) -> None:
+        try:
+            await self.deps.db.execute(
+                "INSERT INTO security_events (kind, detail) VALUES ($1, jsonb_build_object('call_sid', $2::text))",
+                kind,
+                self.call.call_sid,
+            )
+        except Exception:
+            log.exception("could not record a security event")
+
+    # --- Records -----------------------------------------------------------------------------
+
+    async def _record_loop(self) -> None:
+        """Writes transcript lines as they come, off the media path; the call so far is always kept."""
+        db = self.deps.db
+        while True:
+            entry = await self._records.get()
+            if entry is None:
+                return
+            direction, item_id, text = entry
+            try:
+                if direction == "in":
+                    await record_inbound(db, self.call.account_id, "voice", text,
+                                         provider_message_id=f"{self.call.call_sid}:{item_id}",
+                                         handle_id=self.call.handle_id)  # fmt: skip
+                else:
+                    assert self._conversation_id is not None
+                    await record_outbound(db, self._conversation_id, "voice", text, turn_id=self._turn_id)
+            except Exception:
+                log.exception("could not record a call transcript line")
+
+    def summary(self) -> str:
+        seconds = round(time.monotonic() - self._started)
+        tools = sorted({o.call.name for o in self._outcomes if o.call.name not in SECRET_TOOLS})
+        saved = [w["summary"] for w in self._resolved if w["status"] == "committed"]
+        dropped = [w["summary"] for w in self._resolved if w["status"] == "dropped"]
+        caller_lines = [e["text"] for e in self._transcript if e.get("role") == "caller" and e.get("text")]
+        parts = [f"Phone call, {seconds // 60} min {seconds % 60} s"]
+        parts.append(f"caller verified ({self.verified_by})" if self.verified_by else "caller not verified")
+        if caller_lines:
+            first = caller_lines[0]
+            parts.append(f'opened with "{first[:80]}{"..." if len(first) > 80 else ""}"')
+        if tools:
+            parts.append("tools: " + ", ".join(tools))
+        if saved:
+            parts.append("saved: " + "; ".join(saved))
+        if dropped:
+            parts.append("not saved: " + "; ".join(dropped))
+        parts.append(f"ended: {self.end_reason}")
+        return ". ".join(parts) + "."
+
+    def _call_records(self) -> list[dict[str, Any]]:
+        records = []
+        for outcome in self._outcomes:
+            record = outcome.as_record()
+            if outcome.call.name in SECRET_TOOLS:
+                record["arguments"] = {"digits": "[withheld]"}
+                record.pop("gated_arguments", None)
+            records.append(record)
+        return records
+
+    async def _finish(self) -> None:
+        db, turn_id = self.deps.db, self._turn_id
+        if turn_id is None:
+            return
+        try:
+            for write in await drop_turn_writes(db, self._registry, turn_id):
+                self._resolved.append(write.as_record())
+            summary = self.summary()
+            calls = self._call_records()
+            transcript = list(self._transcript)
+            for record in calls:
+                transcript.append({"role": "tool", "name": record["name"], "status": record["status"]})
+            await update_turn(
+                db,
+                turn_id,
+                status="failed" if self.end_reason in ("model-failed", "error") else "delivered",
+                trust=self.trust,
+                model=getattr(self.deps.model, "model", None) or getattr(self.deps.model, "name", None),
+                session=self._session().as_record() | {"verified_by": self.verified_by},
+                prompt={"notice": self.deps.config.notice},
+                rounds=transcript,
+                tool_calls=calls,
+                gate_decisions=[
+                    {"call_id": o.call.id, "name": o.call.name, **o.gate.as_record()} for o in self._outcomes if o.gate
+                ],
+                staged_writes=[r for r in self._resolved],
+                committed_writes=[r for r in self._resolved if r["status"] == "committed"],
+                timings={"total_ms": round((time.monotonic() - self._started) * 1000, 3)},
+                delivery={"end_reason": self.end_reason, "stats": self.stats.as_record()},
+                reply=summary,
+                finished_at=self.deps.clock(),
+            )
+            await db.execute(
+                """
+                UPDATE calls SET status = 'completed', ended_at = now(), end_reason = $2, summary = $3,
+                                 verified_by = $4, stats = $5::jsonb
+                WHERE call_sid = $1
+                """,
+                self.call.call_sid,
+                self.end_reason,
+                summary,
+                self.verified_by,
+                json.dumps(self.stats.as_record()),
+            )
+        except Exception:
+            log.exception("could not record the end of a call")

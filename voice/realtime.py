@@ -1,0 +1,150 @@
+"""One interface to a realtime voice model, whatever the provider.
+
+A call session talks to a :class:`RealtimeConnection` and reads normalised events from it. Audio
+in both directions is base64 G.711 mu-law at 8 kHz, exactly as Twilio carries it: an adapter for
+a model that accepts mu-law passes it through; one that does not converts inside the adapter.
+
+Events are plain slotted dataclasses (one per model event on the hot path).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from core.errors import PepperError
+from core.models.types import ToolSpec
+
+
+class RealtimeError(PepperError):
+    code = "realtime-failed"
+
+
+class RealtimeDisconnected(RealtimeError):
+    """The model's socket closed or failed; the session may reconnect."""
+
+    code = "realtime-disconnected"
+
+    def __init__(self, message: str, *, close_code: int | None = None):
+        super().__init__(message, retryable=True)
+        self.close_code = close_code
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    """What the model is told at the start and whenever the call's trust changes."""
+
+    instructions: str
+    tools: tuple[ToolSpec, ...]
+    voice: str = "marin"
+
+
+@dataclass(slots=True)
+class SpeechStarted:
+    item_id: str | None
+    audio_start_ms: int | None
+
+
+@dataclass(slots=True)
+class SpeechStopped:
+    item_id: str | None
+
+
+@dataclass(slots=True)
+class AudioDelta:
+    response_id: str
+    item_id: str
+    payload: str  # base64 mu-law 8 kHz
+
+
+@dataclass(slots=True)
+class AssistantTranscript:
+    response_id: str
+    item_id: str
+    text: str
+
+
+@dataclass(slots=True)
+class UserTranscript:
+    item_id: str
+    text: str
+
+
+@dataclass(slots=True)
+class FunctionCall:
+    response_id: str
+    call_id: str
+    name: str
+    arguments: str  # JSON text as the model wrote it
+
+
+@dataclass(slots=True)
+class ResponseCreated:
+    response_id: str
+
+
+@dataclass(slots=True)
+class ResponseDone:
+    response_id: str
+    status: str  # completed, cancelled, failed, incomplete
+    function_calls: int = 0
+
+
+@dataclass(slots=True)
+class ModelError:
+    code: str
+    message: str
+
+
+@dataclass(slots=True)
+class Other:
+    type: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+RealtimeEvent = (
+    SpeechStarted
+    | SpeechStopped
+    | AudioDelta
+    | AssistantTranscript
+    | UserTranscript
+    | FunctionCall
+    | ResponseCreated
+    | ResponseDone
+    | ModelError
+    | Other
+)
+
+
+class RealtimeConnection(Protocol):
+    """One live model session. Methods raise :class:`RealtimeDisconnected` when the socket is gone."""
+
+    async def configure(self, config: SessionConfig) -> None:
+        """Set (or replace) instructions, tools and voice; turn detection stays on the server."""
+
+    async def append_audio(self, payload: str) -> None:
+        """Append base64 mu-law caller audio."""
+
+    async def send_tool_output(self, call_id: str, output: str) -> None: ...
+
+    async def add_note(self, text: str) -> None:
+        """Add a runtime note to the conversation as context; starts no response."""
+
+    async def create_response(self, instructions: str | None = None) -> None:
+        """Ask for a response; ``instructions`` override the session's for this response only."""
+
+    async def cancel_response(self) -> None: ...
+
+    async def truncate(self, item_id: str, audio_end_ms: int) -> None:
+        """Cut an assistant item to what the caller heard."""
+
+    def events(self) -> AsyncIterator[RealtimeEvent]:
+        """Events in arrival order; ends by raising :class:`RealtimeDisconnected`."""
+
+
+class RealtimeModel(Protocol):
+    name: str
+
+    def connect(self) -> AbstractAsyncContextManager[RealtimeConnection]: ...

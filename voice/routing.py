@@ -1,0 +1,88 @@
+"""Who a call is for, decided in code, and the TwiML that answers it.
+
+* a call to a personal line from a number verified to that line's account, not blocked: the
+  owner's session (restricted until the caller proves who they are);
+* a forwarded call (``ForwardedFrom``) or a call to an answering line: the answering service;
+* anyone else on a personal line: refused politely, or handed to the answering service
+  (``unknown_caller``); never the owner's session;
+* a caller who sent STOP (blocked for voice): refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+from uuid import UUID
+
+from twilio.twiml.voice_response import VoiceResponse
+
+from core import identity
+
+Route = Literal["owner", "answering", "refused", "blocked"]
+UnknownCaller = Literal["refuse", "answering"]
+
+REFUSED_TEXT = "Sorry, this number only takes calls from the person it works for. Goodbye."
+BLOCKED_TEXT = "Sorry, this number can't take your call. Goodbye."
+ANSWERING_UNAVAILABLE_TEXT = (
+    "Hello. The answering service for this number is not available yet. Please try again later. Goodbye."
+)
+APOLOGY_TEXT = "Sorry, I lost the connection on my side and have to end the call. Please call again."
+
+
+@dataclass(frozen=True)
+class CallRoute:
+    route: Route
+    reason: str  # short, fixed words for logs and the call record
+    account_id: UUID | None = None
+    handle_id: UUID | None = None
+    line_number: str | None = None
+    caller: str | None = None  # E.164 of a known caller; None otherwise
+
+
+async def classify_call(
+    db: Any, form: Mapping[str, str], *, unknown_caller: UnknownCaller = "refuse", default_region: str = "US"
+) -> CallRoute:
+    line = await identity.find_line(db, form.get("To", ""), default_region=default_region)
+    if line is None:
+        return CallRoute("refused", "not-a-line")
+    handle = await identity.find_handle(db, "phone", form.get("From", ""), default_region=default_region)
+    if handle is not None and await identity.is_blocked(db, handle.id, "voice"):
+        return CallRoute("blocked", "caller-opted-out", line.account_id, handle.id, line.number)
+    if form.get("ForwardedFrom"):
+        return CallRoute("answering", "forwarded", line.account_id, None, line.number)
+    if line.kind == "answering":
+        return CallRoute("answering", "answering-line", line.account_id, None, line.number)
+    if handle is not None and handle.verified and handle.account_id == line.account_id:
+        return CallRoute("owner", "verified-caller", line.account_id, handle.id, line.number, handle.value)
+    if unknown_caller == "answering":
+        return CallRoute("answering", "unknown-caller", line.account_id, None, line.number)
+    return CallRoute("refused", "unknown-caller", line.account_id, None, line.number)
+
+
+def say_and_hang_up(text: str) -> str:
+    response = VoiceResponse()
+    response.say(text)
+    response.hangup()
+    return str(response)
+
+
+def hang_up() -> str:
+    response = VoiceResponse()
+    response.hangup()
+    return str(response)
+
+
+def connect_stream(stream_url: str, token: str, *, action_url: str | None, name: str) -> str:
+    """``<Connect><Stream>`` with the one-time token as a ``<Parameter>``; hang up afterwards.
+
+    The stream URL carries no query string (Twilio does not support one); per-call data rides in
+    ``<Parameter>``. When Pepper closes the socket Twilio fetches ``action_url`` (which may say an
+    apology), or runs ``<Hangup/>``.
+    """
+    response = VoiceResponse()
+    connect = response.connect(action=action_url) if action_url else response.connect()
+    stream = connect.stream(url=stream_url, name=name)
+    stream.parameter(name="call_token", value=token)
+    response.hangup()
+    return str(response)

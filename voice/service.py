@@ -1,0 +1,211 @@
+"""The call service the gateway drives: answer the voice webhook, admit media streams, run calls.
+
+The gateway owns HTTP and the sockets (routes, signature checks, reading frames); this module owns
+what a call means. It never imports the gateway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import timedelta
+from typing import Any
+
+from voice import media, routing
+from voice.call import CallSession, OwnerCall, TwilioLink, VoiceDeps
+from voice.routing import CallRoute, UnknownCaller
+from voice.tokens import consume_token, issue_token
+
+log = logging.getLogger(__name__)
+
+START_TIMEOUT = 10.0
+
+
+class StreamRefused(Exception):
+    """The media socket must be closed with 1008; only a security event was recorded."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class CallService:
+    def __init__(
+        self,
+        deps: VoiceDeps,
+        *,
+        unknown_caller: UnknownCaller = "refuse",
+        default_region: str = "US",
+        token_ttl: timedelta = timedelta(seconds=60),
+    ):
+        self.deps = deps
+        self.unknown_caller = unknown_caller
+        self.default_region = default_region
+        self.token_ttl = token_ttl
+        self.sessions: dict[str, CallSession] = {}
+
+    # --- The voice webhook -------------------------------------------------------------------
+
+    async def answer(self, form: dict[str, str], *, stream_url: str, action_url: str | None) -> tuple[CallRoute, str]:
+        """Classify the call, record it, and return the TwiML that answers it."""
+        call_sid = form.get("CallSid", "")
+        route = await routing.classify_call(
+            self.deps.db, form, unknown_caller=self.unknown_caller, default_region=self.default_region
+        )
+        inserted = await self.deps.db.fetchval(
+            """
+            INSERT INTO calls (call_sid, account_id, line_number, caller, handle_id, route, status)
+            VALUES ($1, $2, $3, $4, $5, $6, CASE WHEN $6 = 'owner' THEN 'ringing' ELSE 'refused' END)
+            ON CONFLICT (call_sid) DO NOTHING RETURNING true
+            """,
+            call_sid,
+            route.account_id,
+            route.line_number,
+            route.caller,
+            route.handle_id,
+            route.route,
+        )
+        log.info("voice call classified: route=%s reason=%s", route.route, route.reason)
+        if route.route == "owner":
+            if not inserted:
+                # A retried webhook for a call already answered: same route, a fresh token.
+                existing = await self.deps.db.fetchval("SELECT route FROM calls WHERE call_sid = $1", call_sid)
+                if existing != "owner":
+                    return route, routing.hang_up()
+            token = await issue_token(self.deps.db, call_sid, self.token_ttl)
+            return route, routing.connect_stream(stream_url, token, action_url=action_url, name=f"call-{call_sid[-8:]}")
+        if route.route == "answering":
+            # The answering service is its own issue; until it exists, a polite message.
+            return route, routing.say_and_hang_up(routing.ANSWERING_UNAVAILABLE_TEXT)
+        if route.route == "blocked":
+            return route, routing.say_and_hang_up(routing.BLOCKED_TEXT)
+        return route, routing.say_and_hang_up(routing.REFUSED_TEXT)
+
+    async def after_stream(self, call_sid: str) -> str:
+        """TwiML once Pepper closed the media socket: an apology if the model failed, else hang up."""
+        reason = await self.deps.db.fetchval("SELECT end_reason FROM calls WHERE call_sid = $1", call_sid)
+        if reason in ("model-failed", "error"):
+            return routing.say_and_hang_up(routing.APOLOGY_TEXT)
+        return routing.hang_up()
+
+    async def call_status(self, call_sid: str, status: str) -> None:
+        """Twilio's call status callback: a finished call ends its session if one still runs here."""
+        if status in ("completed", "busy", "no-answer", "failed", "canceled"):
+            session = self.sessions.get(call_sid)
+            if session is not None:
+                session.hang_up("hangup")
+            await self.deps.db.execute(
+                "UPDATE calls SET ended_at = coalesce(ended_at, now()), status = CASE WHEN status IN"
+                " ('ringing', 'in-progress') THEN $2 ELSE status END WHERE call_sid = $1",
+                call_sid,
+                status,
+            )
+
+    # --- The media socket --------------------------------------------------------------------
+
+    async def admit(
+        self, first_frames: list[str | bytes], *, signature_ok: bool
+    ) -> tuple[media.StreamStart, OwnerCall]:
+        """Check a new media stream from its first frames (``connected``, ``start``).
+
+        Raises :class:`StreamRefused` after recording a security event when the upgrade was not
+        signed over the public URL, the frames are not a stream start, or the one-time token is
+        unknown, expired, reused or belongs to another call.
+        """
+        start: media.StreamStart | None = None
+        for raw in first_frames:
+            try:
+                frame = media.parse(raw)
+                if frame["event"] == "start":
+                    start = media.parse_start(frame)
+            except media.MalformedFrame:
+                continue
+        if not signature_ok:
+            await self._refuse("media-signature-invalid", start)
+        if start is None:
+            await self._refuse("media-no-start", None)
+        assert start is not None
+        check = await consume_token(self.deps.db, start.parameters.get("call_token"), start.call_sid)
+        if not check.ok:
+            await self._refuse(f"media-token-{check.problem}", start)
+        row = await self.deps.db.fetchrow(
+            "SELECT account_id, handle_id, caller, line_number, route FROM calls WHERE call_sid = $1", start.call_sid
+        )
+        if row is None or row["route"] != "owner" or row["account_id"] is None:
+            await self._refuse("media-not-an-owner-call", start)
+        return start, OwnerCall(start.call_sid, row["account_id"], row["handle_id"], row["caller"], row["line_number"])
+
+    async def _refuse(self, kind: str, start: media.StreamStart | None) -> None:
+        log.warning("refused a media stream: reason=%s", kind)
+        try:
+            await self.deps.db.execute(
+                "INSERT INTO security_events (kind, detail) VALUES ($1, jsonb_build_object('call_sid', $2::text))",
+                kind,
+                start.call_sid if start else None,
+            )
+        except Exception:
+            log.exception("could not record a security event")
+        raise StreamRefused(kind)
+
+    def open_session(self, link: TwilioLink, start: media.StreamStart, call: OwnerCall) -> CallSession:
+        session = CallSession(self.deps, link, start, call)
+        self.sessions[call.call_sid] = session
+        return session
+
+    async def run_session(self, session: CallSession) -> None:
+        try:
+            await session.run()
+        finally:
+            self.sessions.pop(session.call.call_sid, None)
+
+    async def read_first_frames(self, receive: Any) -> list[str | bytes]:
+        """Up to the ``start`` frame (or three frames), or whatever came within ``START_TIMEOUT`` seconds."""
+        frames: list[str | bytes] = []
+        try:
+            async with asyncio.timeout(START_TIMEOUT):
+                while len(frames) < 3:
+                    raw = await receive()
+                    frames.append(raw)
+                    try:
+                        if media.parse(raw)["event"] == "start":
+                            break
+                    except media.MalformedFrame:
+                        continue
+        except TimeoutError:
+            pass  # admit() refuses a stream that never started
+        return frames
+
+    def hang_up_all(self) -> None:
+        for session in list(self.sessions.values()):
+            session.hang_up("shutdown")
+
+    async def aclose(self) -> None:
+        self.hang_up_all()
+        close = getattr(self.deps.model, "aclose", None)
+        if close is not None:
+            await close()
+
+
+def call_service_from_settings(settings: Any, db: Any, *, registry: Any, gate: Any, send_sms: Any) -> CallService:
+    """The call service with the configured realtime model (none without a key: calls apologise)."""
+    from voice.call import VoiceConfig
+
+    model = None
+    if settings.voice_engine == "openai-realtime" and settings.openai_api_key is not None:
+        from voice.adapters.openai_realtime import OpenAIRealtime
+
+        model = OpenAIRealtime(
+            api_key=settings.openai_api_key.get_secret_value(),
+            model=settings.voice_model,
+            base_url=settings.openai_base_url,
+            websocket_base_url=settings.openai_realtime_url,
+        )
+    deps = VoiceDeps(
+        db=db, model=model, registry=registry, gate=gate, config=VoiceConfig.from_settings(settings), send_sms=send_sms
+    )
+    return CallService(
+        deps,
+        unknown_caller=settings.voice_unknown_caller,
+        default_region=settings.default_region,
+        token_ttl=timedelta(seconds=settings.voice_token_ttl_seconds),
+    )

@@ -1,0 +1,63 @@
+"""One-time Media Stream tokens: issued with the TwiML, checked once on the media socket.
+
+Only a SHA-256 of each token is stored. A token is bound to one ``CallSid``, expires quickly, and
+is burnt by its first use, even a failed one (a token presented for another call has leaked).
+Kept in Postgres so any process behind the load balancer can accept the stream.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Literal
+
+TokenProblem = Literal["unknown", "reused", "expired", "foreign"]
+
+
+@dataclass(frozen=True)
+class TokenCheck:
+    ok: bool
+    problem: TokenProblem | None = None
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
+
+
+async def issue_token(db: Any, call_sid: str, ttl: timedelta) -> str:
+    token = secrets.token_urlsafe(32)
+    await db.execute(
+        "INSERT INTO call_stream_tokens (token_hash, call_sid, expires_at) VALUES ($1, $2, now() + $3::interval)",
+        _digest(token),
+        call_sid,
+        ttl,
+    )
+    # Expired tokens are useless; prune them as new ones are issued.
+    await db.execute("DELETE FROM call_stream_tokens WHERE expires_at < now() - interval '1 hour'")
+    return token
+
+
+async def consume_token(db: Any, token: str | None, call_sid: str) -> TokenCheck:
+    """Burn the token and say whether it admits this call."""
+    if not token:
+        return TokenCheck(False, "unknown")
+    row = await db.fetchrow(
+        """
+        UPDATE call_stream_tokens t SET used_at = now()
+        FROM (SELECT token_hash, used_at AS was_used FROM call_stream_tokens WHERE token_hash = $1 FOR UPDATE) old
+        WHERE t.token_hash = old.token_hash
+        RETURNING t.call_sid, old.was_used IS NOT NULL AS reused, t.expires_at < now() AS expired
+        """,
+        _digest(token),
+    )
+    if row is None:
+        return TokenCheck(False, "unknown")
+    if row["reused"]:
+        return TokenCheck(False, "reused")
+    if row["expired"]:
+        return TokenCheck(False, "expired")
+    if not secrets.compare_digest(row["call_sid"], call_sid):
+        return TokenCheck(False, "foreign")
+    return TokenCheck(True)
