@@ -300,6 +300,8 @@ async def _hold(db: Any, call: CallerCall, key: str, start: datetime, end: datet
     pad = call.rules.buffer
     async with transaction(db) as conn:
         await _lock(conn, call.account_id)
+        if await conn.fetchval("SELECT 1 FROM answering_bookings WHERE booking_key = $1", key):
+            return True  # already booked by this call: the staged repeat applies as a no-op
         own = await conn.fetchval(
             "SELECT 1 FROM answering_holds WHERE booking_key = $1 AND expires_at > now()", key
         )

@@ -81,6 +81,7 @@ CREATE TABLE answering_bookings (
     status                text NOT NULL DEFAULT 'booked' CHECK (status IN ('booked', 'cancelled', 'moved')),
     offered               jsonb,          -- times offered by SMS for a move, awaiting the caller's pick
     confirmation_sent_at  timestamptz,
+    owner_notified_at     timestamptz,
     created_at            timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX answering_bookings_caller ON answering_bookings (caller_number, status, starts_at);
