@@ -135,8 +135,8 @@ def make_tools(
         if number is None:
             return ToolOutcome.failed("that callback number is not a valid phone number; ask for it again")
         if not args.get("number_confirmed"):
-            return ToolOutcome.ok(
-                f"Not saved yet. Read the callback number {' '.join(number.removeprefix('+'))} back to the caller"
+            return ToolOutcome.failed(
+                f"not saved yet. Read the callback number {' '.join(number.removeprefix('+'))} back to the caller"
                 " and ask if it is right, then call take_message again with number_confirmed true."
             )
         payload = {
