@@ -72,7 +72,10 @@ class OwnerNotifier:
         subject = ("URGENT: " if urgent else "") + f"Message from {quoted(row['caller_name'])}"
         channel, error = await self._deliver(row["account_id"], call_sid, subject, body)
         await db.execute(
-            "UPDATE answering_messages SET notify_channel = $2, notify_error = $3 WHERE id = $1", row["id"], channel, error
+            "UPDATE answering_messages SET notify_channel = $2, notify_error = $3 WHERE id = $1",
+            row["id"],
+            channel,
+            error,
         )
         return True
 

@@ -129,11 +129,15 @@ def parse_type(spec: str) -> AppointmentType:
 async def load_rules(db: Any, account_id: UUID) -> Rules:
     """The owner's rules; the defaults (booking off) when the owner never set any."""
     account = await db.fetchrow("SELECT name, timezone FROM accounts WHERE id = $1", account_id)
-    base = Rules(account_id, timezone=account["timezone"] if account else "UTC", owner_name=account["name"] if account else "")
+    base = Rules(
+        account_id, timezone=account["timezone"] if account else "UTC", owner_name=account["name"] if account else ""
+    )
     row = await db.fetchrow("SELECT * FROM answering_settings WHERE account_id = $1", account_id)
     if row is None:
         return base
-    types = json.loads(row["appointment_types"]) if isinstance(row["appointment_types"], str) else row["appointment_types"]
+    types = (
+        json.loads(row["appointment_types"]) if isinstance(row["appointment_types"], str) else row["appointment_types"]
+    )
     return replace(
         base,
         greeting=row["greeting"],

@@ -107,7 +107,9 @@ class AnsweringCallService(CallService):
 
     # --- The media socket --------------------------------------------------------------------
 
-    async def admit(self, first_frames: list[str | bytes], *, signature_ok: bool) -> tuple[media.StreamStart, OwnerCall]:
+    async def admit(
+        self, first_frames: list[str | bytes], *, signature_ok: bool
+    ) -> tuple[media.StreamStart, OwnerCall]:
         start: media.StreamStart | None = None
         for raw in first_frames:
             try:
@@ -180,4 +182,3 @@ def answering_call_service_from_settings(
         notifier=notifier,
         connectors=connectors,
     )
-

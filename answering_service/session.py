@@ -37,7 +37,9 @@ from voice.realtime import RealtimeDisconnected
 
 log = logging.getLogger(__name__)
 
-SILENT_CLOSING = "You have not heard anyone. Say in one sentence that you cannot hear the caller and are ending the call."
+SILENT_CLOSING = (
+    "You have not heard anyone. Say in one sentence that you cannot hear the caller and are ending the call."
+)
 
 PROFILE_TEXT = """You are a polite answering service on a phone call, answering for {owner}. You are not
 {owner}, and you know nothing about them beyond the notes below. You cannot see their messages,
@@ -123,13 +125,15 @@ class AnsweringSession(CallSession):
             booking = BOOKING_TEXT.format(types=types, hours=rules.hours_text(), today=f"{today:%A %Y-%m-%d}",
                                           zone=rules.timezone)  # fmt: skip
             booking_short = " or book a time"
-        parts = [PROFILE_TEXT.format(owner=owner, booking=booking, booking_short=booking_short, label=labelled("").strip())]
+        parts = [
+            PROFILE_TEXT.format(owner=owner, booking=booking, booking_short=booking_short, label=labelled("").strip())
+        ]
         if rules.caller_info.strip():
             parts.append(f"What {owner} wrote for callers (you may tell callers this):\n{rules.caller_info.strip()}")
         if self.caller_call.vip:
             parts.append(
                 f"This caller is on {owner}'s VIP list. After you save their message, tell them:"
-                " \"I'll let them know right away.\""
+                ' "I\'ll let them know right away."'
             )
         return "\n\n".join(parts)
 
@@ -145,7 +149,7 @@ class AnsweringSession(CallSession):
         if outcome.call.name == "take_message" and outcome.status == "ok" and outcome.write is not None:
             if self.caller_call.vip:
                 self._spawn("notify-vip", self.notifier.message(self.call.call_sid))
-                say = "Tell the caller exactly: \"I'll let them know right away.\""
+                say = 'Tell the caller exactly: "I\'ll let them know right away."'
             else:
                 say = "Tell the caller their message will be passed on, and ask if there is anything else."
             outcome = dataclasses.replace(outcome, content=f"Done: the message is saved. {say}")
@@ -182,8 +186,11 @@ class AnsweringSession(CallSession):
         )
         owner = self.rules.owner_name or "us"
         for row in rows:
-            body = (f"Your {row['appointment_type']} with {owner} is booked for {spoken(row['starts_at'], self.rules.zone)}"
-                    f" ({self.rules.timezone}). Reply CANCEL BOOKING to cancel it, or MOVE to pick another time.")  # fmt: skip
+            when = spoken(row["starts_at"], self.rules.zone)
+            body = (
+                f"Your {row['appointment_type']} with {owner} is booked for {when} ({self.rules.timezone})."
+                " Reply CANCEL BOOKING to cancel it, or MOVE to pick another time."
+            )
             if send is None:
                 log.error("cannot text a booking confirmation: sending SMS is not configured")
                 continue
@@ -194,13 +201,13 @@ class AnsweringSession(CallSession):
 
     # --- Screening ----------------------------------------------------------------------------
 
-    async def run(self) -> None:
-        self._spawn("silence-watch", self._silence_watch())
-        await super().run()
+    async def _on_mark(self, name: str) -> None:
+        was_listening = self.listening
+        await super()._on_mark(name)
+        if self.listening and not was_listening:  # the greeting played: the caller's turn
+            self._spawn("silence-watch", self._silence_watch())
 
     async def _silence_watch(self) -> None:
-        while not self.listening:
-            await asyncio.sleep(0.05)
         await asyncio.sleep(self.silence_seconds)
         if not any(e.get("role") == "caller" for e in self._transcript):
             log.info("no caller speech on an answering call; ending it")

@@ -67,7 +67,9 @@ async def _cancel(db: Any, booking: Any, rules: Any, notifier: OwnerNotifier | N
             return "That appointment is already cancelled."
         if row["event_id"] is not None:
             await cancel_own(conn, row["account_id"], row["event_id"], None)
-        await conn.execute("UPDATE answering_bookings SET status = 'cancelled', offered = NULL WHERE id = $1", row["id"])
+        await conn.execute(
+            "UPDATE answering_bookings SET status = 'cancelled', offered = NULL WHERE id = $1", row["id"]
+        )
     when = spoken(row["starts_at"], rules.zone)
     if notifier is not None:
         await notifier.text(row["account_id"], f"Cancelled: {when}",
@@ -83,7 +85,9 @@ async def _offer(db: Any, booking: Any, rules: Any) -> str:
     day = now.date()
     for _ in range(min(OFFER_DAYS, rules.horizon_days + 1)):
         start = datetime.combine(day, datetime.min.time(), rules.zone)
-        busy = await free_busy(db, booking["account_id"], start - rules.buffer, start + timedelta(days=1) + rules.buffer)
+        busy = await free_busy(
+            db, booking["account_id"], start - rules.buffer, start + timedelta(days=1) + rules.buffer
+        )
         found += [s for s in free_starts(rules, day, minutes, busy, now) if s != booking["starts_at"]]
         if len(found) >= 3:
             break
@@ -112,7 +116,8 @@ async def _move(db: Any, booking: Any, rules: Any, pick: int, notifier: OwnerNot
     try:
         async with db.transaction() as conn:
             row = await conn.fetchrow(
-                "SELECT * FROM answering_bookings WHERE id = $1 AND status = 'booked' AND offered IS NOT NULL FOR UPDATE",
+                "SELECT * FROM answering_bookings WHERE id = $1 AND status = 'booked' AND offered IS NOT NULL"
+                " FOR UPDATE",
                 booking["id"],
             )
             if row is None:
@@ -126,7 +131,9 @@ async def _move(db: Any, booking: Any, rules: Any, pick: int, notifier: OwnerNot
             title = f"{row['appointment_type'].capitalize()} with {row['caller_name']} (booked by phone)"
             new = await book(conn, row["account_id"], start, end, title, booking_key=key, tzid=rules.timezone,
                              description=f"Moved by the caller by text. Caller: {row['caller_number']}.")  # fmt: skip
-            await conn.execute("UPDATE answering_bookings SET status = 'moved', offered = NULL WHERE id = $1", row["id"])
+            await conn.execute(
+                "UPDATE answering_bookings SET status = 'moved', offered = NULL WHERE id = $1", row["id"]
+            )
             await conn.execute(
                 """
                 INSERT INTO answering_bookings (account_id, call_sid, booking_key, event_id, line_number, caller_number,

@@ -22,6 +22,7 @@ from datetime import date, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
+from answering_service.rules import Rules, day_window, free_starts, overlaps, rule_problem, spoken
 from core import identity
 from core.errors import InvalidInput
 from core.tools.areas.calendar import Busy, CalendarUnavailable, SlotTaken, book, free_busy
@@ -30,7 +31,6 @@ from core.tools.connectors import Connectors
 from core.tools.context import SessionContext
 from core.tools.gate import Policy, Verdict
 from core.tools.registry import Tool, ToolContext, ToolOutcome, transaction
-from answering_service.rules import Rules, day_window, free_starts, overlaps, rule_problem, spoken
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +200,9 @@ def make_tools(
         try:
             busy = await busy_for_caller(ctx.db, call, start, end, connectors)
         except CalendarUnavailable:
-            return ToolOutcome.failed("the calendar cannot be read right now, so no time can be offered; take a message")
+            return ToolOutcome.failed(
+                "the calendar cannot be read right now, so no time can be offered; take a message"
+            )
         starts = free_starts(rules, day, kind.minutes, busy, ctx.now)
         label = f"{day:%A %d %B}"
         wanted = args.get("time")
@@ -215,10 +217,14 @@ def make_tools(
             if at in starts:
                 return ToolOutcome.ok(f"{label} at {at:%H:%M} is free for a {kind.name} ({kind.minutes} minutes).")
             taken = f"{label} at {at:%H:%M} is taken."
-            return ToolOutcome.ok(taken + (" Free that day: " + _list(starts) if starts else " Nothing else is free that day."))
+            return ToolOutcome.ok(
+                taken + (" Free that day: " + _list(starts) if starts else " Nothing else is free that day.")
+            )
         if not starts:
             return ToolOutcome.empty(f"free times for a {kind.name} on {label}")
-        return ToolOutcome.ok(f"Free start times for a {kind.name} ({kind.minutes} minutes) on {label}: {_list(starts)}.")
+        return ToolOutcome.ok(
+            f"Free start times for a {kind.name} ({kind.minutes} minutes) on {label}: {_list(starts)}."
+        )
 
     def _list(starts: list[datetime]) -> str:
         shown = ", ".join(f"{s:%H:%M}" for s in starts[:MAX_FREE_LISTED])
@@ -302,9 +308,7 @@ async def _hold(db: Any, call: CallerCall, key: str, start: datetime, end: datet
         await _lock(conn, call.account_id)
         if await conn.fetchval("SELECT 1 FROM answering_bookings WHERE booking_key = $1", key):
             return True  # already booked by this call: the staged repeat applies as a no-op
-        own = await conn.fetchval(
-            "SELECT 1 FROM answering_holds WHERE booking_key = $1 AND expires_at > now()", key
-        )
+        own = await conn.fetchval("SELECT 1 FROM answering_holds WHERE booking_key = $1 AND expires_at > now()", key)
         if own is None:
             busy = list(remote)
             busy += await free_busy(conn, call.account_id, start - pad, end + pad)

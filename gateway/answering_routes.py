@@ -30,13 +30,15 @@ async def transcript(call_sid: str) -> Response:
         return Response("no such call\n", status=404, content_type="text/plain")
     message = await services.db.fetchrow("SELECT * FROM answering_messages WHERE call_sid = $1", call_sid)
     lines = json.loads(row["transcript"]) if isinstance(row["transcript"], str) else row["transcript"]
-    out = [f"<h1>Call from {html.escape(row['caller'] or 'an unknown number')}</h1>",
-           f"<p>{row['started_at']:%Y-%m-%d %H:%M} UTC; {html.escape(row['summary'] or 'in progress')}</p>"]  # fmt: skip
+    caller = html.escape(row["caller"] or "an unknown number")
+    summary = html.escape(row["summary"] or "in progress")
+    out = [f"<h1>Call from {caller}</h1>", f"<p>{row['started_at']:%Y-%m-%d %H:%M} UTC; {summary}</p>"]
     if message is not None:
         out.append(
             "<h2>Message (the caller's words)</h2><ul>"
-            f"<li>Name: {html.escape(message['caller_name'])}</li><li>Call back: {html.escape(message['callback_number'])}"
-            f"</li><li>Reason: {html.escape(message['reason'])}</li><li>Urgency: {message['urgency']}</li></ul>"
+            f"<li>Name: {html.escape(message['caller_name'])}</li>"
+            f"<li>Call back: {html.escape(message['callback_number'])}</li>"
+            f"<li>Reason: {html.escape(message['reason'])}</li><li>Urgency: {message['urgency']}</li></ul>"
         )
     out.append("<h2>Transcript</h2><ol>")
     for line in lines:

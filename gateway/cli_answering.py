@@ -131,8 +131,11 @@ async def _calls(db: Any, account_id: Any, rules: Rules, out: Callable[[str], No
     if not rows:
         out("no answering calls")
     for row in rows:
-        out(f"{row['started_at'].astimezone(rules.zone):%Y-%m-%d %H:%M}  {row['call_sid']}  {row['caller'] or 'unknown'}"
-            f"  {row['end_reason'] or 'in progress'}")  # fmt: skip
+        when = row["started_at"].astimezone(rules.zone)
+        out(
+            f"{when:%Y-%m-%d %H:%M}  {row['call_sid']}  {row['caller'] or 'unknown'}"
+            f"  {row['end_reason'] or 'in progress'}"
+        )
         message = await db.fetchrow("SELECT * FROM answering_messages WHERE call_sid = $1", row["call_sid"])
         if message is not None:
             out(f"    message ({message['urgency']}) from {message['caller_name']!r}, call back"

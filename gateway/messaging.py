@@ -183,7 +183,9 @@ async def _answering_reply(services: Services, inbound: Inbound) -> str | None:
         number = identity.normalize_phone(inbound.sender, services.settings.default_region)
     except PepperError:
         return None
-    return await handle_caller_text(services.db, number, inbound.body, notifier=getattr(services.calls, "notifier", None))
+    return await handle_caller_text(
+        services.db, number, inbound.body, notifier=getattr(services.calls, "notifier", None)
+    )
 
 
 async def run_and_reply(services: Services, inbound: Inbound, account_id: UUID, handle_id: UUID, message_id: int):

@@ -65,7 +65,9 @@ async def _until(predicate, within=10.0, what="the condition"):
 
 async def _ended(phone, call_sid):
     return await _until(
-        lambda: phone.db.fetchrow("SELECT * FROM answering_calls WHERE call_sid = $1 AND summary IS NOT NULL", call_sid),
+        lambda: phone.db.fetchrow(
+            "SELECT * FROM answering_calls WHERE call_sid = $1 AND summary IS NOT NULL", call_sid
+        ),
         what="the answering call to be recorded",
     )
 
