@@ -86,7 +86,13 @@ def _parser() -> argparse.ArgumentParser:
 # Command groups that live beside their feature, one module each (keeps this file from growing a
 # branch per feature). Each module has ``add_commands(subparsers)`` and
 # ``async def run(args, settings, db, out) -> bool`` returning True when it handled ``args``.
-COMMAND_MODULES: tuple[str, ...] = ("gateway.cli_web", "gateway.cli_skills", "gateway.cli_tasks", "gateway.cli_memory")
+COMMAND_MODULES: tuple[str, ...] = (
+    "gateway.cli_web",
+    "gateway.cli_skills",
+    "gateway.cli_tasks",
+    "gateway.cli_memory",
+    "gateway.cli_answering",
+)
 
 
 def _command_modules() -> list[Any]:

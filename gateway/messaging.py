@@ -133,6 +133,10 @@ async def _handle_inbound(channel: str) -> Response:
     handle = await identity.find_handle(db, "phone", inbound.sender, default_region=settings.default_region)
     if handle is None or not handle.verified:
         # A number that belongs to no account (or is not verified) never reaches anyone's agent.
+        if channel == "sms" and keyword(inbound.body) is None:
+            reply = await _answering_reply(services, inbound)
+            if reply is not None:
+                return twiml(reply)
         log.info("message from a number with no verified account on %s", channel)
         if settings.unknown_sender == "reply" and keyword(inbound.body) is None:
             return twiml(UNKNOWN_SENDER_TEXT)
@@ -168,6 +172,20 @@ async def _handle_inbound(channel: str) -> Response:
         run_and_reply(services, inbound, handle.account_id, handle.id, message.id),
     )
     return twiml()
+
+
+async def _answering_reply(services: Services, inbound: Inbound) -> str | None:
+    """A caller who booked through the answering service, cancelling or moving by text: fixed
+    rules in ``answering_service.sms``, never the owner's agent. None when it is not that."""
+    from answering_service.sms import handle_caller_text
+
+    try:
+        number = identity.normalize_phone(inbound.sender, services.settings.default_region)
+    except PepperError:
+        return None
+    return await handle_caller_text(
+        services.db, number, inbound.body, notifier=getattr(services.calls, "notifier", None)
+    )
 
 
 async def run_and_reply(services: Services, inbound: Inbound, account_id: UUID, handle_id: UUID, message_id: int):

@@ -103,7 +103,7 @@ def build_app(settings: Settings, db: Database) -> Quart:
 
 def build_calls(settings: Settings, db: Database, harness, messenger):  # type: ignore[no-untyped-def]
     """Phone calls on the same registry and gate as text; the one-time code goes out by SMS."""
-    from voice.service import call_service_from_settings
+    from answering_service.service import answering_call_service_from_settings
 
     send_sms = None
     if messenger is not None:
@@ -111,7 +111,34 @@ def build_calls(settings: Settings, db: Database, harness, messenger):  # type: 
         async def send_sms(to: str, from_: str, body: str) -> None:
             await messenger.send(to=to, from_=from_, body=body, status_callback=None)
 
-    return call_service_from_settings(settings, db, registry=harness.registry, gate=harness.gate, send_sms=send_sms)
+    return answering_call_service_from_settings(
+        settings, db, registry=harness.registry, gate=harness.gate, send_sms=send_sms,
+        send_email=_owner_mail(settings), connectors=harness.connectors,
+    )  # fmt: skip
+
+
+def _owner_mail(settings: Settings):  # type: ignore[no-untyped-def]
+    """Plain mail to the owner (answering-service notices) through Pepper's SMTP account, if set up."""
+    from gateway.mailer import SmtpMailer, smtp_configured
+
+    if not smtp_configured(settings):
+        return None
+    mailer = SmtpMailer(settings)
+
+    async def send_email(to: str, subject: str, body: str) -> None:
+        from email.message import EmailMessage
+        from email.utils import formatdate, make_msgid
+
+        message = EmailMessage()
+        message["Message-ID"] = make_msgid(domain=mailer.from_address.rsplit("@", 1)[-1])
+        message["Date"] = formatdate(localtime=False)
+        message["From"] = f"{mailer.from_name} <{mailer.from_address}>"
+        message["To"] = to
+        message["Subject"] = subject
+        message.set_content(body)
+        await mailer.send(message, [to])
+
+    return send_email
 
 
 def start_memory(settings: Settings, db: Database, models: Any) -> Any:

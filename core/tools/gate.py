@@ -172,8 +172,8 @@ _MISSING: Any = _Missing()
 PERSONAL_AREAS: frozenset[str] = frozenset(
     {"notes", "todos", "dossier", "tasks", "reminders", "contacts", "calendar", "feeds", "memory"}
 )
-# What a caller who is not the owner may use (the answering service adds its own tools later).
-THIRD_PARTY_AREAS: frozenset[str] = frozenset({"clock"})
+# What a caller who is not the owner may use; the answering service narrows it to its own profile.
+THIRD_PARTY_AREAS: frozenset[str] = frozenset({"clock", "answering"})
 
 
 def _missing_connection(tool: Tool, session: SessionContext) -> bool:

@@ -1,0 +1,162 @@
+"""Telling the owner what a caller left: on the owner's preferred channel, within seconds.
+
+A caller's words reach the owner only quoted and labelled as a caller's (they may hold text meant
+to steer the owner's own assistant). Each message is claimed before it is sent, so a message is
+announced once even when the end of a call and a VIP's immediate notice race. When the preferred
+channel cannot be used (no verified address, SMTP not set up, sending failed) the next one is
+tried: SMS, then web chat, which always works (a message in the owner's conversation).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+from zoneinfo import ZoneInfo
+
+from core import identity
+from core.conversation import conversation_for, record_outbound
+
+log = logging.getLogger(__name__)
+
+SendSms = Callable[[str, str, str], Awaitable[None]]  # (to, from_, body)
+SendEmail = Callable[[str, str, str], Awaitable[None]]  # (to, subject, body)
+
+
+def quoted(text: str) -> str:
+    """A caller's words as data: one line, in quotes, never able to pose as the owner's own text."""
+    flat = " ".join(text.split()).replace('"', "'")
+    return f'"{flat}"'
+
+
+@dataclass
+class OwnerNotifier:
+    db: Any
+    send_sms: SendSms | None = None
+    send_email: SendEmail | None = None
+    public_url: str | None = None
+
+    def transcript_link(self, call_sid: str) -> str:
+        base = (self.public_url or "").rstrip("/")
+        return f"{base}/answering/calls/{call_sid}" if base else f"pepper answering transcript {call_sid}"
+
+    async def after_call(self, call_sid: str) -> None:
+        """Everything the call left for the owner that was not announced yet."""
+        await self.message(call_sid)
+        await self.bookings(call_sid)
+
+    async def message(self, call_sid: str) -> bool:
+        """Announce the call's message once; True when this call sent it."""
+        db = self.db
+        row = await db.fetchrow(
+            """
+            UPDATE answering_messages SET notified_at = now() WHERE call_sid = $1 AND notified_at IS NULL
+            RETURNING id, account_id, caller_name, callback_number, reason, urgency, vip
+            """,
+            call_sid,
+        )
+        if row is None:
+            return False
+        urgent = row["urgency"] == "urgent" or row["vip"]
+        head = ("URGENT: " if urgent else "") + "a caller left a message" + (" (VIP)" if row["vip"] else "") + "."
+        body = "\n".join([
+            f"Pepper answering service: {head}",
+            "The caller's own words, quoted (not instructions from you):",
+            f"Name: {quoted(row['caller_name'])}",
+            f"Reason: {quoted(row['reason'])}",
+            f"Call back: {row['callback_number']}",
+            f"Transcript: {self.transcript_link(call_sid)}",
+        ])  # fmt: skip
+        subject = ("URGENT: " if urgent else "") + f"Message from {quoted(row['caller_name'])}"
+        channel, error = await self._deliver(row["account_id"], call_sid, subject, body)
+        await db.execute(
+            "UPDATE answering_messages SET notify_channel = $2, notify_error = $3 WHERE id = $1",
+            row["id"],
+            channel,
+            error,
+        )
+        return True
+
+    async def bookings(self, call_sid: str) -> None:
+        rows = await self.db.fetch(
+            """
+            UPDATE answering_bookings b SET owner_notified_at = now()
+            WHERE b.call_sid = $1 AND b.owner_notified_at IS NULL AND b.status = 'booked'
+            RETURNING b.account_id, b.caller_name, b.appointment_type, b.starts_at, b.caller_number
+            """,
+            call_sid,
+        )
+        for row in rows:
+            zone = await self.db.fetchval("SELECT timezone FROM accounts WHERE id = $1", row["account_id"])
+            when = row["starts_at"].astimezone(ZoneInfo(zone or "UTC"))
+            body = "\n".join([
+                f"Pepper answering service: a caller booked a {row['appointment_type']} on {when:%a %d %b at %H:%M}.",
+                f"Name (as the caller said it): {quoted(row['caller_name'])}",
+                f"Number: {row['caller_number']}",
+                f"Transcript: {self.transcript_link(call_sid)}",
+            ])  # fmt: skip
+            await self._deliver(row["account_id"], call_sid, f"New booking: {when:%a %d %b %H:%M}", body)
+
+    async def text(self, account_id: UUID, subject: str, body: str) -> None:
+        """Any other notice for the owner (a caller cancelled or moved by text)."""
+        await self._deliver(account_id, None, subject, body)
+
+    async def _deliver(self, account_id: UUID, call_sid: str | None, subject: str, body: str) -> tuple[str, str | None]:
+        db = self.db
+        preferred = await db.fetchval("SELECT notify_channel FROM answering_settings WHERE account_id = $1", account_id)
+        order = [preferred or "sms"] + [c for c in ("sms", "web") if c != (preferred or "sms")]
+        errors: list[str] = []
+        for channel in order:
+            try:
+                if channel == "sms" and await self._sms(account_id, call_sid, body):
+                    return "sms", "; ".join(errors) or None
+                if channel == "email" and await self._email(account_id, subject, body):
+                    return "email", "; ".join(errors) or None
+                if channel == "web":
+                    conversation = await conversation_for(db, account_id)
+                    await record_outbound(db, conversation, "answering", body)
+                    return "web", "; ".join(errors) or None
+                errors.append(f"{channel}: not set up")
+            except Exception as exc:  # try the next channel; CancelledError passes
+                log.exception("notifying the owner failed: channel=%s", channel)
+                errors.append(f"{channel}: {type(exc).__name__}")
+        return "none", "; ".join(errors)
+
+    async def _sms(self, account_id: UUID, call_sid: str | None, body: str) -> bool:
+        if self.send_sms is None:
+            return False
+        db = self.db
+        handle = await db.fetchrow(
+            "SELECT id, value FROM handles WHERE account_id = $1 AND kind = 'phone' AND verified_at IS NOT NULL"
+            " ORDER BY created_at LIMIT 1",
+            account_id,
+        )
+        if handle is None or await identity.is_blocked(db, handle["id"], "sms"):
+            return False
+        line = None
+        if call_sid is not None:
+            line = await db.fetchval("SELECT line_number FROM calls WHERE call_sid = $1", call_sid)
+        if line is None:
+            line = await db.fetchval(
+                "SELECT number FROM phone_lines WHERE account_id = $1 ORDER BY (kind = 'personal') DESC LIMIT 1",
+                account_id,
+            )
+        if line is None:
+            return False
+        await self.send_sms(handle["value"], line, body)
+        return True
+
+    async def _email(self, account_id: UUID, subject: str, body: str) -> bool:
+        if self.send_email is None:
+            return False
+        address = await self.db.fetchval(
+            "SELECT value FROM handles WHERE account_id = $1 AND kind = 'email' AND verified_at IS NOT NULL"
+            " ORDER BY created_at LIMIT 1",
+            account_id,
+        )
+        if address is None:
+            return False
+        await self.send_email(address, subject, body)
+        return True
