@@ -8,12 +8,16 @@ Channels:
 * ``sms`` / ``whatsapp``: sent through Twilio from the account's personal line to its verified
   phone number, with the status callback; a STOP, no number or no Twilio answers ``unavailable``
   and the scheduler falls back to chat;
-* ``email``: not built yet (no email channel in this version): ``unavailable``, so chat.
+* ``email``: sent by SMTP from Pepper's own address to the account's verified email address;
+  the delivery key is recorded with the message, so a re-run after a crash finds it sent; no SMTP
+  account, no verified address or an opt-out answers ``unavailable``, so chat.
 """
 
 from __future__ import annotations
 
 import logging
+from email.message import EmailMessage
+from email.utils import formataddr, formatdate, make_msgid
 from typing import Any
 
 from core import identity
@@ -32,16 +36,19 @@ log = logging.getLogger(__name__)
 class GatewayDeliverer:
     """Implements ``text_loop.scheduler.Deliverer`` over the store and Twilio."""
 
-    def __init__(self, settings: Settings, db: Any, messenger: Any = None):
+    def __init__(self, settings: Settings, db: Any, messenger: Any = None, mailer: Any = None):
         self.settings = settings
         self.db = db
         self.messenger = messenger
+        self.mailer = mailer
 
     async def deliver(self, request: DeliveryRequest) -> DeliveryResult:
         if request.channel == "chat":
             return await self._chat(request)
         if request.channel in ("sms", "whatsapp"):
             return await self._phone(request)
+        if request.channel == "email":
+            return await self._email(request)
         return DeliveryResult("unavailable", f"the {request.channel} channel is not available in this version")
 
     async def _chat(self, request: DeliveryRequest) -> DeliveryResult:
@@ -114,6 +121,62 @@ class GatewayDeliverer:
             )
         return DeliveryResult("queued", "", first_sid)
 
+    async def _email(self, request: DeliveryRequest) -> DeliveryResult:
+        db = self.db
+        if self.mailer is None:
+            return DeliveryResult("unavailable", "Pepper's mail account (SMTP) is not configured")
+        handle = await db.fetchrow(
+            """
+            SELECT h.id, h.value FROM handles h
+            WHERE h.account_id = $1 AND h.kind = 'email' AND h.verified_at IS NOT NULL
+            ORDER BY h.created_at, h.id LIMIT 1
+            """,
+            request.account_id,
+        )
+        if handle is None:
+            return DeliveryResult("unavailable", "no verified email address")
+        if await identity.is_blocked(db, handle["id"], "email"):
+            return DeliveryResult("unavailable", "the person opted out of email")
+        sent = await db.fetchval(
+            "SELECT 1 FROM messages WHERE channel = 'email' AND provider_message_id = $1 AND delivery_status = 'sent'",
+            request.key,
+        )
+        if sent:
+            return DeliveryResult("delivered", "already sent", request.key)
+        message = EmailMessage()
+        message["From"] = formataddr((self.mailer.from_name, self.mailer.from_address))
+        message["To"] = handle["value"]
+        message["Subject"] = _subject(request.body)
+        message["Date"] = formatdate(usegmt=True)
+        message["Message-ID"] = make_msgid(domain=self.mailer.from_address.rsplit("@", 1)[-1])
+        message["Auto-Submitted"] = "auto-generated"  # RFC 3834: a scheduled message, not a reply
+        message.set_content(request.body)
+        try:
+            await self.mailer.send(message, [handle["value"]])
+        except PepperError as exc:
+            log.error("sending a scheduled email failed: %s", exc.code)
+            return DeliveryResult("failed", exc.code)
+        conversation_id = await conversation_for(db, request.account_id)
+        await db.execute(
+            """
+            INSERT INTO messages (conversation_id, handle_id, channel, direction,
+                                  provider_message_id, body, turn_id, delivery_status)
+            VALUES ($1, $2, 'email', 'outbound', $3, $4, $5, 'sent')
+            ON CONFLICT (channel, provider_message_id) DO UPDATE SET delivery_status = 'sent'
+            """,
+            conversation_id,
+            handle["id"],
+            request.key,
+            request.body,
+            request.turn_id,
+        )
+        return DeliveryResult("delivered", "", request.key)
+
+
+def _subject(body: str) -> str:
+    first = next((line.strip() for line in body.splitlines() if line.strip()), "")
+    return "Pepper: " + (first if len(first) <= 70 else first[:67].rstrip() + "...") if first else "Pepper"
+
 
 def scheduler_config(settings: Settings) -> SchedulerConfig:
     from datetime import timedelta
@@ -127,14 +190,17 @@ def scheduler_config(settings: Settings) -> SchedulerConfig:
     )
 
 
-def build_scheduler(settings: Settings, harness: HarnessDeps, messenger: Any = None) -> Scheduler:
-    return Scheduler(harness, GatewayDeliverer(settings, harness.db, messenger), scheduler_config(settings))
+def build_scheduler(settings: Settings, harness: HarnessDeps, messenger: Any = None, mailer: Any = None) -> Scheduler:
+    deliverer = GatewayDeliverer(settings, harness.db, messenger, mailer)
+    return Scheduler(harness, deliverer, scheduler_config(settings))
 
 
-def attach_scheduler(app: Any, settings: Settings, harness: HarnessDeps, messenger: Any = None) -> Scheduler:
+def attach_scheduler(
+    app: Any, settings: Settings, harness: HarnessDeps, messenger: Any = None, mailer: Any = None
+) -> Scheduler:
     """Start the scheduler when the app starts serving; stop it first when it stops (before the
     messenger and the model router close), letting runs in flight finish within the grace time."""
-    scheduler = build_scheduler(settings, harness, messenger)
+    scheduler = build_scheduler(settings, harness, messenger, mailer)
     app.extensions["pepper-scheduler"] = scheduler
 
     async def start() -> None:

@@ -83,7 +83,7 @@ def build_app(settings: Settings, db: Database) -> Quart:
     if settings.scheduler_enabled:
         from gateway.scheduled import attach_scheduler
 
-        attach_scheduler(app, settings, harness, messenger)
+        attach_scheduler(app, settings, harness, messenger, mailer)
 
     memory = start_memory(settings, db, router)
 

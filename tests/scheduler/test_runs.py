@@ -265,3 +265,48 @@ async def test_the_server_starts_the_scheduler_and_stops_it_on_shutdown(db, acco
         task = scheduler._loop_task
         assert task is not None and task.get_name() == "pepper-scheduler" and not task.done()
     assert task.done() and scheduler._loop_task is None
+
+
+async def test_a_result_can_go_by_email_once_and_falls_back_to_chat_without_a_mail_account(
+    db, models, account, clock, deps, config
+):
+    from core.identity import add_handle
+    from core.settings import Settings
+    from core.testing.smtp_capture import SmtpCapture
+    from gateway.mailer import SmtpMailer
+    from gateway.scheduled import GatewayDeliverer
+
+    await add_handle(db, account.id, "email", "ada@example.org", verified=True)
+    task = await _task(db, account, clock, deliver_to=["email"])
+    async with SmtpCapture() as smtp:
+        settings = Settings(
+            smtp_host="127.0.0.1", smtp_port=smtp.port, smtp_security="none", smtp_from="Pepper <pepper@example.org>"
+        )
+        mailer = SmtpMailer(settings)
+        scheduler = Scheduler(deps, GatewayDeliverer(settings, db, None, mailer), config, owner="mail", clock=clock)
+        models.script(calls(("list_todos", {})), reply("Two todos are open.\nBoth are small."))
+        clock.advance(hours=1)
+        assert await scheduler.run_due() == 1
+        [mail] = await smtp.wait_for(1)
+        assert mail.rcpt_to == ["ada@example.org"]
+        assert mail.message["Subject"] == "Pepper: Two todos are open."
+        assert "Both are small." in mail.message.get_content()
+        [receipt] = await _receipts(db, task.id)
+        assert receipt["status"] == "ran"
+        # A re-run of the same occurrence (its process died before the receipt) sends nothing more.
+        await db.execute(
+            "UPDATE task_runs SET status = 'running', lease_owner = 'dead', lease_expires_at = $1, ready_at = $1"
+            " WHERE task_id = $2",
+            clock() - timedelta(seconds=1),
+            task.id,
+        )
+        again = Scheduler(deps, GatewayDeliverer(settings, db, None, mailer), config, owner="mail-2", clock=clock)
+        await again.run_due()
+        assert len(smtp.received) == 1
+
+    # Without Pepper's mail account the next occurrence still reaches the person, in chat.
+    nomail = Scheduler(deps, GatewayDeliverer(Settings(), db), config, owner="chat", clock=clock)
+    models.script(calls(("list_todos", {})), reply("Still two todos."))
+    clock.advance(days=1)
+    assert await nomail.run_due() == 1
+    assert "Still two todos." in await _outbound(db)
