@@ -49,9 +49,14 @@ def driver() -> Iterator[object]:
 
 
 async def wait_for(predicate, within: float = 20.0):  # type: ignore[no-untyped-def]
+    from selenium.common.exceptions import WebDriverException
+
     deadline = asyncio.get_running_loop().time() + within
     while True:
-        value = await asyncio.to_thread(predicate)
+        try:
+            value = await asyncio.to_thread(predicate)
+        except WebDriverException:  # the page is between loads: its elements come and go
+            value = None
         if value:
             return value
         if asyncio.get_running_loop().time() > deadline:
