@@ -13,13 +13,6 @@ a call's end to the owner's notification being sent.
 
 from __future__ import annotations
 
-import sys
-
-# Run as a script, this file's folder leads sys.path and bench/calendar.py would shadow the
-# standard library's ``calendar`` module.
-if sys.path and sys.path[0].rstrip("/").endswith("bench"):
-    sys.path.pop(0)
-
 import argparse
 import asyncio
 import dataclasses

@@ -10,13 +10,6 @@ the Postgres round trips and the recurrence expansion. Prints the median and p99
 
 from __future__ import annotations
 
-import sys
-
-# Run as a script, this file's folder leads sys.path and its name would shadow the standard
-# library's ``calendar`` module (which ``email`` and others import).
-if sys.path and sys.path[0].rstrip("/").endswith("bench"):
-    sys.path.pop(0)
-
 import argparse
 import asyncio
 import random
