@@ -116,7 +116,7 @@ def p99(values: list[float], *, low: bool = False) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
 
 
-async def run_day(turns: int, memory_messages: int) -> tuple[list[Prompt], list[str], set[str]]:
+async def run_day(turns: int) -> tuple[list[Prompt], list[str], set[str]]:
     """The orchestrator's first prompt of each turn of one day; also the areas and hidden areas."""
     with test_server() as dsn:
         factory = DatabaseFactory(dsn)
@@ -149,7 +149,7 @@ async def run_day(turns: int, memory_messages: int) -> tuple[list[Prompt], list[
                 registry=registry,
                 skills=catalog,
                 clock=lambda: now["t"],
-                config=HarnessConfig(memory_messages=memory_messages),
+                config=HarnessConfig(),
             )
             prompts: list[Prompt] = []
             for i in range(turns):
@@ -197,16 +197,16 @@ def report(title: str, prompts: list[Prompt], count: Callable[[str], int]) -> tu
 
 async def bench(turns: int) -> None:
     count, how = token_counter()
-    prompts, areas, behind = await run_day(turns, HarnessConfig().memory_messages)
+    prompts, areas, behind = await run_day(turns)
     first = prompts[0]
     print(f"a day of {turns} turns; shipped skills; feature areas in this build: {', '.join(areas)}")
     print(
         f"orchestrator: {len(first.tools)} tools ({len(behind)} more behind workers), "
         f"{len(view_names(first))} skills listed; tokens counted with {how}"
     )
-    med_tokens, med_shared = report("as built (memory block: the 40 most recent messages)", prompts, count)
-    grown, _, _ = await run_day(turns, 10_000)
-    report("for comparison, a memory block that only grows during the day (no sliding window)", grown, count)
+    med_tokens, med_shared = report(
+        "as built (memory block: summaries, then today's messages, never cut)", prompts, count
+    )
     print(f"target median <= 4000 tokens: {'met' if med_tokens <= 4000 else 'NOT met'}")
     print(f"target median >= 90% stable prefix: {'met' if med_shared >= 0.9 else 'NOT met'}")
 
