@@ -24,7 +24,7 @@ from core.tools.areas.dossier import dossier_text
 from core.tools.connectors import Connectors, account_connections
 from core.tools.context import SessionContext, SessionKind, Trust
 from core.tools.gate import Gate, default_gate
-from core.tools.registry import ToolContext, ToolRegistry, connection
+from core.tools.registry import ToolContext, ToolRegistry, connection, transaction
 from core.tools.runner import CallOutcome, run_call
 from core.tools.staging import ResolvedWrite, commit_turn_writes, drop_turn_writes
 from core.tools.starter import starter_registry
@@ -166,15 +166,21 @@ async def run_turn(
             if row is None:
                 raise NotFound(f"no account {account_id}")
             conversation_id, timezone = row["id"], row["timezone"]
-            turn_id = await start_turn(conn, conversation_id, channel=channel, kind=kind)
+            async with conn.transaction():
+                # Bookkeeping, not a promise to anyone: it need not wait for the disk. Any later
+                # durable commit (a staged write, a message) flushes it too, as the log is in order.
+                await conn.execute("SET LOCAL synchronous_commit TO OFF")
+                turn_id = await start_turn(conn, conversation_id, channel=channel, kind=kind)
+                if inbound_message_id is not None:
+                    await conn.execute(
+                        "UPDATE messages SET turn_id = $1 WHERE id = $2 AND turn_id IS NULL",
+                        turn_id,
+                        inbound_message_id,
+                    )
             if connections is None:
                 # The person's connected accounts decide which tools exist for this turn.
                 connections = await account_connections(conn, account_id, deps.connectors)
             session = SessionContext(kind, trust, channel, account_id, conversation_id, turn_id, timezone, connections)
-            if inbound_message_id is not None:
-                await conn.execute(
-                    "UPDATE messages SET turn_id = $1 WHERE id = $2 AND turn_id IS NULL", turn_id, inbound_message_id
-                )
             dossier = await dossier_text(conn, account_id) if personal else ""
             catalog = deps.skills if trust != "third_party" else None
             own_skills = await user_skill_sources(conn, account_id) if catalog and trust == "owner_verified" else []
@@ -284,6 +290,33 @@ async def _failed(deps: HarnessDeps, turn_id: UUID, exc: Exception) -> None:
     await update_turn(deps.db, turn_id, status="failed", error=type(exc).__name__, finished_at=deps.clock())
 
 
+async def _record_finished_turn(
+    conn: Any,
+    session: SessionContext,
+    result: LoopResult,
+    tier: str,
+    reply: str,
+    finished_at: datetime,
+    columns: dict[str, Any],
+    parts: dict[str, Any],
+) -> None:
+    assert session.turn_id is not None
+    await update_turn(
+        conn,
+        session.turn_id,
+        status="replied",
+        model=result.model,
+        tier=tier,
+        trust=session.trust,
+        session=session.as_record(),
+        reply=reply,
+        error=result.error,
+        finished_at=finished_at,
+        **columns,
+        **parts,
+    )  # fmt: skip
+
+
 async def finish_turn(
     deps: HarnessDeps,
     session: SessionContext,
@@ -311,20 +344,10 @@ async def finish_turn(
     columns: dict[str, Any] = {"replay_of": replay_of} if replay_of is not None else {}
     if skills is not None:
         columns["skills"] = skills
-    await update_turn(
-        db,
-        session.turn_id,
-        status="replied",
-        model=result.model,
-        tier=tier,
-        trust=session.trust,
-        session=session.as_record(),
-        reply=reply,
-        error=result.error,
-        finished_at=deps.clock(),
-        **columns,
-        **parts,
-    )
+    async with transaction(db) as conn:
+        # The turn's record: a crash of the database may lose its last moments, never a write.
+        await conn.execute("SET LOCAL synchronous_commit TO OFF")
+        await _record_finished_turn(conn, session, result, tier, reply, deps.clock(), columns, parts)
     timings = parts["timings"]
     # The outcome's figure also covers writing the record itself, which the record cannot hold.
     harness_ms = (time.perf_counter() - started) * 1000 - timings["model_ms"]
