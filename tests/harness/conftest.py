@@ -1,4 +1,4 @@
-"""Fixtures for the text harness: an account, and the harness wired to the scripted model."""
+"""Fixtures for the text harness: an account, and the harness wired to a scripted model over the wire."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from core.identity import Account, create_account
 from core.store import Database
-from core.testing.scripted import ScriptedModels
+from core.testing.wire_models import WireScriptedModels, wire_scripted_models
 from text_loop import HarnessConfig, HarnessDeps
 
 NOW = datetime(2025, 6, 2, 12, 30, tzinfo=UTC)
@@ -25,5 +25,12 @@ def config() -> HarnessConfig:
 
 
 @pytest.fixture
-def deps(db: Database, models: ScriptedModels, config: HarnessConfig) -> HarnessDeps:
+async def models() -> WireScriptedModels:
+    """The harness talks to its model over the wire: router, OpenAI adapter and SDK, loopback peer."""
+    async with wire_scripted_models() as wire:
+        yield wire
+
+
+@pytest.fixture
+def deps(db: Database, models: WireScriptedModels, config: HarnessConfig) -> HarnessDeps:
     return HarnessDeps(db=db, models=models, config=config, clock=lambda: NOW)

@@ -76,7 +76,7 @@ async def test_pepper_replay_prints_old_and_new_side_by_side(db, db_url, deps, m
     args = cli._parser().parse_args(["replay", str(original.turn_id), "--tier", "large"])
     assert await cli._run(args, lines.append) == 0
     assert lines[0].startswith(f"replayed turn {original.turn_id}") and "tier large" in lines[0]
-    assert "before (scripted-small)" in lines[1] and "| replay (scripted-small)" in lines[1]
+    assert "before (gpt-small)" in lines[1] and "| replay (scripted-small)" in lines[1]
     assert any(line.startswith("Her birthday is 3 May;") and "| New answer: 3 May." in line for line in lines)
     tool_calls = json.loads(await db.fetchval("SELECT tool_calls FROM turns WHERE replay_of = $1", original.turn_id))
     assert tool_calls == []
