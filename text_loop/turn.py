@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -202,17 +202,31 @@ async def run_turn(
         def open_round(names: frozenset[str], intercept: Interceptor | None) -> AbstractAsyncContextManager[Executor]:
             @asynccontextmanager
             async def tool_round() -> AsyncIterator[Executor]:
-                async with connection(db) as round_conn:
-                    ctx = ToolContext(session, round_conn, now)
+                # One pool connection for the round's calls, taken when a call first needs it and
+                # given back before an intercepted call (a worker skill runs rounds of its own):
+                # a turn never holds one connection while waiting for another.
+                stack = AsyncExitStack()
+                held: list[Any] = []
 
-                    async def execute(call: ToolCall) -> CallOutcome:
-                        if intercept is not None:
-                            handled = await intercept(call)
-                            if handled is not None:
-                                return handled
-                        return await run_call(deps.registry, deps.gate, ctx, call, visible=names)
+                async def execute(call: ToolCall) -> CallOutcome:
+                    nonlocal stack
+                    if intercept is not None:
+                        if held:
+                            held.clear()
+                            await stack.aclose()
+                            stack = AsyncExitStack()
+                        handled = await intercept(call)
+                        if handled is not None:
+                            return handled
+                    if not held:
+                        held.append(await stack.enter_async_context(connection(db)))
+                    ctx = ToolContext(session, held[0], now)
+                    return await run_call(deps.registry, deps.gate, ctx, call, visible=names)
 
+                try:
                     yield execute
+                finally:
+                    await stack.aclose()
 
             return tool_round()
 
