@@ -115,19 +115,21 @@ async def record_outbound(
     *,
     turn_id: UUID | None = None,
     provider_message_id: str | None = None,
+    delivery_status: str | None = None,
 ) -> Message:
     if channel not in MESSAGE_CHANNELS:
         raise InvalidInput(f"unknown channel {channel!r}")
     row = await db.fetchrow(
         """
-        INSERT INTO messages (conversation_id, channel, direction, provider_message_id, body, turn_id)
-        VALUES ($1, $2, 'outbound', $3, $4, $5) RETURNING *
+        INSERT INTO messages (conversation_id, channel, direction, provider_message_id, body, turn_id, delivery_status)
+        VALUES ($1, $2, 'outbound', $3, $4, $5, $6) RETURNING *
         """,
         conversation_id,
         channel,
         provider_message_id,
         body,
         turn_id,
+        delivery_status,
     )
     return _message(row)
 

@@ -32,11 +32,12 @@ from quart import Blueprint, Response, current_app, request
 from core import identity
 from core.conversation import conversation_for, record_inbound, record_outbound
 from core.errors import InvalidInput, PepperError
+from core.security import record_security_event
 from core.settings import Settings
 from gateway.limits import MAX_EMAIL_BYTES
 from gateway.mailtext import html_to_text, strip_quoted
 from gateway.services import Services
-from gateway.turns import answer_message
+from gateway.turns import answer_message, report_delivery
 from gateway.webhooks import EMAIL
 
 log = logging.getLogger(__name__)
@@ -281,17 +282,6 @@ def parse_inbound(form: Any, files: Any = None) -> InboundMail:
 # --- the webhook ---------------------------------------------------------------------------------
 
 
-async def _security_event(services: Services, kind: str) -> None:
-    try:
-        await services.db.execute(
-            "INSERT INTO security_events (kind, detail) VALUES ($1, jsonb_build_object('path', $2::text))",
-            kind,
-            EMAIL.path,
-        )
-    except Exception:  # the refusal itself must not fail because the record did
-        log.exception("could not record a security event")
-
-
 @blueprint.post(EMAIL.path)
 async def email_webhook() -> Response:
     services = _services()
@@ -306,11 +296,11 @@ async def email_webhook() -> Response:
             log.error("refused an email webhook: PEPPER_EMAIL_WEBHOOK_SIGNING_KEY is not set")
         else:
             log.warning("refused an email webhook with a missing or invalid signature")
-        await _security_event(services, "email-signature-invalid")
+        await record_security_event(services.db, "email-signature-invalid", path=EMAIL.path)
         return _plain("invalid signature", 403)
     if not fresh(timestamp):
         log.warning("refused an email webhook with a stale timestamp")
-        await _security_event(services, "email-webhook-stale")
+        await record_security_event(services.db, "email-webhook-stale", path=EMAIL.path)
         return _plain("stale timestamp", 403)
 
     problem = ""
@@ -348,7 +338,7 @@ async def email_webhook() -> Response:
         status, text, event = refusal
         log.warning("refused an inbound email: status=%s reason=%s", status, event or "not-accepted")
         if event is not None:
-            await _security_event(services, event)
+            await record_security_event(services.db, event, path=EMAIL.path)
         return _plain(text, status)
     assert mail is not None and message is not None and handle is not None
     if not created:
@@ -431,12 +421,12 @@ async def send_reply(
     db = services.db
     conversation_id = await conversation_for(db, account_id)
     if await identity.is_blocked(db, handle_id, "email"):  # an opt-out may have arrived meanwhile
-        await _report_delivery(services, turn_id, ok=False, detail={"reason": "opted-out"})
+        await report_delivery(services, turn_id, ok=False, detail={"reason": "opted-out"})
         return
     mailer = services.mailer
     if mailer is None:
         log.error("cannot reply by email: PEPPER_SMTP_HOST and PEPPER_SMTP_FROM are not configured")
-        await _report_delivery(services, turn_id, ok=False, detail={"reason": "smtp-not-configured"})
+        await report_delivery(services, turn_id, ok=False, detail={"reason": "smtp-not-configured"})
         return
     owner = await owner_address(db, account_id) or mail.sender
     message = build_reply(
@@ -447,23 +437,15 @@ async def send_reply(
         await mailer.send(message, [mail.sender, owner])
     except PepperError as exc:
         log.error("sending an email reply failed: %s", exc.code)
-        stored = await record_outbound(
-            db, conversation_id, "email", reply, turn_id=turn_id, provider_message_id=message["Message-ID"]
-        )
-        await db.execute("UPDATE messages SET delivery_status = 'failed' WHERE id = $1", stored.id)
-        await _report_delivery(services, turn_id, ok=False, detail={"reason": "smtp-refused", "code": exc.code})
+        await record_outbound(
+            db, conversation_id, "email", reply, turn_id=turn_id, provider_message_id=message["Message-ID"],
+            delivery_status="failed",
+        )  # fmt: skip
+        await report_delivery(services, turn_id, ok=False, detail={"reason": "smtp-refused", "code": exc.code})
         return
-    stored = await record_outbound(
-        db, conversation_id, "email", reply, turn_id=turn_id, provider_message_id=message["Message-ID"]
-    )
-    await db.execute("UPDATE messages SET delivery_status = 'sent' WHERE id = $1", stored.id)
+    await record_outbound(
+        db, conversation_id, "email", reply, turn_id=turn_id, provider_message_id=message["Message-ID"],
+        delivery_status="sent",
+    )  # fmt: skip
     # The SMTP server accepted the reply: that is the delivery.
-    await _report_delivery(services, turn_id, ok=True, detail={"status": "accepted-by-smtp"})
-
-
-async def _report_delivery(services: Services, turn_id: UUID | None, *, ok: bool, detail: dict[str, Any]) -> None:
-    if turn_id is None or services.harness is None:
-        return
-    from text_loop import deliver
-
-    await deliver(services.harness, turn_id, ok, detail=detail)
+    await report_delivery(services, turn_id, ok=True, detail={"status": "accepted-by-smtp"})

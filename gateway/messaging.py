@@ -23,10 +23,11 @@ from core.conversation import (
     record_outbound,
 )
 from core.errors import PepperError
+from core.security import record_security_event
 from gateway.segments import split_message
 from gateway.services import Services
 from gateway.signatures import public_request_url, twilio_signature_ok
-from gateway.turns import answer_message
+from gateway.turns import answer_message, report_delivery
 from gateway.webhooks import MESSAGE_STATUS, SMS, WHATSAPP
 
 log = logging.getLogger(__name__)
@@ -80,24 +81,13 @@ def keyword(body: str) -> str | None:
     return None
 
 
-async def _record_security_event(services: Services, kind: str, path: str) -> None:
-    try:
-        await services.db.execute(
-            "INSERT INTO security_events (kind, detail) VALUES ($1, jsonb_build_object('path', $2::text))",
-            kind,
-            path,
-        )
-    except Exception:  # the refusal itself must not fail because the record did
-        log.exception("could not record a security event")
-
-
 async def _verified_form(services: Services) -> dict[str, Any] | Response:
     """The signed form, or the response refusing it (403 for a bad signature, 400 for garbage)."""
     form = await request.form
     url = public_request_url(services.settings, request.path, request.query_string)
     if not twilio_signature_ok(services.settings, url, form, request.headers):
         log.warning("refused a webhook with a missing or invalid Twilio signature")
-        await _record_security_event(services, "twilio-signature-invalid", request.path)
+        await record_security_event(services.db, "twilio-signature-invalid", path=request.path)
         return Response("invalid signature\n", status=403, content_type="text/plain")
     return form
 
@@ -204,11 +194,11 @@ async def send_reply(
     conversation_id = await conversation_for(db, account_id)
     parts = split_message(reply)
     if await identity.is_blocked(db, handle_id, inbound.channel):  # a STOP may have arrived meanwhile
-        await _report_delivery(services, turn_id, ok=False, detail={"reason": "opted-out"})
+        await report_delivery(services, turn_id, ok=False, detail={"reason": "opted-out"})
         return
     if services.messenger is None:
         log.error("cannot reply on %s: Twilio credentials are not configured", inbound.channel)
-        await _report_delivery(services, turn_id, ok=False, detail={"reason": "twilio-not-configured"})
+        await report_delivery(services, turn_id, ok=False, detail={"reason": "twilio-not-configured"})
         return
     callback = public_request_url(services.settings, MESSAGE_STATUS.path)
     for part in parts:
@@ -218,28 +208,13 @@ async def send_reply(
             )
         except PepperError as exc:
             log.error("sending a %s reply failed: %s", inbound.channel, exc.code)
-            await record_outbound(db, conversation_id, inbound.channel, part, turn_id=turn_id)
-            await db.execute(
-                "UPDATE messages SET delivery_status = 'failed' WHERE id = (SELECT max(id) FROM messages"
-                " WHERE conversation_id = $1 AND direction = 'outbound')",
-                conversation_id,
-            )
-            await _report_delivery(services, turn_id, ok=False, detail={"reason": "send-failed", "code": exc.code})
+            await record_outbound(db, conversation_id, inbound.channel, part, turn_id=turn_id, delivery_status="failed")
+            await report_delivery(services, turn_id, ok=False, detail={"reason": "send-failed", "code": exc.code})
             return
-        stored = await record_outbound(
-            db, conversation_id, inbound.channel, part, turn_id=turn_id, provider_message_id=sid
-        )
-        await db.execute(
-            "UPDATE messages SET delivery_status = coalesce(delivery_status, 'queued') WHERE id = $1", stored.id
-        )
-
-
-async def _report_delivery(services: Services, turn_id: UUID | None, *, ok: bool, detail: dict[str, Any]) -> None:
-    if turn_id is None or services.harness is None:
-        return
-    from text_loop import deliver
-
-    await deliver(services.harness, turn_id, ok, detail=detail)
+        await record_outbound(
+            db, conversation_id, inbound.channel, part, turn_id=turn_id, provider_message_id=sid,
+            delivery_status="queued",
+        )  # fmt: skip
 
 
 @blueprint.post(MESSAGE_STATUS.path)
@@ -274,7 +249,7 @@ async def message_status() -> Response:
     if turn_status in ("delivered", "failed"):
         return Response("", status=204)  # already settled; a late receipt changes nothing
     if any(s in NOT_DELIVERED for s in statuses):
-        await _report_delivery(services, turn_id, ok=False, detail={"status": status})
+        await report_delivery(services, turn_id, ok=False, detail={"status": status})
     elif all(s in DELIVERED for s in statuses):
-        await _report_delivery(services, turn_id, ok=True, detail={"status": status})
+        await report_delivery(services, turn_id, ok=True, detail={"status": status})
     return Response("", status=204)

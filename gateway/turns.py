@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
 from uuid import UUID
 
 from core.conversation import claim_for_turn, finish_handling
 from core.errors import PepperError
 from gateway.services import Services
-from text_loop import run_turn
+from text_loop import deliver, run_turn
 
 log = logging.getLogger(__name__)
 
@@ -41,3 +42,10 @@ async def answer_message(
         await send(turn_id, reply)
     finally:
         await finish_handling(services.db, message_id)
+
+
+async def report_delivery(services: Services, turn_id: UUID | None, *, ok: bool, detail: dict[str, Any]) -> None:
+    """Tell the harness whether a turn's reply reached the person (commit or drop its staged writes)."""
+    if turn_id is None or services.harness is None:
+        return
+    await deliver(services.harness, turn_id, ok, detail=detail)

@@ -14,7 +14,7 @@ import logging
 
 from quart import Blueprint, Response, current_app, request, websocket
 
-from gateway.messaging import _record_security_event
+from core.security import record_security_event
 from gateway.services import Services
 from gateway.signatures import public_request_url, twilio_signature_ok
 from gateway.webhooks import MEDIA_STREAM, VOICE, VOICE_AFTER_STREAM, VOICE_STATUS, public_url_for
@@ -43,7 +43,7 @@ async def _signed_form(services: Services) -> dict[str, str] | Response:
     url = public_request_url(services.settings, request.path, request.query_string)
     if not twilio_signature_ok(services.settings, url, form, request.headers):
         log.warning("refused a voice webhook with a missing or invalid Twilio signature")
-        await _record_security_event(services, "twilio-signature-invalid", request.path)
+        await record_security_event(services.db, "twilio-signature-invalid", path=request.path)
         return Response("invalid signature\n", status=403, content_type="text/plain")
     return {k: form.get(k) for k in form}
 

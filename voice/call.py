@@ -46,6 +46,7 @@ from zoneinfo import ZoneInfo
 from core import identity
 from core.conversation import conversation_for, record_inbound, record_outbound, start_turn, update_turn
 from core.models.types import ToolCall
+from core.security import record_security_event
 from core.settings import Settings
 from core.tools.areas.dossier import dossier_text
 from core.tools.context import SessionContext
@@ -694,7 +695,7 @@ class CallSession:
         left = self.deps.config.max_verify_failures - self.stats.verify_failures
         if left > 0:
             return f"That did not match. {left} attempt{'s' if left > 1 else ''} left."
-        await self._record_security_event("call-verification-failed")
+        await record_security_event(self.deps.db, "call-verification-failed", call_sid=self.call.call_sid)
         self._spawn("notify-owner", self._notify_owner())
         await self._begin_closing(
             "verification-failed",
@@ -819,16 +820,6 @@ class CallSession:
             self.call.line_number,
             "Pepper: someone calling from your number failed to verify and the call was ended.",
         )
-
-    async def _record_security_event(self, kind: str) -> None:
-        try:
-            await self.deps.db.execute(
-                "INSERT INTO security_events (kind, detail) VALUES ($1, jsonb_build_object('call_sid', $2::text))",
-                kind,
-                self.call.call_sid,
-            )
-        except Exception:
-            log.exception("could not record a security event")
 
     # --- Records -----------------------------------------------------------------------------
 

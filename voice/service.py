@@ -11,6 +11,7 @@ import logging
 from datetime import timedelta
 from typing import Any
 
+from core.security import record_security_event
 from voice import media, routing
 from voice.call import CallSession, OwnerCall, TwilioLink, VoiceDeps
 from voice.routing import CallRoute, UnknownCaller
@@ -156,14 +157,7 @@ class CallService:
 
     async def _refuse(self, kind: str, start: media.StreamStart | None) -> None:
         log.warning("refused a media stream: reason=%s", kind)
-        try:
-            await self.deps.db.execute(
-                "INSERT INTO security_events (kind, detail) VALUES ($1, jsonb_build_object('call_sid', $2::text))",
-                kind,
-                start.call_sid if start else None,
-            )
-        except Exception:
-            log.exception("could not record a security event")
+        await record_security_event(self.deps.db, kind, call_sid=start.call_sid if start else None)
         raise StreamRefused(kind)
 
     def open_session(self, link: TwilioLink, start: media.StreamStart, call: OwnerCall) -> CallSession:
