@@ -342,3 +342,18 @@ async def test_messages_a_crash_left_unanswered_are_answered_once_at_start(db: D
     web_reply = await db.fetchval("SELECT body FROM messages WHERE channel = 'web' AND direction = 'outbound'")
     assert web_reply == "Yes, here."
     assert await db.fetchval("SELECT count(*) FROM turns") == 2
+
+
+async def test_a_garbled_delivery_receipt_is_refused_and_changes_nothing(stack: Stack):
+    stack.model.script(reply_text("ok"))
+    await stack.text("hi")
+    [sent] = await stack.twilio.wait_for_sent(1)
+    await stack.settle()
+    for params in ({"MessageStatus": "delivered"}, {"MessageSid": sent.sid}, {}):
+        status, _ = await stack.twilio.post_form(stack.local, PUBLIC, "/twilio/status", params)
+        assert status == 400, params
+    # A receipt for a message Pepper never sent is accepted and ignored.
+    unknown = {"MessageSid": "SM" + "0" * 32, "MessageStatus": "delivered"}
+    assert (await stack.twilio.post_form(stack.local, PUBLIC, "/twilio/status", unknown))[0] == 204
+    assert await stack.db.fetchval("SELECT status FROM turns") == "replied"
+    assert await stack.db.fetchval("SELECT delivery_status FROM messages WHERE direction = 'outbound'") == "queued"
