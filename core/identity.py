@@ -21,6 +21,7 @@ from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 
 from core.errors import InvalidInput, NotFound
+from core.settings import VOICE_ENGINES
 
 HandleKind = Literal["phone", "email", "web"]
 Channel = Literal["sms", "whatsapp", "voice", "email"]
@@ -66,6 +67,7 @@ class PhoneLine:
     kind: str
     account_id: UUID
     label: str | None
+    voice_engine: str | None = None  # None: the voice_engine setting
 
 
 def normalize_phone(raw: str, default_region: str = "US") -> str:
@@ -295,7 +297,24 @@ async def assign_line(
         )
     except asyncpg.ForeignKeyViolationError:
         raise NotFound(f"no account {account_id}") from None
-    return PhoneLine(row["number"], row["kind"], row["account_id"], row["label"])
+    return _line(row)
+
+
+def _line(row: Any) -> PhoneLine:
+    return PhoneLine(row["number"], row["kind"], row["account_id"], row["label"], row["voice_engine"])
+
+
+async def set_line_engine(
+    db: Executor, raw_number: str, engine: str | None, *, default_region: str = "US"
+) -> PhoneLine:
+    """Which realtime engine calls on this line run on; ``None`` goes back to the setting."""
+    if engine is not None and engine not in VOICE_ENGINES:
+        raise InvalidInput(f"a voice engine is one of {', '.join(VOICE_ENGINES)}")
+    number = normalize_phone(raw_number, default_region)
+    row = await db.fetchrow("UPDATE phone_lines SET voice_engine = $2 WHERE number = $1 RETURNING *", number, engine)
+    if row is None:
+        raise NotFound(f"no line {number}")
+    return _line(row)
 
 
 async def find_line(db: Executor, raw_number: str, *, default_region: str = "US") -> PhoneLine | None:
@@ -304,9 +323,9 @@ async def find_line(db: Executor, raw_number: str, *, default_region: str = "US"
     except InvalidInput:
         return None
     row = await db.fetchrow("SELECT * FROM phone_lines WHERE number = $1", number)
-    return PhoneLine(row["number"], row["kind"], row["account_id"], row["label"]) if row else None
+    return _line(row) if row else None
 
 
 async def list_lines(db: Executor) -> list[PhoneLine]:
     rows = await db.fetch("SELECT * FROM phone_lines ORDER BY kind, number")
-    return [PhoneLine(r["number"], r["kind"], r["account_id"], r["label"]) for r in rows]
+    return [_line(r) for r in rows]

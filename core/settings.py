@@ -28,6 +28,9 @@ from core.models.config import ModelsConfig
 
 DEFAULT_DATA_DIR = Path("~/.pepper")
 DEFAULT_TWILIO_API_URL = "https://api.twilio.com"
+# The realtime voice engines a call can run on (voice/engines.py builds them).
+VoiceEngine = Literal["openai-realtime", "gemini-live", "cascade"]
+VOICE_ENGINES: tuple[str, ...] = ("openai-realtime", "gemini-live", "cascade")
 
 
 def _env(*names: str) -> AliasChoices:
@@ -130,9 +133,14 @@ class Settings(BaseSettings):
     voice_unknown_caller: Literal["refuse", "answering"] = Field(
         "refuse", validation_alias=_env("PEPPER_VOICE_UNKNOWN_CALLER", "voice_unknown_caller")
     )
-    voice_engine: Literal["openai-realtime"] = Field(
-        "openai-realtime", validation_alias=_env("PEPPER_VOICE_ENGINE", "voice_engine")
+    # The realtime engine calls use unless their line says otherwise (``pepper line engine``):
+    # "openai-realtime", "gemini-live" (GEMINI_API_KEY) or "cascade" (local STT -> text model -> TTS).
+    voice_engine: VoiceEngine = Field("openai-realtime", validation_alias=_env("PEPPER_VOICE_ENGINE", "voice_engine"))
+    gemini_live_model: str = Field(
+        "gemini-live-2.5-flash-preview", validation_alias=_env("PEPPER_GEMINI_LIVE_MODEL", "gemini_live_model")
     )
+    # A Gemini prebuilt voice (voice_voice names an OpenAI voice).
+    gemini_live_voice: str = Field("Kore", validation_alias=_env("PEPPER_GEMINI_LIVE_VOICE", "gemini_live_voice"))
     # The Realtime websocket base (default: OPENAI_BASE_URL with a ws scheme, as the SDK does).
     openai_realtime_url: str | None = Field(
         None, validation_alias=_env("PEPPER_OPENAI_REALTIME_URL", "openai_realtime_url")

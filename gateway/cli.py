@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from core import identity
 from core.errors import PepperError
-from core.settings import Settings, load_settings
+from core.settings import VOICE_ENGINES, Settings, load_settings
 from core.store import Database, open_store
 
 log = logging.getLogger("pepper")
@@ -74,6 +74,9 @@ def _parser() -> argparse.ArgumentParser:
     assign.add_argument("account", help="account id or unique name")
     assign.add_argument("--label")
     line.add_parser("list", help="list the numbers Pepper answers")
+    engine = line.add_parser("engine", help="the realtime engine calls on a line run on")
+    engine.add_argument("number")
+    engine.add_argument("engine", choices=(*VOICE_ENGINES, "default"), help="'default' follows PEPPER_VOICE_ENGINE")
 
     replay = sub.add_parser("replay", help="run a recorded turn again on another tier; tools return recorded results")
     replay.add_argument("turn", help="the turn id")
@@ -163,10 +166,25 @@ async def _admin(args: argparse.Namespace, settings: Settings, db: Database, out
                 db, args.number, args.kind, account.id, label=args.label, default_region=region
             )
             out(f"{line.number} is now the {line.kind} line of {account.name}")
+        elif args.action == "engine":
+            await _set_line_engine(args, settings, db, out)
         else:
             accounts = {a.id: a.name for a in await identity.list_accounts(db)}
             for line in await identity.list_lines(db):
-                out(f"{line.number}  {line.kind:<9}  {accounts.get(line.account_id, line.account_id)}")
+                engine = line.voice_engine or f"{settings.voice_engine} (default)"
+                out(f"{line.number}  {line.kind:<9}  {accounts.get(line.account_id, line.account_id)}  {engine}")
+
+
+async def _set_line_engine(
+    args: argparse.Namespace, settings: Settings, db: Database, out: Callable[[str], None]
+) -> None:
+    from voice.engines import engine_available
+
+    engine = None if args.engine == "default" else args.engine
+    if engine is not None and not engine_available(engine):
+        raise CommandError(f"the {engine} voice engine is not part of this build; nothing changed")
+    line = await identity.set_line_engine(db, args.number, engine, default_region=settings.default_region)
+    out(f"calls on {line.number} now run on {line.voice_engine or settings.voice_engine + ' (the default)'}")
 
 
 def _model_service(settings: Settings) -> Any:

@@ -55,6 +55,7 @@ from core.tools.registry import Tool, ToolContext, ToolOutcome, ToolRegistry
 from core.tools.runner import CallOutcome, run_call
 from core.tools.staging import commit_writes, drop_turn_writes, drop_writes
 from voice import media
+from voice.engines import RealtimeEngines
 from voice.realtime import (
     AssistantTranscript,
     AudioDelta,
@@ -62,6 +63,7 @@ from voice.realtime import (
     ModelError,
     RealtimeConnection,
     RealtimeDisconnected,
+    RealtimeError,
     RealtimeModel,
     ResponseCreated,
     ResponseDone,
@@ -131,6 +133,15 @@ class VoiceDeps:
     send_sms: SendSms | None = None
     clock: Callable[[], datetime] = lambda: datetime.now(UTC)
     filler: bytes = field(default_factory=_load_filler)
+    engines: RealtimeEngines | None = None  # per-line engines; ``model`` is the default one
+
+    async def model_for_line(self, line_number: str | None) -> RealtimeModel | None:
+        """The model for calls on this line: its own engine if it names one, else ``model``.
+        Raises :class:`~voice.engines.EngineUnavailable` for an engine this build lacks."""
+        if self.engines is None or line_number is None:
+            return self.model
+        engine = await self.db.fetchval("SELECT voice_engine FROM phone_lines WHERE number = $1", line_number)
+        return self.model if engine is None else self.engines.get(engine)
 
     @property
     def filler_payload(self) -> str:
@@ -215,6 +226,7 @@ class CallSession:
         self.end_reason: str | None = None
         self._ended = asyncio.Event()
         self._sid = start.stream_sid
+        self.model: RealtimeModel | None = deps.model  # the line's engine, looked up in run()
         self._conn: RealtimeConnection | None = None
         self._conn_stack: AsyncExitStack | None = None
         self._generation = 0  # bumps on every model reconnect
@@ -358,7 +370,12 @@ class CallSession:
                          self.call.call_sid, self._turn_id)  # fmt: skip
         recorder = self._spawn("recorder", self._record_loop())
         try:
-            if self.deps.model is None or not await self._open_model():
+            self.model = await self.deps.model_for_line(self.call.line_number)
+        except RealtimeError:
+            log.exception("the voice engine of this call's line is unavailable")
+            self.model = None
+        try:
+            if self.model is None or not await self._open_model():
                 self._end("model-failed")
             else:
                 self._spawn("model", self._model_loop())
@@ -394,10 +411,10 @@ class CallSession:
         await self._finish()
 
     async def _open_model(self) -> bool:
-        assert self.deps.model is not None
+        assert self.model is not None
         stack = AsyncExitStack()
         try:
-            conn = await stack.enter_async_context(self.deps.model.connect())
+            conn = await stack.enter_async_context(self.model.connect())
             await conn.configure(await self._config())
         except RealtimeDisconnected:
             await stack.aclose()
@@ -889,7 +906,7 @@ class CallSession:
                 turn_id,
                 status="failed" if self.end_reason in ("model-failed", "error") else "delivered",
                 trust=self.trust,
-                model=getattr(self.deps.model, "model", None) or getattr(self.deps.model, "name", None),
+                model=getattr(self.model, "model", None) or getattr(self.model, "name", None),
                 session=self._session().as_record() | {"verified_by": self.verified_by},
                 prompt={"notice": self.deps.config.notice},
                 rounds=transcript,

@@ -194,28 +194,29 @@ class CallService:
 
     async def aclose(self) -> None:
         self.hang_up_all()
+        if self.deps.engines is not None:
+            await self.deps.engines.aclose()
+            return
         close = getattr(self.deps.model, "aclose", None)
         if close is not None:
             await close()
 
 
-def call_service_from_settings(settings: Any, db: Any, *, registry: Any, gate: Any, send_sms: Any) -> CallService:
-    """The call service with the configured realtime model (none without a key: calls apologise)."""
+def call_service_from_settings(
+    settings: Any, db: Any, *, registry: Any, gate: Any, send_sms: Any, models: Any = None
+) -> CallService:
+    """The call service with the configured realtime engine (none without its key: calls apologise);
+    a line that names another engine gets it, built on its first call. ``models`` is the text model
+    service the cascade answers with. Raises EngineUnavailable if the setting names an engine this
+    build lacks."""
     from voice.call import VoiceConfig
+    from voice.engines import RealtimeEngines
 
-    model = None
-    if settings.voice_engine == "openai-realtime" and settings.openai_api_key is not None:
-        from voice.adapters.openai_realtime import OpenAIRealtime
-
-        model = OpenAIRealtime(
-            api_key=settings.openai_api_key.get_secret_value(),
-            model=settings.voice_model,
-            base_url=settings.openai_base_url,
-            websocket_base_url=settings.openai_realtime_url,
-        )
+    engines = RealtimeEngines(settings, models=models)
     deps = VoiceDeps(
-        db=db, model=model, registry=registry, gate=gate, config=VoiceConfig.from_settings(settings), send_sms=send_sms
-    )
+        db=db, model=engines.get(settings.voice_engine), registry=registry, gate=gate,
+        config=VoiceConfig.from_settings(settings), send_sms=send_sms, engines=engines,
+    )  # fmt: skip
     return CallService(
         deps,
         unknown_caller=settings.voice_unknown_caller,

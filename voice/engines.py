@@ -1,0 +1,103 @@
+"""The realtime engines a call can run on, by name, chosen per line (``phone_lines.voice_engine``)
+or by the ``voice_engine`` setting.
+
+Each engine is built the first time a call needs it (its SDK is imported then, inside
+``voice/adapters/``) and shared by every later call on it. An engine without its key is ``None``:
+its calls apologise and hang up, as before. An engine that is not part of this build (the cascade
+module missing) raises :class:`EngineUnavailable`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from core.settings import VOICE_ENGINES
+from voice.realtime import RealtimeError, RealtimeModel
+
+log = logging.getLogger(__name__)
+
+CASCADE_MODULE = "voice.adapters.cascade"
+
+
+class EngineUnavailable(RealtimeError):
+    code = "voice-engine-unavailable"
+
+
+def _openai(settings: Any, models: Any) -> RealtimeModel | None:
+    if settings.openai_api_key is None:
+        return None
+    from voice.adapters.openai_realtime import OpenAIRealtime
+
+    return OpenAIRealtime(
+        api_key=settings.openai_api_key.get_secret_value(),
+        model=settings.voice_model,
+        base_url=settings.openai_base_url,
+        websocket_base_url=settings.openai_realtime_url,
+    )
+
+
+def _gemini(settings: Any, models: Any) -> RealtimeModel | None:
+    if settings.gemini_api_key is None:
+        return None
+    from voice.adapters.gemini_live import GeminiLive
+
+    return GeminiLive(
+        api_key=settings.gemini_api_key.get_secret_value(),
+        model=settings.gemini_live_model,
+        voice=settings.gemini_live_voice,
+        base_url=settings.gemini_base_url,
+    )
+
+
+def _cascade(settings: Any, models: Any) -> RealtimeModel | None:
+    if importlib.util.find_spec(CASCADE_MODULE) is None:
+        raise EngineUnavailable(f"the cascade voice engine is not part of this build ({CASCADE_MODULE} is missing)")
+    if models is None:
+        return None
+    module = importlib.import_module(CASCADE_MODULE)
+    model: RealtimeModel = module.CascadeModel(models, tier=getattr(settings, "voice_cascade_tier", "small"))
+    return model
+
+
+BUILDERS: dict[str, Callable[[Any, Any], RealtimeModel | None]] = {
+    "openai-realtime": _openai,
+    "gemini-live": _gemini,
+    "cascade": _cascade,
+}
+assert set(BUILDERS) == set(VOICE_ENGINES)
+
+
+def engine_available(name: str) -> bool:
+    """Whether this build has the engine's code (not whether its key is set)."""
+    return name in BUILDERS and (name != "cascade" or importlib.util.find_spec(CASCADE_MODULE) is not None)
+
+
+class RealtimeEngines:
+    """Realtime models by engine name, built on first use. ``models`` is the text model service
+    (the cascade answers with it)."""
+
+    def __init__(self, settings: Any, *, models: Any = None):
+        self.settings = settings
+        self.models = models
+        self._built: dict[str, RealtimeModel | None] = {}
+
+    def get(self, name: str) -> RealtimeModel | None:
+        if name not in self._built:
+            builder = BUILDERS.get(name)
+            if builder is None:
+                raise EngineUnavailable(f"unknown voice engine {name!r}; one of {', '.join(BUILDERS)}")
+            self._built[name] = builder(self.settings, self.models)
+            if self._built[name] is None:
+                log.warning("voice engine %s is not configured (no key); its calls will apologise", name)
+        return self._built[name]
+
+    async def aclose(self) -> None:
+        for model in self._built.values():
+            close = getattr(model, "aclose", None)
+            if close is not None:
+                await close()
+        self._built.clear()
