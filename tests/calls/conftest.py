@@ -85,6 +85,13 @@ class Phone:
         raise AssertionError("the call was never recorded as ended")
 
 
+def call_settings(db_url: str, twilio: TwilioPeer, **extra: Any) -> Settings:
+    """Pepper's settings for a call test: the Twilio peer, the notice, a free port."""
+    return Settings(database_url=db_url, public_url=PUBLIC, twilio_account_sid=twilio.account_sid,
+                    twilio_auth_token=TOKEN, twilio_api_url=twilio.api_url, openai_api_key="sk-test",
+                    voice_notice=NOTICE, port=0, graceful_timeout=2, **extra)  # fmt: skip
+
+
 @pytest.fixture
 async def phone(db: Database, db_url: str) -> AsyncIterator[Phone]:
     ada = await identity.create_account(db, "Ada")
@@ -93,18 +100,7 @@ async def phone(db: Database, db_url: str) -> AsyncIterator[Phone]:
     await identity.assign_line(db, LINE, "personal", ada.id)
     await identity.assign_line(db, ANSWERING_LINE, "answering", ada.id)
     async with TwilioPeer(auth_token=TOKEN) as twilio, RealtimePeer() as model:
-        settings = Settings(
-            database_url=db_url,
-            public_url=PUBLIC,
-            twilio_account_sid=twilio.account_sid,
-            twilio_auth_token=TOKEN,
-            twilio_api_url=twilio.api_url,
-            openai_api_key="sk-test",
-            openai_realtime_url=model.websocket_url,
-            voice_notice=NOTICE,
-            port=0,
-            graceful_timeout=2,
-        )
+        settings = call_settings(db_url, twilio, openai_realtime_url=model.websocket_url)
         async with running_app(settings, db) as (app, port):
             caller = TwilioCaller(TOKEN, local=f"http://127.0.0.1:{port}", public=PUBLIC,
                                   account_sid=twilio.account_sid)  # fmt: skip

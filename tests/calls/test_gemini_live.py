@@ -1,0 +1,301 @@
+"""Calls on Gemini Live end to end: the loopback Twilio caller, Pepper on a real socket, the
+google-genai SDK against the loopback Gemini Live peer (TLS, the real BidiGenerateContent
+messages), and an OpenAI Realtime peer for the line that stays on the default engine."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import itertools
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import pytest
+import websockets
+from conftest import LINE, NOTICE, OWNER, PIN, PUBLIC, TOKEN, Phone, _set_pin, call_settings
+from google.genai import types as gt
+
+from core import identity
+from core.models.types import ToolSpec
+from core.testing.twilio_peer import TwilioPeer
+from gateway.server import running_app
+from voice.adapters.gemini_live import GeminiLive
+from voice.codec import audioop
+from voice.realtime import RealtimeDisconnected, SessionConfig
+from voice.testing.gemini_live_peer import GeminiLivePeer
+from voice.testing.realtime_peer import RealtimePeer, call_tool, speak, tone
+from voice.testing.twilio_caller import TwilioCaller
+
+GEMINI_LINE = "+14155550102"
+
+
+@dataclass
+class GeminiPhone(Phone):
+    openai: RealtimePeer | None = None
+
+    @property
+    def gemini(self) -> GeminiLivePeer:
+        return self.model  # type: ignore[return-value]
+
+    async def dial_gemini(self):
+        answer = await self.caller.dial(from_=OWNER, to=GEMINI_LINE)
+        assert answer.connected, answer.twiml
+        return answer
+
+
+@pytest.fixture
+async def gphone(db, db_url, monkeypatch) -> AsyncIterator[GeminiPhone]:
+    ada = await identity.create_account(db, "Ada")
+    handle = await identity.add_handle(db, ada.id, "phone", OWNER, verified=True)
+    await _set_pin(db, ada.id)
+    await identity.assign_line(db, LINE, "personal", ada.id)
+    await identity.assign_line(db, GEMINI_LINE, "personal", ada.id)
+    await identity.set_line_engine(db, GEMINI_LINE, "gemini-live")
+    async with TwilioPeer(auth_token=TOKEN) as twilio, GeminiLivePeer() as gemini, RealtimePeer() as openai:
+        # The SDK trusts the peer's self-signed certificate through SSL_CERT_FILE, as it would a
+        # corporate proxy's; nothing in Pepper knows it is talking to a test.
+        monkeypatch.setenv("SSL_CERT_FILE", str(gemini.ca_file))
+        settings = call_settings(db_url, twilio, openai_realtime_url=openai.websocket_url,
+                                 gemini_api_key=gemini.api_key, gemini_base_url=gemini.base_url)  # fmt: skip
+        async with running_app(settings, db) as (app, port):
+            caller = TwilioCaller(TOKEN, local=f"http://127.0.0.1:{port}", public=PUBLIC,
+                                  account_sid=twilio.account_sid)  # fmt: skip
+            phone = GeminiPhone(db, twilio, gemini, caller, app.extensions["pepper"], ada.id, handle.id, openai)  # type: ignore[arg-type]
+            phone.tune(notice_timeout=5.0, closing_grace=3.0, filler_after=1.0)
+            gemini.script(speak(NOTICE, ms=300))
+            openai.script(speak(NOTICE, ms=300))
+            yield phone
+
+
+def frequency(pcm: bytes, rate: int) -> float:
+    """Dominant frequency of a PCM16 tone, from its zero crossings."""
+    samples = [int.from_bytes(pcm[i : i + 2], "little", signed=True) for i in range(0, len(pcm) - 1, 2)]
+    crossings = sum(1 for a, b in itertools.pairwise(samples) if (a < 0) != (b < 0))
+    return crossings / 2 / (len(samples) / rate)
+
+
+def _loud(pcm: bytes, width: int = 2) -> bytes:
+    """The stretch of a PCM16 stream that is not silence (10 ms windows above a threshold)."""
+    window = 320
+    parts = [pcm[i : i + window] for i in range(0, len(pcm), window)]
+    return b"".join(p for p in parts if len(p) == window and audioop.rms(p, width) > 1000)
+
+
+async def test_audio_reaches_gemini_as_pcm16_16k_and_comes_back_as_mulaw_8k(gphone):
+    gphone.gemini.script(speak("You have two todos.", audio=tone(800, hz=500)))
+    gphone.gemini.hear("what is on my list")
+    answer = await gphone.dial_gemini()
+    async with gphone.caller.media(answer) as call:
+        await gphone.until_listening(call)
+        session = gphone.gemini.sessions[0]
+        assert session.setup["model"] == "models/gemini-live-2.5-flash-preview"
+        assert "verify_pin" in session.tool_names() and "add_todo" not in session.tool_names()
+        assert "has not yet proved" in session.instructions()
+        assert session.setup["generationConfig"]["responseModalities"] == ["AUDIO"]
+        assert "inputAudioTranscription" in session.setup and "outputAudioTranscription" in session.setup
+        heard_before = len(call.heard)
+        call.say(tone(600, hz=440))
+        await call.wait(lambda: call.received_media_bytes >= 8 * (300 + 800), within=15, what="the answer")
+        await call.wait(lambda: len(call.heard) - heard_before >= 8 * 800, within=10, what="it to play")
+        await call.hang_up()
+    # In: 8 kHz mu-law became 16 kHz PCM16 at the same pitch.
+    assert session.audio_rate == 16000
+    sent = _loud(bytes(session.audio_in))
+    assert 0.5 <= len(sent) / (2 * 16000) <= 0.7
+    assert abs(frequency(sent, 16000) - 440) < 15
+    # Out: 24 kHz PCM16 became 8 kHz mu-law at the same pitch and length (notice 300 ms + 800 ms).
+    heard = _loud(audioop.ulaw2lin(bytes(call.heard), 2))
+    answer_pcm = heard[-2 * 8 * 700 :]
+    assert abs(frequency(answer_pcm, 8000) - 500) < 15
+    assert 1.0 <= len(heard) / (2 * 8000) <= 1.2
+    row = await gphone.call_row(answer.call_sid)
+    bodies = [r["body"] for r in await gphone.db.fetch("SELECT body FROM messages ORDER BY id")]
+    assert "what is on my list" in bodies and "You have two todos." in bodies
+    turn = await gphone.db.fetchrow("SELECT model FROM turns WHERE id = $1", row["turn_id"])
+    assert turn["model"] == "gemini-live-2.5-flash-preview"
+
+
+async def test_a_spoken_pin_unlocks_by_resuming_with_the_new_tools_and_a_gated_tool_round_trips(gphone):
+    await gphone.db.execute("INSERT INTO todos (account_id, title) VALUES ($1, 'call the plumber')", gphone.account_id)
+    gphone.gemini.script(
+        call_tool("verify_pin", {"digits": "2 4 6 8"}),
+        speak("Thanks, you're verified."),
+        call_tool("list_todos"),
+        speak("You need to call the plumber."),
+    )
+    gphone.gemini.hear("my pin is two four six eight", "what is on my list")
+    answer = await gphone.dial_gemini()
+    async with gphone.caller.media(answer) as call:
+        await gphone.until_listening(call)
+        first = gphone.gemini.sessions[0]
+        call.say(tone(500))
+        # Gemini fixes tools at setup: a verified caller gets a new socket resuming the conversation.
+        await gphone.gemini.wait_for(lambda: len(gphone.gemini.sessions) == 2, within=15)
+        second = gphone.gemini.sessions[1]
+        await gphone.gemini.wait_for(lambda: first.closed and second.turns_started >= 1)
+        assert second.resumed_from is not None and second.setup["sessionResumption"]["handle"] == second.resumed_from
+        assert ("model", NOTICE) in second.context  # the conversation carried over
+        assert "list_todos" in second.tool_names() and "verify_pin" not in second.tool_names()
+        assert "every tool" in second.instructions()
+        assert any(note.endswith("Result of verify_pin: PIN correct: the caller is verified. Memory and every tool"
+                                 " are now available.") for note in second.notes())  # fmt: skip
+        assert first.tool_responses == []  # the old socket's call id means nothing any more
+        await asyncio.sleep(0.3)
+        call.say(tone(500))
+        await gphone.gemini.wait_for(lambda: second.tool_responses, within=15)
+        [response] = second.tool_responses
+        assert response["name"] == "list_todos" and "call the plumber" in response["response"]["result"]
+        await gphone.gemini.wait_for(lambda: second.turns_started >= 3)
+        await call.hang_up()
+    row = await gphone.call_row(answer.call_sid)
+    assert row["verified_by"] == "pin-spoken"
+    assert json.loads(row["stats"])["model_reconnects"] == 0
+    turn = await gphone.db.fetchrow("SELECT tool_calls FROM turns WHERE id = $1", row["turn_id"])
+    record = json.dumps(json.loads(turn["tool_calls"]))
+    assert "list_todos" in record and "2 4 6 8" not in record
+    inbound = await gphone.db.fetchval("SELECT body FROM messages WHERE direction = 'inbound' ORDER BY id LIMIT 1")
+    assert inbound == "my pin is [digits withheld]"
+
+
+async def test_the_keypad_pin_resumes_the_conversation_with_the_memory(gphone):
+    gphone.gemini.script(speak("You're verified. How can I help?"))
+    answer = await gphone.dial_gemini()
+    async with gphone.caller.media(answer) as call:
+        await gphone.until_listening(call)
+        await call.keypad(PIN + "#")
+        await gphone.gemini.wait_for(lambda: len(gphone.gemini.sessions) == 2, within=15)
+        second = gphone.gemini.sessions[1]
+        await gphone.gemini.wait_for(lambda: second.turns_started >= 1)
+        assert second.resumed_from is not None and "add_todo" in second.tool_names()
+        assert any("keyed in the right PIN" in note for note in second.notes())
+        await call.hang_up()
+    assert (await gphone.call_row(answer.call_sid))["verified_by"] == "pin-keypad"
+
+
+async def test_barge_in_sends_clear_and_the_interrupted_turn_is_marked(gphone):
+    gphone.gemini.pace = 0.1  # streams in real time, so the turn is still being generated
+    gphone.gemini.script(speak("A very long answer.", ms=4000))
+    gphone.gemini.hear("hello", "wait")
+    answer = await gphone.dial_gemini()
+    async with gphone.caller.media(answer) as call:
+        await gphone.until_listening(call)
+        call.say(tone(500))
+        session = gphone.gemini.sessions[0]
+        await call.wait(lambda: call.received_media_bytes > 8 * 1500, within=15, what="the long answer to arrive")
+        heard_before = call.heard_ms
+        await call.wait(lambda: call.heard_ms > heard_before + 600, what="some of it to play")
+        call.say(tone(500))
+        await call.wait(lambda: call.clears, within=10, what="a clear")
+        heard_at_clear = call.heard_ms
+        assert session.interruptions == 1
+        await asyncio.sleep(0.3)
+        assert call.heard_ms - heard_at_clear < 300  # the queue was thrown away
+        stats = gphone.calls.sessions[answer.call_sid].stats
+        assert stats.barge_ins == 1
+        await call.hang_up()
+    row = await gphone.call_row(answer.call_sid)
+    turn = await gphone.db.fetchrow("SELECT rounds FROM turns WHERE id = $1", row["turn_id"])
+    rounds = json.loads(turn["rounds"])
+    assert any(r.get("role") == "pepper" and r.get("interrupted") for r in rounds)
+
+
+async def test_a_dropped_gemini_socket_reconnects_apologises_and_keeps_the_transcript(gphone):
+    gphone.gemini.script(speak("Hello Ada."), speak("Sorry, where were we?"))
+    gphone.gemini.hear("hello pepper")
+    answer = await gphone.dial_gemini()
+    async with gphone.caller.media(answer) as call:
+        await gphone.until_listening(call)
+        call.say(tone(500))
+        first = gphone.gemini.sessions[0]
+        await gphone.gemini.wait_for(lambda: first.turns_started >= 2, within=15)
+        await asyncio.sleep(0.3)
+        await gphone.gemini.drop(0)
+        await gphone.gemini.wait_for(lambda: len(gphone.gemini.sessions) == 2)
+        second = gphone.gemini.sessions[1]
+        await gphone.gemini.wait_for(lambda: second.turns_started >= 1)
+        assert second.resumed_from is None  # a new conversation, told what was said
+        notes = "\n".join(second.notes())
+        assert "The line to the model dropped" in notes and "hello pepper" in notes
+        assert "Apologise" in notes
+        await call.hang_up()
+    row = await gphone.call_row(answer.call_sid)
+    assert row["end_reason"] == "hangup" and json.loads(row["stats"])["model_reconnects"] == 1
+    bodies = [r["body"] for r in await gphone.db.fetch("SELECT body FROM messages ORDER BY id")]
+    assert "hello pepper" in bodies and "Hello Ada." in bodies
+
+
+async def test_go_away_resumes_on_a_new_socket_without_an_apology(gphone):
+    answer = await gphone.dial_gemini()
+    async with gphone.caller.media(answer) as call:
+        await gphone.until_listening(call)
+        await gphone.gemini.go_away(0, "5s")
+        await gphone.gemini.wait_for(lambda: len(gphone.gemini.sessions) == 2)
+        second = gphone.gemini.sessions[1]
+        await gphone.gemini.wait_for(lambda: second.first_audio_at is not None)  # caller audio flows on
+        assert second.resumed_from is not None and gphone.gemini.sessions[0].closed
+        assert second.turns_started == 0 and "clientContent" not in second.messages  # nothing to apologise for
+        await call.hang_up()
+    row = await gphone.call_row(answer.call_sid)
+    assert json.loads(row["stats"])["model_reconnects"] == 0 and row["end_reason"] == "hangup"
+
+
+async def test_one_server_runs_each_line_on_its_own_engine(gphone):
+    gemini_call = await gphone.dial_gemini()
+    openai_call = await gphone.dial_owner()
+    async with gphone.caller.media(gemini_call) as g, gphone.caller.media(openai_call) as o:
+        await g.wait(lambda: any(m.name.startswith("n") for m in g.marks), what="the Gemini notice")
+        await o.wait(lambda: any(m.name.startswith("n") for m in o.marks), what="the OpenAI notice")
+        assert len(gphone.gemini.sessions) == 1 and len(gphone.openai.sessions) == 1
+        await g.hang_up()
+        await o.hang_up()
+    assert (await gphone.call_row(gemini_call.call_sid))["end_reason"] == "hangup"
+    assert (await gphone.call_row(openai_call.call_sid))["end_reason"] == "hangup"
+    models = {r["model"] for r in await gphone.db.fetch("SELECT model FROM turns WHERE kind = 'call'")}
+    assert models == {"gemini-live-2.5-flash-preview", "gpt-realtime"}
+
+
+# --- The peer refuses what the real service refuses ------------------------------------------------
+
+
+async def test_the_peer_refuses_a_wrong_key_a_missing_setup_and_an_unknown_path():
+    async with GeminiLivePeer() as peer:
+        wrong = GeminiLive(api_key="not-the-key", base_url=peer.base_url, ssl_context=peer.client_ssl())
+        async with wrong.connect() as conn:
+            with pytest.raises(RealtimeDisconnected):
+                await conn.configure(SessionConfig("be brief", ()))
+        await wrong.aclose()
+        await peer.wait_for(lambda: peer.sessions[-1].closed)
+        assert peer.sessions[-1].close_code == 1007
+        path = "/ws/google.ai.generativelanguage.v1beta.GenerativeService.BidiGenerateContent"
+        url = f"wss://127.0.0.1:{peer.port}{path}"
+        async with websockets.connect(url, ssl=peer.client_ssl(),
+                                      additional_headers={"x-goog-api-key": peer.api_key}) as ws:  # fmt: skip
+            await ws.send(json.dumps({"realtimeInput": {"audio": {"data": "", "mimeType": "audio/pcm;rate=16000"}}}))
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                await ws.recv()
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1007
+        async with websockets.connect(url, ssl=peer.client_ssl(),
+                                      additional_headers={"x-goog-api-key": peer.api_key}) as ws:  # fmt: skip
+            await ws.send(json.dumps({"setup": {"model": "models/x", "sessionResumption": {"handle": "forged"}}}))
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                await ws.recv()
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1007
+        with pytest.raises(websockets.InvalidStatus) as refused:
+            await websockets.connect(url.replace("BidiGenerateContent", "Nope"), ssl=peer.client_ssl())
+        assert refused.value.response.status_code == 404
+
+
+async def test_a_tool_response_for_an_unknown_call_is_refused():
+    async with GeminiLivePeer() as peer:
+        model = GeminiLive(api_key=peer.api_key, base_url=peer.base_url, ssl_context=peer.client_ssl())
+        async with model.connect() as conn:
+            await conn.configure(SessionConfig("be brief", (ToolSpec("t", "a tool", {"type": "object"}),)))
+            session = conn._live()
+            made_up = gt.FunctionResponse(id="made-up", name="t", response={"result": "x"})
+            await session.send_tool_response(function_responses=[made_up])
+            await peer.wait_for(lambda: peer.sessions[-1].closed)
+            assert peer.sessions[-1].close_code == 1007
+            with pytest.raises(RealtimeDisconnected):
+                await conn.append_audio(base64.b64encode(b"\xff" * 160).decode())
+        await model.aclose()

@@ -1,0 +1,79 @@
+"""The realtime engine per line: the setting, the ``phone_lines.voice_engine`` override set with
+``pepper line engine``, engines built on first use, and an engine this build lacks refused clearly."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from core import identity
+from core.errors import InvalidInput, NotFound
+from core.settings import Settings
+from gateway.cli import main
+from voice import engines
+from voice.engines import EngineUnavailable, RealtimeEngines
+
+
+def run_cli(monkeypatch, capsys, *argv: str) -> tuple[int, str, str]:
+    lines: list[str] = []
+    code = main(list(argv), out=lines.append)
+    return code, "\n".join(lines), capsys.readouterr().err
+
+
+def test_the_engine_setting_names_one_of_the_engines():
+    for name in ("openai-realtime", "gemini-live", "cascade"):
+        assert Settings(voice_engine=name).voice_engine == name
+    with pytest.raises(ValidationError):
+        Settings(voice_engine="gemini")
+
+
+def test_engines_are_built_on_first_use_once_and_only_with_a_key():
+    unset = RealtimeEngines(Settings(gemini_api_key=None, openai_api_key=None))
+    assert unset.get("gemini-live") is None and unset.get("openai-realtime") is None
+    keyed = RealtimeEngines(Settings(gemini_api_key="g-key", gemini_live_model="gemini-x", gemini_live_voice="Puck"))
+    gemini = keyed.get("gemini-live")
+    assert gemini is keyed.get("gemini-live")
+    assert gemini.name == "gemini-live" and gemini.model == "gemini-x" and gemini.voice == "Puck"
+    with pytest.raises(EngineUnavailable, match="unknown voice engine 'gemini'"):
+        keyed.get("gemini")
+
+
+def test_an_engine_missing_from_the_build_fails_clearly(monkeypatch):
+    monkeypatch.setattr(engines, "CASCADE_MODULE", "voice.adapters.not_in_this_build")
+    with pytest.raises(EngineUnavailable, match=r"not part of this build \(voice.adapters.not_in_this_build"):
+        RealtimeEngines(Settings()).get("cascade")
+    assert not engines.engine_available("cascade") and engines.engine_available("gemini-live")
+
+
+async def test_a_line_engine_is_validated_and_stored(db):
+    ada = await identity.create_account(db, "Ada")
+    await identity.assign_line(db, "+14155550100", "personal", ada.id)
+    line = await identity.set_line_engine(db, "(415) 555-0100", "gemini-live")
+    assert line.voice_engine == "gemini-live"
+    assert (await identity.find_line(db, "+14155550100")).voice_engine == "gemini-live"
+    with pytest.raises(InvalidInput):
+        await identity.set_line_engine(db, "+14155550100", "gemini")
+    with pytest.raises(NotFound):
+        await identity.set_line_engine(db, "+14155550199", "gemini-live")
+    assert (await identity.set_line_engine(db, "+14155550100", None)).voice_engine is None
+
+
+def test_pepper_line_engine_sets_shows_and_clears_the_override(db_url, monkeypatch, capsys):
+    monkeypatch.setenv("DATABASE_URL", db_url)
+    assert run_cli(monkeypatch, capsys, "account", "create", "Ada")[0] == 0
+    assert run_cli(monkeypatch, capsys, "line", "assign", "+14155550100", "personal", "Ada")[0] == 0
+    code, out, _ = run_cli(monkeypatch, capsys, "line", "engine", "+14155550100", "gemini-live")
+    assert code == 0 and out == "calls on +14155550100 now run on gemini-live"
+    code, out, _ = run_cli(monkeypatch, capsys, "line", "list")
+    assert out.endswith("Ada  gemini-live")
+    code, out, _ = run_cli(monkeypatch, capsys, "line", "engine", "+14155550100", "default")
+    assert code == 0 and out.endswith("openai-realtime (the default)")
+    assert run_cli(monkeypatch, capsys, "line", "list")[1].endswith("openai-realtime (default)")
+    code, _, err = run_cli(monkeypatch, capsys, "line", "engine", "+14155550199", "gemini-live")
+    assert code == 1 and err.strip() == "pepper: error: no line +14155550199"
+    monkeypatch.setattr(engines, "CASCADE_MODULE", "voice.adapters.not_in_this_build")
+    code, _, err = run_cli(monkeypatch, capsys, "line", "engine", "+14155550100", "cascade")
+    assert code == 1 and "not part of this build; nothing changed" in err
+    assert run_cli(monkeypatch, capsys, "line", "list")[1].endswith("openai-realtime (default)")
+    with pytest.raises(SystemExit):
+        main(["line", "engine", "+14155550100", "gemini"], out=print)
