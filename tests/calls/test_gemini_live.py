@@ -173,6 +173,27 @@ async def test_the_keypad_pin_resumes_the_conversation_with_the_memory(gphone):
     assert (await gphone.call_row(answer.call_sid))["verified_by"] == "pin-keypad"
 
 
+async def test_a_pin_keyed_while_gemini_speaks_waits_for_the_turn_to_end(gphone):
+    gphone.gemini.pace = 0.1  # the notice streams in real time
+    gphone.gemini._responses.clear()
+    gphone.gemini.script(speak(NOTICE, ms=2500))
+    answer = await gphone.dial_gemini()
+    async with gphone.caller.media(answer) as call:
+        await call.wait(lambda: call.received_media_bytes > 8 * 300, within=15, what="the notice to start")
+        first = gphone.gemini.sessions[0]
+        await call.keypad(PIN + "#")
+        await gphone.gemini.wait_for(lambda: len(gphone.gemini.sessions) == 2, within=15)
+        second = gphone.gemini.sessions[1]
+        await gphone.gemini.wait_for(lambda: bool(second.setup))
+        assert first.interruptions == 0 and ("model", NOTICE) in second.context  # the notice was not cut
+        await gphone.until_listening(call)
+        assert any("keyed in the right PIN" in note for note in second.notes())
+        assert "add_todo" in second.tool_names()
+        await call.hang_up()
+    row = await gphone.call_row(answer.call_sid)
+    assert row["verified_by"] == "pin-keypad" and row["end_reason"] == "hangup"
+
+
 async def test_barge_in_sends_clear_and_the_interrupted_turn_is_marked(gphone):
     gphone.gemini.pace = 0.1  # streams in real time, so the turn is still being generated
     gphone.gemini.script(speak("A very long answer.", ms=4000))

@@ -25,6 +25,7 @@ id is also its item id. The mapping to :mod:`voice.realtime`:
   proved who they are) opens a new session with the new configuration and resumes the conversation
   with the latest session resumption handle; without one, the transcript so far goes in as a note.
   Tool outputs still held then go in as a note, since the new session never issued those calls.
+  While a turn is being generated, the new socket waits for its end.
 * ``goAway`` (the server ends every connection after a while): the adapter resumes on a new socket
   with the handle as soon as no model turn is running. A socket that drops ends :meth:`events`
   with :class:`RealtimeDisconnected`; the call session reconnects.
@@ -140,6 +141,9 @@ class GeminiLiveConnection:
         self._swaps = 0
         self._handle: str | None = None
         self._going_away = False
+        self._swap_due = False  # a new configuration waits for the running turn to end
+        self._handle_fresh = False  # the handle was issued after the last turn (it includes it)
+        self._deferred: list[tuple[str, tuple[Any, ...]]] = []
         self._closed = False
         self._in = Resampler()
         self._out = Resampler()
@@ -201,13 +205,34 @@ class GeminiLiveConnection:
     # --- Client -> model -----------------------------------------------------------------------
 
     async def configure(self, config: SessionConfig) -> None:
+        """The first call opens the socket. Later calls open a new one resuming the conversation;
+        while a turn is being generated that waits for its end (replacing the socket would cut
+        it), and notes and response requests made meanwhile follow the new socket."""
         first = self._config is None
         self._config = config
         if first:
             await self._open(config, None)
             self._ready.set()
+        elif self._response is not None:
+            self._swap_due = True
         else:
             await self._swap(config)
+
+    async def _swap_when_idle(self) -> None:
+        if not (self._going_away or self._swap_due) or self._response is not None or self._config is None:
+            return
+        if self._handle is None or self._handle_fresh:
+            self._swap_due = False
+            await self._swap(self._config)
+            deferred, self._deferred = self._deferred, []
+            for method, args in deferred:
+                await getattr(self, method)(*args)
+        # else: Gemini sends a handle that includes the turn just after it ends; wait for it
+
+    def _defer(self, method: str, *args: Any) -> bool:
+        if self._swap_due:
+            self._deferred.append((method, args))
+        return self._swap_due
 
     def _live(self) -> Any:
         if self._session is None:
@@ -242,9 +267,12 @@ class GeminiLiveConnection:
         self._outputs.append((call_id, name, output))
 
     async def add_note(self, text: str) -> None:
-        await self._send_turn(text, complete=False)
+        if not self._defer("add_note", text):
+            await self._send_turn(text, complete=False)
 
     async def create_response(self, instructions: str | None = None) -> None:
+        if self._defer("create_response", instructions):
+            return
         outputs, self._outputs = self._outputs, []
         skip, self._skip_response = self._skip_response, False
         if outputs and self._calls_session is self._session:
@@ -277,6 +305,7 @@ class GeminiLiveConnection:
             self._flush_user(out)
             self._turns += 1
             self._response = f"gemini-{self._turns}"
+            self._handle_fresh = False
             self._out = Resampler()
             self._out_text = []
             out.append(ResponseCreated(self._response))
@@ -307,6 +336,7 @@ class GeminiLiveConnection:
         update = message.session_resumption_update
         if update is not None and update.resumable and update.new_handle:
             self._handle = update.new_handle
+            self._handle_fresh = self._response is None
         if message.go_away is not None:
             self._going_away = True
             out.append(Other("go_away", {"time_left": message.go_away.time_left}))
@@ -369,8 +399,7 @@ class GeminiLiveConnection:
                             break  # late messages of a replaced socket
                         for event in self.map_message(message):
                             yield event
-                        if self._going_away and self._response is None and self._config is not None:
-                            await self._swap(self._config)
+                        await self._swap_when_idle()
                     if self._swaps != swaps:
                         break
             except RealtimeDisconnected:
