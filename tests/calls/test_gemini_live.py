@@ -221,6 +221,27 @@ async def test_barge_in_sends_clear_and_the_interrupted_turn_is_marked(gphone):
     assert any(r.get("role") == "pepper" and r.get("interrupted") for r in rounds)
 
 
+async def test_speaking_over_a_finished_turn_still_playing_clears_it(gphone):
+    gphone.gemini.pace = 0  # the whole turn is generated (turnComplete) long before it has played
+    gphone.gemini.script(speak("A very long answer.", ms=4000))
+    gphone.gemini.hear("hello", "wait")
+    answer = await gphone.dial_gemini()
+    async with gphone.caller.media(answer) as call:
+        await gphone.until_listening(call)
+        call.say(tone(500))
+        session = gphone.gemini.sessions[0]
+        await call.wait(lambda: call.received_media_bytes >= 8 * (300 + 4000), within=15, what="the whole answer")
+        heard_before = call.heard_ms
+        await call.wait(lambda: call.heard_ms > heard_before + 600, what="some of it to play")
+        call.say(tone(500))
+        await call.wait(lambda: call.clears, within=10, what="a clear")
+        assert session.interruptions == 0  # Gemini had nothing to interrupt; the transcription told Pepper
+        heard_at_clear = call.heard_ms
+        await asyncio.sleep(0.3)
+        assert call.heard_ms - heard_at_clear < 300
+        await call.hang_up()
+
+
 async def test_a_dropped_gemini_socket_reconnects_apologises_and_keeps_the_transcript(gphone):
     gphone.gemini.script(speak("Hello Ada."), speak("Sorry, where were we?"))
     gphone.gemini.hear("hello pepper")
