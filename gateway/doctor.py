@@ -129,9 +129,25 @@ async def diagnose(settings: Settings, served_paths: set[str]) -> Report:
         else "DEEPGRAM_API_KEY is not set (optional: the offline cascade uses local speech models)",
     )
 
+    _voice(report, settings)
+
     for hook in WEBHOOKS:
         report.webhooks.append((hook.name, public_url_for(settings, hook), hook.where, hook.path in served_paths))
     return report
+
+
+def _voice(report: Report, settings: Settings) -> None:
+    from voice.engines import engine_available
+
+    area, engine = "phone calls: voice engine", settings.voice_engine
+    keys = {"openai-realtime": ("OPENAI_API_KEY", settings.openai_api_key),
+            "gemini-live": ("GEMINI_API_KEY", settings.gemini_api_key)}  # fmt: skip
+    if not engine_available(engine):
+        report.add(area, BAD, f"PEPPER_VOICE_ENGINE={engine} is not part of this build")
+    elif engine in keys and not _set(keys[engine][1]):
+        report.add(area, MISSING, f"{engine} needs {keys[engine][0]}; until then owner calls hear an apology")
+    else:
+        report.add(area, OK, f"{engine} by default (a line may name another: pepper line engine)")
 
 
 def _email(report: Report, settings: Settings) -> None:

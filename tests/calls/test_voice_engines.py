@@ -77,3 +77,16 @@ def test_pepper_line_engine_sets_shows_and_clears_the_override(db_url, monkeypat
     assert run_cli(monkeypatch, capsys, "line", "list")[1].endswith("openai-realtime (default)")
     with pytest.raises(SystemExit):
         main(["line", "engine", "+14155550100", "gemini"], out=print)
+
+
+def test_doctor_says_which_engine_calls_use_and_what_it_needs(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PEPPER_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("PEPPER_VOICE_ENGINE", "gemini-live")
+    code, out, _ = run_cli(monkeypatch, capsys, "doctor")
+    assert code == 0 and "gemini-live needs GEMINI_API_KEY" in out
+    monkeypatch.setenv("GEMINI_API_KEY", "g-key")
+    assert "gemini-live by default" in run_cli(monkeypatch, capsys, "doctor")[1]
+    monkeypatch.setenv("PEPPER_VOICE_ENGINE", "cascade")
+    monkeypatch.setattr(engines, "CASCADE_MODULE", "voice.adapters.not_in_this_build")
+    code, out, _ = run_cli(monkeypatch, capsys, "doctor")
+    assert code == 1 and "PEPPER_VOICE_ENGINE=cascade is not part of this build" in out
