@@ -173,6 +173,29 @@ async def test_the_keypad_pin_resumes_the_conversation_with_the_memory(gphone):
     assert (await gphone.call_row(answer.call_sid))["verified_by"] == "pin-keypad"
 
 
+async def test_a_refused_resumption_handle_starts_afresh_with_the_transcript(gphone):
+    gphone.gemini.script(speak("Hello Ada."), speak("You're verified."))
+    gphone.gemini.hear("hello pepper")
+    answer = await gphone.dial_gemini()
+    async with gphone.caller.media(answer) as call:
+        await gphone.until_listening(call)
+        call.say(tone(500))
+        first = gphone.gemini.sessions[0]
+        await gphone.gemini.wait_for(lambda: first.turns_started >= 2, within=15)
+        await asyncio.sleep(0.3)
+        gphone.gemini.forget_handles()
+        await call.keypad(PIN + "#")
+        await gphone.gemini.wait_for(lambda: len(gphone.gemini.sessions) == 3, within=15)
+        refused, fresh = gphone.gemini.sessions[1], gphone.gemini.sessions[2]
+        await gphone.gemini.wait_for(lambda: refused.closed and fresh.turns_started >= 1)
+        assert refused.close_code == 1007 and fresh.resumed_from is None
+        notes = "\n".join(fresh.notes())
+        assert "caller: hello pepper" in notes and "pepper: Hello Ada." in notes
+        assert "add_todo" in fresh.tool_names()
+        await call.hang_up()
+    assert (await gphone.call_row(answer.call_sid))["verified_by"] == "pin-keypad"
+
+
 async def test_a_pin_keyed_while_gemini_speaks_waits_for_the_turn_to_end(gphone):
     gphone.gemini.pace = 0.1  # the notice streams in real time
     gphone.gemini._responses.clear()

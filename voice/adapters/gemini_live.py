@@ -23,7 +23,8 @@ id is also its item id. The mapping to :mod:`voice.realtime`:
   what the caller heard from Twilio's marks).
 * Instructions and tools are fixed at setup. :meth:`configure` on an open session (the caller
   proved who they are) opens a new session with the new configuration and resumes the conversation
-  with the latest session resumption handle; without one, the transcript so far goes in as a note.
+  with the latest session resumption handle; without one (or if Gemini refuses it), the transcript
+  so far goes in as a note.
   Tool outputs still held then go in as a note, since the new session never issued those calls.
   While a turn is being generated, the new socket waits for its end.
 * ``goAway`` (the server ends every connection after a while): the adapter resumes on a new socket
@@ -190,7 +191,14 @@ class GeminiLiveConnection:
         async with self._swap_lock:
             handle = self._handle
             self._swaps += 1
-            await self._open(config, handle)
+            try:
+                await self._open(config, handle)
+            except RealtimeDisconnected:
+                if handle is None:
+                    raise
+                log.warning("Gemini Live refused to resume the session; starting afresh with the transcript")
+                handle = self._handle = None
+                await self._open(config, None)
             self._going_away = False
             if handle is None and self._history:
                 said = "\n".join(self._history)[-HISTORY_CHARS:]

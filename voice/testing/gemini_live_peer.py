@@ -362,6 +362,10 @@ class GeminiLivePeer:
         """Warn one socket that the server will close it soon."""
         await self._conns[index].emit({"goAway": {"timeLeft": time_left}})
 
+    def forget_handles(self) -> None:
+        """Resumption handles issued so far stop working (as they do after their lifetime)."""
+        self._handles.clear()
+
     async def wait_for(self, predicate: Callable[[], bool], within: float = 10.0) -> None:
         deadline = time.monotonic() + within
         while not predicate():
