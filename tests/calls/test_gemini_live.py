@@ -82,6 +82,16 @@ def _loud(pcm: bytes, width: int = 2) -> bytes:
     return b"".join(p for p in parts if len(p) == window and audioop.rms(p, width) > 1000)
 
 
+async def _hello_exchange(gphone: GeminiPhone, call) -> None:
+    """The notice, then the caller says "hello pepper" and Gemini answers its first scripted turn."""
+    gphone.gemini.hear("hello pepper")
+    await gphone.until_listening(call)
+    call.say(tone(500))
+    first = gphone.gemini.sessions[0]
+    await gphone.gemini.wait_for(lambda: first.turns_started >= 2, within=15)
+    await asyncio.sleep(0.3)
+
+
 async def test_audio_reaches_gemini_as_pcm16_16k_and_comes_back_as_mulaw_8k(gphone):
     gphone.gemini.script(speak("You have two todos.", audio=tone(800, hz=500)))
     gphone.gemini.hear("what is on my list")
@@ -175,14 +185,9 @@ async def test_the_keypad_pin_resumes_the_conversation_with_the_memory(gphone):
 
 async def test_a_refused_resumption_handle_starts_afresh_with_the_transcript(gphone):
     gphone.gemini.script(speak("Hello Ada."), speak("You're verified."))
-    gphone.gemini.hear("hello pepper")
     answer = await gphone.dial_gemini()
     async with gphone.caller.media(answer) as call:
-        await gphone.until_listening(call)
-        call.say(tone(500))
-        first = gphone.gemini.sessions[0]
-        await gphone.gemini.wait_for(lambda: first.turns_started >= 2, within=15)
-        await asyncio.sleep(0.3)
+        await _hello_exchange(gphone, call)
         gphone.gemini.forget_handles()
         await call.keypad(PIN + "#")
         await gphone.gemini.wait_for(lambda: len(gphone.gemini.sessions) == 3, within=15)
@@ -267,14 +272,9 @@ async def test_speaking_over_a_finished_turn_still_playing_clears_it(gphone):
 
 async def test_a_dropped_gemini_socket_reconnects_apologises_and_keeps_the_transcript(gphone):
     gphone.gemini.script(speak("Hello Ada."), speak("Sorry, where were we?"))
-    gphone.gemini.hear("hello pepper")
     answer = await gphone.dial_gemini()
     async with gphone.caller.media(answer) as call:
-        await gphone.until_listening(call)
-        call.say(tone(500))
-        first = gphone.gemini.sessions[0]
-        await gphone.gemini.wait_for(lambda: first.turns_started >= 2, within=15)
-        await asyncio.sleep(0.3)
+        await _hello_exchange(gphone, call)
         await gphone.gemini.drop(0)
         await gphone.gemini.wait_for(lambda: len(gphone.gemini.sessions) == 2)
         second = gphone.gemini.sessions[1]
