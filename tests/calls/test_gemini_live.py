@@ -320,6 +320,20 @@ async def test_one_server_runs_each_line_on_its_own_engine(gphone):
     assert models == {"gemini-live-2.5-flash-preview", "gpt-realtime"}
 
 
+async def test_a_line_on_an_engine_this_build_lacks_apologises(gphone, monkeypatch):
+    from voice import engines
+
+    monkeypatch.setattr(engines, "CASCADE_MODULE", "voice.adapters.not_in_this_build")
+    await gphone.db.execute("UPDATE phone_lines SET voice_engine = 'cascade' WHERE number = $1", GEMINI_LINE)
+    answer = await gphone.dial_gemini()
+    async with gphone.caller.media(answer) as call:
+        await call.wait(lambda: call.closed.is_set(), within=10, what="Pepper to end the call")
+    row = await gphone.call_row(answer.call_sid)
+    assert row["end_reason"] == "model-failed" and not gphone.gemini.sessions
+    _, twiml = await gphone.caller.post("/twilio/voice/after-stream", {"CallSid": answer.call_sid})
+    assert "<Say>Sorry, I lost the connection" in twiml
+
+
 # --- The peer refuses what the real service refuses ------------------------------------------------
 
 
