@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 from pydantic import ValidationError
 
@@ -36,6 +40,23 @@ def test_engines_are_built_on_first_use_once_and_only_with_a_key():
     assert gemini.name == "gemini-live" and gemini.model == "gemini-x" and gemini.voice == "Puck"
     with pytest.raises(EngineUnavailable, match="unknown voice engine 'gemini'"):
         keyed.get("gemini")
+
+
+def test_sdks_load_only_when_an_engine_is_first_needed():
+    probe = (
+        "import sys\n"
+        "from core.settings import Settings\n"
+        "from voice.engines import RealtimeEngines\n"
+        "import voice.service, voice.call, gateway.cli\n"
+        "engines = RealtimeEngines(Settings(gemini_api_key='k', openai_api_key=None))\n"
+        "before = 'google.genai' in sys.modules\n"
+        "engines.get('openai-realtime')\n"
+        "engines.get('gemini-live')\n"
+        "print(before, 'google.genai' in sys.modules, 'openai' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                          env={"PATH": os.environ.get("PATH", "")})  # fmt: skip
+    assert done.stdout.split() == ["False", "True", "False"]
 
 
 def test_an_engine_missing_from_the_build_fails_clearly(monkeypatch):
