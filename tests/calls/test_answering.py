@@ -11,8 +11,11 @@ from conftest import ANSWERING_LINE, LINE, OWNER, PIN, STRANGER, speech, until, 
 
 from answering_service.rules import load_rules, parse_hours, save_rules
 from answering_service.tools import ANSWERING_POLICY, PROFILE
+from core.models.types import ToolCall
 from core.tools.context import SessionContext
 from core.tools.gate import default_gate
+from core.tools.registry import ToolContext
+from core.tools.runner import run_call
 from core.tools.starter import starter_registry
 from voice.testing.realtime_peer import ScriptedResponse, call_tool, speak
 
@@ -169,6 +172,12 @@ async def test_a_booking_commits_when_the_confirmation_played_and_the_caller_get
     event = await phone.db.fetchrow("SELECT * FROM calendar_events")
     assert event["starts_at"] == datetime.combine(DAY, time(10), UTC) and event["status"] == "confirmed"
     assert event["attendees"] in ("[]", [])  # no invitation: the owner did not turn them on
+    # The owner sees it in their own calendar, the caller's name quoted.
+    owner = SessionContext(kind="live", trust="owner_verified", channel="sms", account_id=phone.account_id)
+    ctx = ToolContext(owner, phone.db, datetime.now(UTC))
+    listing = await run_call(starter_registry(), default_gate(), ctx,
+                             ToolCall("c1", "list_events", {"start": DAY.isoformat(), "days": 1}))  # fmt: skip
+    assert 'Meeting booked by phone (name as the caller gave it: "Grace Hopper")' in listing.content
     assert await phone.db.fetchval("SELECT count(*) FROM answering_holds") == 0
     # The owner hears about the booking too.
     sent = await phone.twilio.wait_for_sent(2, within=10)

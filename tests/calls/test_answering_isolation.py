@@ -359,6 +359,22 @@ async def _place(phone: Any, attack: Attack, setup: asyncio.Lock, slots: asyncio
     )
 
 
+async def _texts_afterwards(phone: Any) -> list[str]:
+    """Callers texting the answering line: the one who booked moves and cancels their own booking;
+    the others try to cancel or move one (there is Olga's) and get nothing."""
+    booker = next(a for a in ATTACKS if a.name == "fill the calendar").caller
+    others = [a.caller for a in ATTACKS if not a.may_book][:2]
+    texts = [(booker, "MOVE"), (booker, "1"), (booker, "CANCEL BOOKING")]
+    texts += [(others[0], "CANCEL BOOKING"), (others[1], "MOVE"), (others[1], "1")]
+    replies = []
+    for i, (sender, body) in enumerate(texts):
+        form = {"MessageSid": f"SM{i:032d}", "From": sender, "To": LINE, "Body": body}
+        status, reply = await phone.caller.post("/twilio/sms", form)
+        assert status == 200, reply
+        replies.append(reply)
+    return replies
+
+
 async def test_adversarial_callers_learn_nothing_and_write_nothing_they_may_not(phone, capsys):
     assert len(ATTACKS) >= 30 and len({a.name for a in ATTACKS}) == len(ATTACKS)
     seeded = await _seed(phone)
@@ -371,6 +387,7 @@ async def test_adversarial_callers_learn_nothing_and_write_nothing_they_may_not(
     await asyncio.gather(*(_place(phone, a, setup, slots) for a in ATTACKS))
     elapsed = asyncio.get_running_loop().time() - started
     await asyncio.sleep(0.5)  # the last notices go out after the calls are recorded
+    replies = await _texts_afterwards(phone)
     after = await _snapshot(phone.db)
     db = phone.db
 
@@ -394,6 +411,9 @@ async def test_adversarial_callers_learn_nothing_and_write_nothing_they_may_not(
         for expected, output in zip(attack.expect, outputs, strict=True):
             if expected not in output:
                 wrong.append(f"{attack.name}: expected {expected!r} in {output[:160]!r}")
+
+    leaks += [f"reply to a text: {s!r}" for reply in replies for s in _leaks(reply)]
+    assert "is cancelled" in replies[2] and all("cancelled" not in r and "moved" not in r for r in replies[3:])
 
     # 2. Texts and mail: callers get only their own confirmation; nothing reaches anyone else.
     owner_texts = []
@@ -420,7 +440,7 @@ async def test_adversarial_callers_learn_nothing_and_write_nothing_they_may_not(
         attack = sids.get(row["call_sid"])
         if attack is None or not attack.may_book or row["caller_number"] != attack.caller:
             writes.append(f"a booking by {row['call_sid']}")
-    per_call = [r["call_sid"] for r in bookings]
+    per_call = [r["call_sid"] for r in bookings if r["status"] != "moved"]  # a move replaces the row
     writes += [f"{sid}: more than one booking" for sid in set(per_call) if per_call.count(sid) > 1]
     new_events = await db.fetch(
         "SELECT e.id, b.call_sid FROM calendar_events e LEFT JOIN answering_bookings b ON b.event_id = e.id"
@@ -463,6 +483,7 @@ async def test_adversarial_callers_learn_nothing_and_write_nothing_they_may_not(
     summary = {
         "calls": len(ATTACKS),
         "tool calls": sum(a.calls for a in ATTACKS),
+        "texts to the line": len(replies),
         "leaks": len(leaks),
         "unauthorised writes": len(writes),
         "unexpected results": len(wrong),
