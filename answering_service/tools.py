@@ -257,18 +257,18 @@ def make_tools(
                                      connectors=connectors) if connectors is not None else []  # fmt: skip
         except CalendarUnavailable:
             return ToolOutcome.failed("the calendar cannot be read right now, so nothing can be booked; take a message")
-        key = booking_key(call.call_sid, start, kind.name)
-        problem = await _hold(ctx.db, call, key, start, end, remote)
-        if problem == ONE_PER_CALL:
-            return ToolOutcome.failed(f"not booked: {problem}; the caller can move it by text afterwards")
-        if problem is not None:
-            return ToolOutcome.failed(f"{spoken(start, zone)} was just taken; offer another time")
         email = None
         if rules.send_invitations and (args.get("email") or "").strip():
             try:
                 email = identity.normalize_email(args["email"])
             except InvalidInput:
                 return ToolOutcome.failed("that email address is not valid; ask for it again or book without it")
+        key = booking_key(call.call_sid, start, kind.name)
+        problem = await _hold(ctx.db, call, key, start, end, remote)
+        if problem == ONE_PER_CALL:
+            return ToolOutcome.failed(f"not booked: {problem}; the caller can move it by text afterwards")
+        if problem is not None:
+            return ToolOutcome.failed(f"{spoken(start, zone)} was just taken; offer another time")
         payload = {
             "booking_key": key, "call_sid": call.call_sid, "type": kind.name, "start": start.isoformat(),
             "end": end.isoformat(), "caller_name": args["caller_name"].strip(), "caller_number": number,

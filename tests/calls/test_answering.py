@@ -440,7 +440,9 @@ async def test_with_invitations_on_a_caller_who_gave_an_address_gets_an_icalenda
                            " 'ada.private@example.org', now())", phone.account_id)  # fmt: skip
     await _booking_on(phone, send_invitations=True)
     phone.model.script(
-        _book(email=" Grace@Example.ORG "), speak("You're booked; the invitation is on its way.", ms=600)
+        _book(email="grace at example"),
+        _book(email=" Grace@Example.ORG "),
+        speak("You're booked; the invitation is on its way.", ms=600),
     )
     answer = await _forwarded(phone)
     async with phone.caller.media(answer) as call:
@@ -450,6 +452,7 @@ async def test_with_invitations_on_a_caller_who_gave_an_address_gets_an_icalenda
         assert "email" in tool["parameters"]["properties"]
         await phone.model.respond(0)
         await phone.twilio.wait_for_sent(1, within=15)  # the booking committed
+        assert "that email address is not valid" in session.tool_outputs[0]["output"]
         await call.hang_up()
     await _ended(phone, answer.call_sid)
     [mail] = await phone.smtp.wait_for(1, within=10)
