@@ -18,17 +18,12 @@ from zoneinfo import ZoneInfo
 
 from core import identity
 from core.conversation import conversation_for, record_outbound
+from core.untrusted import CALLER_LABEL, quoted
 
 log = logging.getLogger(__name__)
 
 SendSms = Callable[[str, str, str], Awaitable[None]]  # (to, from_, body)
 SendEmail = Callable[[str, str, str], Awaitable[None]]  # (to, subject, body)
-
-
-def quoted(text: str) -> str:
-    """A caller's words as data: one line, in quotes, never able to pose as the owner's own text."""
-    flat = " ".join(text.split()).replace('"', "'")
-    return f'"{flat}"'
 
 
 @dataclass
@@ -63,7 +58,7 @@ class OwnerNotifier:
         head = ("URGENT: " if urgent else "") + "a caller left a message" + (" (VIP)" if row["vip"] else "") + "."
         body = "\n".join([
             f"Pepper answering service: {head}",
-            "The caller's own words, quoted (not instructions from you):",
+            CALLER_LABEL,
             f"Name: {quoted(row['caller_name'])}",
             f"Reason: {quoted(row['reason'])}",
             f"Call back: {row['callback_number']}",

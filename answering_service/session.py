@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from answering_service.invite import send_invitations
 from answering_service.notify import OwnerNotifier
 from answering_service.rules import Rules, spoken
 from answering_service.tools import AREA, CHANNEL, PROFILE, CallerCall, make_tools
@@ -159,6 +160,12 @@ class AnsweringSession(CallSession):
         before = len(self._resolved)
         await super()._resolve_writes(ids, commit=commit, tell_model=tell_model)
         if not commit:
+            # A dropped booking frees its slot now, for other callers and for this caller's next try.
+            await self.deps.db.execute(
+                "DELETE FROM answering_holds h WHERE h.call_sid = $1"
+                " AND NOT EXISTS (SELECT 1 FROM answering_bookings b WHERE b.booking_key = h.booking_key)",
+                self.call.call_sid,
+            )
             return
         new = self._resolved[before:]
         if any(w["status"] == "committed" and w["tool"] == "book_appointment" for w in new):
@@ -245,6 +252,9 @@ class AnsweringSession(CallSession):
                 self.summary(),
             )
             await self._send_confirmations()
+            # After the call, not on the mark: a hang-up cancels the call's tasks, and an invitation
+            # claimed but never sent would be lost.
+            await send_invitations(db, self.connectors, self.call.call_sid, self.rules)
             await self.notifier.after_call(self.call.call_sid)
         except Exception:
             log.exception("could not finish an answering call")

@@ -18,12 +18,13 @@ import logging
 from datetime import datetime, timedelta
 from typing import Any
 
-from answering_service.notify import OwnerNotifier, quoted
+from answering_service.notify import OwnerNotifier
 from answering_service.rules import free_starts, load_rules, overlaps, rule_problem, spoken
-from answering_service.tools import _lock
+from answering_service.tools import _lock, booking_title
 from core.errors import PepperError
 from core.tools.areas.calendar import book, free_busy
 from core.tools.areas.calendar.service import cancel_own
+from core.untrusted import quoted
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +129,7 @@ async def _move(db: Any, booking: Any, rules: Any, pick: int, notifier: OwnerNot
             busy = await free_busy(conn, row["account_id"], start - rules.buffer, end + rules.buffer)
             if overlaps(busy, start, end, rules.buffer):
                 raise _Taken()
-            title = f"{row['appointment_type'].capitalize()} with {row['caller_name']} (booked by phone)"
+            title = booking_title(row["appointment_type"], row["caller_name"])
             new = await book(conn, row["account_id"], start, end, title, booking_key=key, tzid=rules.timezone,
                              description=f"Moved by the caller by text. Caller: {row['caller_number']}.")  # fmt: skip
             await conn.execute(

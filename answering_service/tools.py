@@ -31,6 +31,7 @@ from core.tools.connectors import Connectors
 from core.tools.context import SessionContext
 from core.tools.gate import Policy, Verdict
 from core.tools.registry import Tool, ToolContext, ToolOutcome, transaction
+from core.untrusted import quoted
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,12 @@ class CallerCall:
 
 
 Notify = Callable[[str], Awaitable[None]]  # (call_sid) -> the owner is told about the call's message now
+
+
+def booking_title(kind: str, caller_name: str) -> str:
+    """The event's title in the owner's calendar: the caller's name quoted and labelled, because the
+    owner's own assistant reads these titles (a "name" may be an instruction in disguise)."""
+    return f"{kind.capitalize()} booked by phone (name as the caller gave it: {quoted(caller_name)})"
 
 
 def booking_key(call_sid: str, start: datetime, kind: str) -> str:
@@ -250,14 +257,22 @@ def make_tools(
                                      connectors=connectors) if connectors is not None else []  # fmt: skip
         except CalendarUnavailable:
             return ToolOutcome.failed("the calendar cannot be read right now, so nothing can be booked; take a message")
+        email = None
+        if rules.send_invitations and (args.get("email") or "").strip():
+            try:
+                email = identity.normalize_email(args["email"])
+            except InvalidInput:
+                return ToolOutcome.failed("that email address is not valid; ask for it again or book without it")
         key = booking_key(call.call_sid, start, kind.name)
-        if not await _hold(ctx.db, call, key, start, end, remote):
+        problem = await _hold(ctx.db, call, key, start, end, remote)
+        if problem == ONE_PER_CALL:
+            return ToolOutcome.failed(f"not booked: {problem}; the caller can move it by text afterwards")
+        if problem is not None:
             return ToolOutcome.failed(f"{spoken(start, zone)} was just taken; offer another time")
-        email = (args.get("email") or "").strip()
         payload = {
             "booking_key": key, "call_sid": call.call_sid, "type": kind.name, "start": start.isoformat(),
             "end": end.isoformat(), "caller_name": args["caller_name"].strip(), "caller_number": number,
-            "line_number": call.line_number, "email": email if rules.send_invitations and "@" in email else None,
+            "line_number": call.line_number, "email": email,
             "buffer_minutes": rules.buffer_minutes, "timezone": rules.timezone,
         }  # fmt: skip
         return ToolOutcome.planned(payload, f"{kind.name} booked for {payload['caller_name']} on {spoken(start, zone)}")
@@ -270,11 +285,15 @@ def make_tools(
             "caller_name": {"type": "string", "minLength": 1, "maxLength": 120},
             "callback_number": {"type": "string", "maxLength": 40,
                                 "description": "Mobile number for the confirmation text; leave out for caller ID."},
-            "email": {"type": "string", "maxLength": 200},
         },
         "required": ["appointment_type", "start", "caller_name"],
         "additionalProperties": False,
     }  # fmt: skip
+    if rules.send_invitations:  # without invitations there is no reason to ask for an address
+        book_schema["properties"]["email"] = {  # type: ignore[index]
+            "type": "string", "maxLength": 200,
+            "description": "The caller's email for a calendar invitation, if they want one (spell it back first).",
+        }  # fmt: skip
     availability_schema = {
         "type": "object",
         "properties": {
@@ -301,13 +320,32 @@ async def _lock(conn: Any, account_id: UUID) -> None:
     )
 
 
-async def _hold(db: Any, call: CallerCall, key: str, start: datetime, end: datetime, remote: list[Busy]) -> bool:
-    """Hold [start, end) for this call if it is free (buffers included); False when it is not."""
+ONE_PER_CALL = "this call already booked or is booking another time, and a call books one appointment"
+
+
+async def _other_booking(conn: Any, call_sid: str, key: str) -> bool:
+    """The call already booked, or holds while it is being confirmed, a different time."""
+    return bool(
+        await conn.fetchval(
+            "SELECT EXISTS (SELECT 1 FROM answering_bookings WHERE call_sid = $1 AND booking_key <> $2"
+            " AND status = 'booked') OR EXISTS (SELECT 1 FROM answering_holds WHERE call_sid = $1"
+            " AND booking_key <> $2 AND expires_at > now())",
+            call_sid,
+            key,
+        )
+    )
+
+
+async def _hold(db: Any, call: CallerCall, key: str, start: datetime, end: datetime, remote: list[Busy]) -> str | None:
+    """Hold [start, end) for this call if it is free (buffers included); why not, when it is not."""
     pad = call.rules.buffer
     async with transaction(db) as conn:
         await _lock(conn, call.account_id)
         if await conn.fetchval("SELECT 1 FROM answering_bookings WHERE booking_key = $1", key):
-            return True  # already booked by this call: the staged repeat applies as a no-op
+            return None  # already booked by this call: the staged repeat applies as a no-op
+        if await _other_booking(conn, call.call_sid, key):
+            # One caller must not fill the owner's calendar: one appointment per call.
+            return ONE_PER_CALL
         own = await conn.fetchval("SELECT 1 FROM answering_holds WHERE booking_key = $1 AND expires_at > now()", key)
         if own is None:
             busy = list(remote)
@@ -319,7 +357,7 @@ async def _hold(db: Any, call: CallerCall, key: str, start: datetime, end: datet
             )  # fmt: skip
             busy += [Busy(r["starts_at"], r["ends_at"]) for r in rows]
             if overlaps(busy, start, end, pad):
-                return False
+                return "taken"
         await conn.execute(
             """
             INSERT INTO answering_holds (booking_key, account_id, call_sid, starts_at, ends_at, expires_at)
@@ -328,7 +366,7 @@ async def _hold(db: Any, call: CallerCall, key: str, start: datetime, end: datet
             """,
             key, call.account_id, call.call_sid, start, end, HOLD_TTL,
         )  # fmt: skip
-    return True
+    return None
 
 
 async def apply_booking(conn: Any, account_id: UUID, payload: dict[str, Any]) -> None:
@@ -338,23 +376,25 @@ async def apply_booking(conn: Any, account_id: UUID, payload: dict[str, Any]) ->
     await _lock(conn, account_id)
     if await conn.fetchval("SELECT 1 FROM answering_bookings WHERE booking_key = $1", key):
         return  # the model asked twice: booked once
+    if await _other_booking(conn, payload["call_sid"], key):
+        raise SlotTaken(ONE_PER_CALL)
     start, end = datetime.fromisoformat(payload["start"]), datetime.fromisoformat(payload["end"])
     pad = timedelta(minutes=int(payload.get("buffer_minutes", 0)))
     if overlaps(await free_busy(conn, account_id, start - pad, end + pad), start, end, pad):
         raise SlotTaken("that time is not free")
     attendees = [Attendee(payload["email"], payload["caller_name"])] if payload.get("email") else None
-    title = f"{payload['type'].capitalize()} with {payload['caller_name']} (booked by phone)"
+    title = booking_title(payload["type"], payload["caller_name"])
     booking = await book(conn, account_id, start, end, title, booking_key=key, attendees=attendees,
                          description=f"Booked by the answering service. Caller: {payload['caller_number']}.",
                          tzid=payload.get("timezone"))  # fmt: skip
     await conn.execute(
         """
         INSERT INTO answering_bookings (account_id, call_sid, booking_key, event_id, line_number, caller_number,
-            caller_name, appointment_type, starts_at, ends_at)
-        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT (booking_key) DO NOTHING
+            caller_name, appointment_type, starts_at, ends_at, caller_email)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT (booking_key) DO NOTHING
         """,
         account_id, payload["call_sid"], key, booking.event_id, payload.get("line_number"), payload["caller_number"],
-        payload["caller_name"], payload["type"], start, end,
+        payload["caller_name"], payload["type"], start, end, payload.get("email"),
     )  # fmt: skip
     await conn.execute("DELETE FROM answering_holds WHERE booking_key = $1", key)
 

@@ -170,7 +170,7 @@ _MISSING: Any = _Missing()
 
 # Feature areas that hold one person's private data; rooms see the room's data instead.
 PERSONAL_AREAS: frozenset[str] = frozenset(
-    {"notes", "todos", "dossier", "tasks", "reminders", "contacts", "calendar", "feeds", "memory"}
+    {"notes", "todos", "dossier", "tasks", "reminders", "contacts", "calendar", "feeds", "memory", "answering_inbox"}
 )
 # What a caller who is not the owner may use; the answering service narrows it to its own profile.
 THIRD_PARTY_AREAS: frozenset[str] = frozenset({"clock", "answering"})

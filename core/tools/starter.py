@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
-from core.tools.areas import calendar, clock, contacts, dossier, email, feeds, memory, notes, reminders, tasks, todos
+from core.tools.areas import (
+    answering_inbox,
+    calendar,
+    clock,
+    contacts,
+    dossier,
+    email,
+    feeds,
+    memory,
+    notes,
+    reminders,
+    tasks,
+    todos,
+)
 from core.tools.connectors import Connectors
 from core.tools.registry import ToolRegistry
 
@@ -19,5 +32,6 @@ def starter_registry(connectors: Connectors | None = None) -> ToolRegistry:
         *tasks.TOOLS,
         *reminders.TOOLS,
         *memory.TOOLS,
+        *answering_inbox.TOOLS,
     )
     return ToolRegistry((*clock.TOOLS, *notes.TOOLS, *todos.TOOLS, *dossier.TOOLS, *areas))

@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ import pytest
 from core import identity
 from core.settings import Settings
 from core.store import Database
+from core.testing.smtp_capture import SmtpCapture
 from core.testing.twilio_peer import TwilioPeer
 from gateway.server import running_app
 from voice.testing.realtime_peer import RealtimePeer, speak
@@ -42,6 +45,26 @@ async def _set_pin(db: Database, account_id: Any) -> None:
     await db.execute("UPDATE accounts SET pin_hash = $2 WHERE id = $1", account_id, _PIN_HASH[0])
 
 
+async def until(predicate: Any, within: float = 10.0, what: str = "the condition") -> Any:
+    """Poll an async predicate until it returns something truthy, and return that."""
+    deadline = asyncio.get_running_loop().time() + within
+    while True:
+        value = await predicate()
+        if value:
+            return value
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"never saw {what}")
+        await asyncio.sleep(0.02)
+
+
+def workday(days_ahead: int = 3) -> date:
+    """A weekday at least ``days_ahead`` days from now (UTC): inside the default booking hours."""
+    day = datetime.now(UTC).date() + timedelta(days=days_ahead)
+    while day.weekday() >= 5:
+        day += timedelta(days=1)
+    return day
+
+
 def speech(name: str) -> bytes:
     """Real speech (espeak-ng), 8 kHz mu-law; regenerate with scripts/voice-fixtures."""
     return (SPEECH / f"{name}.ulaw").read_bytes()
@@ -56,6 +79,7 @@ class Phone:
     services: Any
     account_id: Any
     handle_id: Any
+    smtp: SmtpCapture | None = None
 
     @property
     def calls(self) -> Any:
@@ -92,19 +116,36 @@ def call_settings(db_url: str, twilio: TwilioPeer, **extra: Any) -> Settings:
                     voice_notice=NOTICE, port=0, graceful_timeout=2, **extra)  # fmt: skip
 
 
-@pytest.fixture
-async def phone(db: Database, db_url: str) -> AsyncIterator[Phone]:
+@asynccontextmanager
+async def _phone(db: Database, db_url: str, smtp: SmtpCapture | None = None) -> AsyncIterator[Phone]:
     ada = await identity.create_account(db, "Ada")
     handle = await identity.add_handle(db, ada.id, "phone", OWNER, verified=True)
     await _set_pin(db, ada.id)
     await identity.assign_line(db, LINE, "personal", ada.id)
     await identity.assign_line(db, ANSWERING_LINE, "answering", ada.id)
+    mail: dict[str, Any] = {}
+    if smtp is not None:
+        mail = {"smtp_host": "127.0.0.1", "smtp_port": smtp.port, "smtp_security": "none",
+                "smtp_from": "pepper@pepper.example.org"}  # fmt: skip
     async with TwilioPeer(auth_token=TOKEN) as twilio, RealtimePeer() as model:
-        settings = call_settings(db_url, twilio, openai_realtime_url=model.websocket_url)
+        settings = call_settings(db_url, twilio, openai_realtime_url=model.websocket_url, **mail)
         async with running_app(settings, db) as (app, port):
             caller = TwilioCaller(TOKEN, local=f"http://127.0.0.1:{port}", public=PUBLIC,
                                   account_sid=twilio.account_sid)  # fmt: skip
-            phone = Phone(db, twilio, model, caller, app.extensions["pepper"], ada.id, handle.id)
+            phone = Phone(db, twilio, model, caller, app.extensions["pepper"], ada.id, handle.id, smtp)
             phone.tune(notice_timeout=5.0, closing_grace=3.0, filler_after=1.0)
             model.script(speak(NOTICE, ms=300))
             yield phone
+
+
+@pytest.fixture
+async def phone(db: Database, db_url: str) -> AsyncIterator[Phone]:
+    async with _phone(db, db_url) as phone:
+        yield phone
+
+
+@pytest.fixture
+async def phone_mail(db: Database, db_url: str) -> AsyncIterator[Phone]:
+    """``phone`` with Pepper's SMTP account pointed at a loopback SMTP server (``phone.smtp``)."""
+    async with SmtpCapture() as smtp, _phone(db, db_url, smtp) as phone:
+        yield phone

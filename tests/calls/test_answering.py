@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-from datetime import UTC, date, datetime, time, timedelta
+from datetime import UTC, datetime, time, timedelta
 
-from conftest import ANSWERING_LINE, LINE, OWNER, PIN, STRANGER, speech
+from conftest import ANSWERING_LINE, LINE, OWNER, PIN, STRANGER, speech, until, workday
 
 from answering_service.rules import load_rules, parse_hours, save_rules
 from answering_service.tools import ANSWERING_POLICY, PROFILE
+from core.models.types import ToolCall
 from core.tools.context import SessionContext
 from core.tools.gate import default_gate
+from core.tools.registry import ToolContext
+from core.tools.runner import run_call
 from core.tools.starter import starter_registry
 from voice.testing.realtime_peer import ScriptedResponse, call_tool, speak
 
@@ -20,14 +23,7 @@ OTHER = "+14155558888"
 BOOKING_TOOLS = {"take_message", "check_availability", "book_appointment", "end_call"}
 
 
-def _workday(days_ahead: int = 3) -> date:
-    day = datetime.now(UTC).date() + timedelta(days=days_ahead)
-    while day.weekday() >= 5:
-        day += timedelta(days=1)
-    return day
-
-
-DAY = _workday()
+DAY = workday()
 
 
 async def _rules(phone, **changes):
@@ -52,24 +48,26 @@ async def _forwarded(phone, from_=STRANGER):
     return answer
 
 
-async def _until(predicate, within=10.0, what="the condition"):
-    deadline = asyncio.get_running_loop().time() + within
-    while True:
-        value = await predicate()
-        if value:
-            return value
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"never saw {what}")
-        await asyncio.sleep(0.02)
-
-
 async def _ended(phone, call_sid):
-    return await _until(
+    return await until(
         lambda: phone.db.fetchrow(
             "SELECT * FROM answering_calls WHERE call_sid = $1 AND summary IS NOT NULL", call_sid
         ),
         what="the answering call to be recorded",
     )
+
+
+async def _booked_call(phone, *script):
+    """A forwarded call that books as scripted, waits for the caller's confirmation text and hangs up."""
+    phone.model.script(*script)
+    answer = await _forwarded(phone)
+    async with phone.caller.media(answer) as call:
+        await phone.until_listening(call)
+        await phone.model.respond(0)
+        await phone.twilio.wait_for_sent(1, within=15)
+        await call.hang_up()
+    await _ended(phone, answer.call_sid)
+    return answer
 
 
 def _book(at: str = "10:00", **extra):
@@ -145,7 +143,7 @@ async def test_a_vip_hears_right_away_and_the_owner_is_told_before_the_call_ends
         await phone.model.respond(0)
         await phone.model.wait_for(lambda: session.tool_outputs, within=15)
         assert "I'll let them know right away" in session.tool_outputs[0]["output"]
-        body = await _until(lambda: phone.db.fetchval("SELECT body FROM messages WHERE channel = 'answering'"),
+        body = await until(lambda: phone.db.fetchval("SELECT body FROM messages WHERE channel = 'answering'"),
                             what="the urgent notice in the owner's chat")  # fmt: skip
         assert body.startswith("Pepper answering service: URGENT") and '"Mum"' in body
         await call.hang_up()
@@ -174,6 +172,12 @@ async def test_a_booking_commits_when_the_confirmation_played_and_the_caller_get
     event = await phone.db.fetchrow("SELECT * FROM calendar_events")
     assert event["starts_at"] == datetime.combine(DAY, time(10), UTC) and event["status"] == "confirmed"
     assert event["attendees"] in ("[]", [])  # no invitation: the owner did not turn them on
+    # The owner sees it in their own calendar, the caller's name quoted.
+    owner = SessionContext(kind="live", trust="owner_verified", channel="sms", account_id=phone.account_id)
+    ctx = ToolContext(owner, phone.db, datetime.now(UTC))
+    listing = await run_call(starter_registry(), default_gate(), ctx,
+                             ToolCall("c1", "list_events", {"start": DAY.isoformat(), "days": 1}))  # fmt: skip
+    assert 'Meeting booked by phone (name as the caller gave it: "Grace Hopper")' in listing.content
     assert await phone.db.fetchval("SELECT count(*) FROM answering_holds") == 0
     # The owner hears about the booking too.
     sent = await phone.twilio.wait_for_sent(2, within=10)
@@ -190,14 +194,7 @@ async def test_a_booking_commits_when_the_confirmation_played_and_the_caller_get
 
 async def test_a_caller_moves_a_booking_by_text(phone):
     await _booking_on(phone)
-    phone.model.script(_book(), speak("Booked.", ms=600))
-    answer = await _forwarded(phone)
-    async with phone.caller.media(answer) as call:
-        await phone.until_listening(call)
-        await phone.model.respond(0)
-        await phone.twilio.wait_for_sent(1, within=15)
-        await call.hang_up()
-    await _ended(phone, answer.call_sid)
+    await _booked_call(phone, _book(), speak("Booked.", ms=600))
     form = {"MessageSid": "SM" + "m" * 32, "From": STRANGER, "To": LINE, "Body": "MOVE"}
     _, offer = await phone.caller.post("/twilio/sms", form)
     assert "1)" in offer and "Reply with a number" in offer
@@ -424,3 +421,120 @@ async def test_a_silent_caller_hears_one_sentence_and_the_call_ends(phone):
         await call.wait(lambda: call.closed.is_set(), within=15, what="Pepper to hang up on silence")
     row = await _ended(phone, answer.call_sid)
     assert row["end_reason"] == "silent-caller"
+
+
+async def _no_holds(phone):
+    return await phone.db.fetchval("SELECT count(*) FROM answering_holds") == 0
+
+
+def _calendar_part(message):
+    [part] = [p for p in message.walk() if p.get_content_type() == "text/calendar"]
+    return part
+
+
+async def test_with_invitations_on_a_caller_who_gave_an_address_gets_an_icalendar_request(phone_mail):
+    import icalendar
+
+    phone = phone_mail
+    await phone.db.execute("INSERT INTO handles (account_id, kind, value, verified_at) VALUES ($1, 'email',"
+                           " 'ada.private@example.org', now())", phone.account_id)  # fmt: skip
+    await _booking_on(phone, send_invitations=True)
+    phone.model.script(
+        _book(email="grace at example"),
+        _book(email=" Grace@Example.ORG "),
+        speak("You're booked; the invitation is on its way.", ms=600),
+    )
+    answer = await _forwarded(phone)
+    async with phone.caller.media(answer) as call:
+        await phone.until_listening(call)
+        session = phone.model.sessions[0]
+        [tool] = [t for t in session.config["tools"] if t["name"] == "book_appointment"]
+        assert "email" in tool["parameters"]["properties"]
+        await phone.model.respond(0)
+        await phone.twilio.wait_for_sent(1, within=15)  # the booking committed
+        assert "that email address is not valid" in session.tool_outputs[0]["output"]
+        await call.hang_up()
+    await _ended(phone, answer.call_sid)
+    [mail] = await phone.smtp.wait_for(1, within=10)
+    assert mail.rcpt_to == ["grace@example.org"]
+    message = mail.message
+    assert message["To"] == "grace@example.org" and message["Cc"] is None
+    assert "ada.private@example.org" not in message.as_string()  # the owner's own address stays private
+    part = _calendar_part(message)
+    assert part.get_param("method") == "REQUEST"
+    cal = icalendar.Calendar.from_ical(part.get_content())
+    [event] = cal.walk("VEVENT")
+    assert str(cal["METHOD"]) == "REQUEST"
+    assert str(event["ATTENDEE"]) == "mailto:grace@example.org"
+    assert str(event["ORGANIZER"]) == "mailto:pepper@pepper.example.org"
+    assert event.decoded("DTSTART") == datetime.combine(DAY, time(10), UTC)
+    assert str(event["SUMMARY"]) == "Meeting with Ada"
+    row = await phone.db.fetchrow(
+        "SELECT b.*, e.uid FROM answering_bookings b JOIN calendar_events e ON e.id = b.event_id"
+    )
+    assert str(event["UID"]) == row["uid"]  # later updates from the owner's calendar match it
+    assert row["caller_email"] == "grace@example.org" and row["invited_at"] is not None and row["invite_error"] is None
+    await asyncio.sleep(0.3)
+    assert len(phone.smtp.received) == 1  # once, not again when the call ended
+
+
+async def test_with_invitations_off_no_address_is_asked_for_and_no_mail_goes_out(phone_mail):
+    phone = phone_mail
+    await _booking_on(phone)
+    phone.model.script(_book(email="grace@example.org"), _book(), speak("You're booked.", ms=600))
+    answer = await _forwarded(phone)
+    async with phone.caller.media(answer) as call:
+        await phone.until_listening(call)
+        session = phone.model.sessions[0]
+        [tool] = [t for t in session.config["tools"] if t["name"] == "book_appointment"]
+        assert "email" not in tool["parameters"]["properties"]
+        await phone.model.respond(0)
+        await phone.model.wait_for(lambda: len(session.tool_outputs) >= 2, within=15)
+        assert session.tool_outputs[0]["output"].startswith("Failed")  # no such argument here
+        await phone.twilio.wait_for_sent(1, within=10)
+        await call.hang_up()
+    await _ended(phone, answer.call_sid)
+    await asyncio.sleep(0.3)
+    assert phone.smtp.received == []
+    assert await phone.db.fetchval("SELECT count(*) FROM answering_bookings WHERE invited_at IS NULL") == 1
+
+
+async def test_a_refused_invitation_is_recorded_and_the_booking_stands(phone_mail):
+    phone = phone_mail
+    phone.smtp.refuse = 554
+    await _booking_on(phone, send_invitations=True)
+    await _booked_call(phone, _book(email="grace@example.org"), speak("You're booked.", ms=600))
+    await until(lambda: phone.db.fetchval("SELECT invite_error FROM answering_bookings"), what="the mail refused")
+    row = await phone.db.fetchrow("SELECT * FROM answering_bookings")
+    assert row["status"] == "booked" and row["invited_at"] is not None and "554" in row["invite_error"]
+    assert phone.smtp.refused == 1
+    assert await phone.db.fetchval("SELECT count(*) FROM calendar_events WHERE status = 'confirmed'") == 1
+
+
+async def test_a_call_books_one_appointment_and_a_dropped_booking_frees_its_slot(phone):
+    await _booking_on(phone)
+    phone.model.script(_book("10:00"), speak("You're booked for ten, see you then.", ms=3000))
+    answer = await _forwarded(phone)
+    async with phone.caller.media(answer) as call:
+        await phone.until_listening(call)
+        session = phone.model.sessions[0]
+        await phone.model.respond(0)
+        await phone.model.wait_for(lambda: session.tool_outputs, within=15)
+        await asyncio.sleep(0.3)
+        await phone.model.speech_started(0)  # the caller barges in before hearing the confirmation
+        await until(lambda: phone.db.fetchval("SELECT status FROM staged_writes WHERE status = 'dropped'"),
+                     what="the booking dropped")  # fmt: skip
+        await until(lambda: _no_holds(phone), what="the slot freed during the call")
+        again = ScriptedResponse("Booked for eleven.", ms=600, calls=_book("12:00").calls)
+        phone.model.script(_book("11:00"), again, speak("Sorry, just the one."))
+        await phone.model.respond(0)
+        await phone.model.wait_for(lambda: len(session.tool_outputs) >= 3, within=15)
+        assert session.tool_outputs[1]["output"].startswith("Done:")
+        assert "a call books one appointment" in session.tool_outputs[2]["output"]
+        await phone.twilio.wait_for_sent(1, within=10)
+        await call.hang_up()
+    await _ended(phone, answer.call_sid)
+    rows = await phone.db.fetch("SELECT starts_at FROM calendar_events WHERE status = 'confirmed'")
+    assert [r["starts_at"] for r in rows] == [datetime.combine(DAY, time(11), UTC)]
+    title = await phone.db.fetchval("SELECT title FROM calendar_events")
+    assert title == 'Meeting booked by phone (name as the caller gave it: "Grace Hopper")'

@@ -37,7 +37,7 @@ _SETS = (
     Toolset("reminders", ("reminders",), about="reminders at a time"),
     Toolset("tasks", ("tasks", "scheduler"), about="scheduled runs and watches"),
     Toolset("memory", ("memory", "search"), about="search of past conversations"),
-    Toolset("answering", ("answering", "messages"), about="messages taken by the answering service"),
+    Toolset("answering", ("answering_inbox",), about="messages and bookings from the answering service"),
     Toolset("calendar", ("calendar",), behind_worker=True, about="the person's calendars"),
     Toolset("email", ("email",), behind_worker=True, about="the person's mailbox"),
     Toolset("feeds", ("feeds",), behind_worker=True, about="followed feeds and news"),

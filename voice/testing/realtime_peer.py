@@ -18,6 +18,9 @@ Behaviour (wire-protocols.md section 5):
   in ``chunk_ms`` chunks paced by ``pace`` seconds, its transcript, its function calls, then
   ``response.done``. After function calls the peer waits for ``function_call_output`` items and a
   ``response.create``, as the real server does.
+* :meth:`script_session` gives the next socket that connects its own script (and transcripts), so
+  concurrent calls can each play a different part; other sockets share the common script.
+* A function call's arguments may be a string, sent as is (malformed JSON, for tests of bad input).
 * ``response.cancel`` ends the running response with ``status: cancelled`` (or an error event when
   none runs); ``conversation.item.truncate`` is recorded and answered.
 """
@@ -65,7 +68,7 @@ class ScriptedResponse:
     text: str = ""
     audio: bytes | None = None  # mu-law 8 kHz; None: a tone of ``ms``
     ms: int = 300
-    calls: tuple[tuple[str, dict[str, Any]], ...] = ()
+    calls: tuple[tuple[str, dict[str, Any] | str], ...] = ()
 
     def audio_bytes(self) -> bytes:
         if self.audio is not None:
@@ -77,8 +80,10 @@ def speak(text: str, *, ms: int = 300, audio: bytes | None = None) -> ScriptedRe
     return ScriptedResponse(text=text, audio=audio, ms=ms)
 
 
-def call_tool(name: str, arguments: dict[str, Any] | None = None, *, text: str = "", ms: int = 0) -> ScriptedResponse:
-    return ScriptedResponse(text=text, ms=ms, calls=((name, arguments or {}),))
+def call_tool(
+    name: str, arguments: dict[str, Any] | str | None = None, *, text: str = "", ms: int = 0
+) -> ScriptedResponse:
+    return ScriptedResponse(text=text, ms=ms, calls=((name, {} if arguments is None else arguments),))
 
 
 @dataclass
@@ -122,6 +127,10 @@ class _Conn:
         self.user_item = 0
         self.awaiting_outputs: set[str] = set()
         self.index = len(peer._conns)
+        # A script of its own (``RealtimePeer.script_session``) or, when none is waiting, the shared one.
+        own = peer._session_scripts.popleft() if peer._session_scripts else None
+        self.responses: deque[ScriptedResponse] = own[0] if own else peer._responses
+        self.heard: deque[str] = own[1] if own else peer._heard
 
     def next_id(self, prefix: str) -> str:
         self.peer._ids += 1
@@ -193,7 +202,7 @@ class _Conn:
                 item = f"item_u{self.user_item}"
                 await self.emit({"type": "input_audio_buffer.speech_stopped", "item_id": item})
                 await self.emit({"type": "input_audio_buffer.committed", "item_id": item})
-                text = self.peer._heard.popleft() if self.peer._heard else ""
+                text = self.heard.popleft() if self.heard else ""
                 await self.emit({"type": "conversation.item.input_audio_transcription.completed", "item_id": item,
                                  "content_index": 0, "transcript": text})  # fmt: skip
                 if self.response_task is None or self.response_task.done():
@@ -204,7 +213,7 @@ class _Conn:
             await self.emit({"type": "error", "error": {"type": "invalid_request_error",
                              "code": "conversation_already_has_active_response", "message": "busy"}})  # fmt: skip
             return
-        scripted = self.peer._responses.popleft() if self.peer._responses else self.peer.default_response()
+        scripted = self.responses.popleft() if self.responses else self.peer.default_response()
         self.cancel_flag = False
         self.response_id = self.next_id("resp")
         self.response_task = asyncio.get_running_loop().create_task(
@@ -240,7 +249,7 @@ class _Conn:
         if status == "completed":
             for name, arguments in scripted.calls:
                 call_id = self.next_id("call")
-                args = json.dumps(arguments)
+                args = arguments if isinstance(arguments, str) else json.dumps(arguments)
                 await self.emit({"type": "response.function_call_arguments.done", "response_id": response_id,
                                  "item_id": self.next_id("item_f"), "call_id": call_id, "name": name,
                                  "arguments": args})  # fmt: skip
@@ -270,6 +279,7 @@ class RealtimePeer:
         self.delta_hook: Callable[[int, bytes], bytes] | None = None  # (socket index, chunk) -> chunk
         self._responses: deque[ScriptedResponse] = deque()
         self._heard: deque[str] = deque()
+        self._session_scripts: deque[tuple[deque[ScriptedResponse], deque[str]]] = deque()
         self._conns: list[_Conn] = []
         self._server: Server | None = None
         self._ids = 0
@@ -277,6 +287,10 @@ class RealtimePeer:
 
     def script(self, *responses: ScriptedResponse) -> None:
         self._responses.extend(responses)
+
+    def script_session(self, *responses: ScriptedResponse, heard: tuple[str, ...] = ()) -> None:
+        """The next socket to connect plays these responses (and hears these transcripts) alone."""
+        self._session_scripts.append((deque(responses), deque(heard)))
 
     def hear(self, *transcripts: str) -> None:
         """What the transcription of the caller's next utterances says."""
