@@ -61,7 +61,7 @@ async def gphone(db, db_url, monkeypatch) -> AsyncIterator[GeminiPhone]:
         async with running_app(settings, db) as (app, port):
             caller = TwilioCaller(TOKEN, local=f"http://127.0.0.1:{port}", public=PUBLIC,
                                   account_sid=twilio.account_sid)  # fmt: skip
-            phone = GeminiPhone(db, twilio, gemini, caller, app.extensions["pepper"], ada.id, handle.id, openai)  # type: ignore[arg-type]
+            phone = GeminiPhone(db, twilio, gemini, caller, app.extensions["pepper"], ada.id, handle.id, openai=openai)  # type: ignore[arg-type]
             phone.tune(notice_timeout=5.0, closing_grace=3.0, filler_after=1.0)
             gemini.script(speak(NOTICE, ms=300))
             openai.script(speak(NOTICE, ms=300))
