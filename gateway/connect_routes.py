@@ -28,12 +28,13 @@ from core.tools.oauth import (
 )
 from gateway.services import Services
 from gateway.webchat import COOKIE
+from gateway.webhooks import GOOGLE_CALLBACK
 
 log = logging.getLogger(__name__)
 
 blueprint = Blueprint("connect", __name__)
 
-CALLBACK_PATH = "/connect/google/callback"
+CALLBACK_PATH = GOOGLE_CALLBACK.path
 BINDING_COOKIE = "pepper_connect"
 
 

@@ -28,8 +28,10 @@ log = logging.getLogger(__name__)
 class GoogleError(PepperError):
     code = "google-error"
 
-    def __init__(self, message: str, *, status: int | None = None, retryable: bool | None = None):
-        super().__init__(message, retryable=retryable)
+    def __init__(
+        self, message: str, *, status: int | None = None, retryable: bool | None = None, code: str | None = None
+    ):
+        super().__init__(message, retryable=retryable, code=code)
         self.status = status
 
 
@@ -143,7 +145,7 @@ class GoogleClient:
             secret = await connection_secret(self.db, self.connectors, self.connection_id)
         except SecretKeyError as exc:
             log.error("google connection secret does not open with the configured key")
-            raise GoogleError(exc.message, retryable=False) from exc
+            raise GoogleError(exc.message, retryable=False, code=exc.code) from exc
         if secret is None:
             raise GoogleError("the Google connection is gone", retryable=False)
         expires = secret.get("expires_at")

@@ -318,6 +318,7 @@ async def test_pepper_connect_caldav_checks_the_password_then_tools_list_its_eve
     assert "caldav" in (await wrong.session()).connections
     listed = await wrong("list_events", {"start": "2025-03-28T00:00", "days": 1})
     assert "unknown, not absent" in listed.content and "Standup" not in listed.content
+    assert "do not open with this server's key" in listed.content
     env["PEPPER_SECRET_KEY"] = generate_key()
     code, out = await asyncio.to_thread(cli, env, "connect", "list", "--account", "Ada")
     assert code == 0 and "does not open with the configured key" in out

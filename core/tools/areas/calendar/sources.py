@@ -82,7 +82,7 @@ async def caldav_client(db: Any, connectors: Connectors, cal: CalendarRow) -> Ca
         secret = await connection_secret(db, connectors, cal.connection_id)  # type: ignore[arg-type]
     except SecretKeyError as exc:
         log.error("caldav connection secret does not open with the configured key")
-        raise CalendarUnavailable(exc.message, retryable=False) from exc
+        raise CalendarUnavailable(exc.message, code=exc.code, retryable=False) from exc
     if config is None or secret is None:
         raise CalendarUnavailable("the calendar's connection is gone", retryable=False)
     config = json.loads(config) if isinstance(config, str) else dict(config)
@@ -243,7 +243,7 @@ async def google_events(
             if not page:
                 break
     except GoogleError as exc:
-        raise CalendarUnavailable(f"Google Calendar could not be read ({exc.message})") from exc
+        raise CalendarUnavailable(f"Google Calendar could not be read ({exc.message})", code=exc.code) from exc
     return events
 
 
