@@ -389,3 +389,34 @@ def test_the_key_file_is_made_once_with_owner_only_permissions(tmp_path: Path):
     path.write_text(generate_key())
     with pytest.raises(SecretKeyError, match=r"secret\.key"):
         Vault(key_file=path).unseal(token)
+
+
+async def test_the_server_seals_old_plaintext_secrets_at_start_and_names_a_wrong_key(
+    db: Database, db_url: str, tmp_path: Path, caplog
+):
+    ada = await identity.create_account(db, "Ada")
+    await db.execute(
+        "INSERT INTO connections (account_id, provider, label, config, secret) VALUES ($1, 'caldav', 'x', '{}', $2)",
+        ada.id,
+        '{"password": "from-before"}',
+    )
+    settings = Settings(
+        database_url=db_url, port=0, data_dir=tmp_path / "data", scheduler_enabled=False, memory_jobs_interval=0
+    )
+    async with running_app(settings, db) as (_app, port):
+        async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{port}/healthz") as health:
+            assert health.status == 200
+    row = await db.fetchrow("SELECT secret, sealed FROM connections")
+    assert row["secret"] == "{}" and b"from-before" not in row["sealed"]
+    key_file = tmp_path / "data" / "secret.key"
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    assert Vault(key_file=key_file).unseal(row["sealed"]) == {"password": "from-before"}
+    # Started again with another key: it serves, and the log names the problem once.
+    caplog.clear()
+    other = Settings(**{**settings.model_dump(), "secret_key": generate_key(), "port": 0})
+    async with running_app(other, db) as (_app, port):
+        async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{port}/healthz") as health:
+            assert health.status == 200
+    [error] = [r for r in caplog.records if "connection secrets" in r.getMessage()]
+    assert error.levelname == "ERROR" and "does not open with PEPPER_SECRET_KEY" in error.getMessage()
+    assert await db.fetchval("SELECT count(*) FROM connections") == 1  # still connected
