@@ -126,6 +126,9 @@ class Settings(BaseSettings):
     google_api_url: str = Field(
         "https://www.googleapis.com", validation_alias=_env("PEPPER_GOOGLE_API_URL", "google_api_url")
     )
+    google_revoke_url: str = Field(
+        "https://oauth2.googleapis.com/revoke", validation_alias=_env("PEPPER_GOOGLE_REVOKE_URL", "google_revoke_url")
+    )
     google_token_url: str = Field(
         "https://oauth2.googleapis.com/token", validation_alias=_env("PEPPER_GOOGLE_TOKEN_URL", "google_token_url")
     )

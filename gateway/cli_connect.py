@@ -20,15 +20,17 @@ from typing import Any
 from uuid import UUID
 
 from core import identity
-from core.errors import ConfigError, InvalidInput, NotFound
+from core.errors import ConfigError, InvalidInput, NotFound, PepperError
 from core.settings import Settings
 from core.tools.areas.calendar import add_ical_feed, connect_caldav
 from core.tools.connectors import GOOGLE_SCOPES, Connectors, rotate_secrets
+from core.tools.google_api import revoke_grant
 from core.tools.oauth import AREA_NAMES, CLI_CONSENT_TTL, GOOGLE_AREAS, begin_google_consent
 from core.vault import SecretKeyError
 from gateway.connect_routes import callback_url
 
 PASSWORD_ENV = "PEPPER_CALDAV_PASSWORD"
+GOOGLE_PERMISSIONS = "https://myaccount.google.com/permissions"
 
 # Tests replace this (to let feeds and calendars on 127.0.0.1 through).
 connectors_factory: Callable[[Settings], Connectors] = Connectors.from_settings
@@ -97,7 +99,7 @@ async def run(args: argparse.Namespace, settings: Settings, db: Any, out: Callab
         calendar_id = await add_ical_feed(db, connectors, account.id, args.url, args.name)
         out(f"following the iCalendar feed {args.name!r} for {account.name} ({calendar_id.hex[:8]})")
     else:
-        out(await _remove(db, account, args.ref))
+        out(await _remove(db, connectors, account, args.ref))
     return True
 
 
@@ -136,7 +138,18 @@ def _secret_state(connectors: Connectors, row: Any) -> str:
     return "sealed"
 
 
-async def _remove(db: Any, account: identity.Account, ref: str) -> str:
+async def _revoke(db: Any, connectors: Connectors, connection_id: UUID) -> str:
+    """Revoke a Google grant before forgetting it; a failure is reported, and removal goes on."""
+    if await db.fetchval("SELECT provider FROM connections WHERE id = $1", connection_id) != "google":
+        return ""
+    try:
+        await revoke_grant(db, connectors, connection_id)
+    except PepperError as exc:
+        return f"; Google's grant was NOT revoked ({exc.message}): remove Pepper at {GOOGLE_PERMISSIONS}"
+    return "; Google's grant is revoked"
+
+
+async def _remove(db: Any, connectors: Connectors, account: identity.Account, ref: str) -> str:
     ref = ref.strip().lower()
     if ref == "google":
         ids = await db.fetch("SELECT id FROM connections WHERE account_id = $1 AND provider = 'google'", account.id)
@@ -149,8 +162,9 @@ async def _remove(db: Any, account: identity.Account, ref: str) -> str:
             ref,
         )
     if len(ids) == 1:
+        note = await _revoke(db, connectors, ids[0]["id"])
         await db.execute("DELETE FROM connections WHERE id = $1", ids[0]["id"])
-        return f"removed the connection {_hex(ids[0]['id'])} of {account.name} (and its calendars)"
+        return f"removed the connection {_hex(ids[0]['id'])} of {account.name} (and its calendars){note}"
     feeds = await db.fetch(
         "SELECT id FROM calendars WHERE account_id = $1 AND kind = 'ical'"
         " AND replace(id::text, '-', '') LIKE $2 || '%'",

@@ -59,6 +59,7 @@ class GoogleApiPeer:
         self.auth_requests: list[dict[str, str]] = []
         self.codes: dict[str, dict[str, str | None]] = {}  # issued, not yet used
         self.ever_granted: set[str] = set()
+        self.revoked: list[str] = []
         self.fail_next: int | None = None
         self._ids = itertools.count(1)
         self._runner: web.AppRunner | None = None
@@ -81,6 +82,7 @@ class GoogleApiPeer:
             [
                 web.get("/auth", self._auth),
                 web.post("/token", self._token),
+                web.post("/revoke", self._revoke),
                 web.get("/calendar/v3/calendars/{cal}/events", self._list),
                 web.post("/calendar/v3/calendars/{cal}/events", self._insert),
                 web.get("/calendar/v3/calendars/{cal}/events/{id}", self._get),
@@ -108,7 +110,7 @@ class GoogleApiPeer:
         if request.can_read_body and request.content_type == "application/json":
             body = await request.json()
         self.requests.append((request.method, request.path, dict(request.query), body))
-        if request.path in ("/token", "/auth"):
+        if request.path in ("/token", "/auth", "/revoke"):
             return await handler(request)
         token = request.headers.get("Authorization", "").removeprefix("Bearer ")
         if token not in self.tokens:
@@ -144,6 +146,18 @@ class GoogleApiPeer:
             back["code"] = self.issue_code(redirect_uri, query.get("scope", ""), challenge)
             back["scope"] = query.get("scope", "")
         raise web.HTTPFound(f"{redirect_uri}?{urlencode(back)}")
+
+    @property
+    def revoke_url(self) -> str:
+        return f"{self.url}/revoke"
+
+    async def _revoke(self, request: web.Request) -> web.Response:
+        token = str((await request.post()).get("token", ""))
+        if token != "refresh-1" and token not in self.tokens:
+            return web.json_response({"error": "invalid_token"}, status=400)
+        self.revoked.append(token)
+        self.tokens.clear()
+        return web.Response(status=200)
 
     def _grant(self, issued: dict[str, str | None]) -> str:
         if self.granted_scopes is not None:

@@ -52,6 +52,7 @@ class Connectors:
     google_auth_url: str = "https://accounts.google.com/o/oauth2/v2/auth"
     google_api_url: str = "https://www.googleapis.com"
     google_token_url: str = "https://oauth2.googleapis.com/token"
+    google_revoke_url: str = "https://oauth2.googleapis.com/revoke"
     http_timeout: float = 15.0
     # Tests serve feeds and calendars on 127.0.0.1; a real server refuses private addresses so a
     # URL from a conversation cannot reach the machine's own services.
@@ -77,6 +78,7 @@ class Connectors:
             google_auth_url=settings.google_auth_url,
             google_api_url=settings.google_api_url.rstrip("/"),
             google_token_url=settings.google_token_url,
+            google_revoke_url=settings.google_revoke_url,
             vault=Vault.from_settings(settings),
         )
 

@@ -104,6 +104,23 @@ async def google_connection(db: Any, account_id: UUID, scope: str) -> UUID | Non
     )
 
 
+async def revoke_grant(db: Any, connectors: Connectors, connection_id: UUID) -> None:
+    """Ask Google to revoke the grant behind a stored connection (its refresh token). Raises
+    ``GoogleError`` when Google refuses or cannot be reached, ``SecretKeyError`` on a wrong key."""
+    secret = await connection_secret(db, connectors, connection_id) or {}
+    token = secret.get("refresh_token") or secret.get("access_token")
+    if not token:
+        return
+    try:
+        async with connectors.http() as http:
+            response = await http.post(connectors.google_revoke_url, data={"token": token})
+    except httpx.HTTPError as exc:
+        raise GoogleError("Google's sign-in service did not answer", retryable=True) from exc
+    # 400 invalid_token: already revoked or expired, which is what was wanted.
+    if response.status_code not in (200, 400):
+        raise GoogleError(f"Google answered {response.status_code}", status=response.status_code)
+
+
 def _secret_from(tokens: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:
     expires = datetime.now(UTC) + timedelta(seconds=int(tokens.get("expires_in", 3600)) - 60)
     return {

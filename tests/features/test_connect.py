@@ -225,6 +225,7 @@ def site_env(site: Site) -> dict[str, str]:
         "PEPPER_GOOGLE_AUTH_URL": site.google.auth_url,
         "PEPPER_GOOGLE_TOKEN_URL": site.google.token_url,
         "PEPPER_GOOGLE_API_URL": site.google.url,
+        "PEPPER_GOOGLE_REVOKE_URL": site.google.revoke_url,
     }
 
 
@@ -246,7 +247,8 @@ async def test_pepper_connect_google_prints_the_url_and_the_web_callback_complet
     code, out = await asyncio.to_thread(cli, env, "connect", "list", "--account", "Ada")
     assert code == 0 and "Google: Gmail" in out and "[sealed]" in out, out
     code, out = await asyncio.to_thread(cli, env, "connect", "remove", "--account", "Ada", "google")
-    assert code == 0 and "removed" in out
+    assert code == 0 and "removed" in out and "grant is revoked" in out, out
+    assert site.google.revoked == ["refresh-1"]
     assert await site.connections() == []
     code, out = await asyncio.to_thread(cli, env, "connect", "list", "--account", "Ada")
     assert "nothing connected" in out
