@@ -36,6 +36,11 @@ def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode()).digest()
 
 
+def token_hash(token: str) -> bytes:
+    """What is stored for a session cookie or API token (``web_sessions.token_hash``)."""
+    return _digest(token)
+
+
 async def set_web_password(db: Executor, account_id: UUID, login: str, password: str) -> identity.Handle:
     """Give the account a web login (a verified ``web`` handle) with this password."""
     if len(password) < MIN_PASSWORD_LENGTH:

@@ -121,13 +121,23 @@ class Settings(BaseSettings):
     google_client_secret: SecretStr | None = Field(
         None, validation_alias=_env("PEPPER_GOOGLE_CLIENT_SECRET", "google_client_secret")
     )
-    # Where Google API and token requests go (loopback peers in tests).
+    # Where Google's consent page, API and token requests are (loopback peers in tests).
+    google_auth_url: str = Field(
+        "https://accounts.google.com/o/oauth2/v2/auth",
+        validation_alias=_env("PEPPER_GOOGLE_AUTH_URL", "google_auth_url"),
+    )
     google_api_url: str = Field(
         "https://www.googleapis.com", validation_alias=_env("PEPPER_GOOGLE_API_URL", "google_api_url")
+    )
+    google_revoke_url: str = Field(
+        "https://oauth2.googleapis.com/revoke", validation_alias=_env("PEPPER_GOOGLE_REVOKE_URL", "google_revoke_url")
     )
     google_token_url: str = Field(
         "https://oauth2.googleapis.com/token", validation_alias=_env("PEPPER_GOOGLE_TOKEN_URL", "google_token_url")
     )
+    # Seals connection secrets (OAuth tokens, CalDAV passwords) at rest: Fernet keys, comma-separated,
+    # the first seals and all open (rotation). Unset: <data dir>/secret.key, created on first use.
+    secret_key: SecretStr | None = Field(None, validation_alias=_env("PEPPER_SECRET_KEY", "secret_key"))
     # Phone calls (voice/). A caller on a personal line who is not its verified owner: "refuse"
     # politely, or hand the call to the "answering" service. Never the owner's session.
     voice_unknown_caller: Literal["refuse", "answering"] = Field(

@@ -8,7 +8,7 @@ from quart import Quart, jsonify
 
 from core.errors import DatabaseUnavailable
 from core.settings import Settings
-from gateway import answering_routes, email_channel, messaging, voice_routes, webchat
+from gateway import answering_routes, connect_routes, email_channel, messaging, voice_routes, webchat
 from gateway.limits import PathLimitedRequest
 from gateway.live import LiveFeed
 from gateway.services import Services
@@ -38,6 +38,7 @@ def create_app(settings: Settings, db, **services) -> Quart:  # type: ignore[no-
     app.register_blueprint(email_channel.blueprint)
     app.register_blueprint(voice_routes.blueprint)
     app.register_blueprint(answering_routes.blueprint)
+    app.register_blueprint(connect_routes.blueprint)
 
     @app.before_serving
     async def start_live_feed() -> None:

@@ -95,6 +95,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "gateway.cli_tasks",
     "gateway.cli_memory",
     "gateway.cli_answering",
+    "gateway.cli_connect",
 )
 
 

@@ -13,6 +13,7 @@ from pydantic import SecretStr
 from core.models.router import KEY_NAMES, configured_providers, describe_tiers, tiers_from_settings
 from core.settings import DEFAULT_TWILIO_API_URL, Settings
 from core.store import StoreReport, inspect_store
+from core.vault import KEY_FILE_NAME
 from gateway.webhooks import WEBHOOKS, public_url_for
 
 OK, MISSING, BAD = "ok", "missing", "problem"
@@ -121,6 +122,7 @@ async def diagnose(settings: Settings, served_paths: set[str]) -> Report:
     _email(report, settings)
     if settings.public_url and settings.public_url.startswith("http://"):
         report.add("public URL", MISSING, "PEPPER_PUBLIC_URL is plain http; Twilio needs https in production")
+    _connections(report, settings)
     report.add(
         "speech: Deepgram",
         OK if _set(settings.deepgram_api_key) else MISSING,
@@ -169,6 +171,24 @@ def _email(report: Report, settings: Settings) -> None:
     if not settings.email_require_sender_auth:
         detail += "; sender DKIM/SPF check is OFF"
     report.add(area, OK, detail)
+
+
+def _connections(report: Report, settings: Settings) -> None:
+    key = (
+        "PEPPER_SECRET_KEY"
+        if _set(settings.secret_key)
+        else f"{settings.data_dir / KEY_FILE_NAME} (back it up with the database)"
+    )
+    report.add("connection secrets", OK, f"sealed with the key in {key}")
+    missing = [name for name, value in (
+        ("PEPPER_GOOGLE_CLIENT_ID", settings.google_client_id),
+        ("PEPPER_GOOGLE_CLIENT_SECRET", settings.google_client_secret),
+        ("PEPPER_PUBLIC_URL", settings.public_url),
+    ) if not _set(value)]  # fmt: skip
+    if missing:
+        report.add("connect: Google", MISSING, f"set {', '.join(missing)} to connect Google Calendar and Gmail")
+    else:
+        report.add("connect: Google", OK, f"client {settings.google_client_id}; redirect URI listed below")
 
 
 def render(report: Report) -> str:

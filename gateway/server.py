@@ -80,6 +80,10 @@ def build_app(settings: Settings, db: Database) -> Quart:
             log.info("resolved staged writes left by an earlier crash: %s", resolved)
         await resume_unanswered(app.extensions["pepper"])
 
+    @app.before_serving
+    async def seal_connection_secrets() -> None:
+        await check_connection_secrets(db, connectors)
+
     if settings.scheduler_enabled:
         from gateway.scheduled import attach_scheduler
 
@@ -99,6 +103,22 @@ def build_app(settings: Settings, db: Database) -> Quart:
         await router.aclose()
 
     return app
+
+
+async def check_connection_secrets(db: Database, connectors: Any) -> None:
+    """Seal secrets left in plaintext by an older Pepper; say loudly when the key opens none of
+    the sealed ones (those accounts stay connected, their tools fail with the reason)."""
+    from core.tools.connectors import seal_plaintext_secrets, unopenable_secrets
+
+    vault = connectors.require_vault()
+    try:
+        await seal_plaintext_secrets(db, vault)
+        bad = await unopenable_secrets(db, vault)
+    except PepperError as exc:
+        log.error("connection secrets: %s", exc.message)
+        return
+    if bad:
+        log.error("connection secrets: %s of them do not open: %s", len(bad), vault.mismatch_message())
 
 
 def build_calls(settings: Settings, db: Database, harness, messenger):  # type: ignore[no-untyped-def]

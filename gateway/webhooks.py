@@ -24,8 +24,14 @@ SMS = Webhook("sms", "/twilio/sms", "Twilio phone number > Messaging > A message
 WHATSAPP = Webhook("whatsapp", "/twilio/whatsapp", "Twilio WhatsApp sender > When a message comes in")
 MESSAGE_STATUS = Webhook("message-status", "/twilio/status", "set per message by Pepper; nothing to paste")
 EMAIL = Webhook("email", "/email/inbound", "mail provider inbound route (Mailgun forward / SendGrid Parse)")
+# Where Google sends the browser back after consent (`pepper connect google`, the web page's link).
+GOOGLE_CALLBACK = Webhook(
+    "google-oauth", "/connect/google/callback", "Google Cloud console > OAuth client (Web) > Authorized redirect URIs"
+)
 
-WEBHOOKS: tuple[Webhook, ...] = (VOICE, VOICE_STATUS, MEDIA_STREAM, SMS, WHATSAPP, MESSAGE_STATUS, EMAIL)
+WEBHOOKS: tuple[Webhook, ...] = (
+    VOICE, VOICE_STATUS, MEDIA_STREAM, SMS, WHATSAPP, MESSAGE_STATUS, EMAIL, GOOGLE_CALLBACK,
+)  # fmt: skip
 
 
 def public_url_for(settings: Settings, webhook: Webhook) -> str | None:

@@ -6,14 +6,25 @@ google_token_url=google.token_url, google_client_id=..., google_client_secret=..
 Recurring events are expanded into instances (``<id>_<UTC stamp>``) for ``singleEvents=true``.
 ``google.requests`` records (method, path, query, body) of every call; ``google.fail_next``
 makes the next API call answer that status.
+
+OAuth as Google runs it for a web-server app: ``GET /auth`` is the consent page (it consents at
+once, or answers ``error=access_denied`` when ``google.deny`` is set) and redirects to the
+``redirect_uri`` with a one-time code; ``POST /token`` accepts that code once, with the same
+``redirect_uri`` and, when the consent had a PKCE challenge, the matching ``code_verifier``.
+Tests that skip the consent page get a code from :meth:`GoogleApiPeer.issue_code`. Granted scopes
+are those asked for plus earlier grants (``include_granted_scopes``), unless ``granted_scopes``
+overrides them.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import itertools
 import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import urlencode
 from zoneinfo import ZoneInfo
 
 from aiohttp import web
@@ -43,7 +54,12 @@ class GoogleApiPeer:
         self.requests: list[tuple[str, str, dict[str, str], Any]] = []
         self.tokens: set[str] = set()
         self.token_requests: list[dict[str, str]] = []
-        self.granted_scopes = "https://www.googleapis.com/auth/calendar.events"
+        self.granted_scopes: str | None = None  # None: what the consent asked for, plus earlier grants
+        self.deny = False
+        self.auth_requests: list[dict[str, str]] = []
+        self.codes: dict[str, dict[str, str | None]] = {}  # issued, not yet used
+        self.ever_granted: set[str] = set()
+        self.revoked: list[str] = []
         self.fail_next: int | None = None
         self._ids = itertools.count(1)
         self._runner: web.AppRunner | None = None
@@ -64,7 +80,9 @@ class GoogleApiPeer:
         app = web.Application(middlewares=[self._middleware])
         app.add_routes(
             [
+                web.get("/auth", self._auth),
                 web.post("/token", self._token),
+                web.post("/revoke", self._revoke),
                 web.get("/calendar/v3/calendars/{cal}/events", self._list),
                 web.post("/calendar/v3/calendars/{cal}/events", self._insert),
                 web.get("/calendar/v3/calendars/{cal}/events/{id}", self._get),
@@ -92,7 +110,7 @@ class GoogleApiPeer:
         if request.can_read_body and request.content_type == "application/json":
             body = await request.json()
         self.requests.append((request.method, request.path, dict(request.query), body))
-        if request.path == "/token":
+        if request.path in ("/token", "/auth", "/revoke"):
             return await handler(request)
         token = request.headers.get("Authorization", "").removeprefix("Bearer ")
         if token not in self.tokens:
@@ -104,19 +122,71 @@ class GoogleApiPeer:
         return await handler(request)
 
     # OAuth.
+    @property
+    def auth_url(self) -> str:
+        return f"{self.url}/auth"
+
+    def issue_code(self, redirect_uri: str, scope: str | None = None, challenge: str | None = None) -> str:
+        """A one-time authorization code, as if the person had consented to ``scope``."""
+        code = f"code-{next(self._ids)}"
+        self.codes[code] = {"redirect_uri": redirect_uri, "scope": scope or "", "challenge": challenge}
+        return code
+
+    async def _auth(self, request: web.Request) -> web.Response:
+        query = dict(request.query)
+        self.auth_requests.append(query)
+        redirect_uri = query.get("redirect_uri", "")
+        if query.get("client_id") != self.client_id or not redirect_uri or query.get("response_type") != "code":
+            return web.Response(status=400, text="Error 400: invalid_request")
+        back: dict[str, str] = {"state": query["state"]} if "state" in query else {}
+        if self.deny:
+            back["error"] = "access_denied"
+        else:
+            challenge = query.get("code_challenge") if query.get("code_challenge_method") == "S256" else None
+            back["code"] = self.issue_code(redirect_uri, query.get("scope", ""), challenge)
+            back["scope"] = query.get("scope", "")
+        raise web.HTTPFound(f"{redirect_uri}?{urlencode(back)}")
+
+    @property
+    def revoke_url(self) -> str:
+        return f"{self.url}/revoke"
+
+    async def _revoke(self, request: web.Request) -> web.Response:
+        token = str((await request.post()).get("token", ""))
+        if token != "refresh-1" and token not in self.tokens:
+            return web.json_response({"error": "invalid_token"}, status=400)
+        self.revoked.append(token)
+        self.tokens.clear()
+        return web.Response(status=200)
+
+    def _grant(self, issued: dict[str, str | None]) -> str:
+        if self.granted_scopes is not None:
+            return self.granted_scopes
+        self.ever_granted.update((issued["scope"] or "").split())
+        return " ".join(sorted(self.ever_granted))
+
     async def _token(self, request: web.Request) -> web.Response:
-        form = dict(await request.post())
-        self.token_requests.append({k: str(v) for k, v in form.items()})
+        form = {k: str(v) for k, v in (await request.post()).items()}
+        self.token_requests.append(form)
         if form.get("client_id") != self.client_id or form.get("client_secret") != self.client_secret:
             return web.json_response({"error": "invalid_client"}, status=401)
-        token = f"token-{next(self._ids)}"
-        self.tokens.add(token)
-        out: dict[str, Any] = {"access_token": token, "expires_in": 3600, "token_type": "Bearer"}
+        out: dict[str, Any] = {"expires_in": 3600, "token_type": "Bearer"}
         if form.get("grant_type") == "authorization_code":
+            issued = self.codes.pop(form.get("code", ""), None)
+            if issued is None or issued["redirect_uri"] != form.get("redirect_uri"):
+                return web.json_response({"error": "invalid_grant"}, status=400)
+            if issued["challenge"] is not None:
+                verifier = form.get("code_verifier", "").encode()
+                expected = base64.urlsafe_b64encode(hashlib.sha256(verifier).digest()).rstrip(b"=").decode()
+                if expected != issued["challenge"]:
+                    return web.json_response({"error": "invalid_grant", "error_description": "PKCE"}, status=400)
             out["refresh_token"] = "refresh-1"
-            out["scope"] = self.granted_scopes
+            out["scope"] = self._grant(issued)
         elif form.get("refresh_token") != "refresh-1":
             return web.json_response({"error": "invalid_grant"}, status=400)
+        token = f"token-{next(self._ids)}"
+        self.tokens.add(token)
+        out["access_token"] = token
         return web.json_response(out)
 
     # Calendar.

@@ -1,7 +1,8 @@
 """A real CalDAV server for tests: Radicale, started on 127.0.0.1 in a child process.
 
 ``with RadicaleServer(folder) as server:`` then ``server.make_calendar("ada", "work")`` returns
-the collection URL. Authentication is off (any user name and password are accepted).
+the collection URL. Authentication is off (any user name and password are accepted) unless
+``users`` maps user names to passwords: then Radicale checks them (htpasswd) and refuses others.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ def free_port() -> int:
 
 
 class RadicaleServer:
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, users: dict[str, str] | None = None):
         self.folder = folder
+        self.users = users
         self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -48,9 +50,17 @@ class RadicaleServer:
         raise RuntimeError("radicale did not start")
 
     def _spawn(self, log: object) -> None:
+        auth = ["--auth-type", "none"]
+        if self.users is not None:
+            htpasswd = self.folder / "users"
+            htpasswd.write_text("".join(f"{user}:{password}\n" for user, password in self.users.items()))
+            auth = [
+                "--auth-type", "htpasswd", "--auth-htpasswd-filename", str(htpasswd),
+                "--auth-htpasswd-encryption", "plain",
+            ]  # fmt: skip
         self.process = subprocess.Popen(
             [
-                sys.executable, "-m", "radicale", "--server-hosts", f"127.0.0.1:{self.port}", "--auth-type", "none",
+                sys.executable, "-m", "radicale", "--server-hosts", f"127.0.0.1:{self.port}", *auth,
                 "--storage-filesystem-folder", str(self.folder / "collections"), "--logging-level", "warning",
             ],
             stdout=log,
@@ -59,7 +69,7 @@ class RadicaleServer:
 
     def make_calendar(self, user: str, name: str) -> str:
         url = f"{self.url}/{user}/{name}/"
-        response = httpx.request("MKCALENDAR", url, auth=(user, "x"))
+        response = httpx.request("MKCALENDAR", url, auth=(user, (self.users or {}).get(user, "x")))
         if response.status_code not in (201, 405):
             raise RuntimeError(f"MKCALENDAR answered {response.status_code}")
         return url

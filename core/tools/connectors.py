@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import json
+import logging
 import socket
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +27,10 @@ from uuid import UUID
 
 import httpx
 
-from core.errors import InvalidInput
+from core.errors import ConfigError, InvalidInput
+from core.vault import SecretKeyError, Vault
+
+log = logging.getLogger(__name__)
 
 GMAIL_COMPOSE = "https://www.googleapis.com/auth/gmail.compose"
 CALENDAR_EVENTS = "https://www.googleapis.com/auth/calendar.events"
@@ -44,13 +49,17 @@ class Connectors:
     smtp_security: str = "starttls"
     google_client_id: str | None = None
     google_client_secret: str | None = None
+    google_auth_url: str = "https://accounts.google.com/o/oauth2/v2/auth"
     google_api_url: str = "https://www.googleapis.com"
     google_token_url: str = "https://oauth2.googleapis.com/token"
+    google_revoke_url: str = "https://oauth2.googleapis.com/revoke"
     http_timeout: float = 15.0
     # Tests serve feeds and calendars on 127.0.0.1; a real server refuses private addresses so a
     # URL from a conversation cannot reach the machine's own services.
     allow_private_hosts: bool = False
     transport: httpx.AsyncBaseTransport | None = None
+    # Seals what ``connections`` stores (core.vault); None only where nothing is connected.
+    vault: Vault | None = None
 
     @classmethod
     def from_settings(cls, settings: Any) -> Connectors:
@@ -66,9 +75,17 @@ class Connectors:
             smtp_security=settings.smtp_security,
             google_client_id=settings.google_client_id,
             google_client_secret=secret(settings.google_client_secret),
+            google_auth_url=settings.google_auth_url,
             google_api_url=settings.google_api_url.rstrip("/"),
             google_token_url=settings.google_token_url,
+            google_revoke_url=settings.google_revoke_url,
+            vault=Vault.from_settings(settings),
         )
+
+    def require_vault(self) -> Vault:
+        if self.vault is None:
+            raise ConfigError("no key to seal connection secrets with (PEPPER_SECRET_KEY or the data dir's key file)")
+        return self.vault
 
     @property
     def smtp_configured(self) -> bool:
@@ -121,3 +138,75 @@ async def account_connections(db: Any, account_id: UUID, connectors: Connectors 
         if has_email:
             names.add("pepper_mail")
     return frozenset(names)
+
+
+# --- Secrets of connections, sealed at rest -------------------------------------------------------
+
+
+def seal(connectors: Connectors, secret: dict[str, Any]) -> bytes | None:
+    """What to store in ``connections.sealed`` for ``secret`` (None when there is nothing secret)."""
+    return connectors.require_vault().seal(secret) if secret else None
+
+
+async def connection_secret(db: Any, connectors: Connectors, connection_id: UUID) -> dict[str, Any] | None:
+    """The connection's secret, opened; None when the connection is gone. A row still in plaintext
+    (written before secrets were sealed) is sealed now. Raises ``SecretKeyError`` on a wrong key."""
+    row = await db.fetchrow("SELECT secret, sealed FROM connections WHERE id = $1", connection_id)
+    if row is None:
+        return None
+    if row["sealed"] is not None:
+        return connectors.require_vault().unseal(row["sealed"])
+    plain = _json(row["secret"])
+    if plain:
+        await _seal_row(db, connectors.require_vault(), connection_id, plain)
+    return plain
+
+
+async def store_secret(db: Any, connectors: Connectors, connection_id: UUID, secret: dict[str, Any]) -> None:
+    await db.execute(
+        "UPDATE connections SET sealed = $2, secret = '{}', updated_at = now() WHERE id = $1",
+        connection_id,
+        seal(connectors, secret),
+    )
+
+
+async def seal_plaintext_secrets(db: Any, vault: Vault) -> int:
+    """Seal every secret still stored in plaintext; returns how many. Idempotent (run at start-up)."""
+    rows = await db.fetch("SELECT id, secret FROM connections WHERE sealed IS NULL AND secret <> '{}'")
+    for row in rows:
+        await _seal_row(db, vault, row["id"], _json(row["secret"]))
+    if rows:
+        log.info("sealed %s connection secret(s) stored in plaintext", len(rows))
+    return len(rows)
+
+
+async def unopenable_secrets(db: Any, vault: Vault) -> list[UUID]:
+    """Connections whose sealed secret the configured key does not open (a changed or lost key)."""
+    bad: list[UUID] = []
+    for row in await db.fetch("SELECT id, sealed FROM connections WHERE sealed IS NOT NULL ORDER BY created_at"):
+        try:
+            vault.unseal(row["sealed"])
+        except SecretKeyError:
+            bad.append(row["id"])
+    return bad
+
+
+async def rotate_secrets(db: Any, vault: Vault) -> int:
+    """Seal every stored secret again under the newest key (after adding one to PEPPER_SECRET_KEY)."""
+    rows = await db.fetch("SELECT id, sealed FROM connections WHERE sealed IS NOT NULL")
+    for row in rows:
+        await db.execute("UPDATE connections SET sealed = $2 WHERE id = $1", row["id"], vault.rotate(row["sealed"]))
+    return len(rows)
+
+
+async def _seal_row(db: Any, vault: Vault, connection_id: UUID, plain: dict[str, Any]) -> None:
+    # Only the row still in plaintext: a concurrent sealer or a new token must not be overwritten.
+    await db.execute(
+        "UPDATE connections SET sealed = $2, secret = '{}' WHERE id = $1 AND sealed IS NULL",
+        connection_id,
+        vault.seal(plain),
+    )
+
+
+def _json(value: Any) -> dict[str, Any]:
+    return json.loads(value) if isinstance(value, str) else dict(value or {})

@@ -10,7 +10,6 @@ asked only for the features the person connects.
 
 from __future__ import annotations
 
-import json
 import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -20,23 +19,28 @@ from uuid import UUID
 import httpx
 
 from core.errors import InvalidInput, PepperError
-from core.tools.connectors import GOOGLE_SCOPES, Connectors
+from core.tools.connectors import GOOGLE_SCOPES, Connectors, connection_secret, seal, store_secret
+from core.vault import SecretKeyError
 
 log = logging.getLogger(__name__)
-
-AUTH_URL = "https://accounts.google.com/o/oauth2/v2/auth"
 
 
 class GoogleError(PepperError):
     code = "google-error"
 
-    def __init__(self, message: str, *, status: int | None = None, retryable: bool | None = None):
-        super().__init__(message, retryable=retryable)
+    def __init__(
+        self, message: str, *, status: int | None = None, retryable: bool | None = None, code: str | None = None
+    ):
+        super().__init__(message, retryable=retryable, code=code)
         self.status = status
 
 
-def authorization_url(connectors: Connectors, features: list[str], redirect_uri: str, state: str) -> str:
-    """The consent page URL for ``features`` (``gmail``, ``google_calendar``): only their scopes."""
+def authorization_url(
+    connectors: Connectors, features: list[str], redirect_uri: str, state: str, *, code_challenge: str | None = None
+) -> str:
+    """The consent page URL for ``features`` (``gmail``, ``google_calendar``): only their scopes,
+    offline access (a refresh token) and the consent screen every time, so a refresh token comes
+    back even for a person who connected before. ``code_challenge``: PKCE S256 (RFC 7636)."""
     if not connectors.google_client_id:
         raise InvalidInput("PEPPER_GOOGLE_CLIENT_ID is not set")
     unknown = [f for f in features if f not in GOOGLE_SCOPES]
@@ -53,29 +57,39 @@ def authorization_url(connectors: Connectors, features: list[str], redirect_uri:
         "prompt": "consent",
         "state": state,
     }
-    return f"{AUTH_URL}?{urlencode(query)}"
+    if code_challenge is not None:
+        query |= {"code_challenge": code_challenge, "code_challenge_method": "S256"}
+    return f"{connectors.google_auth_url}?{urlencode(query)}"
 
 
 async def exchange_code(
-    db: Any, connectors: Connectors, account_id: UUID, code: str, redirect_uri: str, *, label: str = ""
+    db: Any,
+    connectors: Connectors,
+    account_id: UUID,
+    code: str,
+    redirect_uri: str,
+    *,
+    label: str = "",
+    code_verifier: str | None = None,
 ) -> UUID:
-    """Trade an authorization code for tokens and store the connection; returns its id."""
-    tokens = await _token_request(
-        connectors, {"grant_type": "authorization_code", "code": code, "redirect_uri": redirect_uri}
-    )
+    """Trade an authorization code for tokens and store the connection (sealed); returns its id."""
+    form = {"grant_type": "authorization_code", "code": code, "redirect_uri": redirect_uri}
+    if code_verifier is not None:
+        form["code_verifier"] = code_verifier
+    tokens = await _token_request(connectors, form)
     scopes = sorted(set(tokens.get("scope", "").split()))
-    secret = _secret_from(tokens, {})
+    sealed = seal(connectors, _secret_from(tokens, {}))
     return await db.fetchval(
         """
-        INSERT INTO connections (account_id, provider, label, secret, scopes)
-        VALUES ($1, 'google', $2, $3::jsonb, $4)
+        INSERT INTO connections (account_id, provider, label, sealed, scopes)
+        VALUES ($1, 'google', $2, $3, $4)
         ON CONFLICT (account_id, provider, label)
-        DO UPDATE SET secret = EXCLUDED.secret, scopes = EXCLUDED.scopes, updated_at = now()
+        DO UPDATE SET sealed = EXCLUDED.sealed, secret = '{}', scopes = EXCLUDED.scopes, updated_at = now()
         RETURNING id
         """,
         account_id,
         label,
-        json.dumps(secret),
+        sealed,
         scopes,
     )
 
@@ -88,6 +102,23 @@ async def google_connection(db: Any, account_id: UUID, scope: str) -> UUID | Non
         account_id,
         scope,
     )
+
+
+async def revoke_grant(db: Any, connectors: Connectors, connection_id: UUID) -> None:
+    """Ask Google to revoke the grant behind a stored connection (its refresh token). Raises
+    ``GoogleError`` when Google refuses or cannot be reached, ``SecretKeyError`` on a wrong key."""
+    secret = await connection_secret(db, connectors, connection_id) or {}
+    token = secret.get("refresh_token") or secret.get("access_token")
+    if not token:
+        return
+    try:
+        async with connectors.http() as http:
+            response = await http.post(connectors.google_revoke_url, data={"token": token})
+    except httpx.HTTPError as exc:
+        raise GoogleError("Google's sign-in service did not answer", retryable=True) from exc
+    # 400 invalid_token: already revoked or expired, which is what was wanted.
+    if response.status_code not in (200, 400):
+        raise GoogleError(f"Google answered {response.status_code}", status=response.status_code)
 
 
 def _secret_from(tokens: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:
@@ -127,10 +158,13 @@ class GoogleClient:
         self.connection_id = connection_id
 
     async def _token(self, *, force: bool = False) -> str:
-        raw = await self.db.fetchval("SELECT secret FROM connections WHERE id = $1", self.connection_id)
-        if raw is None:
+        try:
+            secret = await connection_secret(self.db, self.connectors, self.connection_id)
+        except SecretKeyError as exc:
+            log.error("google connection secret does not open with the configured key")
+            raise GoogleError(exc.message, retryable=False, code=exc.code) from exc
+        if secret is None:
             raise GoogleError("the Google connection is gone", retryable=False)
-        secret = json.loads(raw) if isinstance(raw, str) else dict(raw)
         expires = secret.get("expires_at")
         fresh = expires is not None and datetime.fromisoformat(expires) > datetime.now(UTC)
         if secret.get("access_token") and fresh and not force:
@@ -141,11 +175,7 @@ class GoogleClient:
             self.connectors, {"grant_type": "refresh_token", "refresh_token": secret["refresh_token"]}
         )
         secret = _secret_from(tokens, secret)
-        await self.db.execute(
-            "UPDATE connections SET secret = $2::jsonb, updated_at = now() WHERE id = $1",
-            self.connection_id,
-            json.dumps(secret),
-        )
+        await store_secret(self.db, self.connectors, self.connection_id, secret)
         return secret["access_token"]
 
     async def call(

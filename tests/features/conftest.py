@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from aiohttp import web
 
 from core.conversation import start_turn
 from core.identity import Account, add_handle, create_account
@@ -16,6 +19,7 @@ from core.tools import SessionContext, ToolContext, default_gate, run_call
 from core.tools.connectors import Connectors, account_connections
 from core.tools.runner import CallOutcome
 from core.tools.starter import starter_registry
+from core.vault import Vault, generate_key
 
 NOW = datetime(2025, 3, 27, 10, 0, tzinfo=UTC)  # a Thursday, three days before Paris moves to summer time
 OWNER_EMAIL = "ada@example.com"
@@ -62,9 +66,25 @@ class Caller:
 
 @pytest.fixture
 def connectors() -> Connectors:
-    return Connectors(allow_private_hosts=True, http_timeout=5.0)
+    return Connectors(allow_private_hosts=True, http_timeout=5.0, vault=Vault(generate_key()))
 
 
 @pytest.fixture
 def call(db: Database, owner: Account, connectors: Connectors) -> Caller:
     return Caller(db, owner, connectors)
+
+
+@asynccontextmanager
+async def serving(routes: dict[str, Callable[[web.Request], Awaitable[web.Response]]]) -> AsyncIterator[str]:
+    """Serve these GET routes on 127.0.0.1 (feeds, pages); yields the base URL."""
+    app = web.Application()
+    for path, handler in routes.items():
+        app.router.add_get(path, handler)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    finally:
+        await runner.cleanup()

@@ -16,7 +16,7 @@ from core.tools.areas.calendar import CalendarUnavailable, add_ical_feed, connec
 from core.tools.connectors import CALENDAR_EVENTS
 from core.tools.google_api import exchange_code
 
-from .conftest import OWNER_EMAIL
+from .conftest import OWNER_EMAIL, serving
 
 
 def refs(text: str) -> list[str]:
@@ -92,7 +92,8 @@ async def gcal(call, google):
         google_api_url=google.url, google_token_url=google.token_url, google_client_id="client-id",
         google_client_secret="client-secret",
     )  # fmt: skip
-    await exchange_code(call.db, caller.connectors, call.account.id, "code", "https://pepper.test/cb")
+    code = google.issue_code("https://pepper.test/cb")
+    await exchange_code(call.db, caller.connectors, call.account.id, code, "https://pepper.test/cb")
     return caller
 
 
@@ -164,15 +165,7 @@ async def test_ical_feeds_are_read_only_and_do_not_block_free_busy(call):
     async def page(request: web.Request) -> web.Response:
         return web.Response(text="<html>not a calendar</html>", content_type="text/html")
 
-    app = web.Application()
-    app.router.add_get("/school.ics", school)
-    app.router.add_get("/page", page)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    base = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
-    try:
+    async with serving({"/school.ics": school, "/page": page}) as base:
         with pytest.raises(CalendarUnavailable):
             await add_ical_feed(call.db, call.connectors, call.account.id, f"{base}/page", "Page")
         await add_ical_feed(call.db, call.connectors, call.account.id, f"{base}/school.ics", "School")
@@ -188,8 +181,6 @@ async def test_ical_feeds_are_read_only_and_do_not_block_free_busy(call):
             connectors=call.connectors,
         )  # fmt: skip
         assert busy == []
-    finally:
-        await runner.cleanup()
 
 
 async def test_a_private_feed_address_is_refused_outside_tests(call):

@@ -119,7 +119,8 @@ async def gmail(call, google):
         google_api_url=google.url, google_token_url=google.token_url, google_client_id="client-id",
         google_client_secret="client-secret",
     )  # fmt: skip
-    await exchange_code(call.db, caller.connectors, call.account.id, "code-1", "https://pepper.test/cb")
+    code = google.issue_code("https://pepper.test/cb")
+    await exchange_code(call.db, caller.connectors, call.account.id, code, "https://pepper.test/cb")
     return caller
 
 

@@ -51,6 +51,12 @@ class CalDAVClient:
             raise CalendarUnavailable("the CalDAV server did not answer") from exc
         if response.status_code == 412:
             raise CalDAVConflict("the event changed on the server meanwhile; list it again")
+        if response.status_code in (401, 403):
+            log.warning("caldav refused: method=%s status=%s", method, response.status_code)
+            raise CalendarUnavailable(
+                "the CalDAV server refused the user name or password (or this user may not use that calendar)",
+                retryable=False,
+            )
         if response.status_code >= 400:
             log.warning("caldav error: method=%s status=%s", method, response.status_code)
             raise CalendarUnavailable(

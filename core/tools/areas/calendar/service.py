@@ -39,6 +39,7 @@ from core.tools.areas.calendar.store import (
 from core.tools.connectors import Connectors
 from core.tools.google_api import GoogleClient, GoogleError
 from core.tools.registry import transaction
+from core.vault import SecretKeyError
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +160,10 @@ async def list_events(
             out.events += await remote_events(db, connectors, cal, start, end, tz)
         except CalendarUnavailable as exc:
             log.warning("calendar unavailable: kind=%s error=%s", cal.kind, exc.code)
-            out.unavailable.append(cal.name)
+            # A key problem is the owner's to fix, not a passing outage: say so.
+            key = exc.code == SecretKeyError.code
+            out.unavailable.append(f"{cal.name} (its stored credentials do not open with this server's key)" if key
+                                   else cal.name)  # fmt: skip
     out.events.sort(key=lambda ev: (ev.start, ev.title))
     return out
 

@@ -18,8 +18,9 @@ from core.tools.areas.calendar import ical
 from core.tools.areas.calendar.caldav import CalDAVClient
 from core.tools.areas.calendar.model import Attendee, CalendarUnavailable, Event
 from core.tools.areas.calendar.store import ensure_pepper_calendar, short
-from core.tools.connectors import CALENDAR_EVENTS, Connectors
+from core.tools.connectors import CALENDAR_EVENTS, Connectors, connection_secret, seal
 from core.tools.google_api import GoogleClient, GoogleError
+from core.vault import SecretKeyError
 
 log = logging.getLogger(__name__)
 
@@ -75,40 +76,38 @@ async def find_calendar(db: Any, account_id: UUID, ref_or_name: str | None) -> C
     raise InvalidInput(f"no calendar {ref_or_name!r}; the calendars are: {names}")
 
 
-async def _connection(db: Any, connection_id: UUID | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    row = await db.fetchrow("SELECT config, secret FROM connections WHERE id = $1", connection_id)
-    if row is None:
-        raise CalendarUnavailable("the calendar's connection is gone", retryable=False)
-
-    def load(value: Any) -> dict[str, Any]:
-        return json.loads(value) if isinstance(value, str) else dict(value)
-
-    return load(row["config"]), load(row["secret"])
-
-
 async def caldav_client(db: Any, connectors: Connectors, cal: CalendarRow) -> CalDAVClient:
-    config, secret = await _connection(db, cal.connection_id)
+    config = await db.fetchval("SELECT config FROM connections WHERE id = $1", cal.connection_id)
+    try:
+        secret = await connection_secret(db, connectors, cal.connection_id)  # type: ignore[arg-type]
+    except SecretKeyError as exc:
+        log.error("caldav connection secret does not open with the configured key")
+        raise CalendarUnavailable(exc.message, code=exc.code, retryable=False) from exc
+    if config is None or secret is None:
+        raise CalendarUnavailable("the calendar's connection is gone", retryable=False)
+    config = json.loads(config) if isinstance(config, str) else dict(config)
     return CalDAVClient(connectors, cal.remote or config["url"], config.get("username"), secret.get("password"))
 
 
 async def connect_caldav(
     db: Any, connectors: Connectors, account_id: UUID, url: str, username: str | None, password: str | None
 ) -> UUID:
-    """Check the collection answers as a calendar, then store the connection; returns the calendar id."""
+    """Check the collection answers as a calendar with these credentials, then store the
+    connection (the password sealed); returns the calendar id. Nothing is stored on a refusal."""
     client = CalDAVClient(connectors, url, username, password)
     name = await client.check()
     connection_id = await db.fetchval(
         """
-        INSERT INTO connections (account_id, provider, label, config, secret)
-        VALUES ($1, 'caldav', $2, $3::jsonb, $4::jsonb)
-        ON CONFLICT (account_id, provider, label) DO UPDATE SET config = EXCLUDED.config, secret = EXCLUDED.secret,
-            updated_at = now()
+        INSERT INTO connections (account_id, provider, label, config, sealed)
+        VALUES ($1, 'caldav', $2, $3::jsonb, $4)
+        ON CONFLICT (account_id, provider, label) DO UPDATE SET config = EXCLUDED.config, sealed = EXCLUDED.sealed,
+            secret = '{}', updated_at = now()
         RETURNING id
         """,
         account_id,
         client.url,
         json.dumps({"url": client.url, "username": username}),
-        json.dumps({"password": password} if password else {}),
+        seal(connectors, {"password": password} if password else {}),
     )
     return await db.fetchval(
         """
@@ -244,7 +243,7 @@ async def google_events(
             if not page:
                 break
     except GoogleError as exc:
-        raise CalendarUnavailable(f"Google Calendar could not be read ({exc.message})") from exc
+        raise CalendarUnavailable(f"Google Calendar could not be read ({exc.message})", code=exc.code) from exc
     return events
 
 
