@@ -14,6 +14,7 @@ from uuid import UUID
 
 from core.errors import InvalidInput, NotFound
 from core.identity import Executor
+from core.store.database import NO_FLUSH
 
 MESSAGE_CHANNELS: tuple[str, ...] = ("sms", "whatsapp", "voice", "web", "email", "cli", "answering")
 TURN_KINDS: tuple[str, ...] = ("live", "scheduled", "room", "call", "replay")
@@ -158,8 +159,52 @@ async def start_turn(db: Executor, conversation_id: UUID, *, channel: str, kind:
     )
 
 
-async def update_turn(db: Executor, turn_id: UUID, **parts: Any) -> None:
-    """Set parts of a turn record. JSON parts are given as Python values; others as columns."""
+@dataclass(frozen=True)
+class OpenedTurn:
+    turn_id: UUID
+    conversation_id: UUID
+    timezone: str
+
+
+async def open_turn(
+    db: Executor, account_id: UUID, *, channel: str, kind: str = "live", inbound_message_id: int | None = None
+) -> OpenedTurn:
+    """Start a turn for the account's conversation and link its inbound message, in one statement.
+
+    The row is bookkeeping, not a promise to anyone: it commits without waiting for the disk. Any
+    later durable commit (the turn's writes, the finished record, a message) flushes it too, as the
+    log is written in order. Raises ``NotFound`` for an unknown account.
+    """
+    if kind not in TURN_KINDS:
+        raise InvalidInput(f"unknown turn kind {kind!r}")
+    row = await db.fetchrow(
+        f"""
+        WITH turn AS (
+            INSERT INTO turns (conversation_id, channel, kind)
+            SELECT c.id, $2, $3 FROM conversations c WHERE c.account_id = $1
+            RETURNING id, conversation_id
+        ), linked AS (
+            UPDATE messages SET turn_id = (SELECT id FROM turn) WHERE id = $4 AND turn_id IS NULL
+        )
+        SELECT turn.id, turn.conversation_id, a.timezone, {NO_FLUSH}
+        FROM turn JOIN accounts a ON a.id = $1
+        """,
+        account_id,
+        channel,
+        kind,
+        inbound_message_id,
+    )
+    if row is None:
+        raise NotFound(f"no account {account_id}")
+    return OpenedTurn(row["id"], row["conversation_id"], row["timezone"])
+
+
+async def update_turn(db: Executor, turn_id: UUID, *, wait_for_disk: bool = True, **parts: Any) -> None:
+    """Set parts of a turn record. JSON parts are given as Python values; others as columns.
+
+    ``wait_for_disk=False``: the transaction this statement runs in (its own, or the caller's)
+    commits without waiting for the disk.
+    """
     columns = {
         "status", "model", "tier", "error", "finished_at", "delivered_at", "trust", "reply", "replay_of",
         *TURN_RECORD_PARTS,
@@ -175,6 +220,7 @@ async def update_turn(db: Executor, turn_id: UUID, **parts: Any) -> None:
         else:
             assignments.append(f"{name} = ${index}")
             values.append(value)
-    status = await db.execute(f"UPDATE turns SET {', '.join(assignments)} WHERE id = $1", turn_id, *values)
+    returning = "" if wait_for_disk else f" RETURNING {NO_FLUSH}"
+    status = await db.execute(f"UPDATE turns SET {', '.join(assignments)} WHERE id = $1{returning}", turn_id, *values)
     if status.endswith(" 0"):
         raise NotFound(f"no turn {turn_id}")

@@ -16,15 +16,14 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
-from core.conversation import start_turn, update_turn
-from core.errors import NotFound
+from core.conversation import open_turn, update_turn
 from core.memory import NO_MEMORY, MemoryConfig, build_memory_block
 from core.models.types import ModelService, ToolCall
 from core.tools.areas.dossier import dossier_text
 from core.tools.connectors import Connectors, account_connections
 from core.tools.context import SessionContext, SessionKind, Trust
 from core.tools.gate import Gate, default_gate
-from core.tools.registry import ToolContext, ToolRegistry, connection, transaction
+from core.tools.registry import ToolContext, ToolRegistry, connection
 from core.tools.runner import CallOutcome, run_call
 from core.tools.staging import ResolvedWrite, commit_turn_writes, drop_turn_writes
 from core.tools.starter import starter_registry
@@ -159,24 +158,10 @@ async def run_turn(
     turn_id: UUID | None = None
     try:
         async with connection(db) as conn:
-            row = await conn.fetchrow(
-                "SELECT c.id, a.timezone FROM accounts a JOIN conversations c ON c.account_id = a.id WHERE a.id = $1",
-                account_id,
+            opened = await open_turn(
+                conn, account_id, channel=channel, kind=kind, inbound_message_id=inbound_message_id
             )
-            if row is None:
-                raise NotFound(f"no account {account_id}")
-            conversation_id, timezone = row["id"], row["timezone"]
-            async with conn.transaction():
-                # Bookkeeping, not a promise to anyone: it need not wait for the disk. Any later
-                # durable commit (a staged write, a message) flushes it too, as the log is in order.
-                await conn.execute("SET LOCAL synchronous_commit TO OFF")
-                turn_id = await start_turn(conn, conversation_id, channel=channel, kind=kind)
-                if inbound_message_id is not None:
-                    await conn.execute(
-                        "UPDATE messages SET turn_id = $1 WHERE id = $2 AND turn_id IS NULL",
-                        turn_id,
-                        inbound_message_id,
-                    )
+            turn_id, conversation_id, timezone = opened.turn_id, opened.conversation_id, opened.timezone
             if connections is None:
                 # The person's connected accounts decide which tools exist for this turn.
                 connections = await account_connections(conn, account_id, deps.connectors)
@@ -195,6 +180,7 @@ async def run_turn(
         if turn_id is not None:
             await _failed(deps, turn_id, exc)  # after the connection went back to the pool
         raise
+    wrote = False  # whether a call of this turn (a worker's included) wrote or staged anything
     try:
         tools = deps.registry.visible(session, deps.gate.hides)
         messages = [newest_message(text, now, timezone)]
@@ -209,7 +195,7 @@ async def run_turn(
                 held: list[Any] = []
 
                 async def execute(call: ToolCall) -> CallOutcome:
-                    nonlocal stack
+                    nonlocal stack, wrote
                     if intercept is not None:
                         if held:
                             held.clear()
@@ -220,8 +206,13 @@ async def run_turn(
                             return handled
                     if not held:
                         held.append(await stack.enter_async_context(connection(db)))
-                    ctx = ToolContext(session, held[0], now)
-                    return await run_call(deps.registry, deps.gate, ctx, call, visible=names)
+                    # The turn's finished record is a durable commit made before the reply goes
+                    # out whenever a call wrote or staged something: the calls need not wait.
+                    ctx = ToolContext(session, held[0], now, flushed_later=True)
+                    outcome = await run_call(deps.registry, deps.gate, ctx, call, visible=names)
+                    if outcome.write is not None:
+                        wrote = True
+                    return outcome
 
                 try:
                     yield execute
@@ -286,6 +277,7 @@ async def run_turn(
             tier=loop.tier,
             started=started,
             skills=runtime.record(result) if runtime is not None else None,
+            wrote=wrote,
             prompt={
                 "system_stable": system_stable,
                 "system_dynamic": memory,
@@ -313,11 +305,14 @@ async def _record_finished_turn(
     finished_at: datetime,
     columns: dict[str, Any],
     parts: dict[str, Any],
+    *,
+    wait_for_disk: bool,
 ) -> None:
     assert session.turn_id is not None
     await update_turn(
         conn,
         session.turn_id,
+        wait_for_disk=wait_for_disk,
         status="replied",
         model=result.model,
         tier=tier,
@@ -341,7 +336,15 @@ async def finish_turn(
     prompt: dict[str, Any],
     replay_of: UUID | None = None,
     skills: dict[str, Any] | None = None,
+    wrote: bool = True,
 ) -> TurnOutcome:
+    """Record the finished turn in one statement and return its outcome.
+
+    ``wrote``: a call of the turn wrote or staged something without waiting for the disk. The
+    record's commit then waits for it, which flushes those writes too, before the reply can go
+    out. Otherwise the record is bookkeeping (the gateway records the reply as a message, durably)
+    and does not wait.
+    """
     assert session.turn_id is not None
     db = deps.db
     reply = result.reply
@@ -358,10 +361,7 @@ async def finish_turn(
     columns: dict[str, Any] = {"replay_of": replay_of} if replay_of is not None else {}
     if skills is not None:
         columns["skills"] = skills
-    async with transaction(db) as conn:
-        # The turn's record: a crash of the database may lose its last moments, never a write.
-        await conn.execute("SET LOCAL synchronous_commit TO OFF")
-        await _record_finished_turn(conn, session, result, tier, reply, deps.clock(), columns, parts)
+    await _record_finished_turn(db, session, result, tier, reply, deps.clock(), columns, parts, wait_for_disk=wrote)
     timings = parts["timings"]
     # The outcome's figure also covers writing the record itself, which the record cannot hold.
     harness_ms = (time.perf_counter() - started) * 1000 - timings["model_ms"]

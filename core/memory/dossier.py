@@ -52,18 +52,27 @@ class DossierHalves:
 
 
 async def load_dossier(db: Any, account_id: UUID, *, notes_limit: int | None = None) -> DossierHalves:
+    # One round trip: every turn of a verified owner reads this before its first model call.
     row = await db.fetchrow(
-        "SELECT owner_text, model_text, model_notes_through FROM dossiers WHERE account_id = $1", account_id
-    )
-    owner, model, through = (row["owner_text"], row["model_text"], row["model_notes_through"]) if row else ("", "", 0)
-    notes = await db.fetch(
-        "SELECT id, body FROM (SELECT id, body FROM dossier_notes WHERE account_id = $1 AND id > $2"
-        " ORDER BY id DESC LIMIT $3) n ORDER BY id",
+        """
+        SELECT d.owner_text, d.model_text, coalesce(d.model_notes_through, 0) AS through, n.ids, n.bodies
+        FROM (SELECT $1::uuid AS account_id) a
+        LEFT JOIN dossiers d ON d.account_id = a.account_id
+        CROSS JOIN LATERAL (
+            SELECT coalesce(array_agg(id ORDER BY id), '{}') AS ids,
+                   coalesce(array_agg(body ORDER BY id), '{}') AS bodies
+            FROM (
+                SELECT id, body FROM dossier_notes
+                WHERE account_id = $1 AND id > coalesce(d.model_notes_through, 0)
+                ORDER BY id DESC LIMIT $2
+            ) newest
+        ) n
+        """,
         account_id,
-        through,
         notes_limit,
     )
-    return DossierHalves(owner, model, tuple((r["id"], r["body"]) for r in notes), through)
+    notes = tuple(zip(row["ids"], row["bodies"], strict=True))
+    return DossierHalves(row["owner_text"] or "", row["model_text"] or "", notes, row["through"])
 
 
 async def dossier_text(db: Any, account_id: UUID) -> str:

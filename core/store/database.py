@@ -25,6 +25,12 @@ log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT = 10.0
 
+# A select-list item that makes the transaction it runs in commit without waiting for the disk.
+# Inside a single statement it covers that statement's own transaction in the same round trip,
+# where ``SET LOCAL`` needs a transaction block and two more. Only for what a later durable commit
+# flushes anyway (the write-ahead log is written in order) or what a crash may lose.
+NO_FLUSH = "set_config('synchronous_commit', 'off', true)"
+
 
 def redact_dsn(dsn: str) -> str:
     """The DSN with any password replaced, for messages and logs."""

@@ -72,19 +72,32 @@ async def connection(db: Any) -> AsyncIterator[Any]:
 
 
 @asynccontextmanager
-async def transaction(db: Any) -> AsyncIterator[Any]:
-    """A transaction on ``db`` (a ``Database`` or a connection); yields the connection."""
+async def transaction(db: Any, *, wait_for_disk: bool = True) -> AsyncIterator[Any]:
+    """A transaction on ``db`` (a ``Database`` or a connection); yields the connection.
+
+    ``wait_for_disk=False`` commits without waiting for the disk: only when the caller makes a
+    durable commit afterwards, before anyone is told of the change (see ``ToolContext``).
+    """
     async with connection(db) as conn, conn.transaction():
+        if not wait_for_disk:
+            await conn.execute("SET LOCAL synchronous_commit TO OFF")
         yield conn
 
 
 @dataclass(frozen=True)
 class ToolContext:
-    """What a handler may use: the session, the store, and the turn's clock reading."""
+    """What a handler may use: the session, the store, and the turn's clock reading.
+
+    ``flushed_later``: the caller commits durably after the call and before anyone hears of its
+    result (a text turn's finished record, written before the reply goes out), so the call's own
+    writes need not wait for the disk: that commit flushes them too, as the log is written in
+    order, and a crash before it loses the turn, its reply and its writes together.
+    """
 
     session: SessionContext
     db: Any
     now: datetime
+    flushed_later: bool = False
 
 
 Handler = Callable[[ToolContext, dict[str, Any]], Awaitable[ToolOutcome]]

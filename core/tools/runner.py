@@ -139,11 +139,11 @@ async def run_call(
         return done("failed", render_failed(f"{tool.name} may not change data"), args, gate=decision)
     try:
         if tool.staged:
-            write_id = await stage_write(ctx.db, ctx.session, tool, outcome.write)
+            write_id = await stage_write(ctx.db, ctx.session, tool, outcome.write, wait_for_disk=not ctx.flushed_later)
             content = f"Done: {outcome.write.summary}. It is saved when your reply is delivered."
             write = {"summary": outcome.write.summary, "staged": True, "id": write_id}
         else:
-            async with transaction(ctx.db) as conn:
+            async with transaction(ctx.db, wait_for_disk=not ctx.flushed_later) as conn:
                 await tool.apply(conn, ctx.session.account_id, outcome.write.payload)  # type: ignore[misc]
             content = f"Done: {outcome.write.summary}."
             write = {"summary": outcome.write.summary, "staged": False}

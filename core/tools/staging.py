@@ -25,6 +25,7 @@ from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
+from core.store.database import NO_FLUSH
 from core.tools.context import SessionContext
 from core.tools.registry import PlannedWrite, Tool, ToolRegistry, transaction
 
@@ -44,14 +45,21 @@ class ResolvedWrite:
         return {"id": self.id, "tool": self.tool, "summary": self.summary, "status": self.status}
 
 
-async def stage_write(db: Any, session: SessionContext, tool: Tool, write: PlannedWrite) -> int:
-    """Persist one planned write with its turn; returns its id."""
+async def stage_write(
+    db: Any, session: SessionContext, tool: Tool, write: PlannedWrite, *, wait_for_disk: bool = True
+) -> int:
+    """Persist one planned write with its turn; returns its id.
+
+    ``wait_for_disk=False`` when the caller commits durably before the reply goes out (see
+    ``ToolContext.flushed_later``).
+    """
     if session.turn_id is None:
         raise ValueError("a staged write needs a turn")
+    flush = "" if wait_for_disk else f", {NO_FLUSH}"
     return await db.fetchval(
-        """
+        f"""
         INSERT INTO staged_writes (turn_id, account_id, tool, area, payload, summary)
-        VALUES ($1, $2, $3, $4, $5::jsonb, $6) RETURNING id
+        VALUES ($1, $2, $3, $4, $5::jsonb, $6) RETURNING id{flush}
         """,
         session.turn_id,
         session.account_id,

@@ -30,6 +30,15 @@ async def notes(db, account_id, *bodies: str) -> None:
         await db.execute("INSERT INTO dossier_notes (account_id, body) VALUES ($1, $2)", account_id, body)
 
 
+async def test_a_dossier_loads_the_newest_notes_oldest_first_and_is_empty_before_any(db, ada) -> None:
+    empty = await load_dossier(db, ada.id)
+    assert (empty.owner_text, empty.model_text, empty.notes, empty.notes_through) == ("", "", (), 0)
+    await notes(db, ada.id, "first", "second", "third")
+    halves = await load_dossier(db, ada.id, notes_limit=2)
+    assert [body for _, body in halves.notes] == ["second", "third"]
+    assert halves.owner_text == "" and halves.model_half == "- second\n- third"
+
+
 async def test_owner_edits_keep_revisions_and_are_checked(db, ada) -> None:
     assert await set_owner_text(db, ada.id, "I am vegetarian.", source="cli")
     assert not await set_owner_text(db, ada.id, "  I am vegetarian.  ")  # unchanged: no new revision
