@@ -169,10 +169,11 @@ def answering_call_service_from_settings(
     send_sms: Any,
     send_email: SendEmail | None = None,
     connectors: Connectors | None = None,
+    models: Any = None,
 ) -> AnsweringCallService:
     """The voice call service (see ``voice.service.call_service_from_settings``) with the answering
     service for forwarded calls and answering lines."""
-    base = call_service_from_settings(settings, db, registry=registry, gate=gate, send_sms=send_sms)
+    base = call_service_from_settings(settings, db, registry=registry, gate=gate, send_sms=send_sms, models=models)
     notifier = OwnerNotifier(db, send_sms=send_sms, send_email=send_email, public_url=settings.public_url)
     return AnsweringCallService(
         base.deps,

@@ -130,9 +130,12 @@ class Settings(BaseSettings):
     voice_unknown_caller: Literal["refuse", "answering"] = Field(
         "refuse", validation_alias=_env("PEPPER_VOICE_UNKNOWN_CALLER", "voice_unknown_caller")
     )
-    voice_engine: Literal["openai-realtime"] = Field(
+    # "openai-realtime" (speech to speech) or "cascade" (local STT -> the text model -> local TTS).
+    voice_engine: Literal["openai-realtime", "cascade"] = Field(
         "openai-realtime", validation_alias=_env("PEPPER_VOICE_ENGINE", "voice_engine")
     )
+    # The text model tier the cascade answers with.
+    voice_cascade_tier: str = Field("small", validation_alias=_env("PEPPER_VOICE_CASCADE_TIER", "voice_cascade_tier"))
     # The Realtime websocket base (default: OPENAI_BASE_URL with a ws scheme, as the SDK does).
     openai_realtime_url: str | None = Field(
         None, validation_alias=_env("PEPPER_OPENAI_REALTIME_URL", "openai_realtime_url")

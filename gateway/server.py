@@ -113,7 +113,7 @@ def build_calls(settings: Settings, db: Database, harness, messenger):  # type: 
 
     return answering_call_service_from_settings(
         settings, db, registry=harness.registry, gate=harness.gate, send_sms=send_sms,
-        send_email=_owner_mail(settings), connectors=harness.connectors,
+        send_email=_owner_mail(settings), connectors=harness.connectors, models=harness.models,
     )  # fmt: skip
 
 

@@ -199,12 +199,19 @@ class CallService:
             await close()
 
 
-def call_service_from_settings(settings: Any, db: Any, *, registry: Any, gate: Any, send_sms: Any) -> CallService:
-    """The call service with the configured realtime model (none without a key: calls apologise)."""
+def call_service_from_settings(
+    settings: Any, db: Any, *, registry: Any, gate: Any, send_sms: Any, models: Any = None
+) -> CallService:
+    """The call service with the configured realtime model (none without a key: calls apologise).
+    ``models`` is the text model service the cascade answers with."""
     from voice.call import VoiceConfig
 
     model = None
-    if settings.voice_engine == "openai-realtime" and settings.openai_api_key is not None:
+    if settings.voice_engine == "cascade" and models is not None:
+        from voice.adapters.cascade import CascadeModel
+
+        model = CascadeModel(models, tier=settings.voice_cascade_tier)
+    elif settings.voice_engine == "openai-realtime" and settings.openai_api_key is not None:
         from voice.adapters.openai_realtime import OpenAIRealtime
 
         model = OpenAIRealtime(
