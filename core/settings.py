@@ -130,9 +130,10 @@ class Settings(BaseSettings):
     voice_unknown_caller: Literal["refuse", "answering"] = Field(
         "refuse", validation_alias=_env("PEPPER_VOICE_UNKNOWN_CALLER", "voice_unknown_caller")
     )
-    # "openai-realtime" (speech to speech) or "cascade" (local STT -> the text model -> local TTS).
-    voice_engine: Literal["openai-realtime", "cascade"] = Field(
-        "openai-realtime", validation_alias=_env("PEPPER_VOICE_ENGINE", "voice_engine")
+    # "openai-realtime" (speech to speech), "cascade" (local STT -> the text model -> local TTS), or
+    # "auto": openai-realtime with an OpenAI key, else the cascade when any text model is set up.
+    voice_engine: Literal["auto", "openai-realtime", "cascade"] = Field(
+        "auto", validation_alias=_env("PEPPER_VOICE_ENGINE", "voice_engine")
     )
     # The text model tier the cascade answers with.
     voice_cascade_tier: str = Field("small", validation_alias=_env("PEPPER_VOICE_CASCADE_TIER", "voice_cascade_tier"))

@@ -202,16 +202,20 @@ class CallService:
 def call_service_from_settings(
     settings: Any, db: Any, *, registry: Any, gate: Any, send_sms: Any, models: Any = None
 ) -> CallService:
-    """The call service with the configured realtime model (none without a key: calls apologise).
+    """The call service with the configured voice engine (none without a model: calls apologise).
     ``models`` is the text model service the cascade answers with."""
     from voice.call import VoiceConfig
 
     model = None
-    if settings.voice_engine == "cascade" and models is not None:
+    engine = settings.voice_engine
+    if engine == "auto":
+        engine = "openai-realtime" if settings.openai_api_key is not None else "cascade"
+    # A router with no provider configured could not answer: no model, so calls apologise at once.
+    if engine == "cascade" and models is not None and getattr(models, "adapters", True):
         from voice.adapters.cascade import CascadeModel
 
         model = CascadeModel(models, tier=settings.voice_cascade_tier)
-    elif settings.voice_engine == "openai-realtime" and settings.openai_api_key is not None:
+    elif engine == "openai-realtime" and settings.openai_api_key is not None:
         from voice.adapters.openai_realtime import OpenAIRealtime
 
         model = OpenAIRealtime(

@@ -211,3 +211,86 @@ async def _until_row(line: Line, query: str, *args: Any) -> Any:
 
 async def _ended(line: Line, call_sid: str) -> Any:
     return await _until_row(line, "SELECT * FROM calls WHERE call_sid = $1 AND summary IS NOT NULL", call_sid)
+
+
+# --- The engine's parts, without a call ---------------------------------------------------------
+
+
+def _engine_for(models: Any = None, **settings: Any) -> Any:
+    from voice.service import call_service_from_settings
+
+    service = call_service_from_settings(Settings(**settings), None, registry=None, gate=None, send_sms=None,
+                                         models=models)  # fmt: skip
+    return service.deps.model
+
+
+def test_the_engine_is_chosen_by_settings_and_auto_is_the_cascade_without_an_openai_key():
+    from core.models.router import ModelRouter
+
+    with_a_provider = ModelRouter({"anthropic": object()}, {})  # type: ignore[dict-item]
+    no_provider = ModelRouter({}, {})
+    assert _engine_for(with_a_provider, openai_api_key="sk-test").name == "openai-realtime"
+    assert _engine_for(with_a_provider).name == "cascade"
+    assert _engine_for(with_a_provider, openai_api_key="sk-test", voice_engine="cascade").name == "cascade"
+    assert _engine_for(no_provider) is None  # nothing could answer: calls apologise at once
+    assert _engine_for(with_a_provider, voice_engine="openai-realtime") is None
+    with pytest.raises(ValueError):
+        Settings(voice_engine="telepathy")
+
+
+async def test_each_call_gets_its_own_vad_state_on_one_shared_model():
+    from pipecat.audio.vad.vad_analyzer import VADState
+
+    from voice.adapters.cascade import TurnDetection, silero_vad
+
+    audio = audioop.ulaw2lin(b"\xff" * 4000 + speech("weather") + b"\xff" * 8000, 2)
+    first, second = silero_vad(TurnDetection()), silero_vad(TurnDetection())
+    assert first._model.session is second._model.session
+    states = []
+    for at in range(0, len(audio), 320):  # 20 ms frames, as a call feeds them
+        states.append(await first.analyze_audio(audio[at : at + 320]))
+        if at < 16000:
+            assert await second.analyze_audio(b"\0" * 320) == VADState.QUIET  # silence beside speech
+    assert VADState.SPEAKING in states and states[-1] == VADState.QUIET
+    spoke = [i for i, s in enumerate(states) if s == VADState.SPEAKING]
+    assert 0.6 < (spoke[0] * 0.02) < 1.0  # speech starts 0.5 s in; the VAD decides 0.2 s later
+    await first.cleanup()
+    await second.cleanup()
+
+
+async def test_a_cancelled_response_stops_speaking_and_truncate_keeps_only_what_was_heard(speech_models):
+    from core.models.adapters.openai_responses import OpenAIResponsesAdapter
+    from core.models.router import OPENAI, ModelChoice, ModelRouter, Tier
+    from voice.adapters.cascade import CascadeModel
+    from voice.realtime import AssistantTranscript, AudioDelta, ResponseDone, SessionConfig
+
+    long = "First sentence here. " + " ".join(f"Then sentence number {n}." for n in range(2, 30))
+    async with OpenAIPeer() as peer:
+        adapter = OpenAIResponsesAdapter(api_key="sk-test", base_url=peer.base_url, timeout=10.0)
+        router = ModelRouter({OPENAI: adapter}, {"small": Tier("small", (ModelChoice("gpt-small"),))})
+        peer.script(Reply(text=long), Reply(text="Sorry."))
+        engine = CascadeModel(router)
+        async with engine.connect() as conn:
+            await conn.configure(SessionConfig("Be brief.", ()))
+            await conn.create_response()
+            events = conn.events()
+            seen: list[Any] = []
+            async for event in events:
+                seen.append(event)
+                if type(event) is AudioDelta:
+                    await conn.cancel_response()
+                if type(event) is ResponseDone:
+                    break
+            done = seen[-1]
+            assert done.status == "cancelled"
+            [said] = [e for e in seen if type(e) is AssistantTranscript]
+            assert said.text.startswith("First sentence here.") and "29" not in said.text  # it stopped early
+            await conn.truncate(said.item_id, 1000)  # the caller heard one second of it
+            await conn.create_response()
+            async for event in events:
+                if type(event) is ResponseDone:
+                    break
+        await router.aclose()
+    [assistant] = [m for m in peer.requests[1].body["input"] if m.get("role") == "assistant"]
+    heard = str(assistant["content"])
+    assert "First" in heard and "[interrupted]" in heard and "number 5" not in heard

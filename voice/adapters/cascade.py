@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import copy
+import dataclasses
 import json
 import logging
 import re
@@ -46,8 +46,6 @@ from typing import Any, Protocol
 
 import numpy as np
 import soxr
-from pipecat.audio.vad.silero import SileroOnnxModel, SileroVADAnalyzer
-from pipecat.audio.vad.vad_analyzer import VADAnalyzer, VADParams, VADState
 
 from core.models.errors import ModelError
 from core.models.types import ChatMessage, Generation, ModelService, Prompt, TextDelta, ToolResult
@@ -143,23 +141,43 @@ def split_sentences(text: str) -> list[str]:
     return [s for s in (p.strip() for p in _SENTENCE_END.split(text)) if s]
 
 
-class SharedSileroVAD(SileroVADAnalyzer):
-    """pipecat's Silero analyzer on one process-wide ONNX session: opening the session takes about
-    0.3 s, while the recurrent state lives in the model wrapper, so each call gets a fresh copy of
-    the wrapper around the shared session."""
+@dataclass(frozen=True)
+class TurnDetection:
+    """Silero VAD settings: a turn starts after ``start_secs`` of speech and ends after ``stop_secs``
+    of quiet; ``confidence`` is the model's speech probability threshold."""
 
-    _shared: SileroOnnxModel | None = None
+    confidence: float = 0.7
+    start_secs: float = 0.2
+    stop_secs: float = 0.5
+    min_volume: float = 0.6
 
-    def __init__(self, *, sample_rate: int, params: VADParams):
-        VADAnalyzer.__init__(self, sample_rate=sample_rate, params=params)
-        cls = SharedSileroVAD
-        if cls._shared is None:
-            cls._shared = SileroOnnxModel(str(resources.files("pipecat.audio.vad.data") / "silero_vad.onnx"))
-        self._model = copy.copy(cls._shared)
-        self._model.reset_states()
-        self._windows_since_reset = 0
-        self._low_confidence_windows = 0
-        self.set_sample_rate(sample_rate)
+
+_silero_session: Any = None
+
+
+def silero_vad(detection: TurnDetection) -> Any:
+    """pipecat's Silero analyzer (8 kHz) for one call, on one process-wide ONNX session: opening the
+    session takes about 0.3 s, while the recurrent state lives in the model wrapper, so each call
+    gets its own wrapper around the shared session. pipecat is imported here, on the first call,
+    not when the gateway starts."""
+    from pipecat.audio.vad.silero import SileroOnnxModel, SileroVADAnalyzer
+    from pipecat.audio.vad.vad_analyzer import VADAnalyzer, VADParams
+
+    global _silero_session
+    if _silero_session is None:
+        path = resources.files("pipecat.audio.vad.data") / "silero_vad.onnx"
+        _silero_session = SileroOnnxModel(str(path)).session
+    vad = SileroVADAnalyzer.__new__(SileroVADAnalyzer)
+    VADAnalyzer.__init__(vad, sample_rate=RATE, params=VADParams(**dataclasses.asdict(detection)))
+    model = SileroOnnxModel.__new__(SileroOnnxModel)
+    model.session = _silero_session
+    model.sample_rates = [8000, 16000]
+    model.reset_states()
+    vad._model = model
+    vad._windows_since_reset = 0
+    vad._low_confidence_windows = 0
+    vad.set_sample_rate(RATE)
+    return vad
 
 
 @dataclass
@@ -233,7 +251,10 @@ class CascadeConnection:
         self._responses: asyncio.Lock = asyncio.Lock()
         self._active: tuple[str, asyncio.Task[None]] | None = None
         self._turns: asyncio.Task[None] | None = None
-        self._vad = SharedSileroVAD(sample_rate=RATE, params=engine.vad_params)
+        from pipecat.audio.vad.vad_analyzer import VADState
+
+        self._vad = silero_vad(engine.turn_detection)
+        self._talking = (VADState.SPEAKING, VADState.STOPPING)
         self._vad_state = VADState.QUIET
         self._lead_in: deque[bytes] = deque(maxlen=LEAD_IN_FRAMES)
         self._speech = bytearray()
@@ -278,7 +299,7 @@ class CascadeConnection:
         before, self._vad_state = self._vad_state, state
         if before != state:
             log.debug("cascade vad: %s -> %s at %d ms", before.name, state.name, self._received_ms)
-        talking = (VADState.SPEAKING, VADState.STOPPING)
+        talking = self._talking
         if state in talking:
             if before not in talking:
                 self._speech_item = self._next("item_user")
@@ -392,8 +413,9 @@ class CascadeConnection:
                 spoken.append(pending.strip())
         except asyncio.CancelledError:
             if spoken:
-                self._history.append(ChatMessage("assistant", " ".join(spoken)))
-                self._emit(AssistantTranscript(rid, item_id, " ".join(spoken)))
+                item.text = " ".join(spoken)
+                self._history.append(ChatMessage("assistant", item.text))
+                self._emit(AssistantTranscript(rid, item_id, item.text))
             raise
         except ModelError as exc:
             log.warning("the cascade's text model failed: code=%s", exc.code)
@@ -456,7 +478,7 @@ class CascadeModel:
         tier: str = "small",
         stt: SpeechToText | None = None,
         tts: TextToSpeech | None = None,
-        vad_params: VADParams | None = None,
+        turn_detection: TurnDetection | None = None,
         max_output_tokens: int = 400,
     ):
         self.models = models
@@ -464,7 +486,7 @@ class CascadeModel:
         self.model = f"cascade:{tier}"
         self._stt = stt
         self._tts = tts
-        self.vad_params = vad_params or VADParams(start_secs=0.2, stop_secs=0.5)
+        self.turn_detection = turn_detection or TurnDetection()
         self.max_output_tokens = max_output_tokens
         self.timings = TurnTimings()
 
