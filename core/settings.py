@@ -143,14 +143,26 @@ class Settings(BaseSettings):
     voice_unknown_caller: Literal["refuse", "answering"] = Field(
         "refuse", validation_alias=_env("PEPPER_VOICE_UNKNOWN_CALLER", "voice_unknown_caller")
     )
-    # The realtime engine calls use unless their line says otherwise (``pepper line engine``):
-    # "openai-realtime", "gemini-live" (GEMINI_API_KEY) or "cascade" (local STT -> text model -> TTS).
-    voice_engine: VoiceEngine = Field("openai-realtime", validation_alias=_env("PEPPER_VOICE_ENGINE", "voice_engine"))
+    # The engine calls use unless their line names another (``pepper line engine``): "openai-realtime"
+    # (speech to speech), "gemini-live" (GEMINI_API_KEY), "cascade" (local STT -> the text model ->
+    # local TTS), or "auto": openai-realtime with an OpenAI key, else the cascade when any text model
+    # is set up (the offline default).
+    voice_engine: Literal["auto", "openai-realtime", "gemini-live", "cascade"] = Field(
+        "auto", validation_alias=_env("PEPPER_VOICE_ENGINE", "voice_engine")
+    )
     gemini_live_model: str = Field(
         "gemini-live-2.5-flash-preview", validation_alias=_env("PEPPER_GEMINI_LIVE_MODEL", "gemini_live_model")
     )
     # A Gemini prebuilt voice (voice_voice names an OpenAI voice).
     gemini_live_voice: str = Field("Kore", validation_alias=_env("PEPPER_GEMINI_LIVE_VOICE", "gemini_live_voice"))
+    # The text model tier the cascade answers with, and its speech to text: local "whisper", "deepgram"
+    # (DEEPGRAM_API_KEY), or "auto" (Deepgram with a key, else Whisper).
+    voice_cascade_tier: str = Field("small", validation_alias=_env("PEPPER_VOICE_CASCADE_TIER", "voice_cascade_tier"))
+    voice_cascade_stt: Literal["auto", "whisper", "deepgram"] = Field(
+        "auto", validation_alias=_env("PEPPER_VOICE_CASCADE_STT", "voice_cascade_stt")
+    )
+    # Where Deepgram requests go (a loopback peer in tests).
+    deepgram_api_url: str | None = Field(None, validation_alias=_env("DEEPGRAM_API_URL", "deepgram_api_url"))
     # The Realtime websocket base (default: OPENAI_BASE_URL with a ws scheme, as the SDK does).
     openai_realtime_url: str | None = Field(
         None, validation_alias=_env("PEPPER_OPENAI_REALTIME_URL", "openai_realtime_url")

@@ -170,22 +170,24 @@ async def _admin(args: argparse.Namespace, settings: Settings, db: Database, out
         elif args.action == "engine":
             await _set_line_engine(args, settings, db, out)
         else:
+            from voice.engines import resolve_engine
+
             accounts = {a.id: a.name for a in await identity.list_accounts(db)}
             for line in await identity.list_lines(db):
-                engine = line.voice_engine or f"{settings.voice_engine} (default)"
+                engine = line.voice_engine or f"{resolve_engine(settings)} (default)"
                 out(f"{line.number}  {line.kind:<9}  {accounts.get(line.account_id, line.account_id)}  {engine}")
 
 
 async def _set_line_engine(
     args: argparse.Namespace, settings: Settings, db: Database, out: Callable[[str], None]
 ) -> None:
-    from voice.engines import engine_available
+    from voice.engines import engine_available, resolve_engine
 
     engine = None if args.engine == "default" else args.engine
     if engine is not None and not engine_available(engine):
         raise CommandError(f"the {engine} voice engine is not part of this build; nothing changed")
     line = await identity.set_line_engine(db, args.number, engine, default_region=settings.default_region)
-    out(f"calls on {line.number} now run on {line.voice_engine or settings.voice_engine + ' (the default)'}")
+    out(f"calls on {line.number} now run on {line.voice_engine or resolve_engine(settings) + ' (the default)'}")
 
 
 def _model_service(settings: Settings) -> Any:

@@ -139,9 +139,9 @@ async def diagnose(settings: Settings, served_paths: set[str]) -> Report:
 
 
 def _voice(report: Report, settings: Settings) -> None:
-    from voice.engines import engine_available
+    from voice.engines import engine_available, resolve_engine
 
-    area, engine = "phone calls: voice engine", settings.voice_engine
+    area, engine = "phone calls: voice engine", resolve_engine(settings)
     keys = {"openai-realtime": ("OPENAI_API_KEY", settings.openai_api_key),
             "gemini-live": ("GEMINI_API_KEY", settings.gemini_api_key)}  # fmt: skip
     if not engine_available(engine):

@@ -26,6 +26,9 @@ SDK_HOMES: dict[str, tuple[str, ...]] = {
     "deepgram": ("voice/adapters/",),
     "twilio.rest": ("gateway/twilio_client.py", "gateway/adapters/"),
     "pipecat": ("voice/",),
+    # The cascade's local speech models.
+    "faster_whisper": ("voice/adapters/",),
+    "piper": ("voice/adapters/",),
 }
 # Test kits may drive the real SDKs against the loopback peers they ship.
 SDK_EXEMPT = ("core/testing/",)

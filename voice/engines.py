@@ -56,10 +56,16 @@ def _gemini(settings: Any, models: Any) -> RealtimeModel | None:
 def _cascade(settings: Any, models: Any) -> RealtimeModel | None:
     if importlib.util.find_spec(CASCADE_MODULE) is None:
         raise EngineUnavailable(f"the cascade voice engine is not part of this build ({CASCADE_MODULE} is missing)")
-    if models is None:
+    # A router with no provider configured could not answer: no model, so calls apologise at once.
+    if models is None or not getattr(models, "adapters", True):
         return None
+    stt = None
+    if settings.deepgram_api_key is not None and settings.voice_cascade_stt in ("auto", "deepgram"):
+        from voice.adapters.deepgram_stt import DeepgramSTT
+
+        stt = DeepgramSTT(settings.deepgram_api_key.get_secret_value(), base_url=settings.deepgram_api_url)
     module = importlib.import_module(CASCADE_MODULE)
-    model: RealtimeModel = module.CascadeModel(models, tier=getattr(settings, "voice_cascade_tier", "small"))
+    model: RealtimeModel = module.CascadeModel(models, tier=settings.voice_cascade_tier, stt=stt)
     return model
 
 
@@ -69,6 +75,13 @@ BUILDERS: dict[str, Callable[[Any, Any], RealtimeModel | None]] = {
     "cascade": _cascade,
 }
 assert set(BUILDERS) == set(VOICE_ENGINES)
+
+
+def resolve_engine(settings: Any) -> str:
+    """The default engine's name: ``auto`` is OpenAI Realtime with an OpenAI key, else the cascade."""
+    if settings.voice_engine != "auto":
+        return str(settings.voice_engine)
+    return "openai-realtime" if settings.openai_api_key is not None else "cascade"
 
 
 def engine_available(name: str) -> bool:
@@ -86,6 +99,8 @@ class RealtimeEngines:
         self._built: dict[str, RealtimeModel | None] = {}
 
     def get(self, name: str) -> RealtimeModel | None:
+        if name == "auto":
+            name = resolve_engine(self.settings)
         if name not in self._built:
             builder = BUILDERS.get(name)
             if builder is None:

@@ -88,14 +88,14 @@ def test_pepper_line_engine_sets_shows_and_clears_the_override(db_url, monkeypat
     code, out, _ = run_cli(monkeypatch, capsys, "line", "list")
     assert out.endswith("Ada  gemini-live")
     code, out, _ = run_cli(monkeypatch, capsys, "line", "engine", "+14155550100", "default")
-    assert code == 0 and out.endswith("openai-realtime (the default)")
-    assert run_cli(monkeypatch, capsys, "line", "list")[1].endswith("openai-realtime (default)")
+    assert code == 0 and out.endswith("cascade (the default)")  # auto, with no OpenAI key
+    assert run_cli(monkeypatch, capsys, "line", "list")[1].endswith("cascade (default)")
     code, _, err = run_cli(monkeypatch, capsys, "line", "engine", "+14155550199", "gemini-live")
     assert code == 1 and err.strip() == "pepper: error: no line +14155550199"
     monkeypatch.setattr(engines, "CASCADE_MODULE", "voice.adapters.not_in_this_build")
     code, _, err = run_cli(monkeypatch, capsys, "line", "engine", "+14155550100", "cascade")
     assert code == 1 and "not part of this build; nothing changed" in err
-    assert run_cli(monkeypatch, capsys, "line", "list")[1].endswith("openai-realtime (default)")
+    assert run_cli(monkeypatch, capsys, "line", "list")[1].endswith("cascade (default)")
     with pytest.raises(SystemExit):
         main(["line", "engine", "+14155550100", "gemini"], out=print)
 

@@ -1,0 +1,344 @@
+"""The cascaded voice engine end to end with real audio: espeak-ng speech from the loopback Twilio
+caller -> Silero VAD -> faster-whisper -> Pepper's text model (router, OpenAI adapter, SDK, over the
+wire to the loopback OpenAI peer, scripted) -> piper -> mu-law back to the caller, whose playback is
+transcribed again with faster-whisper. Pepper runs on a real server over a fresh database."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from conftest import LINE, OWNER, STRANGER, TOKEN, _set_pin, speech
+
+from answering_service.rules import load_rules, save_rules
+from core import identity
+from core.settings import Settings
+from core.store import Database
+from core.testing.peers import OpenAIPeer, Reply, ScriptedCall
+from core.testing.twilio_peer import TwilioPeer
+from gateway.server import running_app
+from voice.adapters.cascade import local_speech
+from voice.codec import audioop
+from voice.testing.twilio_caller import MediaCall, TwilioCaller
+
+PUBLIC = "https://pepper.example.org"
+NOTICE = "Hi, this is Pepper."
+FORECAST = "Tomorrow will be warm and sunny in Paris."
+VERIFIED = "Thanks, you're verified."
+
+
+def words(text: str) -> set[str]:
+    return set(re.findall(r"[a-z0-9']+", text.lower()))
+
+
+async def heard_words(call: MediaCall, since: int = 0) -> set[str]:
+    """What the caller heard (from byte ``since``), transcribed by the same local Whisper model."""
+    pcm = audioop.ulaw2lin(bytes(call.heard[since:]), 2)
+    return words(await asyncio.to_thread(local_speech().stt.transcribe_sync, pcm))
+
+
+def assert_heard(expected: str, heard: set[str]) -> None:
+    """All the words but one came back: piper samples its voice with noise, and Whisper tiny.en now
+    and then mishears one word of it ("sunny in" -> "Sunnyman")."""
+    missing = words(expected) - heard
+    assert len(missing) <= 1, f"missing {missing} from {heard}"
+
+
+def spoken(text: str) -> bytes:
+    """Caller speech made by piper at test time: Whisper tiny.en cannot make out espeak-ng's digits."""
+    return local_speech().tts.mulaw_sync(text)
+
+
+@dataclass
+class Line:
+    db: Database
+    twilio: TwilioPeer
+    model: OpenAIPeer
+    caller: TwilioCaller
+    services: Any
+    account_id: Any
+
+    @property
+    def engine(self) -> Any:
+        return self.services.calls.deps.model
+
+    def model_inputs(self) -> list[list[dict[str, Any]]]:
+        return [r.body.get("input") or [] for r in self.model.requests]
+
+    async def until(self, predicate: Any, within: float = 20.0, what: str = "the condition") -> None:
+        deadline = asyncio.get_running_loop().time() + within
+        while not predicate():
+            if asyncio.get_running_loop().time() > deadline:
+                raise AssertionError(f"timed out waiting for {what}")
+            await asyncio.sleep(0.02)
+
+
+@pytest.fixture(scope="module")
+def speech_models() -> Any:
+    return local_speech()  # once for the module: about a second on two cores
+
+
+@pytest.fixture
+async def line(db: Database, db_url: str, speech_models: Any) -> AsyncIterator[Line]:
+    ada = await identity.create_account(db, "Ada")
+    await identity.add_handle(db, ada.id, "phone", OWNER, verified=True)
+    await _set_pin(db, ada.id)
+    await identity.assign_line(db, LINE, "personal", ada.id)
+    async with TwilioPeer(auth_token=TOKEN) as twilio, OpenAIPeer() as model:
+        settings = Settings(
+            database_url=db_url, public_url=PUBLIC, twilio_account_sid=twilio.account_sid, twilio_auth_token=TOKEN,
+            twilio_api_url=twilio.api_url, openai_api_key="sk-test", openai_base_url=model.base_url,
+            voice_engine="cascade", voice_notice=NOTICE, port=0, graceful_timeout=2, memory_jobs_interval=0,
+            scheduler_enabled=False,
+        )  # fmt: skip
+        async with running_app(settings, db) as (app, port):
+            caller = TwilioCaller(TOKEN, local=f"http://127.0.0.1:{port}", public=PUBLIC,
+                                  account_sid=twilio.account_sid)  # fmt: skip
+            services = app.extensions["pepper"]
+            yield Line(db, twilio, model, caller, services, ada.id)
+
+
+async def _listening(line: Line, call: MediaCall) -> None:
+    await call.wait(lambda: any(m.name.startswith("n") for m in call.marks), within=20, what="the notice mark")
+
+
+async def test_real_speech_in_is_transcribed_answered_by_the_text_model_and_spoken_back(line):
+    assert line.engine.name == "cascade"
+    line.model.script(Reply(text=NOTICE), Reply(text=FORECAST))
+    answer = await line.caller.dial(from_=OWNER, to=LINE)
+    async with line.caller.media(answer) as call:
+        await _listening(line, call)
+        assert_heard(NOTICE, await heard_words(call))  # the notice, spoken by piper
+        heard_before = len(call.heard)
+        call.say(speech("weather"))  # espeak-ng
+        await line.until(lambda: len(line.model.requests) >= 2, what="the caller's turn to reach the model")
+        said = [m for m in line.model_inputs()[1] if m.get("role") == "user"]
+        assert {"weather", "paris"} <= words(str(said[-1]))  # Whisper heard the caller
+        await _reply_played(line, call, replies=2)
+        assert_heard(FORECAST, await heard_words(call, heard_before))
+        await call.hang_up()
+    row = await _ended(line, answer.call_sid)
+    assert row["end_reason"] == "hangup"
+    said = await line.db.fetch("SELECT direction, body FROM messages WHERE channel = 'voice' ORDER BY created_at")
+    assert any(r["direction"] == "inbound" and "paris" in r["body"].lower() for r in said)
+    assert any(r["direction"] == "outbound" and r["body"] == FORECAST for r in said)
+    timings = line.engine.timings
+    assert timings.stt and timings.tts and timings.first_audio
+
+
+async def test_a_spoken_pin_reaches_verify_pin_through_the_gate_and_unlocks_the_call(line):
+    line.model.script(
+        Reply(text=NOTICE),
+        Reply(tool_calls=(ScriptedCall("verify_pin", {"digits": "2468"}),)),
+        Reply(text=VERIFIED),
+    )
+    answer = await line.caller.dial(from_=OWNER, to=LINE)
+    async with line.caller.media(answer) as call:
+        await _listening(line, call)
+        first = line.model.requests[0].body
+        assert "verify_pin" in {t.get("name") for t in first.get("tools") or []}
+        heard_before = len(call.heard)
+        call.say(spoken("My PIN is two four six eight."))
+        await line.until(lambda: len(line.model.requests) >= 3, what="the tool result to reach the model")
+        outputs = [m for m in line.model_inputs()[2] if m.get("type") == "function_call_output"]
+        assert outputs and "PIN correct" in outputs[-1]["output"]
+        # The same connection was reconfigured: the model now sees the verified tool set.
+        assert "verify_pin" not in {t.get("name") for t in line.model.requests[2].body.get("tools") or []}
+        await _reply_played(line, call, replies=2)
+        assert_heard(VERIFIED, await heard_words(call, heard_before))
+        await call.hang_up()
+    row = await _ended(line, answer.call_sid)
+    assert row["verified_by"] == "pin-spoken"
+    # The caller's digits never reach the records.
+    assert await line.db.fetchval("SELECT count(*) FROM messages WHERE body LIKE '%2468%'") == 0
+
+
+async def test_an_answering_call_takes_a_spoken_message_and_the_owner_gets_it(line):
+    await identity.assign_line(line.db, "+14155550101", "answering", line.account_id)
+    import dataclasses
+
+    rules = await load_rules(line.db, line.account_id)
+    await save_rules(line.db, dataclasses.replace(rules, greeting="Hi, you've reached Ada's assistant."))
+    line.model.script(
+        Reply(text="Hi, you have reached Ada's assistant."),
+        Reply(tool_calls=(ScriptedCall("take_message", {"caller_name": "Grace", "reason": "The compiler talk",
+                                                        "urgency": "normal", "number_confirmed": True}),)),
+        Reply(text="Thanks, I will pass that on."),
+    )  # fmt: skip
+    answer = await line.caller.dial(from_=STRANGER, to=LINE, ForwardedFrom=OWNER)
+    assert answer.connected, answer.twiml
+    async with line.caller.media(answer) as call:
+        await _listening(line, call)
+        call.say(spoken("This is Grace. Please tell Ada about the compiler talk."))
+        await line.until(lambda: len(line.model.requests) >= 2, what="the caller's message to reach the model")
+        said = [m for m in line.model_inputs()[1] if m.get("role") == "user"]
+        assert {"grace", "compiler", "talk"} <= words(str(said[-1]))
+        await line.until(lambda: len(line.model.requests) >= 3, what="the message to be taken")
+        outputs = [m for m in line.model_inputs()[2] if m.get("type") == "function_call_output"]
+        assert outputs and "message is saved" in outputs[-1]["output"]
+        await call.hang_up()
+    [sms] = await line.twilio.wait_for_sent(1, within=10)
+    assert sms.to == OWNER and '"Grace"' in sms.body and '"The compiler talk"' in sms.body
+    row = await _until_row(line, "SELECT * FROM answering_calls WHERE call_sid = $1 AND summary IS NOT NULL",
+                           answer.call_sid)  # fmt: skip
+    assert "compiler" in str(row["transcript"]).lower()
+
+
+async def _reply_played(line: Line, call: MediaCall, replies: int) -> None:
+    """Pepper's ``replies``-th line is recorded (all its audio was sent) and the caller has played it."""
+    count = "SELECT count(*) FROM messages WHERE channel = 'voice' AND direction = 'outbound'"
+    for _ in range(3000):
+        if await line.db.fetchval(count) >= replies:
+            break
+        await asyncio.sleep(0.01)
+    else:
+        raise AssertionError("Pepper's reply was never recorded")
+    await call.wait(lambda: len(call.heard) >= call.received_media_bytes, within=10, what="the reply to play")
+
+
+async def _until_row(line: Line, query: str, *args: Any) -> Any:
+    for _ in range(1000):
+        row = await line.db.fetchrow(query, *args)
+        if row is not None:
+            return row
+        await asyncio.sleep(0.01)
+    raise AssertionError("the call was never recorded as ended")
+
+
+async def _ended(line: Line, call_sid: str) -> Any:
+    return await _until_row(line, "SELECT * FROM calls WHERE call_sid = $1 AND summary IS NOT NULL", call_sid)
+
+
+# --- The engine's parts, without a call ---------------------------------------------------------
+
+
+def _engine_for(models: Any = None, **settings: Any) -> Any:
+    from voice.service import call_service_from_settings
+
+    service = call_service_from_settings(Settings(**settings), None, registry=None, gate=None, send_sms=None,
+                                         models=models)  # fmt: skip
+    return service.deps.model
+
+
+def test_the_engine_is_chosen_by_settings_and_auto_is_the_cascade_without_an_openai_key():
+    from core.models.router import ModelRouter
+
+    with_a_provider = ModelRouter({"anthropic": object()}, {})  # type: ignore[dict-item]
+    no_provider = ModelRouter({}, {})
+    assert _engine_for(with_a_provider, openai_api_key="sk-test").name == "openai-realtime"
+    assert _engine_for(with_a_provider).name == "cascade"
+    assert _engine_for(with_a_provider, openai_api_key="sk-test", voice_engine="cascade").name == "cascade"
+    assert _engine_for(no_provider) is None  # nothing could answer: calls apologise at once
+    assert _engine_for(with_a_provider, voice_engine="openai-realtime") is None
+    with pytest.raises(ValueError):
+        Settings(voice_engine="telepathy")
+
+
+async def test_each_call_gets_its_own_vad_state_on_one_shared_model():
+    from pipecat.audio.vad.vad_analyzer import VADState
+
+    from voice.adapters.cascade import TurnDetection, silero_vad
+
+    audio = audioop.ulaw2lin(b"\xff" * 4000 + speech("weather") + b"\xff" * 8000, 2)
+    first, second = silero_vad(TurnDetection()), silero_vad(TurnDetection())
+    assert first._model.session is second._model.session
+    states = []
+    for at in range(0, len(audio), 320):  # 20 ms frames, as a call feeds them
+        states.append(await first.analyze_audio(audio[at : at + 320]))
+        if at < 16000:
+            assert await second.analyze_audio(b"\0" * 320) == VADState.QUIET  # silence beside speech
+    assert VADState.SPEAKING in states and states[-1] == VADState.QUIET
+    spoke = [i for i, s in enumerate(states) if s == VADState.SPEAKING]
+    assert 0.6 < (spoke[0] * 0.02) < 1.0  # speech starts 0.5 s in; the VAD decides 0.2 s later
+    await first.cleanup()
+    await second.cleanup()
+
+
+async def test_a_cancelled_response_stops_speaking_and_truncate_keeps_only_what_was_heard(speech_models):
+    from core.models.adapters.openai_responses import OpenAIResponsesAdapter
+    from core.models.router import OPENAI, ModelChoice, ModelRouter, Tier
+    from voice.adapters.cascade import CascadeModel
+    from voice.realtime import AssistantTranscript, AudioDelta, ResponseDone, SessionConfig
+
+    long = "First sentence here. " + " ".join(f"Then sentence number {n}." for n in range(2, 30))
+    async with OpenAIPeer() as peer:
+        adapter = OpenAIResponsesAdapter(api_key="sk-test", base_url=peer.base_url, timeout=10.0)
+        router = ModelRouter({OPENAI: adapter}, {"small": Tier("small", (ModelChoice("gpt-small"),))})
+        peer.script(Reply(text=long), Reply(text="Sorry."))
+        engine = CascadeModel(router)
+        async with engine.connect() as conn:
+            await conn.configure(SessionConfig("Be brief.", ()))
+            await conn.create_response()
+            events = conn.events()
+            seen: list[Any] = []
+            async for event in events:
+                seen.append(event)
+                if type(event) is AudioDelta:
+                    await conn.cancel_response()
+                if type(event) is ResponseDone:
+                    break
+            done = seen[-1]
+            assert done.status == "cancelled"
+            [said] = [e for e in seen if type(e) is AssistantTranscript]
+            assert said.text.startswith("First sentence here.") and "29" not in said.text  # it stopped early
+            await conn.truncate(said.item_id, 1000)  # the caller heard one second of it
+            await conn.create_response()
+            async for event in events:
+                if type(event) is ResponseDone:
+                    break
+        await router.aclose()
+    [assistant] = [m for m in peer.requests[1].body["input"] if m.get("role") == "assistant"]
+    heard = str(assistant["content"])
+    assert "First" in heard and "[interrupted]" in heard and "number 5" not in heard
+
+
+async def test_deepgram_speech_to_text_through_the_sdk_and_a_failed_turn_leaves_the_call_going(speech_models):
+    from core.models.adapters.openai_responses import OpenAIResponsesAdapter
+    from core.models.router import OPENAI, ModelChoice, ModelRouter, Tier
+    from voice.adapters.deepgram_stt import DeepgramSTT
+    from voice.realtime import ModelError, ResponseDone, SessionConfig, UserTranscript
+    from voice.testing.deepgram_peer import DeepgramPeer
+
+    turn = [base64.b64encode(f).decode() for f in _frames(speech("weather"))]
+    async with OpenAIPeer() as peer, DeepgramPeer(transcribe=speech_models.stt.transcribe_sync) as deepgram:
+        settings = dict(deepgram_api_key="dg-test", deepgram_api_url=deepgram.base_url)
+        router = ModelRouter({OPENAI: OpenAIResponsesAdapter(api_key="sk-test", base_url=peer.base_url)},
+                             {"small": Tier("small", (ModelChoice("gpt-small"),))})  # fmt: skip
+        engine = _engine_for(router, **settings)
+        assert isinstance(engine._stt, DeepgramSTT)
+        assert not isinstance(_engine_for(router, voice_cascade_stt="whisper", **settings)._stt, DeepgramSTT)
+        peer.script(Reply(text="Sunny."))
+        deepgram.faults.append(503)
+        async with engine.connect() as conn:
+            await conn.configure(SessionConfig("Be brief.", ()))
+            seen: list[Any] = []
+            events = conn.events()
+            for payload in turn:  # Deepgram fails this turn: an error event, no reply
+                await conn.append_audio(payload)
+            async for event in events:
+                seen.append(event)
+                if type(event) is ModelError:
+                    break
+            assert seen[-1].code == "stt-failed"  # not retried: the caller is waiting
+            for payload in turn:  # the caller says it again
+                await conn.append_audio(payload)
+            async for event in events:
+                seen.append(event)
+                if type(event) is ResponseDone:
+                    break
+        await engine.aclose()
+        await router.aclose()
+    [heard] = [e for e in seen if type(e) is UserTranscript]
+    assert {"weather", "paris"} <= words(heard.text)
+    assert [q.get("model") for q in deepgram.queries] == ["nova-3", "nova-3"]
+    assert {"weather", "paris"} <= words(str(peer.requests[0].body["input"]))
+
+
+def _frames(mulaw: bytes, quiet_ms: int = 700) -> list[bytes]:
+    audio = mulaw + b"\xff" * (quiet_ms * 8)
+    return [audio[i : i + 160] for i in range(0, len(audio), 160)]

