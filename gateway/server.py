@@ -158,7 +158,12 @@ def start_memory(settings: Settings, db: Database, models: Any) -> Any:
 
 @asynccontextmanager
 async def running_app(settings: Settings, db: Database) -> AsyncIterator[tuple[Quart, int]]:
-    """Serve ``build_app`` on a real loopback socket in this event loop (for tests and benchmarks)."""
+    """Serve ``build_app`` on a real loopback socket in this event loop (for tests and benchmarks).
+
+    With ``port=0`` the media listener takes a free port too (``gateway.media_server.media_port``).
+    """
+    if settings.port == 0:
+        settings = settings.model_copy(update={"media_port": 0})
     sock = bind_listener(settings.host, settings.port)
     port = sock.getsockname()[1]
     config = Config()

@@ -16,6 +16,7 @@ from core import identity
 from core.settings import Settings
 from core.store import Database
 from core.testing.twilio_peer import TwilioPeer
+from gateway.media_server import media_port
 from gateway.server import running_app
 from voice.testing.realtime_peer import RealtimePeer, speak
 from voice.testing.twilio_caller import MediaCall, TwilioCaller
@@ -103,11 +104,13 @@ async def phone(db: Database, db_url: str) -> AsyncIterator[Phone]:
             openai_realtime_url=model.websocket_url,
             voice_notice=NOTICE,
             port=0,
+            media_port=0,
             graceful_timeout=2,
         )
         async with running_app(settings, db) as (app, port):
+            media = media_port(app.extensions["pepper"].media)
             caller = TwilioCaller(TOKEN, local=f"http://127.0.0.1:{port}", public=PUBLIC,
-                                  account_sid=twilio.account_sid)  # fmt: skip
+                                  account_sid=twilio.account_sid, media_local=f"ws://127.0.0.1:{media}")  # fmt: skip
             phone = Phone(db, twilio, model, caller, app.extensions["pepper"], ada.id, handle.id)
             phone.tune(notice_timeout=5.0, closing_grace=3.0, filler_after=1.0)
             model.script(speak(NOTICE, ms=300))
