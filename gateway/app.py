@@ -50,7 +50,7 @@ def create_app(settings: Settings, db, **services) -> Quart:  # type: ignore[no-
         if shared.calls is not None:
             from gateway.media_server import start_media_server
 
-            shared.media = await start_media_server(shared, settings.host, settings.media_port)
+            shared.media = await start_media_server(shared, settings.host, settings.media_port, shared.media_listener)
 
     @app.get("/healthz")
     async def health():  # type: ignore[no-untyped-def]

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import http
 import logging
+import socket
 from typing import Any
 
 from websockets.asyncio.server import Server, ServerConnection, serve
@@ -102,17 +103,17 @@ async def _media_stream(services: Services, ws: ServerConnection) -> None:
         await asyncio.shield(task)
 
 
-async def start_media_server(services: Services, host: str, port: int) -> Server:
-    """Listen for Twilio media sockets; ``port`` 0 picks a free one (``server.sockets`` tells)."""
+async def start_media_server(services: Services, host: str, port: int, sock: socket.socket | None = None) -> Server:
+    """Listen for Twilio media sockets on ``sock`` if bound already, else on ``host:port`` (0: a free port)."""
 
     async def handler(ws: ServerConnection) -> None:
         await _media_stream(services, ws)
 
     # No permessage-deflate: base64 audio barely compresses and zlib per 20 ms frame costs CPU.
+    where: dict[str, Any] = {"sock": sock} if sock is not None else {"host": host, "port": port}
     return await serve(
         handler,
-        host,
-        port,
+        **where,
         process_request=_only_the_media_path,
         compression=None,
         max_size=MAX_FRAME_BYTES,

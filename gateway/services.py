@@ -24,3 +24,4 @@ class Services:
     tasks: BackgroundTasks = field(default_factory=BackgroundTasks)
     live: LiveFeed | None = None  # new messages pushed to open chats
     media: Any = None  # websockets Server for Twilio media sockets (gateway.media_server), while serving
+    media_listener: Any = None  # its socket, bound before start-up (socket.socket), or None to bind then
