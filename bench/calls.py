@@ -427,10 +427,13 @@ class ModelSide:
 async def run_level(
     mode: str, count: int, seconds: float, side: ModelSide, workers: list[Worker], server: Any, http: str, media: str
 ) -> dict[str, Any]:
+    import psutil
+
     from voice.testing.realtime_peer import speak
 
     peer = side.peer
     side.reset()
+    peer._responses.clear()  # nothing left over from the previous level
     first = len(peer.sessions)
     long_reply = speak("reply", ms=int((seconds + 30) * 1000))
     peer.script(*[speak("notice", ms=100) if mode == "pepper" else long_reply for _ in range(count)])
@@ -445,6 +448,8 @@ async def run_level(
         for index in sockets:
             await peer.respond(index)
     await asyncio.sleep(1.0)
+    generator = [psutil.Process(), *(psutil.Process(w.proc.pid) for w, _ in busy)]
+    gen0 = sum(sum(p.cpu_times()[:2]) for p in generator)
     cpu0, t0 = server.cpu_times(), time.perf_counter()
     side.measuring = True
     await asyncio.gather(*(w.ask(op="measure", on=True) for w, _ in busy))
@@ -452,6 +457,7 @@ async def run_level(
     side.measuring = False
     await asyncio.gather(*(w.ask(op="measure", on=False) for w, _ in busy))
     cpu1, t1 = server.cpu_times(), time.perf_counter()
+    gen1 = sum(sum(p.cpu_times()[:2]) for p in generator)
     before = [await w.ask(op="marks") for w, _ in busy]
     emitted: dict[int, float] = {}
     for index in sockets:
@@ -478,6 +484,7 @@ async def run_level(
         "rss_per_call_kb": (rss1 - rss0) / 1e3 / count,
         "rss_mb": rss1 / 1e6,
         "load": os.getloadavg()[0],
+        "generator": (gen1 - gen0) / (t1 - t0),
     }
 
 
@@ -506,7 +513,9 @@ def report(r: dict[str, Any], base: dict[str, Any] | None, clear_ms: list[float]
     print(f"  barge-in, full hop           {_fmt(r['hop'])}  (peer -> server -> caller's clear)")
     cpu = r["cpu_per_call"]
     print(f"  server CPU {cpu * 1000:.1f} ms per call-second ({cpu * 100:.2f}% of a core); RSS {r['rss_mb']:.0f} MB,"
-          f" {r['rss_per_call_kb']:+.0f} kB per call; load average {r['load']:.1f}")  # fmt: skip
+          f" {r['rss_per_call_kb']:+.0f} kB per call")  # fmt: skip
+    print(f"  load generator (callers + model peer) {r['generator'] * 100:.0f}% of a core;"
+          f" machine load average {r['load']:.1f}")  # fmt: skip
     if base is not None:
         for key, label in (("in_onset", "caller -> model"), ("out_onset", "model -> caller")):
             mine, theirs = r[key], base[key]

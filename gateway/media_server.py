@@ -84,7 +84,8 @@ async def _media_stream(services: Services, ws: ServerConnection) -> None:
         return
     link = _Link(ws)
     session = calls.open_session(link, start, call)
-    task = services.tasks.spawn(f"call-{call.call_sid[-8:]}", calls.run_session(session))
+    # Not behind the turn limit (PEPPER_MAX_CONCURRENT_TURNS): every admitted call runs at once.
+    task = services.tasks.spawn(f"call-{call.call_sid[-8:]}", calls.run_session(session), limited=False)
     feed = session.feed
     try:
         # The hot path: one text frame in, one ``feed`` (parse, then a send to the model).
