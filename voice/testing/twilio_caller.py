@@ -146,8 +146,9 @@ class TwilioCaller:
         assert answer.stream_url, "the call was not connected to a stream"
         sig = signature if signature is not None else self.sign(answer.stream_url, {})
         headers = {"X-Twilio-Signature": sig} if sig else {}
+        # A generous handshake timeout: under load (the benchmark) a busy server still answers.
         ws = await connect(self.local_ws_url(answer.stream_url), additional_headers=headers, compression=None,
-                           max_size=None)  # fmt: skip
+                           max_size=None, open_timeout=60)  # fmt: skip
         call = MediaCall(ws, call_sid or answer.call_sid, self.account_sid,
                          answer.parameters if parameters is None else parameters)  # fmt: skip
         try:
