@@ -12,8 +12,6 @@ public ``wss://`` URL and the one-time token, else close 1008 with only a securi
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import http
 import logging
 import socket
@@ -97,11 +95,12 @@ async def _media_stream(services: Services, ws: ServerConnection) -> None:
         pass
     finally:
         if not session.ended:
-            # The caller's side closed the socket. The call task owns the rest.
+            # The caller's side closed the socket.
             link.closed = True
             session.hang_up("hangup")
-    with contextlib.suppress(Exception):
-        await asyncio.shield(task)
+    # Returning closes the socket now; the call task (owned by services.tasks, drained at shutdown)
+    # writes the records after. Twilio's call is over either way.
+    del task
 
 
 async def start_media_server(services: Services, host: str, port: int, sock: socket.socket | None = None) -> Server:
