@@ -74,6 +74,7 @@ async def main(rate: int, seconds: float) -> None:
             port = free_port()
             env = {
                 **os.environ, "DATABASE_URL": db_url, "PEPPER_PUBLIC_URL": PUBLIC, "PEPPER_PORT": str(port),
+                "PEPPER_MEDIA_PORT": "0",
                 "TWILIO_ACCOUNT_SID": twilio.account_sid, "TWILIO_AUTH_TOKEN": TOKEN,
                 "PEPPER_TWILIO_API_URL": twilio.api_url, "OPENAI_API_KEY": "sk-bench",
                 "OPENAI_BASE_URL": model.base_url, "PEPPER_GRACEFUL_TIMEOUT": "60",

@@ -40,7 +40,7 @@ def healthy(port: int) -> bool:
 def one_start(data_dir: Path) -> float:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
-    env.update(PEPPER_DATA_DIR=str(data_dir), PEPPER_PORT=str(port), PYTHONWARNINGS="ignore")
+    env.update(PEPPER_DATA_DIR=str(data_dir), PEPPER_PORT=str(port), PEPPER_MEDIA_PORT="0", PYTHONWARNINGS="ignore")
     started = time.perf_counter()
     proc = subprocess.Popen(
         [sys.executable, "-m", "gateway.cli", "serve"], env=env,

@@ -45,6 +45,8 @@ class Settings(BaseSettings):
     data_dir: Path = Field(DEFAULT_DATA_DIR, validation_alias=_env("PEPPER_DATA_DIR", "data_dir"))
     host: str = Field("127.0.0.1", validation_alias=_env("PEPPER_HOST", "host"))
     port: int = Field(8080, ge=0, le=65535, validation_alias=_env("PEPPER_PORT", "port"))
+    # Twilio media sockets have their own listener (gateway.media_server); proxy /twilio/media here.
+    media_port: int = Field(8081, ge=0, le=65535, validation_alias=_env("PEPPER_MEDIA_PORT", "media_port"))
     database_url: SecretStr | None = Field(None, validation_alias=_env("DATABASE_URL", "database_url"))
     default_region: str = Field("US", validation_alias=_env("PEPPER_DEFAULT_REGION", "default_region"))
     log_level: str = Field("INFO", validation_alias=_env("PEPPER_LOG_LEVEL", "log_level"))

@@ -13,6 +13,7 @@ from gateway.limits import PathLimitedRequest
 from gateway.live import LiveFeed
 from gateway.services import Services
 from gateway.tasks import BackgroundTasks
+from gateway.webhooks import MEDIA_STREAM
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,13 @@ def create_app(settings: Settings, db, **services) -> Quart:  # type: ignore[no-
         if shared.live is not None:
             await shared.live.start()
 
+    @app.before_serving
+    async def start_media() -> None:
+        if shared.calls is not None:
+            from gateway.media_server import start_media_server
+
+            shared.media = await start_media_server(shared, settings.host, settings.media_port, shared.media_listener)
+
     @app.get("/healthz")
     async def health():  # type: ignore[no-untyped-def]
         if db is None:
@@ -62,7 +70,11 @@ def create_app(settings: Settings, db, **services) -> Quart:  # type: ignore[no-
         # Turns started by webhooks that were already acknowledged: let them finish and reply.
         if shared.calls is not None:
             shared.calls.hang_up_all()
+        if shared.media is not None:
+            shared.media.close(close_connections=False)
         await shared.tasks.drain(settings.graceful_timeout)
+        if shared.media is not None:
+            await shared.media.wait_closed()
         if shared.calls is not None:
             await shared.calls.aclose()
         if shared.messenger is not None:
@@ -74,4 +86,5 @@ def create_app(settings: Settings, db, **services) -> Quart:  # type: ignore[no-
 
 
 def served_paths(app: Quart) -> set[str]:
-    return {rule.rule for rule in app.url_map.iter_rules()}
+    """Paths served: Quart's routes, and the media socket on its own listener (``gateway.media_server``)."""
+    return {rule.rule for rule in app.url_map.iter_rules()} | {MEDIA_STREAM.path}

@@ -24,7 +24,7 @@ from gateway.app import create_app
 log = logging.getLogger(__name__)
 
 
-def bind_listener(host: str, port: int) -> socket.socket:
+def bind_listener(host: str, port: int, setting: str = "PEPPER_PORT") -> socket.socket:
     """Bind the listening socket before anything slow starts, so a busy port fails at once."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -34,13 +34,13 @@ def bind_listener(host: str, port: int) -> socket.socket:
     except OSError as exc:
         sock.close()
         if exc.errno == errno.EADDRINUSE:
-            raise StartupError(f"port {port} on {host} is already in use; set PEPPER_PORT to another") from exc
+            raise StartupError(f"port {port} on {host} is already in use; set {setting} to another") from exc
         raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return sock
 
 
-def build_app(settings: Settings, db: Database) -> Quart:
+def build_app(settings: Settings, db: Database, media_listener: socket.socket | None = None) -> Quart:
     """The app with everything it serves wired in: the harness on the model router, Twilio if set up.
 
     The router is built even with no provider configured: a turn then tells the person plainly
@@ -70,7 +70,8 @@ def build_app(settings: Settings, db: Database) -> Quart:
     log_problems(harness.skills.report(harness.registry))  # type: ignore[union-attr]
     mailer = SmtpMailer(settings) if smtp_configured(settings) else None
     calls = build_calls(settings, db, harness, messenger)
-    app = create_app(settings, db, harness=harness, messenger=messenger, mailer=mailer, calls=calls)
+    app = create_app(settings, db, harness=harness, messenger=messenger, mailer=mailer, calls=calls,
+                     media_listener=media_listener)  # fmt: skip
 
     @app.before_serving
     async def resolve_crashed_turns() -> None:
@@ -178,14 +179,20 @@ def start_memory(settings: Settings, db: Database, models: Any) -> Any:
 
 @asynccontextmanager
 async def running_app(settings: Settings, db: Database) -> AsyncIterator[tuple[Quart, int]]:
-    """Serve ``build_app`` on a real loopback socket in this event loop (for tests and benchmarks)."""
+    """Serve ``build_app`` on a real loopback socket in this event loop (for tests and benchmarks).
+
+    With ``port=0`` the media listener takes a free port too (``gateway.media_server.media_port``).
+    """
+    if settings.port == 0:
+        settings = settings.model_copy(update={"media_port": 0})
     sock = bind_listener(settings.host, settings.port)
     port = sock.getsockname()[1]
+    media_sock = bind_listener(settings.host, settings.media_port, "PEPPER_MEDIA_PORT")
     config = Config()
     config.bind = [f"fd://{sock.detach()}"]
     config.graceful_timeout = settings.graceful_timeout
     config.accesslog = None
-    app = build_app(settings, db)
+    app = build_app(settings, db, media_sock)
     stop = asyncio.Event()
     task = asyncio.get_running_loop().create_task(
         hypercorn_serve(app, config, shutdown_trigger=stop.wait),  # type: ignore[arg-type]
@@ -217,20 +224,25 @@ async def serve(settings: Settings, *, stop: asyncio.Event | None = None) -> Non
     # Hypercorn takes ownership of the descriptor; detach so it is closed exactly once.
     fd = sock.detach()
     handed_over = False
+    media_sock: socket.socket | None = None
     try:
+        media_sock = bind_listener(settings.host, settings.media_port, "PEPPER_MEDIA_PORT")
         async with open_store(settings, serving=True) as db:
             config = Config()
             config.bind = [f"fd://{fd}"]
             config.graceful_timeout = settings.graceful_timeout
             config.accesslog = None
             config.errorlog = logging.getLogger("hypercorn.error")
-            app = build_app(settings, db)
-            log.info("pepper is serving on http://%s:%s", settings.host, port)
+            app = build_app(settings, db, media_sock)
+            log.info("pepper is serving on http://%s:%s (media sockets on port %s)", settings.host, port,
+                     settings.media_port)  # fmt: skip
             handed_over = True
             await hypercorn_serve(app, config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
             log.info("pepper stopped accepting requests; closing the store")
     finally:
         if not handed_over:
             os.close(fd)
+            if media_sock is not None:
+                media_sock.close()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)

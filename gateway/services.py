@@ -23,3 +23,5 @@ class Services:
     calls: Any = None  # voice.service.CallService, when phone calls are wired
     tasks: BackgroundTasks = field(default_factory=BackgroundTasks)
     live: LiveFeed | None = None  # new messages pushed to open chats
+    media: Any = None  # websockets Server for Twilio media sockets (gateway.media_server), while serving
+    media_listener: Any = None  # its socket, bound before start-up (socket.socket), or None to bind then

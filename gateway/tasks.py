@@ -21,8 +21,10 @@ class BackgroundTasks:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._slots = asyncio.Semaphore(limit)
 
-    def spawn(self, name: str, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
-        task = asyncio.get_running_loop().create_task(self._limited(coro), name=name)
+    def spawn(self, name: str, coro: Coroutine[Any, Any, Any], *, limited: bool = True) -> asyncio.Task[Any]:
+        """Start ``coro``; ``limited=False`` for work that must start at once whatever else runs
+        (a phone call: queued behind turns, the caller would hear silence)."""
+        task = asyncio.get_running_loop().create_task(self._limited(coro) if limited else coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._done)
         return task

@@ -1,18 +1,14 @@
-"""Twilio Voice: the call webhook, the media WebSocket, the after-stream action and call status.
+"""Twilio Voice: the call webhook, the after-stream action and call status.
 
-The gateway checks signatures and owns the sockets; ``voice.service.CallService`` decides what a
-call is and runs it. The media socket is admitted only with a valid ``X-Twilio-Signature`` over
-the *public* ``wss://`` URL and an unused one-time token bound to the call; anything else is
-closed with 1008 and leaves only a security event.
+The gateway checks signatures; ``voice.service.CallService`` decides what a call is and runs it.
+The media WebSocket itself has its own listener: ``gateway.media_server``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 
-from quart import Blueprint, Response, current_app, request, websocket
+from quart import Blueprint, Response, current_app, request
 
 from core.security import record_security_event
 from gateway.services import Services
@@ -23,7 +19,6 @@ log = logging.getLogger(__name__)
 
 blueprint = Blueprint("voice", __name__)
 
-POLICY_VIOLATION = 1008
 UNAVAILABLE_TWIML = (
     '<?xml version="1.0" encoding="UTF-8"?><Response><Say>Sorry, Pepper cannot take calls right now.'
     " Please try again later.</Say><Hangup/></Response>"
@@ -86,56 +81,3 @@ async def call_status() -> Response:
     if services.calls is not None and form.get("CallSid"):
         await services.calls.call_status(form["CallSid"], (form.get("CallStatus") or "").lower())
     return Response("", status=204)
-
-
-class _QuartLink:
-    """The session's view of the socket: send text, close with a code."""
-
-    def __init__(self, ws):  # type: ignore[no-untyped-def]
-        self._ws = ws
-        self.closed = False
-
-    async def send(self, text: str) -> None:
-        if not self.closed:
-            await self._ws.send(text)
-
-    async def close(self, code: int = 1000) -> None:
-        if not self.closed:
-            self.closed = True
-            await self._ws.close(code)
-
-
-@blueprint.websocket(MEDIA_STREAM.path)
-async def media_stream() -> None:
-    from voice.service import StreamRefused
-
-    services = _services()
-    settings = services.settings
-    public = public_url_for(settings, MEDIA_STREAM)
-    # Twilio signs the upgrade over the public wss:// URL with no parameters.
-    signature_ok = twilio_signature_ok(settings, public, {}, websocket.headers)
-    ws = websocket._get_current_object()  # type: ignore[attr-defined]
-    await ws.accept()
-    if services.calls is None:
-        await ws.close(POLICY_VIOLATION)
-        return
-    try:
-        frames = await services.calls.read_first_frames(ws.receive)
-        start, call = await services.calls.admit(frames, signature_ok=signature_ok)
-    except StreamRefused:
-        await ws.close(POLICY_VIOLATION)
-        return
-    link = _QuartLink(ws)
-    session = services.calls.open_session(link, start, call)
-    task = services.tasks.spawn(f"call-{call.call_sid[-8:]}", services.calls.run_session(session))
-    try:
-        while not session.ended:
-            raw = await ws.receive()
-            await session.feed(raw)
-    except asyncio.CancelledError:
-        # The caller's side closed the socket: Quart cancels this handler. The call task owns the rest.
-        link.closed = True
-        session.hang_up("hangup")
-        raise
-    with contextlib.suppress(Exception):
-        await asyncio.shield(task)

@@ -17,7 +17,9 @@ class Webhook:
 
 VOICE = Webhook("voice", "/twilio/voice", "Twilio phone number > Voice > A call comes in (HTTP POST)")
 VOICE_STATUS = Webhook("voice-status", "/twilio/voice/status", "Twilio phone number > Voice > Call status changes")
-MEDIA_STREAM = Webhook("media-stream", "/twilio/media", "used in TwiML <Stream>; nothing to paste", websocket=True)
+MEDIA_STREAM = Webhook(
+    "media-stream", "/twilio/media", "used in TwiML <Stream>; proxy it to PEPPER_MEDIA_PORT", websocket=True
+)
 # Set by Pepper in the TwiML <Connect action>: what Twilio does after Pepper closes the media socket.
 VOICE_AFTER_STREAM = Webhook("voice-after-stream", "/twilio/voice/after-stream", "set in TwiML by Pepper")
 SMS = Webhook("sms", "/twilio/sms", "Twilio phone number > Messaging > A message comes in (HTTP POST)")

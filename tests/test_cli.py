@@ -141,7 +141,8 @@ def free_port() -> int:
 
 
 def start_serve(env: dict[str, str], data_dir: Path, port: int, *extra_env: tuple[str, str]) -> subprocess.Popen:
-    env = {**env, "PEPPER_DATA_DIR": str(data_dir), "PEPPER_PORT": str(port), **dict(extra_env)}
+    env = {**env, "PEPPER_DATA_DIR": str(data_dir), "PEPPER_PORT": str(port), "PEPPER_MEDIA_PORT": str(free_port()),
+           **dict(extra_env)}  # fmt: skip
     log = tempfile.TemporaryFile("w+")  # closed by stop()
     proc = subprocess.Popen([*PEPPER, "serve"], env=env, stdout=subprocess.DEVNULL, stderr=log, text=True)
     proc.log = log  # type: ignore[attr-defined]
@@ -222,6 +223,22 @@ def test_serve_on_a_busy_port_is_one_clear_line(subprocess_env, tmp_path):
     assert (
         err.strip().splitlines()[-1]
         == f"pepper: error: port {port} on 127.0.0.1 is already in use; set PEPPER_PORT to another"
+    )
+    assert "Traceback" not in err
+
+
+def test_serve_on_a_busy_media_port_is_one_clear_line(subprocess_env, tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        code, err = run_serve_expecting_failure(
+            subprocess_env, tmp_path / "data", free_port(), ("PEPPER_MEDIA_PORT", str(port))
+        )
+    assert code == 1
+    assert (
+        err.strip().splitlines()[-1]
+        == f"pepper: error: port {port} on 127.0.0.1 is already in use; set PEPPER_MEDIA_PORT to another"
     )
     assert "Traceback" not in err
 

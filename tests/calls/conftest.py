@@ -19,6 +19,7 @@ from core.settings import Settings
 from core.store import Database
 from core.testing.smtp_capture import SmtpCapture
 from core.testing.twilio_peer import TwilioPeer
+from gateway.media_server import media_port
 from gateway.server import running_app
 from voice.testing.realtime_peer import RealtimePeer, speak
 from voice.testing.twilio_caller import MediaCall, TwilioCaller
@@ -113,7 +114,14 @@ def call_settings(db_url: str, twilio: TwilioPeer, **extra: Any) -> Settings:
     """Pepper's settings for a call test: the Twilio peer, the notice, a free port."""
     return Settings(database_url=db_url, public_url=PUBLIC, twilio_account_sid=twilio.account_sid,
                     twilio_auth_token=TOKEN, twilio_api_url=twilio.api_url, openai_api_key="sk-test",
-                    voice_notice=NOTICE, port=0, graceful_timeout=2, **extra)  # fmt: skip
+                    voice_notice=NOTICE, port=0, media_port=0, graceful_timeout=2, **extra)  # fmt: skip
+
+
+def caller_for(app: Any, port: int, twilio: TwilioPeer) -> TwilioCaller:
+    """A loopback Twilio caller for a running Pepper: webhooks to its HTTP port, media to its media port."""
+    media = media_port(app.extensions["pepper"].media)
+    return TwilioCaller(TOKEN, local=f"http://127.0.0.1:{port}", public=PUBLIC, account_sid=twilio.account_sid,
+                        media_local=f"ws://127.0.0.1:{media}")  # fmt: skip
 
 
 @asynccontextmanager
@@ -130,8 +138,7 @@ async def _phone(db: Database, db_url: str, smtp: SmtpCapture | None = None) -> 
     async with TwilioPeer(auth_token=TOKEN) as twilio, RealtimePeer() as model:
         settings = call_settings(db_url, twilio, openai_realtime_url=model.websocket_url, **mail)
         async with running_app(settings, db) as (app, port):
-            caller = TwilioCaller(TOKEN, local=f"http://127.0.0.1:{port}", public=PUBLIC,
-                                  account_sid=twilio.account_sid)  # fmt: skip
+            caller = caller_for(app, port, twilio)
             phone = Phone(db, twilio, model, caller, app.extensions["pepper"], ada.id, handle.id, smtp)
             phone.tune(notice_timeout=5.0, closing_grace=3.0, filler_after=1.0)
             model.script(speak(NOTICE, ms=300))

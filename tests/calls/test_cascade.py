@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from conftest import LINE, OWNER, STRANGER, TOKEN, _set_pin, speech
+from conftest import LINE, OWNER, STRANGER, TOKEN, _set_pin, caller_for, speech
 
 from answering_service.rules import load_rules, save_rules
 from core import identity
@@ -93,12 +93,11 @@ async def line(db: Database, db_url: str, speech_models: Any) -> AsyncIterator[L
         settings = Settings(
             database_url=db_url, public_url=PUBLIC, twilio_account_sid=twilio.account_sid, twilio_auth_token=TOKEN,
             twilio_api_url=twilio.api_url, openai_api_key="sk-test", openai_base_url=model.base_url,
-            voice_engine="cascade", voice_notice=NOTICE, port=0, graceful_timeout=2, memory_jobs_interval=0,
-            scheduler_enabled=False,
+            voice_engine="cascade", voice_notice=NOTICE, port=0, media_port=0, graceful_timeout=2,
+            memory_jobs_interval=0, scheduler_enabled=False,
         )  # fmt: skip
         async with running_app(settings, db) as (app, port):
-            caller = TwilioCaller(TOKEN, local=f"http://127.0.0.1:{port}", public=PUBLIC,
-                                  account_sid=twilio.account_sid)  # fmt: skip
+            caller = caller_for(app, port, twilio)
             services = app.extensions["pepper"]
             yield Line(db, twilio, model, caller, services, ada.id)
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import pytest
 import websockets
-from conftest import LINE, NOTICE, OWNER, PIN, PUBLIC, TOKEN, Phone, _set_pin, call_settings
+from conftest import LINE, NOTICE, OWNER, PIN, TOKEN, Phone, _set_pin, call_settings, caller_for
 from google.genai import types as gt
 
 from core import identity
@@ -25,7 +25,6 @@ from voice.codec import audioop
 from voice.realtime import RealtimeDisconnected, SessionConfig
 from voice.testing.gemini_live_peer import GeminiLivePeer
 from voice.testing.realtime_peer import RealtimePeer, call_tool, speak, tone
-from voice.testing.twilio_caller import TwilioCaller
 
 GEMINI_LINE = "+14155550102"
 
@@ -59,8 +58,7 @@ async def gphone(db, db_url, monkeypatch) -> AsyncIterator[GeminiPhone]:
         settings = call_settings(db_url, twilio, openai_realtime_url=openai.websocket_url,
                                  gemini_api_key=gemini.api_key, gemini_base_url=gemini.base_url)  # fmt: skip
         async with running_app(settings, db) as (app, port):
-            caller = TwilioCaller(TOKEN, local=f"http://127.0.0.1:{port}", public=PUBLIC,
-                                  account_sid=twilio.account_sid)  # fmt: skip
+            caller = caller_for(app, port, twilio)
             phone = GeminiPhone(db, twilio, gemini, caller, app.extensions["pepper"], ada.id, handle.id, openai=openai)  # type: ignore[arg-type]
             phone.tune(notice_timeout=5.0, closing_grace=3.0, filler_after=1.0)
             gemini.script(speak(NOTICE, ms=300))

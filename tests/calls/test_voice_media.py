@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 
 from conftest import NOTICE, speech
@@ -184,3 +185,29 @@ def test_spoken_digits_are_withheld_before_verification():
     assert withhold_digits("my pin is two four six eight") == "my pin is [digits withheld]"
     assert withhold_digits("it's 1 2 3 4, thanks") == "it's [digits withheld], thanks"
     assert withhold_digits("I have two questions") == "I have two questions"
+
+
+async def test_more_calls_than_the_turn_limit_all_start_at_once(phone):
+    # A call queued behind text turns would be silence on the line: calls are not behind that limit.
+    count = phone.services.settings.max_concurrent_turns + 2
+    phone.model.script(*[speak(NOTICE, ms=200) for _ in range(count)])
+    answers = [await phone.dial_owner() for _ in range(count)]
+    async with contextlib.AsyncExitStack() as stack:
+        calls = [await stack.enter_async_context(phone.caller.media(a)) for a in answers]
+        for call in calls:
+            await call.wait(lambda c=call: any(m.name.startswith("n") for m in c.marks), within=20, what="a notice")
+        for call in calls:
+            await call.hang_up()
+    assert len(phone.model.sessions) == count
+
+
+async def test_the_media_listener_serves_only_the_media_path(phone):
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import InvalidStatus
+
+    base = phone.caller.media_local
+    try:
+        await connect(f"{base}/twilio/sms")
+        raise AssertionError("a socket on another path was accepted")
+    except InvalidStatus as exc:
+        assert exc.response.status_code == 404

@@ -107,6 +107,11 @@ class PeerSession:
     def types(self) -> list[str]:
         return [e.get("type", "") for e in self.events]
 
+    def audio_format(self, direction: str) -> str:
+        """``audio/pcmu`` or ``audio/pcm`` (24 kHz 16-bit, the API's default) for "input" or "output"."""
+        fmt = ((self.config.get("audio") or {}).get(direction) or {}).get("format") or {}
+        return str(fmt.get("type") or "audio/pcm")
+
     def tool_names(self) -> list[str]:
         return sorted(t["name"] for t in self.config.get("tools", []))
 
@@ -149,7 +154,7 @@ class _Conn:
                 self.rec.first_audio_at = time.monotonic()
             self.rec.audio_in += audio
             if self.peer.audio_hook is not None:
-                self.peer.audio_hook(audio)
+                self.peer.audio_hook(self.index, audio)
             if self.peer.vad:
                 await self.vad(audio)
             return
@@ -275,7 +280,7 @@ class RealtimePeer:
         self.vad_threshold = vad_threshold
         self.default_ms = default_ms
         self.sessions: list[PeerSession] = []
-        self.audio_hook: Callable[[bytes], None] | None = None  # each appended chunk, decoded
+        self.audio_hook: Callable[[int, bytes], None] | None = None  # (socket index, appended chunk decoded)
         self.delta_hook: Callable[[int, bytes], bytes] | None = None  # (socket index, chunk) -> chunk
         self._responses: deque[ScriptedResponse] = deque()
         self._heard: deque[str] = deque()

@@ -1,6 +1,7 @@
 """A loopback Twilio caller: places a call through Pepper's voice webhook and plays the media leg.
 
-    caller = TwilioCaller(auth_token, local="http://127.0.0.1:PORT", public="https://pepper.example")
+    caller = TwilioCaller(auth_token, local="http://127.0.0.1:PORT", public="https://pepper.example",
+                          media_local="ws://127.0.0.1:MEDIA_PORT")  # the media listener, if not PORT
     answer = await caller.dial(from_="+15551230001", to="+15559870000")    # signed webhook, TwiML parsed
     async with caller.media(answer) as call:                                  # signed wss upgrade
         call.say(speech_mulaw)          # queued behind 20 ms pacing; silence (0xFF) otherwise
@@ -74,9 +75,18 @@ def parse_twiml(text: str) -> dict[str, Any]:
 
 
 class TwilioCaller:
-    def __init__(self, auth_token: str, *, local: str, public: str, account_sid: str = "AC" + "1" * 32):
+    def __init__(
+        self,
+        auth_token: str,
+        *,
+        local: str,
+        public: str,
+        account_sid: str = "AC" + "1" * 32,
+        media_local: str | None = None,
+    ):
         self.auth_token = auth_token
         self.local = local.rstrip("/")
+        self.media_local = (media_local or local).rstrip("/")
         self.public = public.rstrip("/")
         self.account_sid = account_sid
         self._validator = RequestValidator(auth_token)
@@ -120,7 +130,7 @@ class TwilioCaller:
         return code
 
     def local_ws_url(self, public_ws_url: str) -> str:
-        local = urlsplit(self.local)
+        local = urlsplit(self.media_local)
         return f"ws://{local.netloc}{urlsplit(public_ws_url).path}"
 
     @asynccontextmanager
@@ -136,8 +146,9 @@ class TwilioCaller:
         assert answer.stream_url, "the call was not connected to a stream"
         sig = signature if signature is not None else self.sign(answer.stream_url, {})
         headers = {"X-Twilio-Signature": sig} if sig else {}
+        # A generous handshake timeout: under load (the benchmark) a busy server still answers.
         ws = await connect(self.local_ws_url(answer.stream_url), additional_headers=headers, compression=None,
-                           max_size=None)  # fmt: skip
+                           max_size=None, open_timeout=60)  # fmt: skip
         call = MediaCall(ws, call_sid or answer.call_sid, self.account_sid,
                          answer.parameters if parameters is None else parameters)  # fmt: skip
         try:
