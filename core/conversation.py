@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -95,12 +95,50 @@ async def record_inbound(
     return _message(existing), False
 
 
-async def claim_for_turn(db: Executor, message_id: int) -> bool:
-    """Take a queued message for answering; False when another process (or an earlier run) has it."""
-    claimed = await db.fetchval(
-        "UPDATE messages SET handling = 'running' WHERE id = $1 AND handling = 'queued' RETURNING id", message_id
+async def claim_next(db: Executor, worker: int) -> Any:
+    """Take the oldest queued inbound message for answering, or None when there is none.
+
+    ``worker`` is the backend pid of the claiming worker's own long-lived connection (see
+    :func:`release_orphans`). ``SKIP LOCKED`` lets several workers claim at once, each a
+    different message: a message is claimed exactly once. The row carries what a reply needs,
+    and ``turn_id``, set when a turn already started for it (an earlier worker died mid-turn).
+    """
+    return await db.fetchrow(
+        """
+        UPDATE messages m SET handling = 'running', claimed_by = $1
+        FROM conversations c
+        WHERE c.id = m.conversation_id AND m.id = (
+            SELECT id FROM messages
+            WHERE handling = 'queued' AND direction = 'inbound'
+            ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
+        RETURNING m.id, m.channel, m.body, m.handle_id, m.meta, m.provider_message_id, m.turn_id, c.account_id
+        """,
+        worker,
     )
-    return claimed is not None
+
+
+async def release_orphans(db: Executor, *, stale: timedelta, expire_after: timedelta) -> None:
+    """Queue again the messages whose worker died mid-turn; expire those too old to answer.
+
+    A claim names the worker's session; a session that no longer exists means its worker is
+    gone. Claims from before workers named themselves fall back to ``stale``.
+    """
+    await db.execute(
+        """
+        UPDATE messages SET handling = 'expired'
+        WHERE handling IN ('queued', 'running') AND created_at < now() - $1::interval
+        """,
+        expire_after,
+    )
+    await db.execute(
+        """
+        UPDATE messages SET handling = 'queued', claimed_by = NULL
+        WHERE handling = 'running' AND CASE
+            WHEN claimed_by IS NULL THEN created_at < now() - $1::interval
+            ELSE claimed_by NOT IN (SELECT pid FROM pg_stat_activity WHERE pid IS NOT NULL) END
+        """,
+        stale,
+    )
 
 
 async def finish_handling(db: Executor, message_id: int) -> None:

@@ -13,6 +13,7 @@ from gateway.limits import PathLimitedRequest
 from gateway.live import LiveFeed
 from gateway.services import Services
 from gateway.tasks import BackgroundTasks
+from gateway.worker import start_in_process
 
 log = logging.getLogger(__name__)
 
@@ -20,10 +21,12 @@ log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 256 * 1024
 
 
-def create_app(settings: Settings, db, **services) -> Quart:  # type: ignore[no-untyped-def]
+def create_app(settings: Settings, db, *, turns_in_process: bool = True, **services) -> Quart:  # type: ignore[no-untyped-def]
     """The app over an open store. ``db=None`` builds it only to list its routes (``pepper doctor``).
 
     Keyword arguments become fields of :class:`gateway.services.Services` (``harness``, ``messenger``).
+    ``turns_in_process`` runs a turn worker in this event loop; ``pepper serve`` normally runs
+    them in their own processes instead (see ``gateway.worker``).
     """
     app = Quart("pepper")
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
@@ -32,6 +35,7 @@ def create_app(settings: Settings, db, **services) -> Quart:  # type: ignore[no-
     if db is not None:
         services.setdefault("live", LiveFeed(db.dsn))
     shared = Services(settings=settings, db=db, **services)
+    worker = start_in_process(shared) if turns_in_process and db is not None else None
     app.extensions["pepper"] = shared
     app.register_blueprint(messaging.blueprint)
     app.register_blueprint(webchat.blueprint)
@@ -43,6 +47,8 @@ def create_app(settings: Settings, db, **services) -> Quart:  # type: ignore[no-
     async def start_live_feed() -> None:
         if shared.live is not None:
             await shared.live.start()
+        if worker is not None:
+            await worker.start()
 
     @app.get("/healthz")
     async def health():  # type: ignore[no-untyped-def]
@@ -61,6 +67,8 @@ def create_app(settings: Settings, db, **services) -> Quart:  # type: ignore[no-
         # Turns started by webhooks that were already acknowledged: let them finish and reply.
         if shared.calls is not None:
             shared.calls.hang_up_all()
+        if worker is not None:
+            await worker.stop(settings.graceful_timeout)
         await shared.tasks.drain(settings.graceful_timeout)
         if shared.calls is not None:
             await shared.calls.aclose()

@@ -1,9 +1,10 @@
 """Twilio SMS and WhatsApp: inbound webhooks, consent keywords, replies and delivery receipts.
 
 One inbound message: check the signature -> resolve the sender to an account -> record the message
-(idempotent on ``MessageSid``) -> acknowledge with empty TwiML -> run the turn in the background ->
-send the reply through the REST API with a status callback -> ``sent``/``delivered`` commits the
-turn's staged writes, ``failed``/``undelivered`` drops them.
+as queued (idempotent on ``MessageSid``) -> acknowledge with empty TwiML. A turn worker
+(``gateway.worker``) then claims it, runs the turn and sends the reply through the REST API with
+a status callback -> ``sent``/``delivered`` commits the turn's staged writes,
+``failed``/``undelivered`` drops them.
 """
 
 from __future__ import annotations
@@ -138,7 +139,7 @@ async def _handle_inbound(channel: str) -> Response:
     async with db.transaction() as conn:
         # A keyword's consent change commits with the message, so a retried STOP after a crash
         # is never recorded-but-not-applied.
-        message, created = await record_inbound(
+        _, created = await record_inbound(
             conn, handle.account_id, channel, inbound.body, provider_message_id=inbound.sid, handle_id=handle.id,
             handling="skipped" if word or blocked else "queued", meta=meta,
         )  # fmt: skip
@@ -157,11 +158,7 @@ async def _handle_inbound(channel: str) -> Response:
             log.info("message recorded from an opted-out handle; no reply will be sent")
         return twiml()  # Twilio confirms opt-outs itself; nothing more is ever sent after STOP
 
-    services.tasks.spawn(
-        f"turn-{channel}-{message.id}",
-        run_and_reply(services, inbound, handle.account_id, handle.id, message.id),
-    )
-    return twiml()
+    return twiml()  # recorded as queued: a turn worker picks it up
 
 
 async def _answering_reply(services: Services, inbound: Inbound) -> str | None:
@@ -178,13 +175,16 @@ async def _answering_reply(services: Services, inbound: Inbound) -> str | None:
     )
 
 
-async def run_and_reply(services: Services, inbound: Inbound, account_id: UUID, handle_id: UUID, message_id: int):
-    """Answer one recorded SMS or WhatsApp message (see ``gateway.turns.answer_message``)."""
+async def run_and_reply(
+    services: Services, inbound: Inbound, account_id: UUID, handle_id: UUID, message_id: int, *,
+    interrupted: UUID | None = None,
+) -> None:  # fmt: skip
+    """Answer one claimed SMS or WhatsApp message (see ``gateway.turns.answer_message``)."""
 
     async def send(turn_id: UUID | None, reply: str) -> None:
         await send_reply(services, inbound, account_id, handle_id, reply, turn_id)
 
-    await answer_message(services, account_id, inbound.channel, inbound.body, message_id, send)
+    await answer_message(services, account_id, inbound.channel, inbound.body, message_id, send, interrupted=interrupted)
 
 
 async def send_reply(

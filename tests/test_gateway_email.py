@@ -55,7 +55,8 @@ class Stack:
     async def settle(self) -> None:
         for _ in range(500):
             running = await self.db.fetchval("SELECT count(*) FROM turns WHERE status IN ('running', 'replied')")
-            if not running and not self.services.tasks.pending:  # type: ignore[attr-defined]
+            waiting = await self.db.fetchval("SELECT count(*) FROM messages WHERE handling IN ('queued', 'running')")
+            if not running and not waiting and not self.services.tasks.pending:  # type: ignore[attr-defined]
                 return
             await asyncio.sleep(0.01)
         raise AssertionError("turns did not finish")
