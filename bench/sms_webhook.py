@@ -2,19 +2,24 @@
 
     .venv/bin/python bench/sms_webhook.py [--rate 200] [--seconds 10]
 
-Pepper runs on a real socket over an embedded Postgres; a loopback Twilio signs each webhook and
-receives the replies; a loopback OpenAI answers the turns the webhooks start. Requests are sent
-open-loop at ``--rate`` per second, each a new signed message from the verified owner. The figure
-is the time from sending a webhook to receiving Pepper's empty-TwiML acknowledgement (target p99
-<= 20 ms). As a baseline, the same rate against ``/healthz`` (the framework plus one database
-round trip) in the same run.
+``pepper serve`` runs as a user runs it, in its own process with its turn-worker processes
+(``PEPPER_TURN_WORKERS``, default 2), over a Postgres of its own; a loopback Twilio receives the
+replies and a loopback OpenAI answers the turns the webhooks start (both in this process). The
+load comes from a third process, so neither the peers nor the server slow the clock that
+measures: requests are sent open-loop at ``--rate`` per second, each a new message from the
+verified owner, signed as Twilio signs. The figure is the time from sending a webhook to
+receiving Pepper's empty-TwiML acknowledgement (target p99 <= 20 ms), measured while the turns
+of the earlier webhooks run. As a baseline, the same rate against ``/healthz`` (the framework
+plus one database round trip) in the same run. ``BENCH_SERVER_LOG=path`` keeps the server's log.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import math
+import multiprocessing
 import os
 import signal
 import socket
@@ -41,12 +46,16 @@ def p99(values: list[float]) -> float:
     return ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)]
 
 
-async def open_loop(rate: int, seconds: float, send) -> list[float]:  # type: ignore[no-untyped-def]
+async def open_loop(rate: int, seconds: float, send) -> tuple[list[float], int]:  # type: ignore[no-untyped-def]
+    """Latencies in ms of every request (failed ones too), and how many failed."""
     latencies: list[float] = []
+    failed = 0
 
     async def one(i: int) -> None:
+        nonlocal failed
         started = time.perf_counter()
-        await send(i)
+        if not await send(i):
+            failed += 1
         latencies.append((time.perf_counter() - started) * 1000)
 
     tasks = []
@@ -57,7 +66,7 @@ async def open_loop(rate: int, seconds: float, send) -> list[float]:  # type: ig
             await asyncio.sleep(delay)
         tasks.append(asyncio.create_task(one(i), name=f"bench-request-{i}"))
     await asyncio.gather(*tasks)
-    return latencies
+    return latencies, failed
 
 
 async def main(rate: int, seconds: float) -> None:
@@ -79,7 +88,7 @@ async def main(rate: int, seconds: float) -> None:
                 "OPENAI_BASE_URL": model.base_url, "PEPPER_GRACEFUL_TIMEOUT": "60",
             }  # fmt: skip
             server = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "gateway.cli", "serve", env=env, stderr=subprocess.DEVNULL
+                sys.executable, "-m", "gateway.cli", "serve", env=env, stderr=server_log()
             )
             try:
                 await wait_healthy(port)
@@ -88,14 +97,42 @@ async def main(rate: int, seconds: float) -> None:
                 server.send_signal(signal.SIGTERM)
                 await asyncio.wait_for(server.wait(), 120)
         await db.close()
-    baseline, acks, storm_turns, storm_sent = results
+    (baseline, baseline_failed), (acks, acks_failed), storm_turns, storm_sent = results
 
     print(f"SMS webhook acknowledgement, {rate} req/s for {seconds:.0f} s ({len(acks)} requests), ms")
-    print(f"{'':28} {'median':>8} {'p99':>8}")
-    print(f"{'baseline: GET /healthz':28} {statistics.median(baseline):8.2f} {p99(baseline):8.2f}")
-    print(f"{'POST /twilio/sms (ack)':28} {statistics.median(acks):8.2f} {p99(acks):8.2f}")
-    print(f"target p99 <= 20 ms -> {'met' if p99(acks) <= 20 else 'NOT met'}")
+    print(f"{'':28} {'median':>8} {'p99':>8} {'failed':>7}")
+    print(f"{'baseline: GET /healthz':28} {statistics.median(baseline):8.2f} {p99(baseline):8.2f} {baseline_failed:7}")
+    print(f"{'POST /twilio/sms (ack)':28} {statistics.median(acks):8.2f} {p99(acks):8.2f} {acks_failed:7}")
+    print(f"target p99 <= 20 ms -> {'met' if p99(acks) <= 20 and not acks_failed else 'NOT met'}")
     print(f"duplicate storm (50 x one MessageSid): {storm_turns} turn(s), {storm_sent} reply(ies)")
+
+
+def server_log():  # type: ignore[no-untyped-def]
+    path = os.environ.get("BENCH_SERVER_LOG")
+    return open(path, "w") if path else subprocess.DEVNULL
+
+
+def load(port: int, kind: str, rate: int, seconds: float) -> tuple[list[float], int]:
+    """In the load process: ``rate`` requests a second for ``seconds``; their latencies in ms."""
+    return asyncio.run(_load(port, kind, rate, seconds))
+
+
+async def _load(port: int, kind: str, rate: int, seconds: float) -> tuple[list[float], int]:
+    local = f"http://127.0.0.1:{port}"
+    signer = TwilioPeer(auth_token=TOKEN)  # not started: it only builds and signs the forms
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+
+        async def health(_: int) -> bool:
+            async with session.get(local + "/healthz") as response:
+                await response.read()
+                return response.status == 200
+
+        async def webhook(i: int) -> bool:
+            form = signer.inbound_message(sender=OWNER, to=LINE, body=f"message {i}")
+            status, _ = await signer.post_form(local, PUBLIC, "/twilio/sms", form, session=session)
+            return status == 200
+
+        return await open_loop(rate, seconds, health if kind == "health" else webhook)
 
 
 def free_port() -> int:
@@ -119,20 +156,17 @@ async def wait_healthy(port: int) -> None:
 
 async def run_all(port, db, twilio, results, rate, seconds) -> None:  # type: ignore[no-untyped-def]
     local = f"http://127.0.0.1:{port}"
+    loop = asyncio.get_running_loop()
+    spawn = multiprocessing.get_context("spawn")
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-
-        async def health(_: int) -> None:
-            async with session.get(local + "/healthz") as response:
-                assert response.status == 200, await response.text()
-
-        async def webhook(i: int) -> None:
-            form = twilio.inbound_message(sender=OWNER, to=LINE, body=f"message {i}")
-            status, _ = await twilio.post_form(local, PUBLIC, "/twilio/sms", form, session=session)
-            assert status == 200, status
-
-        baseline = await open_loop(rate, seconds, health)
-        acks = await open_loop(rate, seconds, webhook)
-        await twilio.wait_for_sent(len(acks), within=600)
+        # Steady state, as a server that has been up a while: the turn workers are up and answering.
+        form = twilio.inbound_message(sender=OWNER, to=LINE, body="warm-up")
+        await twilio.post_form(local, PUBLIC, "/twilio/sms", form, session=session)
+        await twilio.wait_for_sent(1, within=120)
+        with concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn) as pool:
+            baseline = await loop.run_in_executor(pool, load, port, "health", rate, seconds)
+            acks = await loop.run_in_executor(pool, load, port, "sms", rate, seconds)
+        await twilio.wait_for_sent(1 + len(acks[0]) - acks[1], within=600)
 
         # The duplicate storm: 50 concurrent deliveries of one MessageSid.
         before_turns = await db.fetchval("SELECT count(*) FROM turns")

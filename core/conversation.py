@@ -71,15 +71,15 @@ async def record_inbound(
     """
     if channel not in MESSAGE_CHANNELS:
         raise InvalidInput(f"unknown channel {channel!r}")
-    conversation_id = await conversation_for(db, account_id)
+    # One statement, one round trip: this is on the path of every webhook's acknowledgement.
     row = await db.fetchrow(
         """
         INSERT INTO messages (conversation_id, handle_id, channel, direction, provider_message_id, body, handling, meta)
-        VALUES ($1, $2, $3, 'inbound', $4, $5, $6, $7::jsonb)
+        SELECT c.id, $2, $3, 'inbound', $4, $5, $6, $7::jsonb FROM conversations c WHERE c.account_id = $1
         ON CONFLICT (channel, provider_message_id) DO NOTHING
         RETURNING *
         """,
-        conversation_id,
+        account_id,
         handle_id,
         channel,
         provider_message_id,
@@ -89,9 +89,13 @@ async def record_inbound(
     )
     if row is not None:
         return _message(row), True
-    existing = await db.fetchrow(
-        "SELECT * FROM messages WHERE channel = $1 AND provider_message_id = $2", channel, provider_message_id
-    )
+    existing = None
+    if provider_message_id is not None:
+        existing = await db.fetchrow(
+            "SELECT * FROM messages WHERE channel = $1 AND provider_message_id = $2", channel, provider_message_id
+        )
+    if existing is None:
+        raise NotFound(f"no conversation for account {account_id}")
     return _message(existing), False
 
 
@@ -141,8 +145,9 @@ async def release_orphans(db: Executor, *, stale: timedelta, expire_after: timed
     )
 
 
-async def finish_handling(db: Executor, message_id: int) -> None:
-    await db.execute("UPDATE messages SET handling = 'done' WHERE id = $1", message_id)
+async def finish_handling(db: Executor, message_id: int, *, handling: str = "done") -> None:
+    """A claimed message is answered (``done``) or needed no turn after all (``skipped``)."""
+    await db.execute("UPDATE messages SET handling = $2 WHERE id = $1", message_id, handling)
 
 
 async def record_outbound(

@@ -134,14 +134,23 @@ async def _handle_inbound(channel: str) -> Response:
         return twiml()
 
     word = (inbound.opt_out_type or "").upper() or keyword(inbound.body)
-    blocked = word is None and await identity.is_blocked(db, handle.id, channel)
     meta = {"from": inbound.sender, "to": inbound.recipient}
+    if word is None:
+        # The common case, kept to one statement: an opted-out sender's message is queued too, and
+        # the turn worker records it as skipped without a turn (``gateway.worker``).
+        _, created = await record_inbound(
+            db, handle.account_id, channel, inbound.body, provider_message_id=inbound.sid, handle_id=handle.id,
+            handling="queued", meta=meta,
+        )  # fmt: skip
+        if not created:
+            log.info("duplicate delivery of a %s message; already handled", channel)
+        return twiml()
     async with db.transaction() as conn:
         # A keyword's consent change commits with the message, so a retried STOP after a crash
         # is never recorded-but-not-applied.
         _, created = await record_inbound(
             conn, handle.account_id, channel, inbound.body, provider_message_id=inbound.sid, handle_id=handle.id,
-            handling="skipped" if word or blocked else "queued", meta=meta,
+            handling="skipped", meta=meta,
         )  # fmt: skip
         if created and word in ("STOP", "START"):
             # One STOP blocks every channel that reaches the number: SMS, WhatsApp and calls.
@@ -153,12 +162,7 @@ async def _handle_inbound(channel: str) -> Response:
         return twiml()
     if word == "HELP" and not inbound.opt_out_type:
         return twiml(HELP_TEXT)  # with Advanced Opt-Out (OptOutType present) Twilio has already answered
-    if word or blocked:
-        if blocked:
-            log.info("message recorded from an opted-out handle; no reply will be sent")
-        return twiml()  # Twilio confirms opt-outs itself; nothing more is ever sent after STOP
-
-    return twiml()  # recorded as queued: a turn worker picks it up
+    return twiml()  # Twilio confirms opt-outs itself; nothing more is ever sent after STOP
 
 
 async def _answering_reply(services: Services, inbound: Inbound) -> str | None:

@@ -30,6 +30,7 @@ from typing import Any
 
 import asyncpg
 
+from core import identity
 from core.conversation import claim_next, finish_handling, release_orphans
 from core.settings import Settings
 from gateway.services import Services
@@ -124,14 +125,24 @@ class TurnWorker:
                 await asyncio.wait_for(self._wake.wait(), self._poll)
 
     def _start(self, row: Any) -> None:
+        task = self._services.tasks.spawn(f"turn-{row['channel']}-{row['id']}", self._answer(row))
+        task.add_done_callback(lambda _: self._slots.release())
+
+    async def _answer(self, row: Any) -> None:
         services = self._services
+        channel, handle_id = row["channel"], row["handle_id"]
+        if handle_id is not None and channel in identity.CONSENT_CHANNELS:
+            if await identity.is_blocked(services.db, handle_id, channel):
+                # Checked here, not in the webhook: the acknowledgement stays one statement.
+                log.info("message recorded from an opted-out handle; no turn, no reply")
+                await finish_handling(services.db, row["id"], handling="skipped")
+                return
         job = job_for(services, row)
         if job is None:
-            log.error("message %s on %s cannot be answered (missing reply details)", row["id"], row["channel"])
-            task = services.tasks.spawn(f"turn-skip-{row['id']}", finish_handling(services.db, row["id"]))
-        else:
-            task = services.tasks.spawn(f"turn-{row['channel']}-{row['id']}", job)
-        task.add_done_callback(lambda _: self._slots.release())
+            log.error("message %s on %s cannot be answered (missing reply details)", row["id"], channel)
+            await finish_handling(services.db, row["id"])
+            return
+        await job
 
 
 def start_in_process(services: Services) -> TurnWorker:

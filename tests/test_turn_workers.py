@@ -158,10 +158,15 @@ async def test_serve_runs_turns_in_worker_processes_survives_a_killed_worker_and
                 # The server starts new workers; one finds the message its dead worker held.
                 [apology] = await twilio.wait_for_sent(1, within=60)
                 assert (apology.to, apology.body) == (OWNER, APOLOGY_TEXT)
-                second = _worker_pids(server.pid)
-                assert len(second) == 2 and not second & first
-                message = await db.fetchrow("SELECT handling, turn_id FROM messages WHERE direction = 'inbound'")
-                assert message["handling"] == "done"
+                second = await _until(lambda: len(_worker_pids(server.pid)) == 2 and _worker_pids(server.pid), 30,
+                                      "two new turn workers")  # fmt: skip
+                assert not second & first
+
+                async def answered():  # type: ignore[no-untyped-def]
+                    row = await db.fetchrow("SELECT handling, turn_id FROM messages WHERE direction = 'inbound'")
+                    return row if row["handling"] == "done" else None
+
+                message = await _until(answered, 30, "the message to be marked answered")
                 turn = await db.fetchrow("SELECT status, delivery FROM turns WHERE id = $1", message["turn_id"])
                 assert turn["status"] == "failed" and "worker-died" in str(turn["delivery"])
 
