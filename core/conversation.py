@@ -99,6 +99,27 @@ async def record_inbound(
     return _message(existing), False
 
 
+# Sessions with this setting record messages without announcing them in the same transaction; the
+# caller announces them right after with :func:`announce_inbound`. Why: NOTIFY takes a global lock
+# held through the commit's flush to disk, so durable commits that notify queue up one behind the
+# other; an announcement alone writes nothing to flush, and holds the lock for microseconds.
+ANNOUNCE_LATER = {"pepper.announce": "later"}
+
+
+async def announce_inbound(db: Executor, message: Message, *, queued: bool) -> None:
+    """The announcements the message triggers skip in ``ANNOUNCE_LATER`` sessions: to open chats
+    (``pepper_messages``) and, for a queued one, to the turn workers (``pepper_turns``)."""
+    await db.execute(
+        """
+        SELECT pg_notify('pepper_messages', json_build_object('conversation_id', $1::uuid, 'id', $2::bigint)::text),
+               CASE WHEN $3 THEN pg_notify('pepper_turns', $2::text) END
+        """,
+        message.conversation_id,
+        message.id,
+        queued,
+    )
+
+
 async def claim_next(db: Executor, worker: int) -> Any:
     """Take the oldest queued inbound message for answering, or None when there is none.
 

@@ -6,6 +6,7 @@ import logging
 
 from quart import Quart, jsonify
 
+from core.conversation import ANNOUNCE_LATER
 from core.errors import DatabaseUnavailable
 from core.settings import Settings
 from gateway import answering_routes, email_channel, messaging, voice_routes, webchat
@@ -19,6 +20,8 @@ log = logging.getLogger(__name__)
 
 # Twilio's webhooks are small forms; anything far larger is not from Twilio.
 MAX_BODY_BYTES = 256 * 1024
+# Connections for recording webhook messages: each holds one for a single short statement.
+ACK_POOL_SIZE = 10
 
 
 def create_app(settings: Settings, db, *, turns_in_process: bool = True, **services) -> Quart:  # type: ignore[no-untyped-def]
@@ -47,6 +50,8 @@ def create_app(settings: Settings, db, *, turns_in_process: bool = True, **servi
     async def start_live_feed() -> None:
         if shared.live is not None:
             await shared.live.start()
+        if db is not None and shared.ack_db is None:
+            shared.ack_db = await db.side_pool(max_size=ACK_POOL_SIZE, settings=ANNOUNCE_LATER)
         if worker is not None:
             await worker.start()
 
@@ -76,6 +81,8 @@ def create_app(settings: Settings, db, *, turns_in_process: bool = True, **servi
             await shared.messenger.close()
         if shared.live is not None:
             await shared.live.stop()
+        if shared.ack_db is not None:
+            await shared.ack_db.close()
 
     return app
 

@@ -19,6 +19,7 @@ from twilio.twiml.messaging_response import MessagingResponse
 
 from core import identity
 from core.conversation import (
+    announce_inbound,
     conversation_for,
     record_inbound,
     record_outbound,
@@ -136,13 +137,16 @@ async def _handle_inbound(channel: str) -> Response:
     word = (inbound.opt_out_type or "").upper() or keyword(inbound.body)
     meta = {"from": inbound.sender, "to": inbound.recipient}
     if word is None:
-        # The common case, kept to one statement: an opted-out sender's message is queued too, and
-        # the turn worker records it as skipped without a turn (``gateway.worker``).
-        _, created = await record_inbound(
-            db, handle.account_id, channel, inbound.body, provider_message_id=inbound.sid, handle_id=handle.id,
-            handling="queued", meta=meta,
+        # The common case, kept to one durable statement: an opted-out sender's message is queued
+        # too, and the turn worker records it as skipped without a turn (``gateway.worker``).
+        message, created = await record_inbound(
+            services.ack_db, handle.account_id, channel, inbound.body, provider_message_id=inbound.sid,
+            handle_id=handle.id, handling="queued", meta=meta,
         )  # fmt: skip
-        if not created:
+        if created:
+            # Lost only if this process dies right here: the workers' sweep finds it anyway.
+            await announce_inbound(services.ack_db, message, queued=True)
+        else:
             log.info("duplicate delivery of a %s message; already handled", channel)
         return twiml()
     async with db.transaction() as conn:

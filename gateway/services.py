@@ -23,3 +23,6 @@ class Services:
     calls: Any = None  # voice.service.CallService, when phone calls are wired
     tasks: BackgroundTasks = field(default_factory=BackgroundTasks)
     live: LiveFeed | None = None  # new messages pushed to open chats
+    # Where webhooks record messages: sessions that announce after the commit (see
+    # ``core.conversation.ANNOUNCE_LATER``); opened when the app starts serving.
+    ack_db: Any = None
