@@ -56,8 +56,11 @@ async def open_loop(rate: int, seconds: float, send) -> tuple[list[float], int]:
     async def one(i: int) -> None:
         nonlocal failed
         started = time.perf_counter()
-        if not await send(i):
-            failed += 1
+        try:
+            ok = await send(i)
+        except aiohttp.ClientError:  # refused or dropped: a failure, counted with its time
+            ok = False
+        failed += not ok
         latencies.append((time.perf_counter() - started) * 1000)
 
     tasks = []
