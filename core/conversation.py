@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -72,15 +72,15 @@ async def record_inbound(
     """
     if channel not in MESSAGE_CHANNELS:
         raise InvalidInput(f"unknown channel {channel!r}")
-    conversation_id = await conversation_for(db, account_id)
+    # One statement, one round trip: this is on the path of every webhook's acknowledgement.
     row = await db.fetchrow(
         """
         INSERT INTO messages (conversation_id, handle_id, channel, direction, provider_message_id, body, handling, meta)
-        VALUES ($1, $2, $3, 'inbound', $4, $5, $6, $7::jsonb)
+        SELECT c.id, $2, $3, 'inbound', $4, $5, $6, $7::jsonb FROM conversations c WHERE c.account_id = $1
         ON CONFLICT (channel, provider_message_id) DO NOTHING
         RETURNING *
         """,
-        conversation_id,
+        account_id,
         handle_id,
         channel,
         provider_message_id,
@@ -90,22 +90,86 @@ async def record_inbound(
     )
     if row is not None:
         return _message(row), True
-    existing = await db.fetchrow(
-        "SELECT * FROM messages WHERE channel = $1 AND provider_message_id = $2", channel, provider_message_id
-    )
+    existing = None
+    if provider_message_id is not None:
+        existing = await db.fetchrow(
+            "SELECT * FROM messages WHERE channel = $1 AND provider_message_id = $2", channel, provider_message_id
+        )
+    if existing is None:
+        raise NotFound(f"no conversation for account {account_id}")
     return _message(existing), False
 
 
-async def claim_for_turn(db: Executor, message_id: int) -> bool:
-    """Take a queued message for answering; False when another process (or an earlier run) has it."""
-    claimed = await db.fetchval(
-        "UPDATE messages SET handling = 'running' WHERE id = $1 AND handling = 'queued' RETURNING id", message_id
+# Sessions with this setting record messages without announcing them in the same transaction; the
+# caller announces them right after with :func:`announce_inbound`. Why: NOTIFY takes a global lock
+# held through the commit's flush to disk, so durable commits that notify queue up one behind the
+# other; an announcement alone writes nothing to flush, and holds the lock for microseconds.
+ANNOUNCE_LATER = {"pepper.announce": "later"}
+
+
+async def announce_inbound(db: Executor, message: Message, *, queued: bool) -> None:
+    """The announcements the message triggers skip in ``ANNOUNCE_LATER`` sessions: to open chats
+    (``pepper_messages``) and, for a queued one, to the turn workers (``pepper_turns``)."""
+    await db.execute(
+        """
+        SELECT pg_notify('pepper_messages', json_build_object('conversation_id', $1::uuid, 'id', $2::bigint)::text),
+               CASE WHEN $3 THEN pg_notify('pepper_turns', $2::text) END
+        """,
+        message.conversation_id,
+        message.id,
+        queued,
     )
-    return claimed is not None
 
 
-async def finish_handling(db: Executor, message_id: int) -> None:
-    await db.execute("UPDATE messages SET handling = 'done' WHERE id = $1", message_id)
+async def claim_next(db: Executor, worker: int) -> Any:
+    """Take the oldest queued inbound message for answering, or None when there is none.
+
+    ``worker`` is the backend pid of the claiming worker's own long-lived connection (see
+    :func:`release_orphans`). ``SKIP LOCKED`` lets several workers claim at once, each a
+    different message: a message is claimed exactly once. The row carries what a reply needs,
+    and ``turn_id``, set when a turn already started for it (an earlier worker died mid-turn).
+    """
+    return await db.fetchrow(
+        """
+        UPDATE messages m SET handling = 'running', claimed_by = $1
+        FROM conversations c
+        WHERE c.id = m.conversation_id AND m.id = (
+            SELECT id FROM messages
+            WHERE handling = 'queued' AND direction = 'inbound'
+            ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
+        RETURNING m.id, m.channel, m.body, m.handle_id, m.meta, m.provider_message_id, m.turn_id, c.account_id
+        """,
+        worker,
+    )
+
+
+async def release_orphans(db: Executor, *, stale: timedelta, expire_after: timedelta) -> None:
+    """Queue again the messages whose worker died mid-turn; expire those too old to answer.
+
+    A claim names the worker's session; a session that no longer exists means its worker is
+    gone. Claims from before workers named themselves fall back to ``stale``.
+    """
+    await db.execute(
+        """
+        UPDATE messages SET handling = 'expired'
+        WHERE handling IN ('queued', 'running') AND created_at < now() - $1::interval
+        """,
+        expire_after,
+    )
+    await db.execute(
+        """
+        UPDATE messages SET handling = 'queued', claimed_by = NULL
+        WHERE handling = 'running' AND CASE
+            WHEN claimed_by IS NULL THEN created_at < now() - $1::interval
+            ELSE claimed_by NOT IN (SELECT pid FROM pg_stat_activity WHERE pid IS NOT NULL) END
+        """,
+        stale,
+    )
+
+
+async def finish_handling(db: Executor, message_id: int, *, handling: str = "done") -> None:
+    """A claimed message is answered (``done``) or needed no turn after all (``skipped``)."""
+    await db.execute("UPDATE messages SET handling = $2 WHERE id = $1", message_id, handling)
 
 
 async def record_outbound(

@@ -54,6 +54,9 @@ class Settings(BaseSettings):
         8, ge=1, validation_alias=_env("PEPPER_MAX_CONCURRENT_TURNS", "max_concurrent_turns")
     )
     graceful_timeout: float = Field(10.0, ge=0, validation_alias=_env("PEPPER_GRACEFUL_TIMEOUT", "graceful_timeout"))
+    # Processes that run text turns apart from the web server (each runs up to
+    # max_concurrent_turns at once); 0 runs turns inside the web server.
+    turn_workers: int = Field(2, ge=0, le=64, validation_alias=_env("PEPPER_TURN_WORKERS", "turn_workers"))
 
     # Model providers: the SDKs' own variable names.
     openai_api_key: SecretStr | None = Field(None, validation_alias=_env("OPENAI_API_KEY", "openai_api_key"))

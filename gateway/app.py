@@ -6,6 +6,7 @@ import logging
 
 from quart import Quart, jsonify
 
+from core.conversation import ANNOUNCE_LATER
 from core.errors import DatabaseUnavailable
 from core.settings import Settings
 from gateway import answering_routes, connect_routes, email_channel, messaging, voice_routes, webchat
@@ -14,17 +15,22 @@ from gateway.live import LiveFeed
 from gateway.services import Services
 from gateway.tasks import BackgroundTasks
 from gateway.webhooks import MEDIA_STREAM
+from gateway.worker import start_in_process
 
 log = logging.getLogger(__name__)
 
 # Twilio's webhooks are small forms; anything far larger is not from Twilio.
 MAX_BODY_BYTES = 256 * 1024
+# Connections for recording webhook messages: each holds one for a single short statement.
+ACK_POOL_SIZE = 10
 
 
-def create_app(settings: Settings, db, **services) -> Quart:  # type: ignore[no-untyped-def]
+def create_app(settings: Settings, db, *, turns_in_process: bool = True, **services) -> Quart:  # type: ignore[no-untyped-def]
     """The app over an open store. ``db=None`` builds it only to list its routes (``pepper doctor``).
 
     Keyword arguments become fields of :class:`gateway.services.Services` (``harness``, ``messenger``).
+    ``turns_in_process`` runs a turn worker in this event loop; ``pepper serve`` normally runs
+    them in their own processes instead (see ``gateway.worker``).
     """
     app = Quart("pepper")
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
@@ -33,6 +39,7 @@ def create_app(settings: Settings, db, **services) -> Quart:  # type: ignore[no-
     if db is not None:
         services.setdefault("live", LiveFeed(db.dsn))
     shared = Services(settings=settings, db=db, **services)
+    worker = start_in_process(shared) if turns_in_process and db is not None else None
     app.extensions["pepper"] = shared
     app.register_blueprint(messaging.blueprint)
     app.register_blueprint(webchat.blueprint)
@@ -45,6 +52,10 @@ def create_app(settings: Settings, db, **services) -> Quart:  # type: ignore[no-
     async def start_live_feed() -> None:
         if shared.live is not None:
             await shared.live.start()
+        if db is not None and shared.ack_db is None:
+            shared.ack_db = await db.side_pool(max_size=ACK_POOL_SIZE, settings=ANNOUNCE_LATER)
+        if worker is not None:
+            await worker.start()
 
     @app.before_serving
     async def start_media() -> None:
@@ -72,6 +83,8 @@ def create_app(settings: Settings, db, **services) -> Quart:  # type: ignore[no-
             shared.calls.hang_up_all()
         if shared.media is not None:
             shared.media.close(close_connections=False)
+        if worker is not None:
+            await worker.stop(settings.graceful_timeout)
         await shared.tasks.drain(settings.graceful_timeout)
         if shared.media is not None:
             await shared.media.wait_closed()
@@ -81,6 +94,8 @@ def create_app(settings: Settings, db, **services) -> Quart:  # type: ignore[no-
             await shared.messenger.close()
         if shared.live is not None:
             await shared.live.stop()
+        if shared.ack_db is not None:
+            await shared.ack_db.close()
 
     return app
 

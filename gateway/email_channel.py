@@ -4,10 +4,10 @@ One inbound mail: check the signature (hex HMAC-SHA256 of ``timestamp + token`` 
 signing key) and the timestamp's age -> parse the form -> the sender must have proved the From
 address (the provider's DKIM or SPF verdict, aligned with the From domain) and it must be a
 verified email handle -> in one transaction, claim the token (a reused token is refused) and
-record the message keyed by its ``Message-Id`` (a duplicate starts no second turn) -> 200 -> run
-the turn on channel ``email`` in the background -> reply by SMTP, threaded (``In-Reply-To``,
-``References``, ``Re:``), the owner always on CC -> the SMTP server accepting the reply commits
-the turn's staged writes; a refusal drops them.
+record the message as queued, keyed by its ``Message-Id`` (a duplicate starts no second turn)
+-> 200 -> a turn worker (``gateway.worker``) runs the turn on channel ``email`` -> reply by SMTP,
+threaded (``In-Reply-To``, ``References``, ``Re:``), the owner always on CC -> the SMTP server
+accepting the reply commits the turn's staged writes; a refusal drops them.
 
 Status codes follow Mailgun's retry rules: 200 done, 406 refused for good (malformed, unknown or
 unproven sender: Mailgun does not retry), 403 bad signature, stale or replayed, 413 too large.
@@ -49,6 +49,8 @@ MAX_TEXT_CHARS = 20_000
 MAX_TOKEN_LENGTH = 256
 # How many earlier Message-Ids a reply's References keeps (the thread's root and the latest ones).
 MAX_REFERENCES = 20
+EMAIL_OPT_OUT_WORDS = frozenset({"STOP", "UNSUBSCRIBE"})
+EMAIL_OPT_IN_WORDS = frozenset({"START"})
 
 
 blueprint = Blueprint("email", __name__)
@@ -312,8 +314,8 @@ async def email_webhook() -> Response:
 
     # (status, text, security event) when the mail is refused.
     refusal: tuple[int, str, str | None] | None = None
-    created = False
-    message = handle = None
+    created = skip = False
+    message = handle = word = None
     async with db.transaction() as conn:
         if not await claim_token(conn, token):
             refusal = (403, "token already used", "email-token-reused")
@@ -329,11 +331,17 @@ async def email_webhook() -> Response:
                 # An address that belongs to no account (or is not verified) never reaches an agent.
                 refusal = (406, "this address answers only the people it works for", None)
             else:
-                skip = mail.automatic or await identity.is_blocked(conn, handle.id, "email")
+                word = None if mail.automatic else opt_keyword(mail)
+                skip = mail.automatic or word is not None or await identity.is_blocked(conn, handle.id, "email")
                 message, created = await record_inbound(
                     conn, handle.account_id, "email", mail.body(), provider_message_id=mail.message_id,
                     handle_id=handle.id, handling="skipped" if skip else "queued", meta=asdict(mail),
                 )  # fmt: skip
+                if created and word is not None:
+                    # As with SMS, the consent change commits with the message that asked for it.
+                    await identity.set_consent(
+                        conn, handle.id, ("email",), opted_out=word == "STOP", source=f"email {word}"
+                    )
     if refusal is not None:
         status, text, event = refusal
         log.warning("refused an inbound email: status=%s reason=%s", status, event or "not-accepted")
@@ -346,26 +354,42 @@ async def email_webhook() -> Response:
         return _plain("ok", 200)
     if mail.automatic:
         log.info("automatic mail recorded; not answered")
-        return _plain("ok", 200)
-    if await identity.is_blocked(db, handle.id, "email"):
+    elif word is not None:
+        log.info("email %s recorded; no reply is sent", word)
+    elif skip:
         log.info("mail recorded from a handle that opted out of email; no reply will be sent")
-        return _plain("ok", 200)
-    services.tasks.spawn(
-        f"turn-email-{message.id}", run_and_reply(services, mail, handle.account_id, handle.id, message.id)
-    )
-    return _plain("ok", 200)
+    return _plain("ok", 200)  # recorded as queued: a turn worker picks it up
+
+
+def opt_keyword(mail: InboundMail) -> str | None:
+    """``STOP`` when the subject or the first line is STOP or UNSUBSCRIBE, ``START`` for START.
+
+    It blocks (or lifts the block on) mail to that address only, through the same consent record
+    the SMS keywords use; a mail that is a keyword gets no turn and no reply.
+    """
+    first_line = next((line for line in mail.text.splitlines() if line.strip()), "")
+    for candidate in (mail.subject, first_line):
+        word = candidate.strip().rstrip(".!").upper()
+        if word in EMAIL_OPT_OUT_WORDS:
+            return "STOP"
+        if word in EMAIL_OPT_IN_WORDS:
+            return "START"
+    return None
 
 
 # --- the turn and the reply ----------------------------------------------------------------------
 
 
-async def run_and_reply(services: Services, mail: InboundMail, account_id: UUID, handle_id: UUID, message_id: int):
-    """Answer one recorded mail (see ``gateway.turns.answer_message``)."""
+async def run_and_reply(
+    services: Services, mail: InboundMail, account_id: UUID, handle_id: UUID, message_id: int, *,
+    interrupted: UUID | None = None,
+) -> None:  # fmt: skip
+    """Answer one claimed mail (see ``gateway.turns.answer_message``)."""
 
     async def send(turn_id: UUID | None, reply: str) -> None:
         await send_reply(services, mail, account_id, handle_id, reply, turn_id)
 
-    await answer_message(services, account_id, "email", mail.body(), message_id, send)
+    await answer_message(services, account_id, "email", mail.body(), message_id, send, interrupted=interrupted)
 
 
 def reply_subject(subject: str) -> str:

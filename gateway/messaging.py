@@ -1,9 +1,10 @@
 """Twilio SMS and WhatsApp: inbound webhooks, consent keywords, replies and delivery receipts.
 
 One inbound message: check the signature -> resolve the sender to an account -> record the message
-(idempotent on ``MessageSid``) -> acknowledge with empty TwiML -> run the turn in the background ->
-send the reply through the REST API with a status callback -> ``sent``/``delivered`` commits the
-turn's staged writes, ``failed``/``undelivered`` drops them.
+as queued (idempotent on ``MessageSid``) -> acknowledge with empty TwiML. A turn worker
+(``gateway.worker``) then claims it, runs the turn and sends the reply through the REST API with
+a status callback -> ``sent``/``delivered`` commits the turn's staged writes,
+``failed``/``undelivered`` drops them.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from twilio.twiml.messaging_response import MessagingResponse
 
 from core import identity
 from core.conversation import (
+    announce_inbound,
     conversation_for,
     record_inbound,
     record_outbound,
@@ -133,14 +135,26 @@ async def _handle_inbound(channel: str) -> Response:
         return twiml()
 
     word = (inbound.opt_out_type or "").upper() or keyword(inbound.body)
-    blocked = word is None and await identity.is_blocked(db, handle.id, channel)
     meta = {"from": inbound.sender, "to": inbound.recipient}
+    if word is None:
+        # The common case, kept to one durable statement: an opted-out sender's message is queued
+        # too, and the turn worker records it as skipped without a turn (``gateway.worker``).
+        message, created = await record_inbound(
+            services.ack_db, handle.account_id, channel, inbound.body, provider_message_id=inbound.sid,
+            handle_id=handle.id, handling="queued", meta=meta,
+        )  # fmt: skip
+        if created:
+            # Lost only if this process dies right here: the workers' sweep finds it anyway.
+            await announce_inbound(services.ack_db, message, queued=True)
+        else:
+            log.info("duplicate delivery of a %s message; already handled", channel)
+        return twiml()
     async with db.transaction() as conn:
         # A keyword's consent change commits with the message, so a retried STOP after a crash
         # is never recorded-but-not-applied.
-        message, created = await record_inbound(
+        _, created = await record_inbound(
             conn, handle.account_id, channel, inbound.body, provider_message_id=inbound.sid, handle_id=handle.id,
-            handling="skipped" if word or blocked else "queued", meta=meta,
+            handling="skipped", meta=meta,
         )  # fmt: skip
         if created and word in ("STOP", "START"):
             # One STOP blocks every channel that reaches the number: SMS, WhatsApp and calls.
@@ -152,16 +166,7 @@ async def _handle_inbound(channel: str) -> Response:
         return twiml()
     if word == "HELP" and not inbound.opt_out_type:
         return twiml(HELP_TEXT)  # with Advanced Opt-Out (OptOutType present) Twilio has already answered
-    if word or blocked:
-        if blocked:
-            log.info("message recorded from an opted-out handle; no reply will be sent")
-        return twiml()  # Twilio confirms opt-outs itself; nothing more is ever sent after STOP
-
-    services.tasks.spawn(
-        f"turn-{channel}-{message.id}",
-        run_and_reply(services, inbound, handle.account_id, handle.id, message.id),
-    )
-    return twiml()
+    return twiml()  # Twilio confirms opt-outs itself; nothing more is ever sent after STOP
 
 
 async def _answering_reply(services: Services, inbound: Inbound) -> str | None:
@@ -178,13 +183,16 @@ async def _answering_reply(services: Services, inbound: Inbound) -> str | None:
     )
 
 
-async def run_and_reply(services: Services, inbound: Inbound, account_id: UUID, handle_id: UUID, message_id: int):
-    """Answer one recorded SMS or WhatsApp message (see ``gateway.turns.answer_message``)."""
+async def run_and_reply(
+    services: Services, inbound: Inbound, account_id: UUID, handle_id: UUID, message_id: int, *,
+    interrupted: UUID | None = None,
+) -> None:  # fmt: skip
+    """Answer one claimed SMS or WhatsApp message (see ``gateway.turns.answer_message``)."""
 
     async def send(turn_id: UUID | None, reply: str) -> None:
         await send_reply(services, inbound, account_id, handle_id, reply, turn_id)
 
-    await answer_message(services, account_id, inbound.channel, inbound.body, message_id, send)
+    await answer_message(services, account_id, inbound.channel, inbound.body, message_id, send, interrupted=interrupted)
 
 
 async def send_reply(

@@ -20,6 +20,9 @@ from core.errors import PepperError, StartupError
 from core.settings import Settings
 from core.store import Database, open_store
 from gateway.app import create_app
+from gateway.services import Services
+from gateway.tasks import BackgroundTasks
+from gateway.worker import TurnProcesses
 
 log = logging.getLogger(__name__)
 
@@ -40,17 +43,20 @@ def bind_listener(host: str, port: int, setting: str = "PEPPER_PORT") -> socket.
     return sock
 
 
-def build_app(settings: Settings, db: Database, media_listener: socket.socket | None = None) -> Quart:
-    """The app with everything it serves wired in: the harness on the model router, Twilio if set up.
+def _turn_parts(settings: Settings, db: Database) -> tuple[Any, Any, Any, Any]:
+    """What running a turn and sending its reply needs: the model router, the harness on it,
+    Twilio (if set up) and Pepper's SMTP account (if set up). The web server and every turn
+    worker build the same.
 
     The router is built even with no provider configured: a turn then tells the person plainly
     that no model is configured.
     """
     from core.models.router import ModelRouter
-    from core.tools import recover_unresolved
+    from core.tools.connectors import Connectors
+    from core.tools.starter import starter_registry
     from gateway.mailer import SmtpMailer, smtp_configured
-    from gateway.resume import resume_unanswered
     from text_loop import HarnessDeps
+    from text_loop.skills.catalog import SkillCatalog
 
     router = ModelRouter.from_settings(settings)
     messenger = None
@@ -58,32 +64,61 @@ def build_app(settings: Settings, db: Database, media_listener: socket.socket | 
         from gateway.twilio_client import TwilioMessenger
 
         messenger = TwilioMessenger(settings)
-    from core.tools.connectors import Connectors
-    from core.tools.starter import starter_registry
-    from text_loop.skills.catalog import SkillCatalog, log_problems
-
     connectors = Connectors.from_settings(settings)
     harness = HarnessDeps(
         db=db, models=router, registry=starter_registry(connectors), skills=SkillCatalog.load_builtin(),
         connectors=connectors,
     )  # fmt: skip
-    log_problems(harness.skills.report(harness.registry))  # type: ignore[union-attr]
     mailer = SmtpMailer(settings) if smtp_configured(settings) else None
+    use_embedder(settings)
+    return router, harness, messenger, mailer
+
+
+@asynccontextmanager
+async def build_turn_services(settings: Settings, db: Database) -> AsyncIterator[Services]:
+    """The services of a turn-worker process (no routes, no calls, no scheduler)."""
+    router, harness, messenger, mailer = _turn_parts(settings, db)
+    services = Services(
+        settings=settings, db=db, harness=harness, messenger=messenger, mailer=mailer,
+        tasks=BackgroundTasks(settings.max_concurrent_turns),
+    )  # fmt: skip
+    try:
+        yield services
+    finally:
+        if messenger is not None:
+            await messenger.close()
+        await router.aclose()
+
+
+def build_app(
+    settings: Settings, db: Database, media_listener: socket.socket | None = None, *, turns_in_process: bool = True
+) -> Quart:
+    """The app with everything it serves wired in: the harness on the model router, Twilio if set up.
+
+    ``turns_in_process=False`` when turn-worker processes answer the messages (``pepper serve``).
+    """
+    from core.tools import recover_unresolved
+    from text_loop.skills.catalog import log_problems
+
+    router, harness, messenger, mailer = _turn_parts(settings, db)
+    log_problems(harness.skills.report(harness.registry))  # type: ignore[union-attr]
     calls = build_calls(settings, db, harness, messenger)
-    app = create_app(settings, db, harness=harness, messenger=messenger, mailer=mailer, calls=calls,
-                     media_listener=media_listener)  # fmt: skip
+    app = create_app(
+        settings, db, turns_in_process=turns_in_process, harness=harness, messenger=messenger, mailer=mailer,
+        calls=calls, media_listener=media_listener,
+    )  # fmt: skip
 
     @app.before_serving
     async def resolve_crashed_turns() -> None:
-        # Writes a crash left staged: committed if the reply went out, dropped otherwise.
+        # Writes a crash left staged: committed if the reply went out, dropped otherwise. Messages
+        # a crash left unanswered are the turn workers' (``gateway.worker``).
         resolved = await recover_unresolved(db, harness.registry)
         if any(resolved.values()):
             log.info("resolved staged writes left by an earlier crash: %s", resolved)
-        await resume_unanswered(app.extensions["pepper"])
 
     @app.before_serving
     async def seal_connection_secrets() -> None:
-        await check_connection_secrets(db, connectors)
+        await check_connection_secrets(db, harness.connectors)
 
     if settings.scheduler_enabled:
         from gateway.scheduled import attach_scheduler
@@ -162,16 +197,21 @@ def _owner_mail(settings: Settings):  # type: ignore[no-untyped-def]
     return send_email
 
 
-def start_memory(settings: Settings, db: Database, models: Any) -> Any:
-    """The configured embedder for search, and the memory jobs loop (None when turned off)."""
+def use_embedder(settings: Settings) -> None:
+    """The configured embedder for search (in this process)."""
     from core.memory.index import EMBEDDERS
-    from core.memory.worker import MemoryWorker
     from core.models.embeddings import embedder_from_settings
 
     try:
         EMBEDDERS.use(embedder_from_settings(settings))
     except PepperError as exc:
         log.error("the configured embedding model cannot be used; search keeps the local one: %s", exc.message)
+
+
+def start_memory(settings: Settings, db: Database, models: Any) -> Any:
+    """The memory jobs loop (None when turned off)."""
+    from core.memory.worker import MemoryWorker
+
     if settings.memory_jobs_interval <= 0:
         return None
     return MemoryWorker(db, models, interval=settings.memory_jobs_interval)
@@ -212,6 +252,13 @@ async def running_app(settings: Settings, db: Database) -> AsyncIterator[tuple[Q
         await task
 
 
+def _started(workers: TurnProcesses):  # type: ignore[no-untyped-def]
+    async def start_turn_workers() -> None:
+        workers.start()
+
+    return start_turn_workers
+
+
 async def serve(settings: Settings, *, stop: asyncio.Event | None = None) -> None:
     """Run until SIGINT/SIGTERM (or ``stop`` is set), then drain requests and stop Postgres."""
     stop = stop or asyncio.Event()
@@ -233,11 +280,19 @@ async def serve(settings: Settings, *, stop: asyncio.Event | None = None) -> Non
             config.graceful_timeout = settings.graceful_timeout
             config.accesslog = None
             config.errorlog = logging.getLogger("hypercorn.error")
-            app = build_app(settings, db, media_sock)
+            app = build_app(settings, db, media_sock, turns_in_process=settings.turn_workers == 0)
+            workers = TurnProcesses(settings, db.dsn, settings.turn_workers) if settings.turn_workers else None
+            if workers is not None:
+                # After start-up recovery (registered earlier), so no worker races it.
+                app.before_serving(_started(workers))
             log.info("pepper is serving on http://%s:%s (media sockets on port %s)", settings.host, port,
                      settings.media_port)  # fmt: skip
             handed_over = True
-            await hypercorn_serve(app, config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
+            try:
+                await hypercorn_serve(app, config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
+            finally:
+                if workers is not None:
+                    await workers.stop(settings.graceful_timeout)
             log.info("pepper stopped accepting requests; closing the store")
     finally:
         if not handed_over:

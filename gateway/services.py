@@ -25,3 +25,6 @@ class Services:
     live: LiveFeed | None = None  # new messages pushed to open chats
     media: Any = None  # websockets Server for Twilio media sockets (gateway.media_server), while serving
     media_listener: Any = None  # its socket, bound before start-up (socket.socket), or None to bind then
+    # Where webhooks record messages: sessions that announce after the commit (see
+    # ``core.conversation.ANNOUNCE_LATER``); opened when the app starts serving.
+    ack_db: Any = None

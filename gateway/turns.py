@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 from uuid import UUID
 
-from core.conversation import claim_for_turn, finish_handling
+from core.conversation import finish_handling
 from core.errors import PepperError
 from gateway.services import Services
 from text_loop import deliver, run_turn
@@ -20,21 +20,37 @@ SendReply = Callable[[UUID | None, str], Awaitable[None]]
 
 
 async def answer_message(
-    services: Services, account_id: UUID, channel: str, text: str, message_id: int, send: SendReply
+    services: Services,
+    account_id: UUID,
+    channel: str,
+    text: str,
+    message_id: int,
+    send: SendReply,
+    *,
+    interrupted: UUID | None = None,
 ) -> None:
-    """Claim the message, run its turn and ``send(turn_id, reply)``; nothing if another process has it.
+    """Run the turn of a message this process claimed and ``send(turn_id, reply)``.
 
     The person always hears back: a turn that crashes sends an apology (``turn_id`` None) instead
-    of silence. The message is marked answered once the send was attempted.
+    of silence. ``interrupted`` is the turn a worker that died mid-turn left for this message:
+    running it again could repeat what it already did, so the person gets the apology and that
+    turn's staged writes are dropped. The message is marked answered once the send was attempted.
     """
-    if not await claim_for_turn(services.db, message_id):
-        return
     turn_id: UUID | None = None
     try:
-        if services.harness is None:
-            raise PepperError("the text harness is not configured")
-        outcome = await run_turn(services.harness, account_id, channel, text, inbound_message_id=message_id)
-        turn_id, reply = outcome.turn_id, outcome.reply
+        if interrupted is not None:
+            status = await services.db.fetchval("SELECT status FROM turns WHERE id = $1", interrupted)
+            if status != "running":  # the worker died after the reply went out: nothing to add
+                await finish_handling(services.db, message_id)
+                return
+            log.warning("a worker stopped in the middle of a %s turn; apologising", channel)
+            await report_delivery(services, interrupted, ok=False, detail={"reason": "worker-died"})
+            reply = APOLOGY_TEXT
+        else:
+            if services.harness is None:
+                raise PepperError("the text harness is not configured")
+            outcome = await run_turn(services.harness, account_id, channel, text, inbound_message_id=message_id)
+            turn_id, reply = outcome.turn_id, outcome.reply
     except Exception:
         log.exception("turn failed on %s", channel)
         reply = APOLOGY_TEXT

@@ -180,21 +180,22 @@ async def post_message() -> Response:
         services.db, who, "web", text, provider_message_id=f"{who}:{client_id}" if client_id else None,
         handling="queued",
     )  # fmt: skip
-    if created:
-        services.tasks.spawn(f"turn-web-{message.id}", run_web_turn(services, who, text, message.id))
     payload = {"message_id": message.id, "duplicate": not created}
     return Response(json.dumps(payload), status=202 if created else 200, content_type="application/json")
 
 
-async def run_web_turn(services: Services, account_id: UUID, text: str, message_id: int) -> None:
-    """Answer one recorded web message; the reply is recorded, which announces it to open chats."""
+async def run_web_turn(
+    services: Services, account_id: UUID, text: str, message_id: int, *, interrupted: UUID | None = None
+) -> None:
+    """Answer one claimed web message (a turn worker runs it); recording the reply announces it to
+    every open chat, in whichever process serves it (``gateway.live``)."""
 
     async def send(turn_id: UUID | None, reply: str) -> None:
         # The browser's acknowledgement of this reply is the delivery (see ``acknowledge``).
         conversation_id = await conversation_for(services.db, account_id)
         await record_outbound(services.db, conversation_id, "web", reply, turn_id=turn_id)
 
-    await answer_message(services, account_id, "web", text, message_id, send)
+    await answer_message(services, account_id, "web", text, message_id, send, interrupted=interrupted)
 
 
 @blueprint.post("/api/messages/<int:message_id>/ack")

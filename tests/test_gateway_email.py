@@ -55,7 +55,8 @@ class Stack:
     async def settle(self) -> None:
         for _ in range(500):
             running = await self.db.fetchval("SELECT count(*) FROM turns WHERE status IN ('running', 'replied')")
-            if not running and not self.services.tasks.pending:  # type: ignore[attr-defined]
+            waiting = await self.db.fetchval("SELECT count(*) FROM messages WHERE handling IN ('queued', 'running')")
+            if not running and not waiting and not self.services.tasks.pending:  # type: ignore[attr-defined]
                 return
             await asyncio.sleep(0.01)
         raise AssertionError("turns did not finish")
@@ -248,6 +249,43 @@ async def test_automatic_mail_is_recorded_but_never_answered(stack: Stack):
     await asyncio.sleep(0.1)
     assert await count(stack.db, "messages WHERE direction = 'inbound'") == 1
     assert stack.model.requests == [] and stack.smtp.received == []
+
+
+async def test_stop_by_email_blocks_mail_to_that_address_until_start_and_leaves_texts_alone(stack: Stack):
+    # STOP as the subject: recorded, no turn, no reply, and mail from Ada's address is blocked.
+    assert (await stack.post(stack.mail("", subject="STOP")))[0] == 200
+    assert await identity.is_blocked(stack.db, await handle_id(stack, ADA), "email")
+    assert not await identity.is_blocked(stack.db, await handle_id(stack, ADA_PHONE, "phone"), "sms")
+    assert not await identity.is_blocked(stack.db, await handle_id(stack, ADA_WORK), "email")
+    # While blocked, a mail is recorded but never answered.
+    assert (await stack.post(stack.mail("Are we still on for Friday?", subject="Dinner")))[0] == 200
+    await stack.settle()
+    assert stack.model.requests == [] and stack.smtp.received == []
+    # START on the first line lifts it; the next mail is answered again.
+    assert (await stack.post(stack.mail("start\n\nsorry, that was a mistake", subject="Hello")))[0] == 200
+    assert not await identity.is_blocked(stack.db, await handle_id(stack, ADA), "email")
+    stack.model.script(reply_text("Yes, Friday at 7."))
+    assert (await stack.post(stack.mail("And now?", subject="Dinner")))[0] == 200
+    [mail] = await stack.smtp.wait_for(1)
+    await stack.settle()
+    assert mail.message.get_content().strip() == "Yes, Friday at 7."
+    handling = [
+        r["handling"]
+        for r in await stack.db.fetch("SELECT handling FROM messages WHERE direction = 'inbound' ORDER BY id")
+    ]
+    assert handling == ["skipped", "skipped", "skipped", "done"]
+    # UNSUBSCRIBE as the first line blocks too; a word inside a sentence does not.
+    assert (await stack.post(stack.mail("Unsubscribe.", subject="")))[0] == 200
+    assert await identity.is_blocked(stack.db, await handle_id(stack, ADA), "email")
+    stack.model.script(reply_text("I won't."))
+    assert (await stack.post(stack.mail("please do not stop the reminders", sender=ADA_WORK, subject="x")))[0] == 200
+    await stack.smtp.wait_for(2)
+    await stack.settle()
+    assert not await identity.is_blocked(stack.db, await handle_id(stack, ADA_WORK), "email")
+
+
+async def handle_id(stack: Stack, value: str, kind: str = "email"):  # type: ignore[no-untyped-def]
+    return (await identity.find_handle(stack.db, kind, value)).id  # type: ignore[union-attr]
 
 
 # --- refusals ------------------------------------------------------------------------------------

@@ -47,7 +47,9 @@ class Stack:
         """Wait until every turn the webhooks started has finished and replied."""
         for _ in range(500):
             running = await self.db.fetchval("SELECT count(*) FROM turns WHERE status = 'running'")
-            if not running and not self.app_tasks():
+            # A message waits as queued until the turn worker claims it.
+            waiting = await self.db.fetchval("SELECT count(*) FROM messages WHERE handling IN ('queued', 'running')")
+            if not running and not waiting and not self.app_tasks():
                 return
             await asyncio.sleep(0.01)
         raise AssertionError("turns did not finish")

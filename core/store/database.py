@@ -121,6 +121,17 @@ class Database:
     async def close(self) -> None:
         await self.pool.close()
 
+    async def side_pool(self, *, max_size: int, settings: dict[str, str]) -> Database:
+        """A second pool on the same (already migrated) database whose sessions carry ``settings``."""
+        try:
+            pool = await asyncpg.create_pool(
+                self.dsn, min_size=1, max_size=max_size, init=_init_connection, timeout=CONNECT_TIMEOUT,
+                server_settings=settings,
+            )  # fmt: skip
+        except (OSError, asyncpg.PostgresError) as exc:
+            raise DatabaseUnavailable(f"cannot open a pool on {redact_dsn(self.dsn)}: {exc}") from exc
+        return Database(pool, self.dsn)
+
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[asyncpg.Connection]:
         async with self.pool.acquire() as conn, conn.transaction():

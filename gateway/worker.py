@@ -1,0 +1,255 @@
+"""Turn workers: the processes that answer recorded messages, apart from the web server.
+
+A webhook (SMS, WhatsApp, email) or a web chat post only checks the request, records the message
+as ``handling = 'queued'`` and answers at once; a trigger then announces it on ``pepper_turns``.
+Turn workers listen for that, claim queued messages with ``FOR UPDATE SKIP LOCKED`` (each message
+is claimed by exactly one worker), run the turn and send the reply. A turn never shares an event
+loop or a core with the acknowledgements, so a burst of messages cannot slow them down.
+
+``pepper serve`` starts ``PEPPER_TURN_WORKERS`` worker processes (default 2) and stops them on
+shutdown, restarting one that dies. With ``PEPPER_TURN_WORKERS=0`` the same worker runs inside
+the web server instead (one process; tests use it so).
+
+A claim records the backend pid of the worker's listening connection. When a worker dies, its
+session ends, and any worker finds the messages it held, queues them again and answers them: a
+message whose turn had not started gets its turn; one whose turn was cut short gets the apology
+(running it again could repeat what it did) and that turn's staged writes are dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import multiprocessing
+import os
+import signal
+from datetime import timedelta
+from typing import Any
+
+import asyncpg
+
+from core import identity
+from core.conversation import claim_next, finish_handling, release_orphans
+from core.settings import Settings
+from gateway.services import Services
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "pepper_turns"
+# Notifications wake a worker at once; this is only the fallback (a notification missed while the
+# listening connection was busy reconnecting, a worker that died and left messages).
+POLL_SECONDS = 2.0
+# Claims from before workers named themselves: a turn never runs this long.
+STALE_RUNNING = timedelta(minutes=10)
+# Past this, an answer would only confuse: the message is marked expired instead.
+RESUME_WINDOW = timedelta(hours=1)
+# Turn workers yield the CPU to the web server: acknowledgements first, turns with what is left.
+WORKER_NICENESS = 5
+
+
+def job_for(services: Services, row: Any) -> Any:
+    """The coroutine that answers one claimed message on its channel, or None if it cannot be."""
+    from gateway.email_channel import InboundMail
+    from gateway.email_channel import run_and_reply as run_email
+    from gateway.messaging import Inbound, run_and_reply
+    from gateway.webchat import run_web_turn
+
+    meta = row["meta"] if isinstance(row["meta"], dict) else json.loads(row["meta"] or "{}")
+    channel, account_id, interrupted = row["channel"], row["account_id"], row["turn_id"]
+    if channel in ("sms", "whatsapp") and meta.get("from") and meta.get("to") and row["handle_id"]:
+        inbound = Inbound(channel, row["provider_message_id"], meta["from"], meta["to"], row["body"], None)
+        return run_and_reply(services, inbound, account_id, row["handle_id"], row["id"], interrupted=interrupted)
+    if channel == "email" and meta.get("message_id") and row["handle_id"]:
+        fields = {**meta, "references": tuple(meta.get("references", ())),
+                  "attachments": tuple(meta.get("attachments", ()))}  # fmt: skip
+        mail = InboundMail(**fields)
+        return run_email(services, mail, account_id, row["handle_id"], row["id"], interrupted=interrupted)
+    if channel == "web":
+        return run_web_turn(services, account_id, row["body"], row["id"], interrupted=interrupted)
+    return None
+
+
+class TurnWorker:
+    """Claims queued messages and answers up to ``concurrency`` of them at once."""
+
+    def __init__(self, services: Services, *, concurrency: int, poll_seconds: float = POLL_SECONDS) -> None:
+        self._services = services
+        self._slots = asyncio.Semaphore(concurrency)
+        self._poll = poll_seconds
+        self._wake = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._conn: asyncpg.Connection | None = None
+        self._loop_task: asyncio.Task[None] | None = None
+        self.pid = 0  # the backend pid claims are recorded under
+
+    async def start(self) -> None:
+        self._conn = await asyncpg.connect(self._services.db.dsn)
+        self.pid = self._conn.get_server_pid()
+        await self._conn.add_listener(CHANNEL, lambda *_: self._wake.set())
+        self._loop_task = asyncio.get_running_loop().create_task(self._run(), name=f"turn-worker-{self.pid}")
+
+    async def stop(self, grace: float) -> None:
+        """Claim nothing more, let running turns finish for ``grace`` seconds, then close."""
+        self._stopping.set()
+        self._wake.set()
+        if self._loop_task is not None:
+            await self._loop_task
+        await self._services.tasks.drain(grace)
+        if self._conn is not None:
+            # Closing the session last: the messages of turns cut short now count as orphans.
+            await self._conn.close()
+            self._conn = None
+
+    async def _run(self) -> None:
+        db = self._services.db
+        loop = asyncio.get_running_loop()
+        swept = -self._poll
+        while not self._stopping.is_set():
+            self._wake.clear()  # before looking, so an announcement made meanwhile is not lost
+            try:
+                if loop.time() - swept >= self._poll:  # not on every announcement: it scans sessions
+                    await release_orphans(db, stale=STALE_RUNNING, expire_after=RESUME_WINDOW)
+                    swept = loop.time()
+                while not self._stopping.is_set():
+                    await self._slots.acquire()
+                    row = await claim_next(db, self.pid)
+                    if row is None:
+                        self._slots.release()
+                        break
+                    self._start(row)
+            except (OSError, asyncpg.PostgresError):
+                log.warning("turn worker could not reach the database; trying again", exc_info=True)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self._poll)
+
+    def _start(self, row: Any) -> None:
+        task = self._services.tasks.spawn(f"turn-{row['channel']}-{row['id']}", self._answer(row))
+        task.add_done_callback(lambda _: self._slots.release())
+
+    async def _answer(self, row: Any) -> None:
+        services = self._services
+        channel, handle_id = row["channel"], row["handle_id"]
+        if handle_id is not None and channel in identity.CONSENT_CHANNELS:
+            if await identity.is_blocked(services.db, handle_id, channel):
+                # Checked here, not in the webhook: the acknowledgement stays one statement.
+                log.info("message recorded from an opted-out handle; no turn, no reply")
+                await finish_handling(services.db, row["id"], handling="skipped")
+                return
+        job = job_for(services, row)
+        if job is None:
+            log.error("message %s on %s cannot be answered (missing reply details)", row["id"], channel)
+            await finish_handling(services.db, row["id"])
+            return
+        await job
+
+
+def start_in_process(services: Services) -> TurnWorker:
+    """A worker in this process and event loop (``PEPPER_TURN_WORKERS=0``, tests)."""
+    return TurnWorker(services, concurrency=services.settings.max_concurrent_turns)
+
+
+# --- worker processes ----------------------------------------------------------------------------
+
+
+class TurnProcesses:
+    """The worker processes of ``pepper serve``: started after start-up recovery, restarted when
+    one dies, stopped (SIGTERM, then their own graceful drain) before the store closes."""
+
+    def __init__(self, settings: Settings, dsn: str, count: int) -> None:
+        # The workers use the server's database, embedded or not.
+        self._settings = settings.model_copy(update={"database_url": _secret(dsn)})
+        self._count = count
+        self._context = multiprocessing.get_context("spawn")  # no inherited event loop or sockets
+        self._processes: list[Any] = []
+        self._watch: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._processes if p.is_alive()]
+
+    def start(self) -> None:
+        self._processes = [self._spawn(i) for i in range(self._count)]
+        self._watch = asyncio.get_running_loop().create_task(self._supervise(), name="turn-workers")
+        log.info("started %s turn worker process(es): %s", self._count, self.pids)
+
+    def _spawn(self, index: int) -> Any:
+        process = self._context.Process(
+            target=worker_process_main, args=(self._settings, index), name=f"pepper-turns-{index}", daemon=False
+        )
+        process.start()
+        return process
+
+    async def _supervise(self) -> None:
+        while not self._stopping:
+            await asyncio.sleep(1.0)
+            for index, process in enumerate(self._processes):
+                if not self._stopping and not process.is_alive():
+                    log.error("turn worker %s exited with %s; starting another", process.pid, process.exitcode)
+                    process.close()
+                    self._processes[index] = self._spawn(index)
+
+    async def stop(self, grace: float) -> None:
+        self._stopping = True
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
+        for process in self._processes:
+            if process.is_alive():
+                process.terminate()  # SIGTERM: the worker drains its turns for ``grace`` seconds
+        for process in self._processes:
+            await asyncio.to_thread(process.join, grace + 10)
+            if process.is_alive():
+                log.warning("turn worker %s did not stop in time; killing it", process.pid)
+                process.kill()
+                await asyncio.to_thread(process.join, 5)
+        log.info("turn workers stopped")
+
+
+def _secret(value: str) -> Any:
+    from pydantic import SecretStr
+
+    return SecretStr(value)
+
+
+def worker_process_main(settings: Settings, index: int) -> None:
+    """Entry point of one worker process."""
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format=f"%(asctime)s %(levelname)s turns-{index} %(name)s: %(message)s",
+    )
+    with contextlib.suppress(OSError):
+        os.nice(WORKER_NICENESS)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_worker_process(settings))
+
+
+async def _worker_process(settings: Settings) -> None:
+    from core.store import Database
+    from gateway.server import build_turn_services
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    parent = os.getppid()
+    assert settings.database_url is not None
+    # A turn takes a connection only while it needs one: a few per concurrent turn is plenty.
+    db = await Database.open(settings.database_url.get_secret_value(), max_size=settings.max_concurrent_turns + 4)
+    try:
+        async with build_turn_services(settings, db) as services:
+            worker = TurnWorker(services, concurrency=settings.max_concurrent_turns)
+            await worker.start()
+            log.info("turn worker ready (claims as %s)", worker.pid)
+            while not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 1.0)
+                if os.getppid() != parent:  # the server is gone: do not outlive it
+                    log.warning("pepper serve went away; turn worker stopping")
+                    break
+            await worker.stop(settings.graceful_timeout)
+    finally:
+        await db.close()

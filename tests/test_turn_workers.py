@@ -1,0 +1,183 @@
+"""Turn workers: queued messages are claimed once, answered apart from the web server, and a
+worker that dies mid-turn leaves no message silently unanswered.
+
+The last test runs ``pepper serve`` as a user would (its own process, worker processes of its own)
+against a loopback Twilio and OpenAI, and kills its workers with SIGKILL in the middle of a turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import aiohttp
+
+from core import identity
+from core.conversation import claim_next, record_inbound
+from core.settings import Settings
+from core.store import Database
+from core.testing.peers import OpenAIPeer, reply_text
+from core.testing.twilio_peer import TwilioPeer
+from gateway.server import build_turn_services
+from gateway.turns import APOLOGY_TEXT
+from gateway.worker import TurnWorker
+
+TOKEN = "twilio-test-auth-token"
+PUBLIC = "https://pepper.example.org"
+OWNER, LINE = "+14155552671", "+14155550100"
+
+
+async def test_two_claimers_racing_take_each_queued_message_exactly_once(db: Database):
+    ada = await identity.create_account(db, "Ada")
+    ids = {(await record_inbound(db, ada.id, "web", f"m{i}", handling="queued"))[0].id for i in range(30)}
+    # Two workers (pids 1 and 2), each trying far more claims than there are messages, concurrently.
+    claims = await asyncio.gather(*(claim_next(db, 1 + i % 2) for i in range(80)))
+    claimed = [row["id"] for row in claims if row is not None]
+    assert sorted(claimed) == sorted(ids)  # every message once, none twice
+    assert await claim_next(db, 1) is None
+    rows = await db.fetch("SELECT handling, claimed_by FROM messages")
+    assert {r["handling"] for r in rows} == {"running"} and {r["claimed_by"] for r in rows} <= {1, 2}
+
+
+async def test_two_workers_answer_every_queued_message_once(db: Database, db_url: str):
+    ada = await identity.create_account(db, "Ada")
+    async with OpenAIPeer() as model:
+        model.script(*(reply_text("answered") for _ in range(40)))
+        settings = Settings(database_url=db_url, openai_api_key="sk-test", openai_base_url=model.base_url)
+        async with build_turn_services(settings, db) as one, build_turn_services(settings, db) as two:
+            workers = [TurnWorker(one, concurrency=3), TurnWorker(two, concurrency=3)]
+            for worker in workers:
+                await worker.start()
+            try:
+                # Recorded after the workers listen: the announcement wakes them, no polling.
+                for i in range(12):
+                    await record_inbound(db, ada.id, "web", f"question {i}", handling="queued")
+                for _ in range(1000):
+                    if not await db.fetchval("SELECT count(*) FROM messages WHERE handling <> 'done'"):
+                        break
+                    await asyncio.sleep(0.01)
+            finally:
+                for worker in workers:
+                    await worker.stop(5)
+    inbound = await db.fetch("SELECT * FROM messages WHERE direction = 'inbound'")
+    assert {m["handling"] for m in inbound} == {"done"}
+    assert len({m["turn_id"] for m in inbound}) == 12  # one turn each
+    assert await db.fetchval("SELECT count(*) FROM turns") == 12
+    replies = await db.fetch("SELECT turn_id FROM messages WHERE direction = 'outbound'")
+    assert sorted(r["turn_id"] for r in replies) == sorted(m["turn_id"] for m in inbound)
+    assert {m["claimed_by"] for m in inbound} <= {workers[0].pid, workers[1].pid}
+
+
+# --- pepper serve, its worker processes, and a worker killed mid-turn ----------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker_pids(server_pid: int) -> set[int]:
+    """The turn-worker children of ``pepper serve`` (multiprocessing's spawned processes)."""
+    pids = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (entry / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == server_pid and b"spawn_main" in cmdline:
+            pids.add(int(entry.name))
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}").exists() and "(zombie)" not in Path(f"/proc/{pid}/status").read_text()
+
+
+async def _until(predicate, within: float, what: str):  # type: ignore[no-untyped-def]
+    for _ in range(int(within / 0.05)):
+        value = await predicate() if asyncio.iscoroutinefunction(predicate) else predicate()
+        if value:
+            return value
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def test_serve_runs_turns_in_worker_processes_survives_a_killed_worker_and_stops_them(
+    db: Database, db_url: str, subprocess_env: dict[str, str]
+):
+    ada = await identity.create_account(db, "Ada")
+    await identity.add_handle(db, ada.id, "phone", OWNER, verified=True)
+    port = _free_port()
+    local = f"http://127.0.0.1:{port}"
+    async with TwilioPeer(auth_token=TOKEN) as twilio, OpenAIPeer() as model:
+        env = {
+            **subprocess_env, "DATABASE_URL": db_url, "PEPPER_PUBLIC_URL": PUBLIC, "PEPPER_PORT": str(port),
+            "TWILIO_ACCOUNT_SID": twilio.account_sid, "TWILIO_AUTH_TOKEN": TOKEN,
+            "PEPPER_TWILIO_API_URL": twilio.api_url, "OPENAI_API_KEY": "sk-test",
+            "OPENAI_BASE_URL": model.base_url, "PEPPER_GRACEFUL_TIMEOUT": "5", "PEPPER_TURN_WORKERS": "2",
+            "PEPPER_SCHEDULER_ENABLED": "false", "PEPPER_MEMORY_JOBS_INTERVAL": "0",
+        }  # fmt: skip
+        server = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gateway.cli", "serve", env=env, stderr=asyncio.subprocess.DEVNULL
+        )
+        try:
+            async with aiohttp.ClientSession() as session:
+
+                async def healthy() -> bool:
+                    try:
+                        async with session.get(local + "/healthz") as response:
+                            return response.status == 200
+                    except aiohttp.ClientError:
+                        return False
+
+                await _until(healthy, 60, "pepper serve to be healthy")
+                first = await _until(lambda: len(_worker_pids(server.pid)) == 2 and _worker_pids(server.pid), 60,
+                                     "two turn workers")  # fmt: skip
+
+                # A turn the model takes its time over: the workers are killed in the middle of it.
+                model.script(reply_text("too late", delay=5))
+                form = twilio.inbound_message(sender=OWNER, to=LINE, body="are you there?")
+                status, _ = await twilio.post_form(local, PUBLIC, "/twilio/sms", form, session=session)
+                assert status == 200
+                await _until(lambda: model.requests, 30, "the turn to reach the model")
+                for pid in first:
+                    os.kill(pid, signal.SIGKILL)
+
+                # The server starts new workers; one finds the message its dead worker held.
+                [apology] = await twilio.wait_for_sent(1, within=60)
+                assert (apology.to, apology.body) == (OWNER, APOLOGY_TEXT)
+                second = await _until(lambda: len(_worker_pids(server.pid)) == 2 and _worker_pids(server.pid), 30,
+                                      "two new turn workers")  # fmt: skip
+                assert not second & first
+
+                async def answered():  # type: ignore[no-untyped-def]
+                    row = await db.fetchrow("SELECT handling, turn_id FROM messages WHERE direction = 'inbound'")
+                    return row if row["handling"] == "done" else None
+
+                message = await _until(answered, 30, "the message to be marked answered")
+                turn = await db.fetchrow("SELECT status, delivery FROM turns WHERE id = $1", message["turn_id"])
+                assert turn["status"] == "failed" and "worker-died" in str(turn["delivery"])
+
+                # The new workers answer the next message normally.
+                model.script(*(reply_text("Here now.") for _ in range(3)))
+                form = twilio.inbound_message(sender=OWNER, to=LINE, body="and now?")
+                await twilio.post_form(local, PUBLIC, "/twilio/sms", form, session=session)
+                [_, reply] = await twilio.wait_for_sent(2, within=60)
+                assert reply.body == "Here now." and reply.status_callback == PUBLIC + "/twilio/status"
+        finally:
+            server.send_signal(signal.SIGTERM)
+            code = await asyncio.wait_for(server.wait(), 60)
+        assert code == 0
+        assert not any(_alive(pid) for pid in second)  # the workers stopped with the server
