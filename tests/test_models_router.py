@@ -399,7 +399,8 @@ def test_only_adapters_import_vendor_model_sdks() -> None:
                     names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
                 if any(n == sdk or n.startswith(sdk + ".") for n in names for sdk in VENDOR_SDKS):
                     offenders.append(str(path.relative_to(root)))
-    assert offenders == [] or set(offenders) <= {"bench/models.py"}, offenders
+    # The benchmarks that time a raw SDK call as their baseline import it on purpose.
+    assert set(offenders) <= {"bench/models.py", "bench/gemini_live.py"}, offenders
 
 
 async def test_doctor_reports_each_tier_and_its_missing_key(tmp_path: Path) -> None:
