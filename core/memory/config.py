@@ -18,8 +18,6 @@ class MemoryConfig:
     stable offset within the hour (``core.memory.periods.person_offset``).
     ``job_*``: retries with a doubling delay, a lease so two processes never run the same job.
     ``dossier_*``: the rejection rules of a rewrite of the model's half.
-    ``index_person_min_rows``: from this many indexed chunks, a person gets an HNSW index of their
-    own (when more than one person uses the server), so scoped searches stay fast.
     """
 
     exchange_gap: timedelta = timedelta(minutes=30)
@@ -48,6 +46,5 @@ class MemoryConfig:
     index_batch: int = 64
     index_chunk_chars: int = 1_000
     index_chunk_overlap: int = 150
-    index_person_min_rows: int = 200_000
     search_limit: int = 8
     search_ef: int = 64

@@ -1,7 +1,9 @@
 """The meaning-search index: messages and documents as embedded chunks, per embedding model.
 
 Vectors of different models never mix: every row names its ``model_id``, and each model has a
-partial HNSW index (cosine) on ``embedding::vector(N)``. ``memory_index_state`` names the
+partial HNSW index (cosine) on ``embedding::vector(N)``. The table is partitioned by person (one
+partition per account, made with the account), so each person's rows have graphs of their own
+and a search scoped to them walks nobody else's. ``memory_index_state`` names the
 *active* model (searches use it) and the *target* model (indexing writes for it). Normally they
 are the same and indexing only picks up new messages. A re-index (a new embedding model) sets a
 new target: the same indexer then works through every message again, searches keep using the old
@@ -87,67 +89,29 @@ def vector_sql(model_id: str, dimensions: int) -> tuple[str, str]:
     return f"embedding::vector({int(dimensions)})", f"model_id = '{model_id}'"
 
 
-def hnsw_index_name(model_id: str, account_id: UUID | None = None) -> str:
-    """The model's HNSW index, or one person's own (``account_id``); all share the model's prefix."""
-    name = "memory_index_hnsw_" + hashlib.blake2b(model_id.encode(), digest_size=6).hexdigest()
-    return name if account_id is None else f"{name}_{account_id.hex[:16]}"
+def hnsw_index_name(model_id: str) -> str:
+    """The model's HNSW index (a partitioned index: one graph per person's partition). The
+    migration that made the table partitioned names them the same way, in SQL."""
+    return "memory_index_hnsw_" + hashlib.md5(model_id.encode(), usedforsecurity=False).hexdigest()[:12]
 
 
 def person_filter(account_id: UUID) -> str:
-    """The person filter as SQL text, so the planner can use the person's own index."""
+    """The person filter as SQL text, so the planner keeps only the person's partition when it
+    plans (with a parameter it would plan every partition and prune at run time)."""
     return f"account_id = '{UUID(str(account_id))}'"
 
 
-async def ensure_person_indexes(db: Any, model_id: str, dimensions: int, min_rows: int) -> int:
-    """Give each person with at least ``min_rows`` rows for the model an HNSW index of their own.
-
-    Searches are always filtered to one person; on the shared index the filter makes the scan
-    skip everyone else's rows, which costs more the more others there are. A person's own index
-    (partial on their account) keeps a search on their rows alone. With one person there is
-    nothing to skip, so nothing is built. Returns how many indexes were created.
-    """
-    rows = await db.fetch(
-        "SELECT account_id, count(*) AS n FROM memory_index WHERE model_id = $1 GROUP BY account_id", model_id
-    )
-    if len(rows) < 2:
-        return 0
-    existing: set[str] = set()
-    for r in await db.fetch(
-        "SELECT c.relname, i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
-        " WHERE i.indrelid = 'memory_index'::regclass AND c.relname LIKE $1",
-        hnsw_index_name(model_id) + "\\_%",
-    ):
-        if r["indisvalid"]:
-            existing.add(r["relname"])
-        else:  # a concurrent build that was interrupted: start again
-            await db.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {r['relname']}")
-    cast, where = vector_sql(model_id, dimensions)
-    created = 0
-    for r in rows:
-        name = hnsw_index_name(model_id, r["account_id"])
-        if r["n"] < min_rows or name in existing:
-            continue
-        # Concurrently: writes (a new message's rows, an account's deletion) go on meanwhile.
-        await db.execute(
-            f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON memory_index USING hnsw (({cast}) vector_cosine_ops)"
-            f" WHERE {where} AND {person_filter(r['account_id'])}"
-        )
-        created += 1
-        log.info("memory search index of its own for a person: rows=%s", r["n"])
-    return created
-
-
 async def drop_model_indexes(db: Any, model_id: str) -> None:
-    names = await db.fetch(
-        "SELECT indexname FROM pg_indexes WHERE tablename = 'memory_index' AND indexname LIKE $1",
-        hnsw_index_name(model_id) + "%",
-    )
-    for r in names:
-        await db.execute(f"DROP INDEX IF EXISTS {r['indexname']}")
+    """Drop the model's HNSW index (with it, every person's graph for the model)."""
+    await db.execute(f"DROP INDEX IF EXISTS {hnsw_index_name(model_id)}")
 
 
 async def ensure_model_index(db: Any, model_id: str, dimensions: int) -> None:
-    """Create the model's partial HNSW index if it is missing (cosine distance)."""
+    """Create the model's partial HNSW index if it is missing (cosine distance). On the
+    partitioned table this makes one graph in every person's partition, and every partition made
+    later (a new account) gets its own at once."""
+    if await db.fetchval("SELECT to_regclass($1) IS NOT NULL", hnsw_index_name(model_id)):
+        return  # checked first: CREATE INDEX IF NOT EXISTS would wait for a lock even then
     cast, where = vector_sql(model_id, dimensions)
     await db.execute(
         f"CREATE INDEX IF NOT EXISTS {hnsw_index_name(model_id)} ON memory_index"
@@ -295,6 +259,7 @@ async def index_pending(
             log.warning("no embedder for the index target; indexing waits: model=%s", state.target_model)
         return IndexProgress(state.target_model, 0, 0, 0, False, False)
     added, more = 0, True
+    await ensure_model_index(db, embedder.model_id, embedder.dimensions)
     async with connection(db) as conn:
         if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", INDEX_LOCK):
             return IndexProgress(state.target_model, 0, 0, 0, False, False)
@@ -310,8 +275,6 @@ async def index_pending(
                 if not more:
                     await _finish_if_done(conn, state, now)
                     break
-            if added:
-                await ensure_person_indexes(conn, embedder.model_id, embedder.dimensions, config.index_person_min_rows)
         finally:
             await conn.execute("SELECT pg_advisory_unlock($1)", INDEX_LOCK)
     if not count:
@@ -329,7 +292,8 @@ async def _index_batch(conn: Any, embedder: Embedder, state: IndexState, config:
         JOIN conversations c ON c.id = m.conversation_id
         LEFT JOIN turns t ON t.id = m.turn_id
         WHERE m.id > $2 AND t.kind IS DISTINCT FROM 'scheduled' AND m.body ~ '\\S'
-          AND NOT EXISTS (SELECT 1 FROM memory_index i WHERE i.model_id = $1 AND i.message_id = m.id)
+          AND NOT EXISTS (SELECT 1 FROM memory_index i
+                          WHERE i.account_id = c.account_id AND i.model_id = $1 AND i.message_id = m.id)
         ORDER BY m.id LIMIT $3
         """,
         model_id,
@@ -342,7 +306,8 @@ async def _index_batch(conn: Any, embedder: Embedder, state: IndexState, config:
             """
             SELECT d.id, d.account_id, d.title, d.body, d.created_at FROM memory_documents d
             WHERE d.id > $2 AND (d.title || d.body) ~ '\\S'
-              AND NOT EXISTS (SELECT 1 FROM memory_index i WHERE i.model_id = $1 AND i.document_id = d.id)
+              AND NOT EXISTS (SELECT 1 FROM memory_index i
+                              WHERE i.account_id = d.account_id AND i.model_id = $1 AND i.document_id = d.id)
             ORDER BY d.id LIMIT $3
             """,
             model_id,

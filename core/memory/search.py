@@ -138,30 +138,7 @@ class BuiltinMemorySearch:
         if embedder is None:
             raise SearchUnavailable(f"no embedder for the indexed model {model_id} in this process")
         (vector,) = await embedder.embed([query])
-        cast, where = vector_sql(model_id, embedder.dimensions)
-        async with transaction(db) as conn:
-            await conn.execute(
-                f"SET LOCAL hnsw.ef_search = {int(self.config.search_ef)};"
-                " SET LOCAL hnsw.iterative_scan = 'relaxed_order'"
-            )
-            rows = await conn.fetch(
-                f"""
-                WITH nearest AS (
-                    SELECT message_id, document_id, chunk_start, chunk_end, {cast} <=> $2::real[]::vector AS distance
-                    FROM memory_index WHERE {where} AND {person_filter(account_id)} AND account_id = $1
-                    ORDER BY {cast} <=> $2::real[]::vector LIMIT $3
-                )
-                SELECT n.*, m.channel, m.direction, coalesce(m.body, d.title || E'\n' || d.body) AS text,
-                       coalesce(m.created_at, d.created_at) AS created_at, d.title, d.kind
-                FROM nearest n
-                LEFT JOIN messages m ON m.id = n.message_id
-                LEFT JOIN memory_documents d ON d.id = n.document_id
-                ORDER BY n.distance
-                """,
-                account_id,
-                vector,
-                limit * 2,
-            )
+        rows = await self.nearest(db, account_id, model_id, embedder.dimensions, vector, limit * 2)
         out: list[SearchHit] = []
         seen: set[tuple[str, int]] = set()
         for r in rows:
@@ -177,6 +154,40 @@ class BuiltinMemorySearch:
             )  # fmt: skip
             out.append(hit)
         return out[:limit]
+
+    async def nearest(
+        self, db: Any, account_id: UUID, model_id: str, dimensions: int, vector: list[float], limit: int
+    ) -> list[Any]:
+        """The ``limit`` chunks of the person nearest to ``vector``, with their sources.
+
+        The person filter is SQL text, so the planner keeps only the person's partition of the
+        index and walks that partition's graph alone. The iterative scan stays on as a guard: a
+        filter the graph does not cover would still fill the results instead of returning few.
+        """
+        cast, where = vector_sql(model_id, dimensions)
+        async with transaction(db) as conn:
+            await conn.execute(
+                f"SET LOCAL hnsw.ef_search = {int(self.config.search_ef)};"
+                " SET LOCAL hnsw.iterative_scan = 'relaxed_order'"
+            )
+            return await conn.fetch(
+                f"""
+                WITH nearest AS (
+                    SELECT message_id, document_id, chunk_start, chunk_end, {cast} <=> $2::real[]::vector AS distance
+                    FROM memory_index WHERE {where} AND {person_filter(account_id)} AND account_id = $1
+                    ORDER BY {cast} <=> $2::real[]::vector LIMIT $3
+                )
+                SELECT n.*, m.channel, m.direction, coalesce(m.body, d.title || E'\n' || d.body) AS text,
+                       coalesce(m.created_at, d.created_at) AS created_at, d.title, d.kind
+                FROM nearest n
+                LEFT JOIN messages m ON m.id = n.message_id
+                LEFT JOIN memory_documents d ON d.id = n.document_id
+                ORDER BY n.distance
+                """,
+                account_id,
+                vector,
+                limit,
+            )
 
 
 class MemorySearchSlot:

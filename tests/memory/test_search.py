@@ -178,28 +178,6 @@ async def test_the_end_of_a_long_email_is_found(db, ada, search) -> None:
     assert hits[0].source_id == email and "boat rental" in hits[0].snippet
 
 
-async def test_people_with_many_rows_get_an_index_of_their_own(db, ada, bob) -> None:
-    from core.memory.config import MemoryConfig
-    from core.memory.index import hnsw_index_name, person_filter, vector_sql
-
-    await seed(db, ada.id)
-    await seed(db, bob.id, ADA_MESSAGES[:1])
-    await index_pending(db, now=NOW, config=MemoryConfig(index_person_min_rows=2))
-    names = {
-        r["indexname"] for r in await db.fetch("SELECT indexname FROM pg_indexes WHERE tablename = 'memory_index'")
-    }
-    own = hnsw_index_name(LocalEmbedder.model_id, ada.id)
-    assert own in names and hnsw_index_name(LocalEmbedder.model_id, bob.id) not in names  # Bob has one row
-    cast, where = vector_sql(LocalEmbedder.model_id, 384)
-    async with db.pool.acquire() as conn, conn.transaction():
-        await conn.execute("SET LOCAL enable_seqscan = off")
-        plan = "\n".join(r[0] for r in await conn.fetch(
-            f"EXPLAIN SELECT id FROM memory_index WHERE {where} AND {person_filter(ada.id)} AND account_id = $1"
-            f" ORDER BY {cast} <=> $2::real[]::vector LIMIT 5", ada.id, [0.1] * 384,
-        ))  # fmt: skip
-    assert own in plan
-
-
 async def test_blank_messages_never_stall_the_indexer(db, ada) -> None:
     for _ in range(70):  # more than one batch of nothing to embed
         await say(db, ada.id, T0, " \n\t ")
