@@ -12,6 +12,7 @@ from core.settings import Settings
 from gateway import answering_routes, connect_routes, email_channel, messaging, voice_routes, webchat
 from gateway.limits import PathLimitedRequest
 from gateway.live import LiveFeed
+from gateway.messaging_asgi import MessagingWebhooks
 from gateway.services import Services
 from gateway.tasks import BackgroundTasks
 from gateway.webhooks import MEDIA_STREAM
@@ -98,6 +99,11 @@ def create_app(settings: Settings, db, *, turns_in_process: bool = True, **servi
             await shared.ack_db.close()
 
     return app
+
+
+def asgi_app(app: Quart) -> MessagingWebhooks:
+    """What Hypercorn serves: the inbound message webhooks' thin layer in front of ``app``."""
+    return MessagingWebhooks(app, MAX_BODY_BYTES)
 
 
 def served_paths(app: Quart) -> set[str]:

@@ -65,11 +65,31 @@ def _services() -> Services:
     return current_app.extensions["pepper"]
 
 
-def twiml(text: str | None = None) -> Response:
-    response = MessagingResponse()
-    if text:
-        response.message(text)
-    return Response(str(response), status=200, content_type="application/xml")
+@dataclass(frozen=True)
+class Answer:
+    """A webhook's answer, independent of the web framework (Quart or ``gateway.messaging_asgi``)."""
+
+    status: int
+    body: bytes
+    content_type: str
+
+
+def twiml_answer(text: str | None = None) -> Answer:
+    if not text:
+        return EMPTY_TWIML
+    reply = MessagingResponse()
+    reply.message(text)
+    return Answer(200, str(reply).encode(), "application/xml")
+
+
+# Built once: the acknowledgement almost every webhook gets.
+EMPTY_TWIML = Answer(200, str(MessagingResponse()).encode(), "application/xml")
+REFUSED = Answer(403, b"invalid signature\n", "text/plain")
+INCOMPLETE = Answer(400, b"MessageSid, From and To are required\n", "text/plain")
+
+
+def response(answer: Answer) -> Response:
+    return Response(answer.body, status=answer.status, content_type=answer.content_type)
 
 
 def keyword(body: str) -> str | None:
@@ -83,14 +103,21 @@ def keyword(body: str) -> str | None:
     return None
 
 
+async def signed(services: Services, path: str, query_string: bytes, form: Any, headers: Any) -> bool:
+    """True for a form Twilio signed; a refusal is logged and recorded as a security event."""
+    url = public_request_url(services.settings, path, query_string)
+    if twilio_signature_ok(services.settings, url, form, headers):
+        return True
+    log.warning("refused a webhook with a missing or invalid Twilio signature")
+    await record_security_event(services.db, "twilio-signature-invalid", path=path)
+    return False
+
+
 async def _verified_form(services: Services) -> dict[str, Any] | Response:
-    """The signed form, or the response refusing it (403 for a bad signature, 400 for garbage)."""
+    """The signed form, or the response refusing it (403 for a bad signature)."""
     form = await request.form
-    url = public_request_url(services.settings, request.path, request.query_string)
-    if not twilio_signature_ok(services.settings, url, form, request.headers):
-        log.warning("refused a webhook with a missing or invalid Twilio signature")
-        await record_security_event(services.db, "twilio-signature-invalid", path=request.path)
-        return Response("invalid signature\n", status=403, content_type="text/plain")
+    if not await signed(services, request.path, request.query_string, form, request.headers):
+        return response(REFUSED)
     return form
 
 
@@ -113,13 +140,21 @@ async def whatsapp_webhook() -> Response:
 
 
 async def _handle_inbound(channel: str) -> Response:
-    services = _services()
-    form = await _verified_form(services)
-    if isinstance(form, Response):
-        return form
+    form = await request.form
+    answer = await answer_inbound(_services(), channel, request.path, request.query_string, form, request.headers)
+    return response(answer)
+
+
+async def answer_inbound(
+    services: Services, channel: str, path: str, query_string: bytes, form: Any, headers: Any
+) -> Answer:
+    """One inbound SMS or WhatsApp webhook, from its parsed form to its answer (Quart's route and
+    the thin ASGI layer in ``gateway.messaging_asgi`` both end here)."""
+    if not await signed(services, path, query_string, form, headers):
+        return REFUSED
     inbound = _inbound(form, channel)
     if inbound is None:
-        return Response("MessageSid, From and To are required\n", status=400, content_type="text/plain")
+        return INCOMPLETE
     settings, db = services.settings, services.db
 
     handle = await identity.find_handle(db, "phone", inbound.sender, default_region=settings.default_region)
@@ -128,11 +163,11 @@ async def _handle_inbound(channel: str) -> Response:
         if channel == "sms" and keyword(inbound.body) is None:
             reply = await _answering_reply(services, inbound)
             if reply is not None:
-                return twiml(reply)
+                return twiml_answer(reply)
         log.info("message from a number with no verified account on %s", channel)
         if settings.unknown_sender == "reply" and keyword(inbound.body) is None:
-            return twiml(UNKNOWN_SENDER_TEXT)
-        return twiml()
+            return twiml_answer(UNKNOWN_SENDER_TEXT)
+        return twiml_answer()
 
     word = (inbound.opt_out_type or "").upper() or keyword(inbound.body)
     meta = {"from": inbound.sender, "to": inbound.recipient}
@@ -148,7 +183,7 @@ async def _handle_inbound(channel: str) -> Response:
             await announce_inbound(services.ack_db, message, queued=True)
         else:
             log.info("duplicate delivery of a %s message; already handled", channel)
-        return twiml()
+        return twiml_answer()
     async with db.transaction() as conn:
         # A keyword's consent change commits with the message, so a retried STOP after a crash
         # is never recorded-but-not-applied.
@@ -163,10 +198,10 @@ async def _handle_inbound(channel: str) -> Response:
             )
     if not created:
         log.info("duplicate delivery of a %s message; already handled", channel)
-        return twiml()
+        return twiml_answer()
     if word == "HELP" and not inbound.opt_out_type:
-        return twiml(HELP_TEXT)  # with Advanced Opt-Out (OptOutType present) Twilio has already answered
-    return twiml()  # Twilio confirms opt-outs itself; nothing more is ever sent after STOP
+        return twiml_answer(HELP_TEXT)  # with Advanced Opt-Out (OptOutType present) Twilio has already answered
+    return twiml_answer()  # Twilio confirms opt-outs itself; nothing more is ever sent after STOP
 
 
 async def _answering_reply(services: Services, inbound: Inbound) -> str | None:

@@ -19,7 +19,7 @@ from quart import Quart
 from core.errors import PepperError, StartupError
 from core.settings import Settings
 from core.store import Database, open_store
-from gateway.app import create_app
+from gateway.app import asgi_app, create_app
 from gateway.services import Services
 from gateway.tasks import BackgroundTasks
 from gateway.worker import TurnProcesses
@@ -235,7 +235,7 @@ async def running_app(settings: Settings, db: Database) -> AsyncIterator[tuple[Q
     app = build_app(settings, db, media_sock)
     stop = asyncio.Event()
     task = asyncio.get_running_loop().create_task(
-        hypercorn_serve(app, config, shutdown_trigger=stop.wait),  # type: ignore[arg-type]
+        hypercorn_serve(asgi_app(app), config, shutdown_trigger=stop.wait),  # type: ignore[arg-type]
         name=f"pepper-server-{port}",
     )
     try:
@@ -289,7 +289,7 @@ async def serve(settings: Settings, *, stop: asyncio.Event | None = None) -> Non
                      settings.media_port)  # fmt: skip
             handed_over = True
             try:
-                await hypercorn_serve(app, config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
+                await hypercorn_serve(asgi_app(app), config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
             finally:
                 if workers is not None:
                     await workers.stop(settings.graceful_timeout)

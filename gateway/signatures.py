@@ -8,6 +8,7 @@ used when Twilio says so in ``X-Twilio-Webhooks-Signature-Settings``.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import lru_cache
 from typing import Any
 
 from twilio.request_validator import RequestValidator, get_signature_algorithm
@@ -37,6 +38,12 @@ def twilio_signature_ok(
             secret = settings.twilio_webhook_shared_key.get_secret_value()
         else:
             return False
-        return bool(RequestValidator(secret).validate(url, params, signature, algorithm=algorithm))
+        return bool(_validator(secret).validate(url, params, signature, algorithm=algorithm))
     except (ValueError, TypeError, KeyError):
         return False
+
+
+@lru_cache(maxsize=4)
+def _validator(secret: str) -> RequestValidator:
+    """One validator per secret (the auth token and, if set, the shared key), not one per request."""
+    return RequestValidator(secret)

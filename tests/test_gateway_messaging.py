@@ -7,6 +7,7 @@ import asyncio
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from urllib.parse import urlencode
 
 import aiohttp
 import pytest
@@ -119,6 +120,31 @@ async def test_malformed_and_oversized_webhooks_get_a_clear_4xx(stack: Stack):
     huge = stack.twilio.inbound_message(sender=OWNER, to=PEPPER_NUMBER, body="x" * 400_000)
     status, _ = await stack.twilio.post_form(stack.local, PUBLIC, "/twilio/sms", huge)
     assert status == 413
+    assert await count(stack.db, "messages") == 0
+
+
+async def test_an_oversized_body_without_a_length_or_as_json_is_refused_too(stack: Stack):
+    """The thin ASGI layer reads the form itself: a chunked body over the limit gets a 413 before
+    anything is checked, and a body that is not a form falls through to Quart (an empty form: 403)."""
+    form = stack.twilio.inbound_message(sender=OWNER, to=PEPPER_NUMBER, body="x" * 400_000)
+    headers = {
+        "X-Twilio-Signature": stack.twilio.sign(PUBLIC + "/twilio/sms", form),
+        "Content-Type": "application/x-www-form-urlencoded",
+    }
+    encoded = urlencode(form)
+
+    async def chunks():  # type: ignore[no-untyped-def]
+        for start in range(0, len(encoded), 65536):
+            yield encoded[start : start + 65536].encode()
+
+    async with stack.session.post(stack.local + "/twilio/sms", data=chunks(), headers=headers) as response:
+        assert response.status == 413 and "too large" in await response.text()
+    small = stack.twilio.inbound_message(sender=OWNER, to=PEPPER_NUMBER, body="hi")
+    sig = stack.twilio.sign(PUBLIC + "/twilio/whatsapp", small)
+    async with stack.session.post(
+        stack.local + "/twilio/whatsapp", json=small, headers={"X-Twilio-Signature": sig}
+    ) as response:
+        assert response.status == 403
     assert await count(stack.db, "messages") == 0
 
 
