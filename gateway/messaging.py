@@ -157,7 +157,8 @@ async def answer_inbound(
         return INCOMPLETE
     settings, db = services.settings, services.db
 
-    handle = await identity.find_handle(db, "phone", inbound.sender, default_region=settings.default_region)
+    ack_db = services.ack_db  # the hot path: its pool skips the reset round trip (``Database.side_pool``)
+    handle = await identity.find_handle(ack_db, "phone", inbound.sender, default_region=settings.default_region)
     if handle is None or not handle.verified:
         # A number that belongs to no account (or is not verified) never reaches anyone's agent.
         if channel == "sms" and keyword(inbound.body) is None:
@@ -175,12 +176,12 @@ async def answer_inbound(
         # The common case, kept to one durable statement: an opted-out sender's message is queued
         # too, and the turn worker records it as skipped without a turn (``gateway.worker``).
         message, created = await record_inbound(
-            services.ack_db, handle.account_id, channel, inbound.body, provider_message_id=inbound.sid,
+            ack_db, handle.account_id, channel, inbound.body, provider_message_id=inbound.sid,
             handle_id=handle.id, handling="queued", meta=meta,
         )  # fmt: skip
         if created:
             # Lost only if this process dies right here: the workers' sweep finds it anyway.
-            await announce_inbound(services.ack_db, message, queued=True)
+            await announce_inbound(ack_db, message, queued=True)
         else:
             log.info("duplicate delivery of a %s message; already handled", channel)
         return twiml_answer()

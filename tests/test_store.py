@@ -31,6 +31,20 @@ async def test_a_fresh_database_is_migrated_and_vectors_round_trip(db: Database)
     assert (await db.health())["pending_migrations"] == 0
 
 
+async def test_a_side_pool_keeps_its_session_settings_and_rolls_back_an_open_transaction(db: Database):
+    side = await db.side_pool(max_size=1, settings={"application_name": "pepper-side"})
+    try:
+        async with side.pool.acquire() as conn:
+            await conn.execute("BEGIN")  # left open by mistake
+            await conn.execute("INSERT INTO accounts (name) VALUES ('never')")
+        async with side.pool.acquire() as conn:  # the same session (one connection), not reset
+            assert not conn.is_in_transaction()
+            assert await conn.fetchval("SHOW application_name") == "pepper-side"
+        assert await db.fetchval("SELECT count(*) FROM accounts WHERE name = 'never'") == 0
+    finally:
+        await side.close()
+
+
 async def test_two_processes_migrating_at_once_apply_each_migration_once(db_factory: DatabaseFactory):
     dsn = await db_factory.create_empty()
     slow = [

@@ -122,11 +122,17 @@ class Database:
         await self.pool.close()
 
     async def side_pool(self, *, max_size: int, settings: dict[str, str]) -> Database:
-        """A second pool on the same (already migrated) database whose sessions carry ``settings``."""
+        """A second pool on the same (already migrated) database whose sessions carry ``settings``.
+
+        It is for single statements and short transactions, never LISTEN, advisory locks, cursors
+        or SET: a connection goes back to the pool without asyncpg's reset query, a round trip
+        per use that on a hot path costs as much as the statement (an open transaction is still
+        rolled back).
+        """
         try:
             pool = await asyncpg.create_pool(
                 self.dsn, min_size=1, max_size=max_size, init=_init_connection, timeout=CONNECT_TIMEOUT,
-                server_settings=settings,
+                server_settings=settings, reset=_keep_session,
             )  # fmt: skip
         except (OSError, asyncpg.PostgresError) as exc:
             raise DatabaseUnavailable(f"cannot open a pool on {redact_dsn(self.dsn)}: {exc}") from exc
@@ -160,3 +166,7 @@ class Database:
             raise DatabaseUnavailable(f"database check failed: {exc}") from exc
         pending = [v for v in shipped_versions() if v not in applied]
         return {"schema_version": max(applied, default=None), "pending_migrations": len(pending)}
+
+
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """A side pool's reset: nothing beyond asyncpg's own rollback of an open transaction."""
