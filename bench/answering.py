@@ -27,35 +27,17 @@ from answering_service.tools import CallerCall, make_tools
 from core.identity import add_handle, assign_line, create_account
 from core.settings import Settings
 from core.store import Database
+from core.testing.calendar_data import SERIES, SINGLES, fill_calendar
 from core.testing.postgres import DatabaseFactory, test_server
 from core.testing.twilio_peer import TwilioPeer
-from core.tools.areas.calendar.store import ensure_pepper_calendar, insert_event
 from core.tools.context import SessionContext
 from core.tools.registry import Tool, ToolContext, ToolOutcome
-
-SINGLES, SERIES = 4600, 400
-RULES = ("FREQ=DAILY", "FREQ=WEEKLY;BYDAY=MO,TU,WE,TH,FR", "FREQ=WEEKLY", "FREQ=MONTHLY;COUNT=24")
 
 
 def _stats(label: str, times: list[float]) -> None:
     times.sort()
     p99 = times[min(len(times) - 1, int(len(times) * 0.99))]
     print(f"{label}: median {statistics.median(times):.1f} ms, p99 {p99:.1f} ms ({len(times)} runs)")
-
-
-async def fill(db: Database, account_id, origin: datetime, rng: random.Random) -> None:
-    calendar_id = await ensure_pepper_calendar(db, account_id)
-    async with db.pool.acquire() as conn, conn.transaction():
-        for i in range(SINGLES):
-            start = origin + timedelta(minutes=15 * rng.randrange(0, 4 * 24 * 365))
-            end = start + timedelta(minutes=rng.choice((15, 30, 60, 90)))
-            await insert_event(conn, account_id, calendar_id, title=f"e{i}", start=start, end=end, tzid="Europe/Paris")
-        for i in range(SERIES):
-            start = origin + timedelta(days=rng.randrange(0, 365), hours=rng.randrange(7, 19))
-            await insert_event(
-                conn, account_id, calendar_id, title=f"s{i}", start=start, end=start + timedelta(minutes=45),
-                tzid="Europe/Paris", rrule=RULES[i % len(RULES)],
-            )  # fmt: skip
 
 
 async def nothing(ctx, args):  # type: ignore[no-untyped-def]
@@ -72,7 +54,7 @@ async def bench(queries: int, calls: int) -> None:
             account = await create_account(db, "Bench", timezone="Europe/Paris")
             rng = random.Random(5000)
             now = datetime.now(UTC)
-            await fill(db, account.id, now - timedelta(days=30), rng)
+            await fill_calendar(db, account.id, now - timedelta(days=30), rng, days=365)
             rules = dataclasses.replace(Rules(account.id, timezone="Europe/Paris"), booking_enabled=True,
                                         working_hours=parse_hours("mon-fri=08:00-18:00"), horizon_days=300)  # fmt: skip
             end_call = Tool("end_call", "", {"type": "object", "properties": {}}, nothing, area="answering")

@@ -24,30 +24,9 @@ from datetime import UTC, datetime, timedelta
 
 from core.identity import create_account
 from core.store import Database
+from core.testing.calendar_data import SERIES, SINGLES, fill_calendar
 from core.testing.postgres import DatabaseFactory, test_server
 from core.tools.areas.calendar import free_busy
-from core.tools.areas.calendar.store import ensure_pepper_calendar, insert_event
-
-SINGLES = 4600
-SERIES = 400
-RULES = ("FREQ=DAILY", "FREQ=WEEKLY;BYDAY=MO,TU,WE,TH,FR", "FREQ=WEEKLY", "FREQ=MONTHLY;COUNT=24")
-
-
-async def fill(db: Database, account_id, rng: random.Random) -> None:
-    calendar_id = await ensure_pepper_calendar(db, account_id)
-    origin = datetime(2025, 1, 1, tzinfo=UTC)
-    async with db.pool.acquire() as conn, conn.transaction():
-        for i in range(SINGLES):
-            start = origin + timedelta(minutes=15 * rng.randrange(0, 4 * 24 * 730))
-            end = start + timedelta(minutes=rng.choice((15, 30, 60, 90)))
-            await insert_event(conn, account_id, calendar_id, title=f"e{i}", start=start, end=end, tzid="Europe/Paris")
-        for i in range(SERIES):
-            start = origin + timedelta(days=rng.randrange(0, 365), hours=rng.randrange(7, 19))
-            await insert_event(
-                conn, account_id, calendar_id, title=f"s{i}", start=start, end=start + timedelta(minutes=45),
-                tzid="Europe/Paris", rrule=RULES[i % len(RULES)],
-            )  # fmt: skip
-
 
 # The baseline: every row the window touches, singles and series alike, straight from Postgres.
 RAW = """
@@ -73,7 +52,7 @@ async def bench(queries: int) -> None:
             account = await create_account(db, "Bench", timezone="Europe/Paris")
             rng = random.Random(5000)
             t0 = time.perf_counter()
-            await fill(db, account.id, rng)
+            await fill_calendar(db, account.id, datetime(2025, 1, 1, tzinfo=UTC), rng, days=730)
             print(f"filled {SINGLES + SERIES} events in {time.perf_counter() - t0:.1f} s")
             times, baseline, intervals = [], [], []
             for n in range(queries + 10):
