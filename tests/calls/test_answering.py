@@ -7,7 +7,7 @@ import asyncio
 import json
 from datetime import UTC, datetime, time, timedelta
 
-from conftest import ANSWERING_LINE, LINE, OWNER, PIN, STRANGER, speech, until, workday
+from phone_support import ANSWERING_LINE, LINE, OWNER, PIN, STRANGER, speech, until, workday
 
 from answering_service.rules import load_rules, parse_hours, save_rules
 from answering_service.tools import ANSWERING_POLICY, PROFILE

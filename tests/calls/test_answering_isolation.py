@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, time, timedelta
 from typing import Any
 
-from conftest import ANSWERING_LINE, LINE, OWNER, PIN, speech, until, workday
+from phone_support import ANSWERING_LINE, LINE, OWNER, PIN, speech, until, workday
 
 from answering_service.rules import load_rules, save_rules
 from core import identity

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from conftest import LINE, OWNER, STRANGER, TOKEN, _set_pin, caller_for, speech
+from phone_support import LINE, OWNER, STRANGER, TOKEN, _set_pin, caller_for, speech
 
 from answering_service.rules import load_rules, save_rules
 from core import identity

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import pytest
 import websockets
-from conftest import LINE, NOTICE, OWNER, PIN, TOKEN, Phone, _set_pin, call_settings, caller_for
 from google.genai import types as gt
+from phone_support import LINE, NOTICE, OWNER, PIN, TOKEN, Phone, _set_pin, call_settings, caller_for
 
 from core import identity
 from core.models.types import ToolSpec

@@ -8,7 +8,7 @@ import base64
 import contextlib
 import json
 
-from conftest import NOTICE, speech
+from phone_support import NOTICE, speech
 
 from voice.testing.realtime_peer import speak
 

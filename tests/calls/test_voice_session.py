@@ -7,7 +7,7 @@ import asyncio
 import json
 import re
 
-from conftest import PIN, speech
+from phone_support import PIN, speech
 
 from core.conversation import conversation_for, record_inbound
 from core.tools.registry import Tool, ToolOutcome

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conftest import ANSWERING_LINE, LINE, OWNER, PUBLIC, STRANGER
+from phone_support import ANSWERING_LINE, LINE, OWNER, PUBLIC, STRANGER
 
 from core import identity
 from voice import routing

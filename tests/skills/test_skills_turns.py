@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from conftest import make_catalog, outputs, tool_names, turn_record, user_texts
+from skill_support import make_catalog, outputs, tool_names, turn_record, user_texts
 
 from core.testing.peers import ScriptedCall, reply_text, reply_tools
 from text_loop import HarnessConfig, run_turn
