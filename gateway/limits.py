@@ -23,6 +23,12 @@ class PathLimitedRequest(Request):
     """A request whose body limit is ``LARGER_BODIES[path]`` where set, else the app's."""
 
     def __init__(self, method: str, scheme: str, path: str, *args: Any, **kwargs: Any) -> None:
-        if path in LARGER_BODIES:
-            kwargs["max_content_length"] = LARGER_BODIES[path]
+        larger = LARGER_BODIES.get(path)
+        if larger is not None:
+            kwargs["max_content_length"] = larger
         super().__init__(method, scheme, path, *args, **kwargs)
+        if larger is not None:
+            # The argument only bounds the body. The form parser reads the property, which otherwise
+            # falls back to the app's small limit and refuses a body that arrived in one piece (as
+            # it does when the handler runs late on a busy machine) even though it streams fine.
+            self.max_content_length = larger
