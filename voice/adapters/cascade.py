@@ -272,6 +272,9 @@ class CascadeConnection:
         self._received_ms = 0
         self.timings = engine.timings
         self.tts_fallbacks = 0
+        warm = getattr(self._tts, "warm", None)
+        if warm is not None:  # a provider's socket opens while the session sets up
+            self._spawn("warm-tts", warm())
 
     def _next(self, prefix: str) -> str:
         self._seq += 1

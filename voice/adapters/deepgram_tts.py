@@ -77,6 +77,7 @@ class DeepgramSpeech:
         self._stack: contextlib.AsyncExitStack | None = None
         self._socket: Any = None
         self._clearing = False  # a Clear was sent and its Cleared not read yet
+        self._connecting = asyncio.Lock()
         self.sentences = 0
 
     async def _open(self) -> Any:
@@ -89,15 +90,30 @@ class DeepgramSpeech:
             except (TimeoutError, websockets.exceptions.WebSocketException):
                 await self._drop()
         if self._socket is None:
-            stack = contextlib.AsyncExitStack()
-            try:
-                async with asyncio.timeout(CONNECT_SECONDS):
-                    self._socket = await self._tts.connect(stack)
-            except (ApiError, OSError, TimeoutError, websockets.exceptions.WebSocketException) as exc:
-                await stack.aclose()
-                raise TextToSpeechFailed(f"Deepgram speech unavailable ({_reason(exc)})", retryable=True) from None
-            self._stack = stack
+            async with self._connecting:  # warm() may be opening it already
+                if self._socket is None:
+                    await self._connect()
         return self._socket
+
+    async def _connect(self) -> None:
+        stack = contextlib.AsyncExitStack()
+        try:
+            async with asyncio.timeout(CONNECT_SECONDS):
+                self._socket = await self._tts.connect(stack)
+        except (ApiError, OSError, TimeoutError, websockets.exceptions.WebSocketException) as exc:
+            await stack.aclose()
+            raise TextToSpeechFailed(f"Deepgram speech unavailable ({_reason(exc)})", retryable=True) from None
+        except BaseException:
+            await stack.aclose()
+            raise
+        self._stack = stack
+
+    async def warm(self) -> None:
+        """Open the socket before the first sentence (the notice), so it waits for no handshake."""
+        try:
+            await self._open()
+        except TextToSpeechFailed as exc:
+            log.warning("Deepgram speech could not be opened ahead: %s", exc)
 
     async def _drop(self) -> None:
         stack, self._stack, self._socket, self._clearing = self._stack, None, None, False
