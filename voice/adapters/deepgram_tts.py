@@ -4,7 +4,7 @@
 Deepgram is asked for ``encoding=mulaw`` and ``sample_rate=8000``: the websocket sends raw audio
 (no container), which is exactly what Twilio plays, so nothing is decoded or resampled here.
 
-One socket per call, opened on the call's first sentence and kept for the rest of it: each
+One socket per call, opened as the call starts (:meth:`DeepgramSpeech.warm`) and kept: each
 sentence is a ``Speak`` and a ``Flush``, and its audio is the binary messages up to ``Flushed``.
 A cancelled sentence (barge-in) sends ``Clear``; the next sentence first reads up to ``Cleared``
 so no audio of the interrupted one leaks into it. Any failure (refused handshake, a ``Warning``,
@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from deepgram.core.api_error import ApiError
-from deepgram.speak.v1.types import SpeakV1Text, SpeakV1Warning
+from deepgram.speak.v1.types import SpeakV1Text
 
 from voice.adapters.deepgram_client import deepgram_client
 from voice.realtime import RealtimeError
@@ -77,6 +77,7 @@ class DeepgramSpeech:
         self._stack: contextlib.AsyncExitStack | None = None
         self._socket: Any = None
         self._clearing = False  # a Clear was sent and its Cleared not read yet
+        self._in_flight = False  # a Speak was sent and its Flushed not read yet
         self._connecting = asyncio.Lock()
         self.sentences = 0
 
@@ -117,6 +118,7 @@ class DeepgramSpeech:
 
     async def _drop(self) -> None:
         stack, self._stack, self._socket, self._clearing = self._stack, None, None, False
+        self._in_flight = False
         if stack is not None:
             with contextlib.suppress(Exception):
                 await stack.aclose()
@@ -127,6 +129,7 @@ class DeepgramSpeech:
         for attempt in (1, 2):
             socket = await self._open()
             try:
+                self._in_flight = True
                 await socket.send_text(SpeakV1Text(type="Speak", text=text))
                 await socket.send_flush()
                 return socket
@@ -141,11 +144,10 @@ class DeepgramSpeech:
         text = text.strip()
         if not text:
             return
-        socket = await self._start(text)
-        self.sentences += 1
         pending = bytearray()
-        finished = False
         try:
+            socket = await self._start(text)
+            self.sentences += 1
             while True:
                 async with asyncio.timeout(SILENCE_SECONDS):
                     message = await socket.recv()
@@ -155,10 +157,11 @@ class DeepgramSpeech:
                         yield bytes(pending[:CHUNK_BYTES])
                         del pending[:CHUNK_BYTES]
                 elif _kind(message) == "Flushed":
-                    finished = True
+                    self._in_flight = False
                     break
-                elif isinstance(message, SpeakV1Warning):
-                    raise TextToSpeechFailed(f"Deepgram speech warning ({message.code})", retryable=True)
+                elif _kind(message) == "Warning":
+                    code = getattr(message, "code", "")
+                    raise TextToSpeechFailed(f"Deepgram speech warning ({code})", retryable=True)
         except (TimeoutError, websockets.exceptions.WebSocketException) as exc:
             await self._drop()
             raise TextToSpeechFailed(f"Deepgram speech failed ({_reason(exc)})", retryable=True) from None
@@ -166,10 +169,11 @@ class DeepgramSpeech:
             await self._drop()
             raise
         finally:
-            if not finished and self._socket is socket:
+            if self._in_flight and self._socket is not None:
                 # Barge-in (or the caller hung up): stop Deepgram speaking what nobody will hear.
+                self._in_flight = False
                 try:
-                    await socket.send_clear()
+                    await self._socket.send_clear()
                     self._clearing = True
                 except websockets.exceptions.WebSocketException:
                     await self._drop()
