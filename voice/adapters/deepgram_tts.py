@@ -103,7 +103,7 @@ class DeepgramSpeech:
                 self._socket = await self._tts.connect(stack)
         except (ApiError, OSError, TimeoutError, websockets.exceptions.WebSocketException) as exc:
             await stack.aclose()
-            raise TextToSpeechFailed(f"Deepgram speech unavailable ({_reason(exc)})", retryable=True) from None
+            raise TextToSpeechFailed(f"Deepgram speech unavailable ({_reason(exc)})", retryable=True) from exc
         except BaseException:
             await stack.aclose()
             raise
@@ -136,7 +136,7 @@ class DeepgramSpeech:
             except websockets.exceptions.WebSocketException as exc:
                 await self._drop()
                 if attempt == 2:
-                    raise TextToSpeechFailed(f"Deepgram speech failed ({_reason(exc)})", retryable=True) from None
+                    raise TextToSpeechFailed(f"Deepgram speech failed ({_reason(exc)})", retryable=True) from exc
         raise AssertionError("unreachable")
 
     async def synthesize(self, text: str) -> AsyncIterator[bytes]:
@@ -164,7 +164,7 @@ class DeepgramSpeech:
                     raise TextToSpeechFailed(f"Deepgram speech warning ({code})", retryable=True)
         except (TimeoutError, websockets.exceptions.WebSocketException) as exc:
             await self._drop()
-            raise TextToSpeechFailed(f"Deepgram speech failed ({_reason(exc)})", retryable=True) from None
+            raise TextToSpeechFailed(f"Deepgram speech failed ({_reason(exc)})", retryable=True) from exc
         except TextToSpeechFailed:
             await self._drop()
             raise

@@ -120,7 +120,8 @@ class DeepgramPeer(LoopbackPeer):
                 elif kind == "Flush":
                     sentence, text = " ".join(text), []
                     sending = asyncio.create_task(
-                        self._send_speech(ws, sending, sentence, encoding, int(rate), flushes)
+                        self._send_speech(ws, sending, sentence, encoding, int(rate), flushes),
+                        name=f"deepgram-peer-speak-{flushes}",
                     )
                     flushes += 1
                 elif kind == "Clear":
