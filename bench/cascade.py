@@ -3,6 +3,11 @@ en_US-joe-medium), on this machine's CPU.
 
 * STT: one caller utterance (espeak-ng, 1.8 s) transcribed; beside it, the utterance's length.
 * TTS: one reply sentence synthesised and resampled to 8 kHz mu-law; beside it, its audio length.
+* TTS through Deepgram (``voice/adapters/deepgram_tts.py``): the same sentence over the SDK's
+  ``/v1/speak`` websocket (one socket kept, as a call does) to the loopback Deepgram peer, which
+  synthesises it with the same piper and converts it to 8 kHz mu-law. Beside it, piper alone from
+  the line above: the difference is what the SDK, the websocket and the peer add (real Deepgram
+  streams audio while it synthesises; the peer sends once piper is done).
 * Turn: a :class:`~voice.adapters.cascade.CascadeConnection` fed the utterance and 0.6 s of quiet
   in 20 ms frames; its own timings (``CascadeModel.timings``) from the frame that ends the turn
   (the VAD's 0.5 s of quiet are algorithmic, not counted) to the transcript and to the first reply
@@ -22,6 +27,7 @@ import os
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 from core.models.adapters.openai_responses import OpenAIResponsesAdapter
 from core.models.router import OPENAI, ModelChoice, ModelRouter, Tier
@@ -61,6 +67,8 @@ async def main(turns: int) -> None:
         tts.append(time.perf_counter() - t)
         audio_seconds = len(audio) / 8000
 
+    deepgram_first, deepgram_all = await _deepgram(speech, turns)
+
     async with OpenAIPeer() as peer:
         adapter = OpenAIResponsesAdapter(api_key="sk-test", base_url=peer.base_url, timeout=30.0)
         router = ModelRouter({OPENAI: adapter}, {"small": Tier("small", (ModelChoice("gpt-small"),))})
@@ -89,12 +97,36 @@ async def main(turns: int) -> None:
     print(f"\n{turns} turns, this machine (load average {os.getloadavg()[0]:.1f}):")
     _line("STT, one 1.8 s utterance", stt, f"baseline: the utterance lasts {len(pcm) / 16000:.2f} s")
     _line("TTS, one sentence to 8 kHz mu-law", tts, f"baseline: the sentence lasts {audio_seconds:.2f} s")
+    _line("TTS via Deepgram, first audio", deepgram_first, "")
+    _line("TTS via Deepgram, all audio", deepgram_all, "baseline: piper alone, the TTS line above")
     timings = engine.timings
     _line("turn end -> transcript (in a call)", timings.stt, "")
     _line("transcript -> first reply audio", timings.first_audio, "(the text model, then TTS of sentence 1)")
     turn = [a + b for a, b in zip(timings.stt, timings.first_audio, strict=True)]
     _line("turn end -> first reply audio", turn, "")
     _line("  baseline: the text model alone", model_alone, "(loopback peer, streamed)")
+
+
+async def _deepgram(speech: Any, turns: int) -> tuple[list[float], list[float]]:
+    from voice.adapters.deepgram_tts import DeepgramTTS
+    from voice.testing.deepgram_peer import DeepgramPeer
+
+    first, whole = [], []
+    async with DeepgramPeer(synthesize=lambda text: (speech.tts.pcm_sync(text), speech.tts.rate)) as peer:
+        tts = DeepgramTTS("dg-test", base_url=peer.base_url)
+        call = tts.for_call()
+        await call.warm()
+        for _ in range(turns):
+            t = time.perf_counter()
+            got_first = False
+            async for _piece in call.synthesize(REPLY):
+                if not got_first:
+                    first.append(time.perf_counter() - t)
+                    got_first = True
+            whole.append(time.perf_counter() - t)
+        await call.aclose()
+        await tts.aclose()
+    return first, whole
 
 
 if __name__ == "__main__":

@@ -166,6 +166,15 @@ class Settings(BaseSettings):
     voice_cascade_stt: Literal["auto", "whisper", "deepgram"] = Field(
         "auto", validation_alias=_env("PEPPER_VOICE_CASCADE_STT", "voice_cascade_stt")
     )
+    # The cascade's text to speech: local "piper" (the offline default, even with a Deepgram key),
+    # or "deepgram" (Aura over its streaming websocket, DEEPGRAM_API_KEY; piper speaks any sentence
+    # it fails on) with the Aura voice voice_cascade_tts_voice.
+    voice_cascade_tts: Literal["piper", "deepgram"] = Field(
+        "piper", validation_alias=_env("PEPPER_VOICE_CASCADE_TTS", "voice_cascade_tts")
+    )
+    voice_cascade_tts_voice: str = Field(
+        "aura-2-thalia-en", validation_alias=_env("PEPPER_VOICE_CASCADE_TTS_VOICE", "voice_cascade_tts_voice")
+    )
     # Where Deepgram requests go (a loopback peer in tests).
     deepgram_api_url: str | None = Field(None, validation_alias=_env("DEEPGRAM_API_URL", "deepgram_api_url"))
     # The Realtime websocket base (default: OPENAI_BASE_URL with a ws scheme, as the SDK does).

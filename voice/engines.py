@@ -64,8 +64,17 @@ def _cascade(settings: Any, models: Any) -> RealtimeModel | None:
         from voice.adapters.deepgram_stt import DeepgramSTT
 
         stt = DeepgramSTT(settings.deepgram_api_key.get_secret_value(), base_url=settings.deepgram_api_url)
+    tts = None
+    if settings.voice_cascade_tts == "deepgram":
+        if settings.deepgram_api_key is None:
+            log.warning("PEPPER_VOICE_CASCADE_TTS=deepgram without DEEPGRAM_API_KEY: calls are spoken by piper")
+        else:
+            from voice.adapters.deepgram_tts import DeepgramTTS
+
+            tts = DeepgramTTS(settings.deepgram_api_key.get_secret_value(), model=settings.voice_cascade_tts_voice,
+                              base_url=settings.deepgram_api_url)  # fmt: skip
     module = importlib.import_module(CASCADE_MODULE)
-    model: RealtimeModel = module.CascadeModel(models, tier=settings.voice_cascade_tier, stt=stt)
+    model: RealtimeModel = module.CascadeModel(models, tier=settings.voice_cascade_tier, stt=stt, tts=tts)
     return model
 
 

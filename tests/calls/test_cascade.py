@@ -9,6 +9,7 @@ import asyncio
 import base64
 import re
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,8 +84,9 @@ def speech_models() -> Any:
     return local_speech()  # once for the module: about a second on two cores
 
 
-@pytest.fixture
-async def line(db: Database, db_url: str, speech_models: Any) -> AsyncIterator[Line]:
+@asynccontextmanager
+async def _line(db: Database, db_url: str, **extra: Any) -> AsyncIterator[Line]:
+    """Pepper on the cascade over a fresh database; ``extra`` settings on top (a speech provider)."""
     ada = await identity.create_account(db, "Ada")
     await identity.add_handle(db, ada.id, "phone", OWNER, verified=True)
     await _set_pin(db, ada.id)
@@ -94,12 +96,18 @@ async def line(db: Database, db_url: str, speech_models: Any) -> AsyncIterator[L
             database_url=db_url, public_url=PUBLIC, twilio_account_sid=twilio.account_sid, twilio_auth_token=TOKEN,
             twilio_api_url=twilio.api_url, openai_api_key="sk-test", openai_base_url=model.base_url,
             voice_engine="cascade", voice_notice=NOTICE, port=0, media_port=0, graceful_timeout=2,
-            memory_jobs_interval=0, scheduler_enabled=False,
+            memory_jobs_interval=0, scheduler_enabled=False, **extra,
         )  # fmt: skip
         async with running_app(settings, db) as (app, port):
             caller = caller_for(app, port, twilio)
             services = app.extensions["pepper"]
             yield Line(db, twilio, model, caller, services, ada.id)
+
+
+@pytest.fixture
+async def line(db: Database, db_url: str, speech_models: Any) -> AsyncIterator[Line]:
+    async with _line(db, db_url) as line:
+        yield line
 
 
 async def _listening(line: Line, call: MediaCall) -> None:

@@ -87,7 +87,10 @@ class SpeechToText(Protocol):
 
 class TextToSpeech(Protocol):
     def synthesize(self, text: str) -> AsyncIterator[bytes]:
-        """G.711 mu-law at 8 kHz for ``text``, one piece per sentence, in order."""
+        """G.711 mu-law at 8 kHz for ``text``, in pieces, in order.
+
+        A provider that keeps state per call (a socket) also has ``for_call()``, which gives the
+        call's own synthesizer (with ``aclose()``); the connection uses that instead."""
 
 
 class WhisperSTT:
@@ -237,10 +240,15 @@ class TurnTimings:
 
 
 class CascadeConnection:
-    def __init__(self, engine: CascadeModel, stt: SpeechToText, tts: TextToSpeech):
+    def __init__(
+        self, engine: CascadeModel, stt: SpeechToText, tts: TextToSpeech, fallback: TextToSpeech | None = None
+    ):
         self._engine = engine
         self._stt = stt
-        self._tts = tts
+        for_call = getattr(tts, "for_call", None)
+        self._tts: TextToSpeech = for_call() if for_call is not None else tts
+        self._own_tts = for_call is not None
+        self._fallback = fallback
         self._events: asyncio.Queue[RealtimeEvent | None] = asyncio.Queue()
         self._config: SessionConfig | None = None
         self._history: list[ChatMessage] = []
@@ -263,6 +271,10 @@ class CascadeConnection:
         self._speech_item: str | None = None
         self._received_ms = 0
         self.timings = engine.timings
+        self.tts_fallbacks = 0
+        warm = getattr(self._tts, "warm", None)
+        if warm is not None:  # a provider's socket opens while the session sets up
+            self._spawn("warm-tts", warm())
 
     def _next(self, prefix: str) -> str:
         self._seq += 1
@@ -448,17 +460,33 @@ class CascadeConnection:
         self._emit(ResponseDone(rid, status, len(calls)))
 
     async def _speak(self, rid: str, item_id: str, item: _Item, sentence: str, heard_at: float | None) -> None:
+        try:
+            heard_at = await self._say(self._tts, rid, item_id, item, sentence, heard_at)
+        except RealtimeError as exc:
+            if self._fallback is None:
+                raise
+            # The provider failed on this sentence (perhaps part-way): piper says all of it again,
+            # so the caller may hear its start twice but loses no word, and the call goes on.
+            log.warning("the cascade's text to speech failed, piper speaks the sentence: code=%s", exc.code)
+            self.tts_fallbacks += 1
+            await self._say(self._fallback, rid, item_id, item, sentence, heard_at)
+
+    async def _say(
+        self, tts: TextToSpeech, rid: str, item_id: str, item: _Item, sentence: str, heard_at: float | None
+    ) -> float | None:
         started = time.perf_counter()
-        async for audio in self._tts.synthesize(sentence):
-            self.timings.tts.append(time.perf_counter() - started)
-            if heard_at is not None:
-                self.timings.first_audio.append(time.perf_counter() - heard_at)
-                heard_at = None
-            for at in range(0, len(audio), CHUNK_BYTES):
-                chunk = audio[at : at + CHUNK_BYTES]
-                item.audio_bytes += len(chunk)
-                self._emit(AudioDelta(rid, item_id, base64.b64encode(chunk).decode()))
-            started = time.perf_counter()
+        async with contextlib.aclosing(tts.synthesize(sentence)) as pieces:  # a cancel closes it at once
+            async for audio in pieces:
+                self.timings.tts.append(time.perf_counter() - started)
+                if heard_at is not None:
+                    self.timings.first_audio.append(time.perf_counter() - heard_at)
+                    heard_at = None
+                for at in range(0, len(audio), CHUNK_BYTES):
+                    chunk = audio[at : at + CHUNK_BYTES]
+                    item.audio_bytes += len(chunk)
+                    self._emit(AudioDelta(rid, item_id, base64.b64encode(chunk).decode()))
+                started = time.perf_counter()
+        return heard_at
 
     async def aclose(self) -> None:
         self._closed = True
@@ -467,6 +495,8 @@ class CascadeConnection:
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._vad.cleanup()
+        if self._own_tts:  # the call's own synthesizer (a provider's socket)
+            await self._tts.aclose()  # type: ignore[attr-defined]
         self._events.put_nowait(None)
 
 
@@ -474,7 +504,8 @@ class CascadeModel:
     """The cascade as a :class:`~voice.realtime.RealtimeModel`: one connection per call.
 
     ``models`` is Pepper's model service (the router); ``tier`` the tier calls use. ``stt`` and
-    ``tts`` default to the local models (loaded once per process on the first call).
+    ``tts`` default to the local models (loaded once per process on the first call). With a
+    provider's ``tts``, piper is loaded too and speaks any sentence the provider fails on.
     """
 
     name = "cascade"
@@ -494,6 +525,7 @@ class CascadeModel:
         self.model = f"cascade:{tier}"
         self._stt = stt
         self._tts = tts
+        self._fallback: TextToSpeech | None = None
         self.turn_detection = turn_detection or TurnDetection()
         self.max_output_tokens = max_output_tokens
         self.timings = TurnTimings()
@@ -503,6 +535,8 @@ class CascadeModel:
             self._stt = await asyncio.to_thread(_load, "whisper")
         if self._tts is None:
             self._tts = await asyncio.to_thread(_load, "piper")
+        elif self._fallback is None and not isinstance(self._tts, PiperTTS):
+            self._fallback = await asyncio.to_thread(_load, "piper")
         return self._stt, self._tts
 
     async def aclose(self) -> None:
@@ -517,7 +551,7 @@ class CascadeModel:
             stt, tts = await self._speech()
         except (ImportError, OSError, RuntimeError) as exc:
             raise RealtimeDisconnected("the local speech models cannot be loaded") from exc
-        conn = CascadeConnection(self, stt, tts)
+        conn = CascadeConnection(self, stt, tts, self._fallback)
         try:
             yield conn
         finally:

@@ -12,10 +12,9 @@ import warnings
 import wave
 
 import httpx
-from deepgram import AsyncDeepgramClient
 from deepgram.core.api_error import ApiError
-from deepgram.environment import DeepgramClientEnvironment
 
+from voice.adapters.deepgram_client import deepgram_client
 from voice.realtime import RealtimeError
 
 with warnings.catch_warnings():
@@ -43,12 +42,7 @@ def wav_bytes(pcm: bytes, rate: int) -> bytes:
 
 class DeepgramSTT:
     def __init__(self, api_key: str, *, model: str = "nova-3", base_url: str | None = None, rate: int = 8000):
-        environment = DeepgramClientEnvironment.PRODUCTION
-        if base_url:
-            ws = base_url.replace("http", "ws", 1)
-            environment = DeepgramClientEnvironment(base=base_url, production=ws, agent=ws, agent_rest=base_url)
-        self._http = httpx.AsyncClient(timeout=15.0)
-        self._client = AsyncDeepgramClient(api_key=api_key, environment=environment, httpx_client=self._http)
+        self._client, self._http = deepgram_client(api_key, base_url)
         self.model = model
         self.rate = rate
 
