@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from conftest import LINE, OWNER, speech
+from phone_support import LINE, OWNER, speech
 from test_cascade import FORECAST, NOTICE, Line, _ended, _line, _listening, _reply_played, assert_heard, heard_words
 
 from core.store import Database
