@@ -157,7 +157,7 @@ async def run_turn(
     # would wait for a second one, and concurrent turns holding the whole pool would wait forever.
     turn_id: UUID | None = None
     try:
-        async with connection(db) as conn:
+        async with connection(db, stateless=True) as conn:
             opened = await open_turn(
                 conn, account_id, channel=channel, kind=kind, inbound_message_id=inbound_message_id
             )
@@ -205,7 +205,7 @@ async def run_turn(
                         if handled is not None:
                             return handled
                     if not held:
-                        held.append(await stack.enter_async_context(connection(db)))
+                        held.append(await stack.enter_async_context(connection(db, stateless=True)))
                     # The turn's finished record is a durable commit made before the reply goes
                     # out whenever a call wrote or staged something: the calls need not wait.
                     ctx = ToolContext(session, held[0], now, flushed_later=True)
@@ -361,7 +361,10 @@ async def finish_turn(
     columns: dict[str, Any] = {"replay_of": replay_of} if replay_of is not None else {}
     if skills is not None:
         columns["skills"] = skills
-    await _record_finished_turn(db, session, result, tier, reply, deps.clock(), columns, parts, wait_for_disk=wrote)
+    async with connection(db, stateless=True) as conn:
+        await _record_finished_turn(
+            conn, session, result, tier, reply, deps.clock(), columns, parts, wait_for_disk=wrote
+        )  # fmt: skip
     timings = parts["timings"]
     # The outcome's figure also covers writing the record itself, which the record cannot hold.
     harness_ms = (time.perf_counter() - started) * 1000 - timings["model_ms"]

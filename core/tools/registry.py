@@ -60,14 +60,22 @@ class ToolOutcome:
 
 
 @asynccontextmanager
-async def connection(db: Any) -> AsyncIterator[Any]:
+async def connection(db: Any, *, stateless: bool = False) -> AsyncIterator[Any]:
     """One connection for a batch of queries: from the pool of a ``Database``, or ``db`` itself
-    when it already is a connection. Saves a pool round trip (acquire, reset) per query."""
+    when it already is a connection. Saves a pool round trip (acquire, reset) per query.
+
+    ``stateless``: the holder leaves no session state behind (no LISTEN, session-level SET or
+    advisory lock, cursor outside a transaction), so the connection goes back to the pool without
+    the reset round trip (``core.store.database.PoolConnection``)."""
     pool = getattr(db, "pool", None)
     if pool is None:
         yield db
         return
     async with pool.acquire() as conn:
+        if stateless:
+            skip = getattr(conn, "skip_reset", None)  # a pool not opened by ``Database`` has none
+            if skip is not None:
+                skip()
         yield conn
 
 
@@ -92,6 +100,9 @@ class ToolContext:
     result (a text turn's finished record, written before the reply goes out), so the call's own
     writes need not wait for the disk: that commit flushes them too, as the log is written in
     order, and a crash before it loses the turn, its reply and its writes together.
+
+    A handler leaves no session state on ``db`` (no LISTEN, session-level SET or advisory lock):
+    a text turn's connection goes back to the pool without a reset (``connection(stateless=True)``).
     """
 
     session: SessionContext
