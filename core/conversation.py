@@ -263,8 +263,16 @@ async def open_turn(
     return OpenedTurn(row["id"], row["conversation_id"], row["timezone"])
 
 
+class JSONText(str):
+    """A turn-record part already encoded as JSON, which ``update_turn`` stores as it is: a part
+    assembled from pieces encoded once (the tool schemas of every prompt) is not encoded again."""
+
+    __slots__ = ()
+
+
 async def update_turn(db: Executor, turn_id: UUID, *, wait_for_disk: bool = True, **parts: Any) -> None:
-    """Set parts of a turn record. JSON parts are given as Python values; others as columns.
+    """Set parts of a turn record. JSON parts are given as Python values (or ``JSONText``);
+    others as columns.
 
     ``wait_for_disk=False``: the transaction this statement runs in (its own, or the caller's)
     commits without waiting for the disk.
@@ -280,7 +288,7 @@ async def update_turn(db: Executor, turn_id: UUID, *, wait_for_disk: bool = True
     for index, (name, value) in enumerate(parts.items(), start=2):
         if name in TURN_RECORD_PARTS:
             assignments.append(f"{name} = ${index}::jsonb")
-            values.append(json.dumps(value, default=str))
+            values.append(value if isinstance(value, JSONText) else json.dumps(value, default=str))
         else:
             assignments.append(f"{name} = ${index}")
             values.append(value)

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
-from core.conversation import open_turn, update_turn
+from core.conversation import JSONText, open_turn, update_turn
 from core.memory import NO_MEMORY, MemoryConfig, build_memory_block
 from core.models.types import ModelService, ToolCall
 from core.tools.areas.dossier import dossier_text
@@ -30,7 +30,7 @@ from core.tools.starter import starter_registry
 from text_loop.config import HarnessConfig
 from text_loop.loop import Executor, LoopResult, TurnLoop
 from text_loop.prompt import PERSONA, RULES, newest_message, stable_prefix
-from text_loop.records import message_record, tool_spec_record
+from text_loop.records import prompt_record
 from text_loop.repair import RepairResult, repair_reply
 from text_loop.skills.catalog import SkillCatalog
 from text_loop.skills.runtime import Interceptor, SkillRuntime
@@ -95,7 +95,7 @@ def session_record(session: SessionContext) -> dict[str, Any]:
 def turn_parts(
     result: LoopResult,
     *,
-    prompt: dict[str, Any],
+    prompt: dict[str, Any] | JSONText,
     repair: RepairResult | None,
     started: float,
     extra_model_ms: float = 0.0,
@@ -278,12 +278,7 @@ async def run_turn(
             started=started,
             skills=runtime.record(result) if runtime is not None else None,
             wrote=wrote,
-            prompt={
-                "system_stable": system_stable,
-                "system_dynamic": memory,
-                "tools": [tool_spec_record(s) for s in specs],
-                "messages": [message_record(m) for m in messages],
-            },
+            prompt=prompt_record(system_stable=system_stable, system_dynamic=memory, tools=specs, messages=messages),
         )
     except Exception as exc:
         await _failed(deps, turn_id, exc)
@@ -333,7 +328,7 @@ async def finish_turn(
     *,
     tier: str,
     started: float,
-    prompt: dict[str, Any],
+    prompt: dict[str, Any] | JSONText,
     replay_of: UUID | None = None,
     skills: dict[str, Any] | None = None,
     wrote: bool = True,
