@@ -18,9 +18,9 @@ from uuid import UUID
 
 from core.conversation import JSONText, open_turn, update_turn
 from core.memory import NO_MEMORY, MemoryConfig, build_memory_block
+from core.memory.dossier import MAX_NOTES_IN_PROMPT, dossier_halves, dossier_select, prompt_text
 from core.models.types import ModelService, ToolCall
-from core.tools.areas.dossier import dossier_text
-from core.tools.connectors import Connectors, account_connections
+from core.tools.connectors import Connectors, connection_names, connections_select
 from core.tools.context import SessionContext, SessionKind, Trust
 from core.tools.gate import Gate, default_gate
 from core.tools.registry import ToolContext, ToolRegistry, connection
@@ -34,7 +34,7 @@ from text_loop.records import prompt_record
 from text_loop.repair import RepairResult, repair_reply
 from text_loop.skills.catalog import SkillCatalog
 from text_loop.skills.runtime import Interceptor, SkillRuntime
-from text_loop.skills.store import user_skill_sources
+from text_loop.skills.store import USER_SKILLS_SELECT, skill_sources
 from text_loop.skills.toolsets import worker_only_areas
 
 log = logging.getLogger(__name__)
@@ -157,18 +157,27 @@ async def run_turn(
     # would wait for a second one, and concurrent turns holding the whole pool would wait forever.
     turn_id: UUID | None = None
     try:
+        catalog = deps.skills if trust != "third_party" else None
+        # The reads that come before the first model call ride on the statement that opens the turn.
+        reads = {
+            "connections": connections_select(deps.connectors) if connections is None else None,
+            "dossier": dossier_select(MAX_NOTES_IN_PROMPT) if personal else None,
+            "skills": USER_SKILLS_SELECT if catalog and trust == "owner_verified" else None,
+        }
+        wanted = [name for name, expression in reads.items() if expression is not None]
         async with connection(db, stateless=True) as conn:
             opened = await open_turn(
-                conn, account_id, channel=channel, kind=kind, inbound_message_id=inbound_message_id
-            )
+                conn, account_id, channel=channel, kind=kind, inbound_message_id=inbound_message_id,
+                extra=[reads[name] for name in wanted],
+            )  # fmt: skip
             turn_id, conversation_id, timezone = opened.turn_id, opened.conversation_id, opened.timezone
+            got = dict(zip(wanted, opened.extra, strict=True))
             if connections is None:
                 # The person's connected accounts decide which tools exist for this turn.
-                connections = await account_connections(conn, account_id, deps.connectors)
+                connections = connection_names(got["connections"])
             session = SessionContext(kind, trust, channel, account_id, conversation_id, turn_id, timezone, connections)
-            dossier = await dossier_text(conn, account_id) if personal else ""
-            catalog = deps.skills if trust != "third_party" else None
-            own_skills = await user_skill_sources(conn, account_id) if catalog and trust == "owner_verified" else []
+            dossier = prompt_text(dossier_halves(got["dossier"])) if "dossier" in got else ""
+            own_skills = skill_sources(got["skills"]) if "skills" in got else []
             if personal:
                 memory = await build_memory_block(
                     conn, account_id, conversation_id, timezone, now,
