@@ -7,6 +7,7 @@ channel), so a retried webhook delivery finds its message and starts no second t
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -228,19 +229,31 @@ class OpenedTurn:
     turn_id: UUID
     conversation_id: UUID
     timezone: str
+    extra: tuple[Any, ...] = ()  # the values of ``open_turn``'s ``extra`` expressions, in order
 
 
 async def open_turn(
-    db: Executor, account_id: UUID, *, channel: str, kind: str = "live", inbound_message_id: int | None = None
+    db: Executor,
+    account_id: UUID,
+    *,
+    channel: str,
+    kind: str = "live",
+    inbound_message_id: int | None = None,
+    extra: Sequence[str] = (),
 ) -> OpenedTurn:
     """Start a turn for the account's conversation and link its inbound message, in one statement.
 
     The row is bookkeeping, not a promise to anyone: it commits without waiting for the disk. Any
     later durable commit (the turn's writes, the finished record, a message) flushes it too, as the
     log is written in order. Raises ``NotFound`` for an unknown account.
+
+    ``extra``: scalar SQL expressions over the account id ``$1`` (the reads a turn needs before its
+    first model call, such as ``core.tools.connectors.connections_select``), evaluated in the same
+    statement, each a round trip saved; their values come back in ``OpenedTurn.extra``.
     """
     if kind not in TURN_KINDS:
         raise InvalidInput(f"unknown turn kind {kind!r}")
+    also = "".join(f", {expression} AS extra_{i}" for i, expression in enumerate(extra))
     row = await db.fetchrow(
         f"""
         WITH turn AS (
@@ -250,7 +263,7 @@ async def open_turn(
         ), linked AS (
             UPDATE messages SET turn_id = (SELECT id FROM turn) WHERE id = $4 AND turn_id IS NULL
         )
-        SELECT turn.id, turn.conversation_id, a.timezone, {NO_FLUSH}
+        SELECT turn.id, turn.conversation_id, a.timezone, {NO_FLUSH}{also}
         FROM turn JOIN accounts a ON a.id = $1
         """,
         account_id,
@@ -260,11 +273,20 @@ async def open_turn(
     )
     if row is None:
         raise NotFound(f"no account {account_id}")
-    return OpenedTurn(row["id"], row["conversation_id"], row["timezone"])
+    values = tuple(row[f"extra_{i}"] for i in range(len(extra)))
+    return OpenedTurn(row["id"], row["conversation_id"], row["timezone"], values)
+
+
+class JSONText(str):
+    """A turn-record part already encoded as JSON, which ``update_turn`` stores as it is: a part
+    assembled from pieces encoded once (the tool schemas of every prompt) is not encoded again."""
+
+    __slots__ = ()
 
 
 async def update_turn(db: Executor, turn_id: UUID, *, wait_for_disk: bool = True, **parts: Any) -> None:
-    """Set parts of a turn record. JSON parts are given as Python values; others as columns.
+    """Set parts of a turn record. JSON parts are given as Python values (or ``JSONText``);
+    others as columns.
 
     ``wait_for_disk=False``: the transaction this statement runs in (its own, or the caller's)
     commits without waiting for the disk.
@@ -280,7 +302,7 @@ async def update_turn(db: Executor, turn_id: UUID, *, wait_for_disk: bool = True
     for index, (name, value) in enumerate(parts.items(), start=2):
         if name in TURN_RECORD_PARTS:
             assignments.append(f"{name} = ${index}::jsonb")
-            values.append(json.dumps(value, default=str))
+            values.append(value if isinstance(value, JSONText) else json.dumps(value, default=str))
         else:
             assignments.append(f"{name} = ${index}")
             values.append(value)

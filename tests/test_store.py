@@ -14,6 +14,7 @@ from core.store.database import Database, connect, redact_dsn
 from core.store.embedded import EmbeddedPostgres
 from core.store.migrations import Migration, apply_migrations, load_migrations, pending_migrations
 from core.testing.postgres import DatabaseFactory
+from core.tools.registry import connection
 
 
 def test_shipped_migrations_have_distinct_increasing_numbers():
@@ -43,6 +44,26 @@ async def test_a_side_pool_keeps_its_session_settings_and_rolls_back_an_open_tra
         assert await db.fetchval("SELECT count(*) FROM accounts WHERE name = 'never'") == 0
     finally:
         await side.close()
+
+
+async def test_a_stateless_lease_goes_back_without_the_reset_and_any_other_lease_is_reset(db: Database):
+    one = await Database.open(db.dsn, max_size=1)  # one connection: every lease is the same session
+    try:
+        async with connection(one, stateless=True) as conn:
+            await conn.execute("SET application_name = 'left-behind'")  # breaks the promise, to see it kept
+        async with connection(one) as conn:  # not reset: the promise was taken at its word
+            assert await conn.fetchval("SHOW application_name") == "left-behind"
+        async with connection(one) as conn:  # the lease before was an ordinary one: reset
+            assert await conn.fetchval("SHOW application_name") == ""
+            await conn.execute("BEGIN")  # left open by mistake
+        async with connection(one, stateless=True) as conn:
+            await conn.execute("BEGIN")  # left open by mistake
+            await conn.execute("INSERT INTO accounts (name) VALUES ('rolled back')")
+        async with connection(one) as conn:  # an open transaction is rolled back all the same
+            assert not conn.is_in_transaction()
+        assert await db.fetchval("SELECT count(*) FROM accounts WHERE name = 'rolled back'") == 0
+    finally:
+        await one.close()
 
 
 async def test_two_processes_migrating_at_once_apply_each_migration_once(db_factory: DatabaseFactory):

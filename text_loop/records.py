@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from typing import Any
 
+from core.conversation import JSONText
 from core.models.types import ChatMessage, Generation, ToolCall, ToolResult, ToolSpec
+
+# Tool schemas encoded once: (name, description, id of the schema) -> (the schema, its record as JSON).
+_SPEC_JSON: dict[tuple[str, str, int], tuple[dict[str, Any], str]] = {}
+_SPEC_JSON_LIMIT = 1024
 
 
 def call_record(call: ToolCall) -> dict[str, Any]:
@@ -51,6 +58,36 @@ def generation_record(generation: Generation) -> dict[str, Any]:
 
 def tool_spec_record(spec: ToolSpec) -> dict[str, Any]:
     return {"name": spec.name, "description": spec.description, "parameters": spec.parameters}
+
+
+def tool_spec_json(spec: ToolSpec) -> str:
+    """``tool_spec_record(spec)`` as JSON, encoded once per schema: every turn record holds the
+    schemas of all the tools its prompt offered, the same ones turn after turn.
+
+    Keyed by the schema object itself (a tool's schema is declared once and never changed in
+    place; the entry holds it, so its id cannot be reused): a tool connected, added or changed
+    since is a different key and is encoded afresh.
+    """
+    key = (spec.name, spec.description, id(spec.parameters))
+    hit = _SPEC_JSON.get(key)
+    if hit is not None and hit[0] is spec.parameters:
+        return hit[1]
+    text = json.dumps(tool_spec_record(spec), default=str)
+    if len(_SPEC_JSON) >= _SPEC_JSON_LIMIT:  # schemas built per turn (none today) cannot pile up
+        _SPEC_JSON.clear()
+    _SPEC_JSON[key] = (spec.parameters, text)
+    return text
+
+
+def prompt_record(
+    *, system_stable: str, system_dynamic: str, tools: Sequence[ToolSpec], messages: Sequence[ChatMessage]
+) -> JSONText:
+    """The turn record's ``prompt`` part, encoded: the same JSON as a dict of the four parts."""
+    return JSONText(
+        f'{{"system_stable": {json.dumps(system_stable)}, "system_dynamic": {json.dumps(system_dynamic)}, '
+        f'"tools": [{", ".join(tool_spec_json(s) for s in tools)}], '
+        f'"messages": {json.dumps([message_record(m) for m in messages], default=str)}}}'
+    )
 
 
 def tool_spec_from_record(data: dict[str, Any]) -> ToolSpec:

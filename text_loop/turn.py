@@ -16,11 +16,11 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
-from core.conversation import open_turn, update_turn
+from core.conversation import JSONText, open_turn, update_turn
 from core.memory import NO_MEMORY, MemoryConfig, build_memory_block
+from core.memory.dossier import MAX_NOTES_IN_PROMPT, dossier_halves, dossier_select, prompt_text
 from core.models.types import ModelService, ToolCall
-from core.tools.areas.dossier import dossier_text
-from core.tools.connectors import Connectors, account_connections
+from core.tools.connectors import Connectors, connection_names, connections_select
 from core.tools.context import SessionContext, SessionKind, Trust
 from core.tools.gate import Gate, default_gate
 from core.tools.registry import ToolContext, ToolRegistry, connection
@@ -30,11 +30,11 @@ from core.tools.starter import starter_registry
 from text_loop.config import HarnessConfig
 from text_loop.loop import Executor, LoopResult, TurnLoop
 from text_loop.prompt import PERSONA, RULES, newest_message, stable_prefix
-from text_loop.records import message_record, tool_spec_record
+from text_loop.records import prompt_record
 from text_loop.repair import RepairResult, repair_reply
 from text_loop.skills.catalog import SkillCatalog
 from text_loop.skills.runtime import Interceptor, SkillRuntime
-from text_loop.skills.store import user_skill_sources
+from text_loop.skills.store import USER_SKILLS_SELECT, skill_sources
 from text_loop.skills.toolsets import worker_only_areas
 
 log = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ def session_record(session: SessionContext) -> dict[str, Any]:
 def turn_parts(
     result: LoopResult,
     *,
-    prompt: dict[str, Any],
+    prompt: dict[str, Any] | JSONText,
     repair: RepairResult | None,
     started: float,
     extra_model_ms: float = 0.0,
@@ -157,18 +157,27 @@ async def run_turn(
     # would wait for a second one, and concurrent turns holding the whole pool would wait forever.
     turn_id: UUID | None = None
     try:
-        async with connection(db) as conn:
+        catalog = deps.skills if trust != "third_party" else None
+        # The reads that come before the first model call ride on the statement that opens the turn.
+        reads = {
+            "connections": connections_select(deps.connectors) if connections is None else None,
+            "dossier": dossier_select(MAX_NOTES_IN_PROMPT) if personal else None,
+            "skills": USER_SKILLS_SELECT if catalog and trust == "owner_verified" else None,
+        }
+        wanted = [name for name, expression in reads.items() if expression is not None]
+        async with connection(db, stateless=True) as conn:
             opened = await open_turn(
-                conn, account_id, channel=channel, kind=kind, inbound_message_id=inbound_message_id
-            )
+                conn, account_id, channel=channel, kind=kind, inbound_message_id=inbound_message_id,
+                extra=[reads[name] for name in wanted],
+            )  # fmt: skip
             turn_id, conversation_id, timezone = opened.turn_id, opened.conversation_id, opened.timezone
+            got = dict(zip(wanted, opened.extra, strict=True))
             if connections is None:
                 # The person's connected accounts decide which tools exist for this turn.
-                connections = await account_connections(conn, account_id, deps.connectors)
+                connections = connection_names(got["connections"])
             session = SessionContext(kind, trust, channel, account_id, conversation_id, turn_id, timezone, connections)
-            dossier = await dossier_text(conn, account_id) if personal else ""
-            catalog = deps.skills if trust != "third_party" else None
-            own_skills = await user_skill_sources(conn, account_id) if catalog and trust == "owner_verified" else []
+            dossier = prompt_text(dossier_halves(got["dossier"])) if "dossier" in got else ""
+            own_skills = skill_sources(got["skills"]) if "skills" in got else []
             if personal:
                 memory = await build_memory_block(
                     conn, account_id, conversation_id, timezone, now,
@@ -205,7 +214,7 @@ async def run_turn(
                         if handled is not None:
                             return handled
                     if not held:
-                        held.append(await stack.enter_async_context(connection(db)))
+                        held.append(await stack.enter_async_context(connection(db, stateless=True)))
                     # The turn's finished record is a durable commit made before the reply goes
                     # out whenever a call wrote or staged something: the calls need not wait.
                     ctx = ToolContext(session, held[0], now, flushed_later=True)
@@ -278,12 +287,7 @@ async def run_turn(
             started=started,
             skills=runtime.record(result) if runtime is not None else None,
             wrote=wrote,
-            prompt={
-                "system_stable": system_stable,
-                "system_dynamic": memory,
-                "tools": [tool_spec_record(s) for s in specs],
-                "messages": [message_record(m) for m in messages],
-            },
+            prompt=prompt_record(system_stable=system_stable, system_dynamic=memory, tools=specs, messages=messages),
         )
     except Exception as exc:
         await _failed(deps, turn_id, exc)
@@ -333,7 +337,7 @@ async def finish_turn(
     *,
     tier: str,
     started: float,
-    prompt: dict[str, Any],
+    prompt: dict[str, Any] | JSONText,
     replay_of: UUID | None = None,
     skills: dict[str, Any] | None = None,
     wrote: bool = True,
@@ -361,7 +365,10 @@ async def finish_turn(
     columns: dict[str, Any] = {"replay_of": replay_of} if replay_of is not None else {}
     if skills is not None:
         columns["skills"] = skills
-    await _record_finished_turn(db, session, result, tier, reply, deps.clock(), columns, parts, wait_for_disk=wrote)
+    async with connection(db, stateless=True) as conn:
+        await _record_finished_turn(
+            conn, session, result, tier, reply, deps.clock(), columns, parts, wait_for_disk=wrote
+        )  # fmt: skip
     timings = parts["timings"]
     # The outcome's figure also covers writing the record itself, which the record cannot hold.
     harness_ms = (time.perf_counter() - started) * 1000 - timings["model_ms"]

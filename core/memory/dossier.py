@@ -12,6 +12,7 @@ or too long.
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from datetime import datetime
@@ -51,40 +52,54 @@ class DossierHalves:
         return "\n".join(parts)
 
 
-async def load_dossier(db: Any, account_id: UUID, *, notes_limit: int | None = None) -> DossierHalves:
-    # One round trip: every turn of a verified owner reads this before its first model call.
-    row = await db.fetchrow(
-        """
-        SELECT d.owner_text, d.model_text, coalesce(d.model_notes_through, 0) AS through, n.ids, n.bodies
+def dossier_select(notes_limit: int | None = None) -> str:
+    """A scalar SQL expression over the account id ``$1``: both halves as JSON, for
+    :func:`dossier_halves`. ``load_dossier`` runs it as a statement of its own; a text turn folds
+    it into its first statement (``core.conversation.open_turn``), one round trip fewer."""
+    limit = "ALL" if notes_limit is None else str(int(notes_limit))
+    return f"""(
+        SELECT json_build_object(
+            'owner_text', d.owner_text, 'model_text', d.model_text,
+            'through', coalesce(d.model_notes_through, 0), 'notes', n.notes)
         FROM (SELECT $1::uuid AS account_id) a
         LEFT JOIN dossiers d ON d.account_id = a.account_id
         CROSS JOIN LATERAL (
-            SELECT coalesce(array_agg(id ORDER BY id), '{}') AS ids,
-                   coalesce(array_agg(body ORDER BY id), '{}') AS bodies
+            SELECT coalesce(json_agg(json_build_array(id, body) ORDER BY id), '[]') AS notes
             FROM (
                 SELECT id, body FROM dossier_notes
                 WHERE account_id = $1 AND id > coalesce(d.model_notes_through, 0)
-                ORDER BY id DESC LIMIT $2
+                ORDER BY id DESC LIMIT {limit}
             ) newest
         ) n
-        """,
-        account_id,
-        notes_limit,
-    )
-    notes = tuple(zip(row["ids"], row["bodies"], strict=True))
-    return DossierHalves(row["owner_text"] or "", row["model_text"] or "", notes, row["through"])
+    )"""
 
 
-async def dossier_text(db: Any, account_id: UUID) -> str:
+def dossier_halves(selected: str) -> DossierHalves:
+    """The halves from the JSON :func:`dossier_select` gives."""
+    data = json.loads(selected)
+    notes = tuple((int(i), str(body)) for i, body in data["notes"])
+    return DossierHalves(data["owner_text"] or "", data["model_text"] or "", notes, data["through"])
+
+
+async def load_dossier(db: Any, account_id: UUID, *, notes_limit: int | None = None) -> DossierHalves:
+    # One round trip: every turn of a verified owner reads this before its first model call.
+    return dossier_halves(await db.fetchval(f"SELECT {dossier_select(notes_limit)}", account_id))
+
+
+def prompt_text(halves: DossierHalves) -> str:
     """Both halves as prompt text; empty when there is nothing yet. Byte-stable between turns:
     it changes only when a half changes."""
-    halves = await load_dossier(db, account_id, notes_limit=MAX_NOTES_IN_PROMPT)
     parts = []
     if halves.owner_text.strip():
         parts.append("Written by the person:\n" + halves.owner_text.strip())
     if halves.model_half:
         parts.append("Noted by Pepper:\n" + halves.model_half)
     return "\n\n".join(parts)
+
+
+async def dossier_text(db: Any, account_id: UUID) -> str:
+    """Both halves as prompt text (:func:`prompt_text`)."""
+    return prompt_text(await load_dossier(db, account_id, notes_limit=MAX_NOTES_IN_PROMPT))
 
 
 async def set_owner_text(

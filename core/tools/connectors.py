@@ -120,24 +120,38 @@ class Connectors:
         return url.strip()
 
 
+def connections_select(connectors: Connectors | None = None) -> str:
+    """A scalar SQL expression over the account id ``$1``: what :func:`connection_names` reads.
+    ``account_connections`` runs it as a statement of its own; a text turn folds it into its first
+    statement (``core.conversation.open_turn``)."""
+    email = "false"
+    if connectors is not None and connectors.smtp_configured:
+        email = "EXISTS (SELECT 1 FROM handles WHERE account_id = $1 AND kind = 'email')"
+    return (
+        "json_build_object('rows', (SELECT coalesce(json_agg(json_build_array(provider, scopes)), '[]')"
+        f" FROM connections WHERE account_id = $1), 'email', {email})"
+    )
+
+
+def connection_names(selected: str) -> frozenset[str]:
+    """The connection names (see the module docstring) from the JSON :func:`connections_select` gives."""
+    data = json.loads(selected)
+    names: set[str] = set()
+    for provider, scopes in data["rows"]:
+        if provider == "caldav":
+            names.add("caldav")
+        elif provider == "google":
+            granted = set(scopes)
+            names.update(name for name, wanted in GOOGLE_SCOPES.items() if granted.issuperset(wanted))
+    if data["email"]:
+        names.add("pepper_mail")
+    return frozenset(names)
+
+
 async def account_connections(db: Any, account_id: UUID, connectors: Connectors | None = None) -> frozenset[str]:
     """The connection names this person has (see the module docstring): what the gateway puts in
     ``SessionContext.connections`` for each turn."""
-    names: set[str] = set()
-    rows = await db.fetch("SELECT provider, scopes FROM connections WHERE account_id = $1", account_id)
-    for row in rows:
-        if row["provider"] == "caldav":
-            names.add("caldav")
-        elif row["provider"] == "google":
-            granted = set(row["scopes"])
-            names.update(name for name, scopes in GOOGLE_SCOPES.items() if granted.issuperset(scopes))
-    if connectors is not None and connectors.smtp_configured:
-        has_email = await db.fetchval(
-            "SELECT EXISTS (SELECT 1 FROM handles WHERE account_id = $1 AND kind = 'email')", account_id
-        )
-        if has_email:
-            names.add("pepper_mail")
-    return frozenset(names)
+    return connection_names(await db.fetchval(f"SELECT {connections_select(connectors)}", account_id))
 
 
 # --- Secrets of connections, sealed at rest -------------------------------------------------------

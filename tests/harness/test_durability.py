@@ -7,10 +7,12 @@ returns, nothing the turn committed may still sit beyond the flushed end of the 
 
 from uuid import uuid4
 
+import asyncpg
 import pytest
 
 from core.errors import NotFound
 from core.testing.scripted import calls, reply
+from core.tools.registry import connection, transaction
 from text_loop import run_turn
 
 
@@ -39,3 +41,42 @@ async def test_an_unknown_account_starts_no_turn(db, deps, models, account):
         await run_turn(deps, uuid4(), "web", "hello")
     assert await db.fetchval("SELECT count(*) FROM turns") == 0
     assert models.prompts == []
+
+
+async def test_a_write_that_need_not_wait_commits_in_a_transaction_begun_with_its_setting(db, account):
+    async with connection(db) as conn:
+        async with transaction(conn, wait_for_disk=False):
+            assert await conn.fetchval("SHOW synchronous_commit") == "off"
+            await conn.execute("INSERT INTO notes (account_id, body) VALUES ($1, 'kept')", account.id)
+        assert not conn.is_in_transaction()
+        assert await conn.fetchval("SHOW synchronous_commit") == "on"  # local to the transaction
+    assert await db.fetchval("SELECT count(*) FROM notes WHERE body = 'kept'") == 1
+
+
+async def test_a_failure_rolls_back_the_whole_write_and_is_raised_as_it_was(db, account):
+    async with connection(db) as conn:
+        with pytest.raises(LookupError, match="planned failure"):
+            async with transaction(conn, wait_for_disk=False):
+                await conn.execute("INSERT INTO notes (account_id, body) VALUES ($1, 'lost')", account.id)
+                raise LookupError("planned failure")
+        assert not conn.is_in_transaction()
+        with pytest.raises(asyncpg.UniqueViolationError):
+            async with transaction(conn, wait_for_disk=False):
+                await conn.execute("INSERT INTO notes (account_id, body) VALUES ($1, 'lost too')", account.id)
+                await conn.execute("INSERT INTO accounts (id, name) VALUES ($1, 'twice')", account.id)
+        assert await conn.fetchval("SELECT 1") == 1  # the connection is usable again
+    assert await db.fetchval("SELECT count(*) FROM notes") == 0
+
+
+async def test_a_transaction_nested_in_one_begun_by_hand_is_a_savepoint(db, account):
+    async with connection(db) as conn:
+        async with transaction(conn, wait_for_disk=False):
+            await conn.execute("INSERT INTO notes (account_id, body) VALUES ($1, 'outer')", account.id)
+            with pytest.raises(LookupError):
+                async with transaction(conn):  # e.g. a booking helper an applier calls
+                    await conn.execute("INSERT INTO notes (account_id, body) VALUES ($1, 'inner, undone')", account.id)
+                    raise LookupError
+            async with transaction(conn) as inner:
+                await inner.execute("INSERT INTO notes (account_id, body) VALUES ($1, 'inner, kept')", account.id)
+    bodies = {r["body"] for r in await db.fetch("SELECT body FROM notes")}
+    assert bodies == {"outer", "inner, kept"}

@@ -7,6 +7,7 @@ so a skill stored under older limits is refused then, with the reason.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -72,10 +73,22 @@ async def list_user_skills(db: Any, account_id: UUID) -> list[StoredSkill]:
     return [StoredSkill(r["name"], r["source"], r["created_at"], r["updated_at"]) for r in rows]
 
 
+# A scalar SQL expression over the account id ``$1``: the account's skills as JSON, for
+# ``skill_sources``; a text turn folds it into its first statement (``core.conversation.open_turn``).
+USER_SKILLS_SELECT = (
+    "(SELECT coalesce(json_agg(json_build_array(name, source) ORDER BY name), '[]')"
+    " FROM user_skills WHERE account_id = $1)"
+)
+
+
+def skill_sources(selected: str) -> list[tuple[str, str]]:
+    """``(name, text)`` of the account's skills from the JSON ``USER_SKILLS_SELECT`` gives."""
+    return [(str(name), str(source)) for name, source in json.loads(selected)]
+
+
 async def user_skill_sources(db: Any, account_id: UUID) -> list[tuple[str, str]]:
     """``(name, text)`` of the account's skills, for one turn's view."""
-    rows = await db.fetch("SELECT name, source FROM user_skills WHERE account_id = $1 ORDER BY name", account_id)
-    return [(r["name"], r["source"]) for r in rows]
+    return skill_sources(await db.fetchval(f"SELECT {USER_SKILLS_SELECT}", account_id))
 
 
 async def get_user_skill(db: Any, account_id: UUID, name: str) -> StoredSkill:
