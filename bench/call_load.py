@@ -298,7 +298,17 @@ class CallerWorker:
         self.frames_sent = 0
         self.ms_heard = 0.0  # audio that reached the callers
 
-    async def open_one(self, i: int, cmd: dict[str, Any], limit: asyncio.Semaphore) -> bool:
+    async def open_one(self, i: int, cmd: dict[str, Any], limit: asyncio.Semaphore, deadline: float) -> bool:
+        """Dial, connect and wait for the opening; False (and the call dropped) if any of it fails
+        or is not done by ``deadline``."""
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await self._open(i, cmd, limit)
+        except Exception:  # refused, reset or out of time: this call did not open
+            self._drop(i)
+            return False
+
+    async def _open(self, i: int, cmd: dict[str, Any], limit: asyncio.Semaphore) -> bool:
         from voice.testing.twilio_caller import Answer, TwilioCaller, new_sid
 
         pepper = cmd["mode"] == "pepper"
@@ -313,18 +323,14 @@ class CallerWorker:
                 return False
             headers = {"X-Twilio-Signature": twilio.sign(answer.stream_url, {})} if pepper else None
             call = Call(self, i, answer.call_sid, answer.parameters)
-            try:
-                await ws_connect(lambda: call, twilio.local_ws_url(answer.stream_url), extra_headers=headers,
-                                 websocket_handshake_timeout=60)  # fmt: skip
-            except Exception:  # refused, reset or timed out: this call failed to open
-                return False
+            call.t, _ = await ws_connect(lambda: call, twilio.local_ws_url(answer.stream_url), extra_headers=headers,
+                                         websocket_handshake_timeout=60)  # fmt: skip
             call.start()
         self.calls[i] = call
         self.groups[i % SLOTS].append(call)
-        deadline = time.monotonic() + cmd["open_within"]
         # Pepper: the opening notice was heard (its mark echoed); pipecat: the first audio arrived.
         while not (any(n.startswith("n") for n in call.echoed) if pepper else call.first_audio):
-            if time.monotonic() > deadline or call.closed.is_set():
+            if call.closed.is_set():
                 self._drop(i)
                 return False
             await asyncio.sleep(0.02)
@@ -344,7 +350,8 @@ class CallerWorker:
                     slot_schedule(self.groups, self.state, self.lag, self.stop), name="caller-slots"
                 )
             limit = asyncio.Semaphore(10)
-            ok = await asyncio.gather(*(self.open_one(i, cmd, limit) for i in cmd["calls"]))
+            deadline = asyncio.get_running_loop().time() + cmd["open_within"]
+            ok = await asyncio.gather(*(self.open_one(i, cmd, limit, deadline) for i in cmd["calls"]))
             return {"ok": sum(ok), "failed": len(ok) - sum(ok)}
         if op == "measure":
             if cmd["on"]:
