@@ -572,8 +572,14 @@ class ModelPeer:
     async def run(self, cmd: dict[str, Any]) -> dict[str, Any]:
         op = cmd["op"]
         if op == "level":
+            # Sockets a previous level left open would be streamed to during this one: close them.
+            left = [c for c in self.conns if c.t is not None and not c.t.is_disconnected]
+            for conn in left:
+                conn.stop_stream()
+                conn.t.send_close()  # type: ignore[union-attr]
+                conn.t.disconnect()  # type: ignore[union-attr]
             self.level = {"mode": cmd["mode"]}
-            return {"ok": True}
+            return {"left_open": len(left)}
         if op == "measure":
             if cmd["on"]:
                 self.reset()

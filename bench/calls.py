@@ -270,7 +270,9 @@ async def run_level(
     r: dict[str, Any] = {"mode": mode, "calls": count, "notes": [], "in_frame": [], "out_frame": [],
                          "in_onset": [], "out_onset": [], "hop": [], "lag": [], "failed": count}  # fmt: skip
     open_within = 20 + 0.2 * count  # seconds for every call of the level to dial, connect and hear its opening
-    await model.ask(op="level", mode=mode)
+    left = (await model.ask(op="level", mode=mode))["left_open"]
+    if left:
+        r["notes"].append(f"{left} model socket(s) of the previous level were still open (closed now)")
     rss0 = server.memory_info().rss
     share = [list(range(count))[w :: len(workers)] for w in range(len(workers))]
     busy = [(w, s) for w, s in zip(workers, share, strict=True) if s]
@@ -411,6 +413,16 @@ async def _start_server(argv: list[str], env: dict[str, str]) -> tuple[asyncio.s
     return proc, line[1], line[2]
 
 
+async def _stop_server(proc: asyncio.subprocess.Process, within: float) -> None:
+    if proc.stdin is not None:
+        proc.stdin.close()
+    try:
+        await asyncio.wait_for(proc.wait(), within)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", default="1,50,100,300")
@@ -442,12 +454,8 @@ async def main() -> None:
             model, model_url = await Proc.start(env, "--model")
             loads.append(model)
             argv = {"pepper": ["--serve", dsn, model_url], "pipecat": ["--pipecat", model_url]}
-            servers: dict[str, Any] = {}
-            endpoints: dict[str, tuple[str, str]] = {}
-            for mode in ("pepper", "pipecat") if base_levels else ("pepper",):
-                proc, http, media = await _start_server(argv[mode], env)
-                procs.append(proc)
-                servers[mode], endpoints[mode] = psutil.Process(proc.pid), (http, media)
+            pepper, http, media = await _start_server(argv["pepper"], env)
+            procs.append(pepper)
             n_workers = max(1, math.ceil(max(levels) / CALLS_PER_WORKER))
             workers = [p for p, _ in await asyncio.gather(*(Proc.start(env, "--callers") for _ in range(n_workers)))]
             loads.extend(workers)
@@ -455,12 +463,18 @@ async def main() -> None:
                   f" {args.seconds:.0f} s windows", flush=True)  # fmt: skip
             results: list[dict[str, Any]] = []
             for count in levels:
-                mine = await run_level("pepper", count, args.seconds, model, workers, servers["pepper"],
-                                       *endpoints["pepper"])  # fmt: skip
+                mine = await run_level("pepper", count, args.seconds, model, workers, psutil.Process(pepper.pid),
+                                       http, media)  # fmt: skip
                 theirs = None
                 if count in base_levels:
-                    theirs = await run_level("pipecat", count, args.seconds, model, workers, servers["pipecat"],
-                                             *endpoints["pipecat"])  # fmt: skip
+                    # A fresh pipecat server per level, stopped after it: pipelines of calls that never
+                    # started go on resampling after the caller hung up and would load the next level.
+                    base, b_http, b_media = await _start_server(argv["pipecat"], env)
+                    try:
+                        theirs = await run_level("pipecat", count, args.seconds, model, workers,
+                                                 psutil.Process(base.pid), b_http, b_media)  # fmt: skip
+                    finally:
+                        await _stop_server(base, 5)
                 report(mine, theirs, await _pepper_clear_ms(db, mine.get("ok", 0)))
                 if theirs is not None:
                     report(theirs, None, None)
@@ -475,13 +489,7 @@ async def main() -> None:
             for load in loads:
                 await load.stop()
             for proc in procs:
-                if proc.stdin is not None:
-                    proc.stdin.close()
-                try:
-                    await asyncio.wait_for(proc.wait(), 20)
-                except TimeoutError:
-                    proc.kill()
-                    await proc.wait()
+                await _stop_server(proc, 20)
         await db.close()
         await factory.drop(dsn)
 
