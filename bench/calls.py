@@ -88,7 +88,7 @@ async def _serve_pepper(dsn: str, realtime_url: str) -> None:
     from core.settings import Settings
     from core.store import Database
     from gateway.media_server import media_port
-    from gateway.server import running_app
+    from gateway.server import freeze_startup_objects, running_app
 
     logging.basicConfig(level=logging.ERROR)
     settings = Settings(
@@ -98,6 +98,7 @@ async def _serve_pepper(dsn: str, realtime_url: str) -> None:
     )  # fmt: skip
     db = await Database.open(dsn, max_size=20)
     async with running_app(settings, db) as (app, port):
+        await freeze_startup_objects()  # as ``pepper serve`` does once started
         print(f"ready http://127.0.0.1:{port} ws://127.0.0.1:{media_port(app.extensions['pepper'].media)}", flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
     await db.close()
