@@ -8,7 +8,6 @@ import base64
 import contextlib
 import json
 
-import pytest
 from conftest import NOTICE, speech
 
 from voice.testing.realtime_peer import speak
@@ -167,6 +166,8 @@ def test_payload_sizes_are_counted_without_decoding():
 
 
 def test_frames_built_as_strings_are_the_json_twilio_reads_and_bad_frames_are_refused():
+    import pytest
+
     from voice import media
 
     sid = "MZ" + "0" * 32
