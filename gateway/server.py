@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import gc
 import logging
 import os
 import signal
@@ -252,6 +253,14 @@ async def running_app(settings: Settings, db: Database) -> AsyncIterator[tuple[Q
         await task
 
 
+async def freeze_startup_objects() -> None:
+    """Once start-up is done, move what it made (~150k objects: imports, registries, the app) out
+    of the cyclic collector's reach. A full collection otherwise scans them all, 70-125 ms on the
+    build machine, and on a call that is a stall of every audio stream the process relays."""
+    gc.collect()
+    gc.freeze()
+
+
 def _started(workers: TurnProcesses):  # type: ignore[no-untyped-def]
     async def start_turn_workers() -> None:
         workers.start()
@@ -285,6 +294,7 @@ async def serve(settings: Settings, *, stop: asyncio.Event | None = None) -> Non
             if workers is not None:
                 # After start-up recovery (registered earlier), so no worker races it.
                 app.before_serving(_started(workers))
+            app.before_serving(freeze_startup_objects)
             log.info("pepper is serving on http://%s:%s (media sockets on port %s)", settings.host, port,
                      settings.media_port)  # fmt: skip
             handed_over = True

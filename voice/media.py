@@ -1,14 +1,16 @@
 """Twilio Media Streams frames (wire-protocols.md section 1.3/1.4): parsing in, building out.
 
-The hot path: one inbound ``media`` frame per 20 ms per call. Parsing is one ``json.loads``;
-outbound frames are built as strings, since base64 payloads need no JSON escaping.
+The hot path: one inbound ``media`` frame per 20 ms per call. Parsing is one ``orjson.loads``
+(about a third of the stdlib's time for a Twilio frame); outbound frames are built as strings,
+since base64 payloads and our mark names need no JSON escaping.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 # 20 ms of G.711 mu-law at 8 kHz.
 FRAME_BYTES = 160
@@ -33,8 +35,8 @@ class MalformedFrame(ValueError):
 def parse(raw: str | bytes) -> dict[str, Any]:
     """One frame as a dict with a string ``event``; raises :class:`MalformedFrame`."""
     try:
-        frame = json.loads(raw)
-    except (ValueError, TypeError) as exc:
+        frame = orjson.loads(raw)
+    except (orjson.JSONDecodeError, TypeError) as exc:
         raise MalformedFrame("not JSON") from exc
     if not isinstance(frame, dict) or not isinstance(frame.get("event"), str):
         raise MalformedFrame("no event")
@@ -94,7 +96,8 @@ def media_frame(stream_sid: str, payload_b64: str) -> str:
 
 
 def mark_frame(stream_sid: str, name: str) -> str:
-    return json.dumps({"event": "mark", "streamSid": stream_sid, "mark": {"name": name}})
+    # Mark names are ours (a letter and a counter), so they need no escaping either.
+    return '{"event":"mark","streamSid":"' + stream_sid + '","mark":{"name":"' + name + '"}}'
 
 
 def clear_frame(stream_sid: str) -> str:
