@@ -7,8 +7,10 @@ is claimed by exactly one worker), run the turn and send the reply. A turn never
 loop or a core with the acknowledgements, so a burst of messages cannot slow them down.
 
 ``pepper serve`` starts ``PEPPER_TURN_WORKERS`` worker processes (default 2) and stops them on
-shutdown, restarting one that dies. With ``PEPPER_TURN_WORKERS=0`` the same worker runs inside
-the web server instead (one process; tests use it so).
+shutdown, restarting one that dies. They run ``PEPPER_TURN_WORKER_NICE`` steps (default 10) nicer
+than the web server: an acknowledgement is latency work and a turn throughput work, so when both
+want a core the kernel should preempt the turn. With ``PEPPER_TURN_WORKERS=0`` the same worker
+runs inside the web server instead (one process; tests use it so).
 
 A claim records the backend pid of the worker's listening connection. When a worker dies, its
 session ends, and any worker finds the messages it held, queues them again and answers them: a
@@ -45,8 +47,6 @@ POLL_SECONDS = 2.0
 STALE_RUNNING = timedelta(minutes=10)
 # Past this, an answer would only confuse: the message is marked expired instead.
 RESUME_WINDOW = timedelta(hours=1)
-# Turn workers yield the CPU to the web server: acknowledgements first, turns with what is left.
-WORKER_NICENESS = 5
 
 
 def job_for(services: Services, row: Any) -> Any:
@@ -221,8 +221,10 @@ def worker_process_main(settings: Settings, index: int) -> None:
         level=settings.log_level.upper(),
         format=f"%(asctime)s %(levelname)s turns-{index} %(name)s: %(message)s",
     )
+    # Turn workers yield the CPU to the web server (``PEPPER_TURN_WORKER_NICE``): acknowledgements
+    # first, turns with what is left. Relative to the server: a server already niced stays ahead.
     with contextlib.suppress(OSError):
-        os.nice(WORKER_NICENESS)
+        os.nice(settings.turn_worker_nice)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_worker_process(settings))
 

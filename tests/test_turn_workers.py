@@ -128,6 +128,7 @@ async def test_serve_runs_turns_in_worker_processes_survives_a_killed_worker_and
             "PEPPER_TWILIO_API_URL": twilio.api_url, "OPENAI_API_KEY": "sk-test",
             "OPENAI_BASE_URL": model.base_url, "PEPPER_GRACEFUL_TIMEOUT": "5", "PEPPER_TURN_WORKERS": "2",
             "PEPPER_SCHEDULER_ENABLED": "false", "PEPPER_MEMORY_JOBS_INTERVAL": "0",
+            "PEPPER_TURN_WORKER_NICE": "7",
         }  # fmt: skip
         server = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "gateway.cli", "serve", env=env, stderr=asyncio.subprocess.DEVNULL
@@ -145,6 +146,10 @@ async def test_serve_runs_turns_in_worker_processes_survives_a_killed_worker_and
                 await _until(healthy, 60, "pepper serve to be healthy")
                 first = await _until(lambda: len(_worker_pids(server.pid)) == 2 and _worker_pids(server.pid), 60,
                                      "two turn workers")  # fmt: skip
+                # The turns run at a lower CPU priority than the acknowledgements.
+                nicer = min(19, os.getpriority(os.PRIO_PROCESS, server.pid) + 7)
+                await _until(lambda: {os.getpriority(os.PRIO_PROCESS, pid) for pid in first} == {nicer},
+                             30, "the workers to lower their priority")  # fmt: skip
 
                 # A turn the model takes its time over: the workers are killed in the middle of it.
                 model.script(reply_text("too late", delay=5))
