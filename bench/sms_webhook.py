@@ -25,7 +25,7 @@ clock. Their CPU still counts against the machine, and is shown.
 Beside the latencies, the web server's CPU time per request (from ``/proc``; with receipts on it
 includes serving them), which a busy machine inflates far less than latency, and where the CPU
 went during the acknowledgements. ``BENCH_SERVER_LOG=path`` keeps the server's log;
-``BENCH_PROFILE=path`` runs the server under cProfile and writes its profile there on shutdown
+``BENCH_PROFILE=path`` runs the server under cProfile (CPU time) and writes its profile there on shutdown
 (it slows the server: latencies from such a run mean nothing).
 """
 
@@ -108,9 +108,9 @@ async def main(rate: int, seconds: float, receipts: bool, peers_nice: int) -> No
                 "OPENAI_BASE_URL": model.base_url, "PEPPER_GRACEFUL_TIMEOUT": "60",
             }  # fmt: skip
             profile = os.environ.get("BENCH_PROFILE")
-            under = ["-m", "cProfile", "-o", profile] if profile else []
+            command = ["-c", PROFILED.format(path=profile)] if profile else ["-m", "gateway.cli"]
             server = await asyncio.create_subprocess_exec(
-                sys.executable, *under, "-m", "gateway.cli", "serve", env=env, stderr=server_log()
+                sys.executable, *command, "serve", env=env, stderr=server_log()
             )
             try:
                 await wait_healthy(port)
@@ -133,6 +133,21 @@ async def main(rate: int, seconds: float, receipts: bool, peers_nice: int) -> No
         answered = twilio.receipt_statuses
         print(f"receipts: {len(answered)} sent, {answered.count(204)} answered 204, peers at nice +{peers_nice}")
     print(f"duplicate storm (50 x one MessageSid): {storm_turns} turn(s), {storm_sent} reply(ies)")
+
+
+# The server under cProfile, timed in CPU time of the main thread: on a busy machine wall time
+# would charge whatever ran when the kernel preempted the process.
+PROFILED = """
+import cProfile, runpy, sys, time
+profiler = cProfile.Profile(time.thread_time)
+sys.argv[0] = "pepper"
+try:
+    profiler.runcall(runpy.run_module, "gateway.cli", run_name="__main__")
+except SystemExit:
+    pass
+finally:
+    profiler.dump_stats({path!r})
+"""
 
 
 def server_log():  # type: ignore[no-untyped-def]
