@@ -1,18 +1,32 @@
 """SMS webhook acknowledgement latency at a steady request rate, and the duplicate storm's outcome.
 
-    .venv/bin/python bench/sms_webhook.py [--rate 200] [--seconds 10]
+    .venv/bin/python bench/sms_webhook.py [--rate 200] [--seconds 10] [--no-receipts] [--peers-nice 10]
 
 ``pepper serve`` runs as a user runs it, in its own process with its turn-worker processes
-(``PEPPER_TURN_WORKERS``, default 2), over a Postgres of its own; a loopback Twilio receives the
-replies and a loopback OpenAI answers the turns the webhooks start (both in this process). The
-load comes from a third process, so neither the peers nor the server slow the clock that
-measures: requests are sent open-loop at ``--rate`` per second, each a new message from the
-verified owner, signed as Twilio signs. The figure is the time from sending a webhook to
-receiving Pepper's empty-TwiML acknowledgement (target p99 <= 20 ms), measured while the turns
-of the earlier webhooks run. As a baseline, the same rate against ``/healthz`` (the framework
-plus one database round trip) in the same run. Beside the latencies, the web server's CPU time
-per request (from ``/proc``), which a busy machine inflates far less than latency.
-``BENCH_SERVER_LOG=path`` keeps the server's log.
+(``PEPPER_TURN_WORKERS``, default 2, at ``PEPPER_TURN_WORKER_NICE``), over a Postgres of its
+own; a loopback Twilio receives the replies and a loopback OpenAI answers the turns the webhooks
+start (both in this process). Like Twilio, the loopback Twilio reports ``sent`` then
+``delivered`` to the status callback of every reply (``--no-receipts``: it does not, as this
+benchmark did before). The load comes from a third process, so neither the peers nor the server
+slow the clock that measures: requests are sent open-loop at ``--rate`` per second, each a new
+message from the verified owner, signed as Twilio signs. The figure is the time from sending a
+webhook to receiving Pepper's empty-TwiML acknowledgement (target p99 <= 20 ms), measured while
+the turns of the earlier webhooks run and their receipts arrive. As a baseline, the same rate
+against ``/healthz`` (the framework plus one database round trip) in the same run, and, between
+the two, the same rate of ``delivered`` receipts for a reply whose turn is settled (what most
+receipts are: they should cost what an acknowledgement costs).
+
+The peers stand in for Twilio and a model provider, which run on their machines, not on ours:
+this process lowers its own CPU priority by ``--peers-nice`` (default 10, the same as the turn
+workers; 0 keeps it) once the server, Postgres and the load process have started, so that on a
+2-core machine their work competes with Pepper's turns, not with its acknowledgements or the
+clock. Their CPU still counts against the machine, and is shown.
+
+Beside the latencies, the web server's CPU time per request (from ``/proc``; with receipts on it
+includes serving them), which a busy machine inflates far less than latency, and where the CPU
+went during the acknowledgements. ``BENCH_SERVER_LOG=path`` keeps the server's log;
+``BENCH_PROFILE=path`` runs the server under cProfile (CPU time) and writes its profile there on shutdown
+(it slows the server: latencies from such a run mean nothing).
 """
 
 from __future__ import annotations
@@ -36,7 +50,7 @@ from core import identity
 from core.store import Database
 from core.testing.peers import OpenAIPeer, reply_text
 from core.testing.postgres import DatabaseFactory, test_server
-from core.testing.twilio_peer import TwilioPeer
+from core.testing.twilio_peer import SentMessage, TwilioPeer
 
 TOKEN = "bench-token"
 PUBLIC = "https://pepper.example.org"
@@ -74,7 +88,7 @@ async def open_loop(rate: int, seconds: float, send) -> tuple[list[float], int]:
     return latencies, failed
 
 
-async def main(rate: int, seconds: float) -> None:
+async def main(rate: int, seconds: float, receipts: bool, peers_nice: int) -> None:
     with test_server() as admin_dsn:
         factory = DatabaseFactory(admin_dsn)
         await factory.prepare_template()
@@ -93,27 +107,47 @@ async def main(rate: int, seconds: float) -> None:
                 "PEPPER_TWILIO_API_URL": twilio.api_url, "OPENAI_API_KEY": "sk-bench",
                 "OPENAI_BASE_URL": model.base_url, "PEPPER_GRACEFUL_TIMEOUT": "60",
             }  # fmt: skip
+            profile = os.environ.get("BENCH_PROFILE")
+            command = ["-c", PROFILED.format(path=profile)] if profile else ["-m", "gateway.cli"]
             server = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "gateway.cli", "serve", env=env, stderr=server_log()
+                sys.executable, *command, "serve", env=env, stderr=server_log()
             )
             try:
                 await wait_healthy(port)
-                await run_all(port, db, twilio, results, rate, seconds, server.pid)
+                if receipts:
+                    twilio.send_receipts(f"http://127.0.0.1:{port}", PUBLIC)
+                await run_all(port, db, twilio, results, rate, seconds, server.pid, peers_nice)
             finally:
                 server.send_signal(signal.SIGTERM)
                 await asyncio.wait_for(server.wait(), 120)
         await db.close()
-    (baseline, baseline_failed), (acks, acks_failed), storm_turns, storm_sent, cpu_ms = results
-
+    rows, storm_turns, storm_sent, where = results
+    acks, acks_failed, _ = rows[ACK]
     print(f"SMS webhook acknowledgement, {rate} req/s for {seconds:.0f} s ({len(acks)} requests), ms")
-    print(f"{'':28} {'median':>8} {'p99':>8} {'failed':>7} {'server CPU/req':>15}")
-    for name, (values, failed), cpu in (
-        ("baseline: GET /healthz", (baseline, baseline_failed), cpu_ms[0]),
-        ("POST /twilio/sms (ack)", (acks, acks_failed), cpu_ms[1]),
-    ):
-        print(f"{name:28} {statistics.median(values):8.2f} {p99(values):8.2f} {failed:7} {cpu:15.2f}")
+    print(f"{'':32} {'median':>8} {'p99':>8} {'failed':>7} {'server CPU/req':>15}")
+    for name, (values, failed, cpu) in rows.items():
+        print(f"{name:32} {statistics.median(values):8.2f} {p99(values):8.2f} {failed:7} {cpu:15.2f}")
     print(f"target p99 <= 20 ms -> {'met' if p99(acks) <= 20 and not acks_failed else 'NOT met'}")
+    print("CPU during the acknowledgements, s: " + ", ".join(f"{name} {value:.2f}" for name, value in where.items()))
+    if receipts:
+        answered = twilio.receipt_statuses
+        print(f"receipts: {len(answered)} sent, {answered.count(204)} answered 204, peers at nice +{peers_nice}")
     print(f"duplicate storm (50 x one MessageSid): {storm_turns} turn(s), {storm_sent} reply(ies)")
+
+
+# The server under cProfile, timed in CPU time of the main thread: on a busy machine wall time
+# would charge whatever ran when the kernel preempted the process.
+PROFILED = """
+import cProfile, runpy, sys, time
+profiler = cProfile.Profile(time.thread_time)
+sys.argv[0] = "pepper"
+try:
+    profiler.runcall(runpy.run_module, "gateway.cli", run_name="__main__")
+except SystemExit:
+    pass
+finally:
+    profiler.dump_stats({path!r})
+"""
 
 
 def server_log():  # type: ignore[no-untyped-def]
@@ -121,12 +155,17 @@ def server_log():  # type: ignore[no-untyped-def]
     return open(path, "w") if path else subprocess.DEVNULL
 
 
-def load(port: int, kind: str, rate: int, seconds: float) -> tuple[list[float], int]:
+# The phases, in order: each is ``rate`` requests a second for ``seconds`` from the load process.
+BASELINE, RECEIPT, ACK = "baseline: GET /healthz", "POST /twilio/status (receipt)", "POST /twilio/sms (ack)"
+PHASES = {BASELINE: "health", RECEIPT: "status", ACK: "sms"}
+
+
+def load(port: int, kind: str, rate: int, seconds: float, reply: SentMessage) -> tuple[list[float], int]:
     """In the load process: ``rate`` requests a second for ``seconds``; their latencies in ms."""
-    return asyncio.run(_load(port, kind, rate, seconds))
+    return asyncio.run(_load(port, kind, rate, seconds, reply))
 
 
-async def _load(port: int, kind: str, rate: int, seconds: float) -> tuple[list[float], int]:
+async def _load(port: int, kind: str, rate: int, seconds: float, reply: SentMessage) -> tuple[list[float], int]:
     local = f"http://127.0.0.1:{port}"
     signer = TwilioPeer(auth_token=TOKEN)  # not started: it only builds and signs the forms
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
@@ -141,7 +180,12 @@ async def _load(port: int, kind: str, rate: int, seconds: float) -> tuple[list[f
             status, _ = await signer.post_form(local, PUBLIC, "/twilio/sms", form, session=session)
             return status == 200
 
-        return await open_loop(rate, seconds, health if kind == "health" else webhook)
+        async def receipt(_: int) -> bool:
+            # ``delivered`` for a reply whose turn is settled: the most common receipt.
+            status, _ = await signer.send_status(local, PUBLIC, reply, "delivered", session=session)
+            return status == 204
+
+        return await open_loop(rate, seconds, {"health": health, "status": receipt, "sms": webhook}[kind])
 
 
 def free_port() -> int:
@@ -163,29 +207,62 @@ async def wait_healthy(port: int) -> None:
     raise SystemExit("pepper serve did not become healthy")
 
 
+def stat(pid: int) -> list[str]:
+    """The fields of ``/proc/PID/stat`` after the name (state first); empty for a process gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return []
+
+
 def cpu_seconds(pid: int) -> float:
-    """User plus system CPU time of a process so far."""
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User plus system CPU time of a process so far (0 for one that is gone)."""
+    fields = stat(pid)
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") if fields else 0.0
 
 
-async def run_all(port, db, twilio, results, rate, seconds, server_pid) -> None:  # type: ignore[no-untyped-def]
+def parent(pid: int) -> int:
+    fields = stat(pid)
+    return int(fields[1]) if fields else 0
+
+
+def children(pid: int) -> list[int]:
+    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit() and parent(int(entry)) == pid]
+
+
+def cpu_by_part(parts: dict[str, list[int]]) -> dict[str, dict[int, float]]:
+    return {name: {pid: cpu_seconds(pid) for pid in pids} for name, pids in parts.items()}
+
+
+async def run_all(port, db, twilio, results, rate, seconds, server_pid, peers_nice) -> None:  # type: ignore[no-untyped-def]
     local = f"http://127.0.0.1:{port}"
     loop = asyncio.get_running_loop()
     spawn = multiprocessing.get_context("spawn")
+    postmaster = parent(await db.fetchval("SELECT pg_backend_pid()"))
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        # Steady state, as a server that has been up a while: the turn workers are up and answering.
-        form = twilio.inbound_message(sender=OWNER, to=LINE, body="warm-up")
-        await twilio.post_form(local, PUBLIC, "/twilio/sms", form, session=session)
-        await twilio.wait_for_sent(1, within=120)
         with concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn) as pool:
-            cpu = [cpu_seconds(server_pid)]
-            baseline = await loop.run_in_executor(pool, load, port, "health", rate, seconds)
-            cpu.append(cpu_seconds(server_pid))
-            acks = await loop.run_in_executor(pool, load, port, "sms", rate, seconds)
-            cpu.append(cpu_seconds(server_pid))
-        cpu_ms = [(cpu[1] - cpu[0]) * 1000 / len(baseline[0]), (cpu[2] - cpu[1]) * 1000 / len(acks[0])]
-        await twilio.wait_for_sent(1 + len(acks[0]) - acks[1], within=600)
+            load_pid = await loop.run_in_executor(pool, os.getpid)  # started before this process is niced
+            if peers_nice:
+                os.nice(peers_nice)  # this thread: the peers' event loop (and threads it starts later)
+            # Steady state, as a server that has been up a while: the turn workers are up and answering.
+            form = twilio.inbound_message(sender=OWNER, to=LINE, body="warm-up")
+            await twilio.post_form(local, PUBLIC, "/twilio/sms", form, session=session)
+            [reply] = await twilio.wait_for_sent(1, within=120)
+            rows = {}
+            for name, kind in PHASES.items():
+                if kind == "sms":  # where the CPU goes while the acknowledgements are measured
+                    parts = {"web server": [server_pid], "turn workers": children(server_pid), "peers": [os.getpid()],
+                             "Postgres": [postmaster, *children(postmaster)], "load": [load_pid]}  # fmt: skip
+                    before = cpu_by_part(parts)
+                started = cpu_seconds(server_pid)
+                latencies, failed = await loop.run_in_executor(pool, load, port, kind, rate, seconds, reply)
+                rows[name] = (latencies, failed, (cpu_seconds(server_pid) - started) * 1000 / len(latencies))
+            parts["Postgres"] = sorted({*parts["Postgres"], *children(postmaster)})  # backends opened meanwhile
+            after = cpu_by_part(parts)
+        where = {name: sum(t - before[name].get(pid, 0.0) for pid, t in after[name].items()) for name in parts}
+        acks, acks_failed, _ = rows[ACK]
+        await twilio.wait_for_sent(1 + len(acks) - acks_failed, within=600)
 
         # The duplicate storm: 50 concurrent deliveries of one MessageSid, once every earlier
         # message is answered (an acknowledgement that timed out may still have been recorded).
@@ -204,12 +281,15 @@ async def run_all(port, db, twilio, results, rate, seconds, server_pid) -> None:
         await asyncio.sleep(1.0)
         storm_turns = await db.fetchval("SELECT count(*) FROM turns") - before_turns
         storm_sent = len(twilio.sent) - before_sent
-    results.extend([baseline, acks, storm_turns, storm_sent, cpu_ms])
+        await twilio.receipts_done()
+    results.extend([rows, storm_turns, storm_sent, where])
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--rate", type=int, default=200)
     parser.add_argument("--seconds", type=float, default=10)
+    parser.add_argument("--receipts", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--peers-nice", type=int, default=10)
     args = parser.parse_args()
-    asyncio.run(main(args.rate, args.seconds))
+    asyncio.run(main(args.rate, args.seconds, args.receipts, args.peers_nice))

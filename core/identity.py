@@ -8,6 +8,7 @@ are lines, each tied to the account it serves.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from datetime import datetime
@@ -70,6 +71,10 @@ class PhoneLine:
     voice_engine: str | None = None  # None: the voice_engine setting
 
 
+# Every webhook normalizes its sender, and the same few numbers write again and again: parsing
+# and validating one costs more CPU than the database lookup that follows. A pure function of its
+# arguments, so a bounded cache is safe (a number that does not parse raises and is not cached).
+@functools.lru_cache(maxsize=4096)
 def normalize_phone(raw: str, default_region: str = "US") -> str:
     """E.164 for a number as people write it; a ``whatsapp:`` prefix is ignored."""
     text = raw.strip().removeprefix("whatsapp:")

@@ -57,6 +57,10 @@ class Settings(BaseSettings):
     # Processes that run text turns apart from the web server (each runs up to
     # max_concurrent_turns at once); 0 runs turns inside the web server.
     turn_workers: int = Field(2, ge=0, le=64, validation_alias=_env("PEPPER_TURN_WORKERS", "turn_workers"))
+    # How much nicer (lower CPU priority) than the web server the turn workers run: an
+    # acknowledgement is latency work, a turn is throughput work, so the scheduler should run the
+    # web server first whenever both want a core. 0 runs them at the same priority.
+    turn_worker_nice: int = Field(10, ge=0, le=19, validation_alias=_env("PEPPER_TURN_WORKER_NICE", "turn_worker_nice"))
 
     # Model providers: the SDKs' own variable names.
     openai_api_key: SecretStr | None = Field(None, validation_alias=_env("OPENAI_API_KEY", "openai_api_key"))

@@ -47,6 +47,7 @@ UNKNOWN_SENDER_TEXT = "Sorry, this number only answers the people it works for."
 
 DELIVERED = frozenset({"sent", "delivered", "read"})
 NOT_DELIVERED = frozenset({"failed", "undelivered", "canceled"})
+SETTLED = frozenset({"delivered", "failed"})  # turn statuses a receipt no longer changes
 
 blueprint = Blueprint("messaging", __name__)
 
@@ -89,7 +90,7 @@ INCOMPLETE = Answer(400, b"MessageSid, From and To are required\n", "text/plain"
 
 
 def response(answer: Answer) -> Response:
-    return Response(answer.body, status=answer.status, content_type=answer.content_type)
+    return Response(answer.body, status=answer.status, content_type=answer.content_type or None)
 
 
 def keyword(body: str) -> str | None:
@@ -111,14 +112,6 @@ async def signed(services: Services, path: str, query_string: bytes, form: Any, 
     log.warning("refused a webhook with a missing or invalid Twilio signature")
     await record_security_event(services.db, "twilio-signature-invalid", path=path)
     return False
-
-
-async def _verified_form(services: Services) -> dict[str, Any] | Response:
-    """The signed form, or the response refusing it (403 for a bad signature)."""
-    form = await request.form
-    if not await signed(services, request.path, request.query_string, form, request.headers):
-        return response(REFUSED)
-    return form
 
 
 def _inbound(form: Any, channel: str) -> Inbound | None:
@@ -263,37 +256,43 @@ async def send_reply(
 
 @blueprint.post(MESSAGE_STATUS.path)
 async def message_status() -> Response:
-    """Twilio's delivery receipts for the replies Pepper sent."""
-    services = _services()
-    form = await _verified_form(services)
-    if isinstance(form, Response):
-        return form
+    """Twilio's delivery receipts for the replies Pepper sent (usually served by
+    ``gateway.messaging_asgi``; Quart gets only what that layer passes on)."""
+    form = await request.form
+    return response(await answer_status(_services(), request.path, request.query_string, form, request.headers))
+
+
+NO_CONTENT = Answer(204, b"", "")
+STATUS_INCOMPLETE = Answer(400, b"MessageSid and MessageStatus are required\n", "text/plain")
+
+# One statement for the common receipt: ``delivered`` after ``sent``, for a turn already settled.
+RECORD_STATUS = """
+    UPDATE messages SET delivery_status = $2
+    WHERE provider_message_id = $1 AND direction = 'outbound'
+    RETURNING turn_id, (SELECT status FROM turns WHERE turns.id = messages.turn_id) AS turn_status
+"""
+
+
+async def answer_status(services: Services, path: str, query_string: bytes, form: Any, headers: Any) -> Answer:
+    """One delivery receipt: record the reply's status; once every part of a turn's reply is
+    delivered (or one failed), commit (or drop) the turn's staged writes."""
+    if not await signed(services, path, query_string, form, headers):
+        return REFUSED
     sid, status = form.get("MessageSid"), (form.get("MessageStatus") or "").lower()
     if not sid or not status:
-        return Response("MessageSid and MessageStatus are required\n", status=400, content_type="text/plain")
-    row = await services.db.fetchrow(
-        """
-        UPDATE messages SET delivery_status = $2
-        WHERE provider_message_id = $1 AND direction = 'outbound'
-        RETURNING turn_id
-        """,
-        sid,
-        status,
-    )
-    if row is None or row["turn_id"] is None:
-        return Response("", status=204)
+        return STATUS_INCOMPLETE
+    ack_db = services.ack_db or services.db
+    row = await ack_db.fetchrow(RECORD_STATUS, sid, status)
+    if row is None or row["turn_id"] is None or row["turn_status"] in SETTLED:
+        return NO_CONTENT  # not ours, or already settled: a late receipt changes nothing
     turn_id = row["turn_id"]
-    statuses = [
-        r["delivery_status"]
-        for r in await services.db.fetch(
-            "SELECT delivery_status FROM messages WHERE turn_id = $1 AND direction = 'outbound'", turn_id
-        )
-    ]
-    turn_status = await services.db.fetchval("SELECT status FROM turns WHERE id = $1", turn_id)
-    if turn_status in ("delivered", "failed"):
-        return Response("", status=204)  # already settled; a late receipt changes nothing
+    # A statement of its own, after the update committed: of two parts' receipts racing, the later
+    # one sees both statuses (one statement's snapshot could miss the other's and neither settle).
+    statuses = await ack_db.fetchval(
+        "SELECT array_agg(delivery_status) FROM messages WHERE turn_id = $1 AND direction = 'outbound'", turn_id
+    )
     if any(s in NOT_DELIVERED for s in statuses):
         await report_delivery(services, turn_id, ok=False, detail={"status": status})
     elif all(s in DELIVERED for s in statuses):
         await report_delivery(services, turn_id, ok=True, detail={"status": status})
-    return Response("", status=204)
+    return NO_CONTENT

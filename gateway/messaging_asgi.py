@@ -1,11 +1,14 @@
-"""A thin ASGI layer in front of Quart for the inbound SMS and WhatsApp webhooks.
+"""A thin ASGI layer in front of Quart for Twilio's messaging webhooks: inbound SMS and WhatsApp,
+and the delivery receipts of the replies.
 
 Acknowledging a message is one signature check and one statement, yet Quart's request and
 response machinery cost more CPU than both together, and at a few hundred messages a second the
-web process saturates on it. This layer reads the form itself and hands it to the very same
-``gateway.messaging.answer_inbound`` the Quart routes use, so validation, recording and the TwiML
-are shared, not copied. Everything else, and any webhook request it does not fully understand
-(another content type, a body declared larger than the limit), falls through to Quart unchanged.
+web process saturates on it. Receipts come at twice that rate (``sent`` and ``delivered`` for
+every reply) and are as small. This layer reads the form itself and hands it to the very same
+``gateway.messaging.answer_inbound`` and ``answer_status`` the Quart routes use, so validation,
+recording and the answers are shared, not copied. Everything else, and any webhook request it
+does not fully understand (another content type, a body declared larger than the limit), falls
+through to Quart unchanged.
 """
 
 from __future__ import annotations
@@ -17,9 +20,9 @@ from urllib.parse import parse_qsl
 
 from werkzeug.datastructures import MultiDict
 
-from gateway.messaging import Answer, answer_inbound
+from gateway.messaging import Answer, answer_inbound, answer_status
 from gateway.services import Services
-from gateway.webhooks import SMS, WHATSAPP
+from gateway.webhooks import MESSAGE_STATUS, SMS, WHATSAPP
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +30,22 @@ Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
-CHANNELS = {SMS.path: "sms", WHATSAPP.path: "whatsapp"}
+Handler = Callable[[Services, str, bytes, Any, Any], Awaitable[Answer]]
+
+
+def _inbound(channel: str) -> Handler:
+    async def answer(services: Services, path: str, query_string: bytes, form: Any, headers: Any) -> Answer:
+        return await answer_inbound(services, channel, path, query_string, form, headers)
+
+    return answer
+
+
+# Path -> (name for the log, handler): the same functions the Quart routes call.
+ROUTES: dict[str, tuple[str, Handler]] = {
+    SMS.path: ("sms", _inbound("sms")),
+    WHATSAPP.path: ("whatsapp", _inbound("whatsapp")),
+    MESSAGE_STATUS.path: ("message-status", answer_status),
+}
 FORM = b"application/x-www-form-urlencoded"
 TOO_LARGE = Answer(413, b"request body too large\n", "text/plain")
 FAILED = Answer(500, b"internal error\n", "text/plain")
@@ -41,15 +59,15 @@ class Headers(dict[str, str]):
 
 
 class MessagingWebhooks:
-    """The ASGI app served: inbound message webhooks here, the rest to ``app`` (Quart)."""
+    """The ASGI app served: messaging webhooks here, the rest to ``app`` (Quart)."""
 
     def __init__(self, app: Any, max_body_bytes: int) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        channel = CHANNELS.get(scope.get("path", "")) if scope["type"] == "http" else None
-        if channel is None or scope["method"] != "POST":
+        route = ROUTES.get(scope.get("path", "")) if scope["type"] == "http" else None
+        if route is None or scope["method"] != "POST":
             return await self.app(scope, receive, send)
         headers = Headers((k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope["headers"])
         declared = headers.get("content-length")
@@ -64,10 +82,11 @@ class MessagingWebhooks:
             return await _send(send, TOO_LARGE)
         form = MultiDict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
         services: Services = self.app.extensions["pepper"]
+        name, handler = route
         try:
-            answer = await answer_inbound(services, channel, scope["path"], scope["query_string"], form, headers)
+            answer = await handler(services, scope["path"], scope["query_string"], form, headers)
         except Exception:  # as Quart would: logged, a 500, and Twilio retries
-            log.exception("the %s webhook failed", channel)
+            log.exception("the %s webhook failed", name)
             answer = FAILED
         await _send(send, answer)
 
@@ -87,14 +106,8 @@ class MessagingWebhooks:
 
 
 async def _send(send: Send, answer: Answer) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": answer.status,
-            "headers": [
-                (b"content-type", answer.content_type.encode()),
-                (b"content-length", str(len(answer.body)).encode()),
-            ],
-        }
-    )
+    headers = [(b"content-length", str(len(answer.body)).encode())]
+    if answer.content_type:  # none for a 204
+        headers.append((b"content-type", answer.content_type.encode()))
+    await send({"type": "http.response.start", "status": answer.status, "headers": headers})
     await send({"type": "http.response.body", "body": answer.body})

@@ -96,7 +96,8 @@ def build_app(
 ) -> Quart:
     """The app with everything it serves wired in: the harness on the model router, Twilio if set up.
 
-    ``turns_in_process=False`` when turn-worker processes answer the messages (``pepper serve``).
+    ``turns_in_process=False`` when turn-worker processes answer the messages (``pepper serve``);
+    they then run the scheduler and the memory jobs too.
     """
     from core.tools import recover_unresolved
     from text_loop.skills.catalog import log_problems
@@ -121,12 +122,14 @@ def build_app(
     async def seal_connection_secrets() -> None:
         await check_connection_secrets(db, harness.connectors)
 
-    if settings.scheduler_enabled:
+    # With turn-worker processes, the scheduler and the memory jobs run in the first of them
+    # (``gateway.worker.BackgroundJobs``): scheduled runs are turns, indexing is throughput work.
+    if settings.scheduler_enabled and turns_in_process:
         from gateway.scheduled import attach_scheduler
 
         attach_scheduler(app, settings, harness, messenger, mailer)
 
-    memory = start_memory(settings, db, router)
+    memory = start_memory(settings, db, router) if turns_in_process else None
 
     @app.before_serving
     async def start_memory_jobs() -> None:

@@ -7,8 +7,12 @@ is claimed by exactly one worker), run the turn and send the reply. A turn never
 loop or a core with the acknowledgements, so a burst of messages cannot slow them down.
 
 ``pepper serve`` starts ``PEPPER_TURN_WORKERS`` worker processes (default 2) and stops them on
-shutdown, restarting one that dies. With ``PEPPER_TURN_WORKERS=0`` the same worker runs inside
-the web server instead (one process; tests use it so).
+shutdown, restarting one that dies. They run ``PEPPER_TURN_WORKER_NICE`` steps (default 10) nicer
+than the web server: an acknowledgement is latency work and a turn throughput work, so when both
+want a core the kernel should preempt the turn. With ``PEPPER_TURN_WORKERS=0`` the same worker
+runs inside the web server instead (one process; tests use it so). The first worker process also
+runs the scheduler and the memory jobs (``BackgroundJobs``); with no worker processes, the web
+server does.
 
 A claim records the backend pid of the worker's listening connection. When a worker dies, its
 session ends, and any worker finds the messages it held, queues them again and answers them: a
@@ -45,8 +49,6 @@ POLL_SECONDS = 2.0
 STALE_RUNNING = timedelta(minutes=10)
 # Past this, an answer would only confuse: the message is marked expired instead.
 RESUME_WINDOW = timedelta(hours=1)
-# Turn workers yield the CPU to the web server: acknowledgements first, turns with what is left.
-WORKER_NICENESS = 5
 
 
 def job_for(services: Services, row: Any) -> Any:
@@ -209,6 +211,39 @@ class TurnProcesses:
         log.info("turn workers stopped")
 
 
+class BackgroundJobs:
+    """The scheduler and the memory jobs, in the first turn-worker process: a scheduled run is a
+    turn, and indexing new messages for search is throughput work; neither belongs beside the
+    acknowledgements (with ``PEPPER_TURN_WORKERS=0`` the web server runs them). Both are safe in
+    several processes at once (leases, ``SKIP LOCKED``), so a restarted worker taking over while
+    its predecessor's runs expire is fine."""
+
+    def __init__(self, settings: Settings, services: Services) -> None:
+        from gateway.scheduled import build_scheduler
+        from gateway.server import start_memory
+
+        harness = services.harness
+        self._scheduler = (
+            build_scheduler(settings, harness, services.messenger, services.mailer)
+            if settings.scheduler_enabled
+            else None
+        )
+        self._memory = start_memory(settings, services.db, harness.models)
+
+    def start(self) -> None:
+        if self._scheduler is not None:
+            self._scheduler.start()
+        if self._memory is not None:
+            self._memory.start()
+            log.info("memory jobs started")
+
+    async def stop(self, grace: float) -> None:
+        if self._scheduler is not None:
+            await self._scheduler.stop(grace)
+        if self._memory is not None:
+            await self._memory.stop()
+
+
 def _secret(value: str) -> Any:
     from pydantic import SecretStr
 
@@ -221,13 +256,15 @@ def worker_process_main(settings: Settings, index: int) -> None:
         level=settings.log_level.upper(),
         format=f"%(asctime)s %(levelname)s turns-{index} %(name)s: %(message)s",
     )
+    # Turn workers yield the CPU to the web server (``PEPPER_TURN_WORKER_NICE``): acknowledgements
+    # first, turns with what is left. Relative to the server: a server already niced stays ahead.
     with contextlib.suppress(OSError):
-        os.nice(WORKER_NICENESS)
+        os.nice(settings.turn_worker_nice)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_worker_process(settings))
+        asyncio.run(_worker_process(settings, index))
 
 
-async def _worker_process(settings: Settings) -> None:
+async def _worker_process(settings: Settings, index: int) -> None:
     from core.store import Database
     from gateway.server import build_turn_services
 
@@ -243,6 +280,9 @@ async def _worker_process(settings: Settings) -> None:
         async with build_turn_services(settings, db) as services:
             worker = TurnWorker(services, concurrency=settings.max_concurrent_turns)
             await worker.start()
+            jobs = BackgroundJobs(settings, services) if index == 0 else None
+            if jobs is not None:
+                jobs.start()
             log.info("turn worker ready (claims as %s)", worker.pid)
             while not stop.is_set():
                 with contextlib.suppress(TimeoutError):
@@ -250,6 +290,7 @@ async def _worker_process(settings: Settings) -> None:
                 if os.getppid() != parent:  # the server is gone: do not outlive it
                     log.warning("pepper serve went away; turn worker stopping")
                     break
-            await worker.stop(settings.graceful_timeout)
+            grace = settings.graceful_timeout
+            await asyncio.gather(worker.stop(grace), *([jobs.stop(grace)] if jobs is not None else []))
     finally:
         await db.close()

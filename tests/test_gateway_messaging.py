@@ -268,6 +268,27 @@ async def test_a_long_reply_is_split_into_messages_within_the_limit(stack: Stack
     assert await stack.db.fetchval("SELECT status FROM turns") == "delivered"
 
 
+async def test_receipts_for_every_part_arriving_at_once_settle_the_turn(stack: Stack):
+    """Receipts are served by the thin ASGI layer; racing ones still see each other's status."""
+    todo = await stack.db.fetchval(
+        "INSERT INTO todos (account_id, title) VALUES ($1, 'water the plants') RETURNING id", stack.account_id
+    )
+    sentence = "The plants are watered and this answer goes on for a while. "
+    stack.model.script(reply_tools(("complete_todo", {"id": todo})), reply_text(sentence * 60))
+    await stack.text("I watered the plants")
+    await stack.settle()
+    parts = stack.twilio.sent
+    assert len(parts) >= 2
+    receipts = await asyncio.gather(
+        *(stack.twilio.send_status(stack.local, PUBLIC, m, s) for s in ("sent", "delivered") for m in parts)
+    )
+    assert {status for status, _ in receipts} == {204}
+    assert await stack.db.fetchval("SELECT status FROM turns") == "delivered"
+    assert await stack.db.fetchval("SELECT done_at FROM todos WHERE id = $1", todo) is not None
+    statuses = await stack.db.fetch("SELECT delivery_status FROM messages WHERE direction = 'outbound'")
+    assert {r["delivery_status"] for r in statuses} <= {"sent", "delivered"}
+
+
 async def test_a_model_failure_still_answers_with_an_apology(stack: Stack):
     stack.model.script(fault(500), fault(500), fault(500), fault(500))
     await stack.text("are you there?")

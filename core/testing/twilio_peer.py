@@ -20,6 +20,9 @@ import aiohttp
 from aiohttp import web
 from twilio.request_validator import RequestValidator
 
+# What Twilio reports for a message that reaches the phone, in order.
+RECEIPTS = ("sent", "delivered")
+
 
 def new_sid(prefix: str) -> str:
     return prefix + secrets.token_hex(16)
@@ -41,8 +44,13 @@ class TwilioPeer:
     auth_token: str
     account_sid: str = "AC" + "1" * 32
     sent: list[SentMessage] = field(default_factory=list)
+    # Statuses the automatic receipts got back (``send_receipts``), one per receipt.
+    receipt_statuses: list[int] = field(default_factory=list)
     _faults: list[tuple[int, int]] = field(default_factory=list)
     _runner: web.AppRunner | None = None
+    _receipts: tuple[str, str, tuple[str, ...]] | None = None
+    _receipt_session: aiohttp.ClientSession | None = None
+    _receipt_tasks: set[asyncio.Task[None]] = field(default_factory=set)
     port: int = 0
 
     async def __aenter__(self) -> TwilioPeer:
@@ -56,6 +64,9 @@ class TwilioPeer:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        await self.receipts_done()
+        if self._receipt_session is not None:
+            await self._receipt_session.close()
         if self._runner is not None:
             await self._runner.cleanup()
 
@@ -84,6 +95,10 @@ class TwilioPeer:
             auth=request.headers.get("Authorization"),
         )
         self.sent.append(message)
+        if self._receipts is not None and message.status_callback:
+            task = asyncio.create_task(self._report(message), name=f"twilio-receipts-{message.sid}")
+            self._receipt_tasks.add(task)
+            task.add_done_callback(self._receipt_tasks.discard)
         return web.json_response(
             {"sid": message.sid, "status": "queued", "to": message.to, "from": message.from_, "body": message.body,
              "account_sid": message.account_sid, "num_segments": "1", "direction": "outbound-api"},
@@ -131,8 +146,37 @@ class TwilioPeer:
             **extra,
         }
 
+    def send_receipts(self, local_base: str, public_base: str, statuses: tuple[str, ...] = RECEIPTS) -> None:
+        """From now on, report ``statuses`` for every message Pepper sends, one after the other
+        right after the send, as Twilio does (answers in ``receipt_statuses``)."""
+        self._receipts = (local_base, public_base, statuses)
+
+    async def receipts_done(self) -> None:
+        """Wait for every automatic receipt under way."""
+        while self._receipt_tasks:
+            await asyncio.gather(*self._receipt_tasks, return_exceptions=True)
+
+    async def _report(self, message: SentMessage) -> None:
+        assert self._receipts is not None
+        local_base, public_base, statuses = self._receipts
+        if self._receipt_session is None:
+            self._receipt_session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        session = self._receipt_session
+        for status in statuses:
+            try:
+                code, _ = await self.send_status(local_base, public_base, message, status, session=session)
+            except aiohttp.ClientError:
+                code = 0
+            self.receipt_statuses.append(code)
+
     async def send_status(
-        self, local_base: str, public_base: str, message: SentMessage, status: str
+        self,
+        local_base: str,
+        public_base: str,
+        message: SentMessage,
+        status: str,
+        *,
+        session: aiohttp.ClientSession | None = None,
     ) -> tuple[int, str]:
         """Report a delivery status for a message Pepper sent, to the callback it gave."""
         assert message.status_callback, "Pepper sent this message without a status callback"
@@ -140,7 +184,7 @@ class TwilioPeer:
         assert message.status_callback.startswith(public_base), message.status_callback
         params = {"MessageSid": message.sid, "MessageStatus": status, "AccountSid": self.account_sid,
                   "To": message.to, "From": message.from_}  # fmt: skip
-        return await self.post_form(local_base, public_base, path, params)
+        return await self.post_form(local_base, public_base, path, params, session=session)
 
     async def wait_for_sent(self, count: int, within: float = 10.0) -> list[SentMessage]:
         deadline = asyncio.get_running_loop().time() + within
