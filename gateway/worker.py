@@ -275,7 +275,11 @@ async def _worker_process(settings: Settings, index: int) -> None:
     parent = os.getppid()
     assert settings.database_url is not None
     # A turn takes a connection only while it needs one: a few per concurrent turn is plenty.
-    db = await Database.open(settings.database_url.get_secret_value(), max_size=settings.max_concurrent_turns + 4)
+    # The Postgres backends doing the turns' work yield the CPU as this process does (when local).
+    own_nice = os.getpriority(os.PRIO_PROCESS, 0)
+    db = await Database.open(
+        settings.database_url.get_secret_value(), max_size=settings.max_concurrent_turns + 4, backend_nice=own_nice
+    )
     try:
         async with build_turn_services(settings, db) as services:
             worker = TurnWorker(services, concurrency=settings.max_concurrent_turns)

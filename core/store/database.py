@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -85,6 +87,39 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
     await register_vector(conn)
 
 
+async def nice_local_backend(conn: asyncpg.Connection, nice: int) -> bool:
+    """Run this connection's Postgres backend at CPU niceness ``nice`` or lower priority, if it is ours.
+
+    A turn worker runs nicer than the web server so acknowledgements come first, but most of a
+    turn's CPU is spent in the Postgres backends serving it, which would still compete at the
+    server's priority. Only a backend on this machine (a Unix socket or loopback) that is a
+    ``postgres`` process is touched: a pid from a remote server names nothing here.
+    True when the backend now runs at least that nice.
+    """
+    if nice <= 0:
+        return False
+    pid = conn.get_server_pid()
+    try:
+        address = await conn.fetchval("SELECT host(inet_server_addr())")
+        if address not in (None, "127.0.0.1", "::1"):
+            return False
+        return _renice_own_postgres(pid, nice)
+    except (OSError, asyncpg.PostgresError) as exc:  # not ours after all, or not allowed: leave it
+        log.debug("left the priority of Postgres backend %s as it was: %s", pid, exc)
+        return False
+
+
+def _renice_own_postgres(pid: int, nice: int) -> bool:
+    # /proc is in memory: this read does not block the loop. A backend of another user (the
+    # embedded server runs as its own user when Pepper runs as root) is refused by the kernel
+    # unless we may renice it.
+    if Path(f"/proc/{pid}/comm").read_text().strip() != "postgres":
+        return False
+    if os.getpriority(os.PRIO_PROCESS, pid) < nice:
+        os.setpriority(os.PRIO_PROCESS, pid, nice)
+    return True
+
+
 class PoolConnection(asyncpg.Connection):  # type: ignore[misc]
     """A pool connection whose holder can promise to leave no session state behind.
 
@@ -132,7 +167,9 @@ class Database:
         migrations: list[Migration] | None = None,
         min_size: int = 1,
         max_size: int = 10,
+        backend_nice: int = 0,
     ) -> Database:
+        """``backend_nice``: run the pool's Postgres backends that nice, when they are on this machine."""
         where = redact_dsn(dsn)
         conn = await connect(dsn)
         try:
@@ -143,8 +180,15 @@ class Database:
         finally:
             await conn.close()
         try:
+            init = _init_connection
+            if backend_nice > 0:
+
+                async def init(conn: asyncpg.Connection) -> None:
+                    await _init_connection(conn)
+                    await nice_local_backend(conn, backend_nice)
+
             pool = await asyncpg.create_pool(
-                dsn, min_size=min_size, max_size=max_size, init=_init_connection, timeout=CONNECT_TIMEOUT,
+                dsn, min_size=min_size, max_size=max_size, init=init, timeout=CONNECT_TIMEOUT,
                 connection_class=PoolConnection, reset=_reset_unless_skipped,
             )  # fmt: skip
         except (OSError, asyncpg.PostgresError) as exc:
