@@ -102,7 +102,7 @@ def create_app(settings: Settings, db, *, turns_in_process: bool = True, **servi
 
 
 def asgi_app(app: Quart) -> MessagingWebhooks:
-    """What Hypercorn serves: the inbound message webhooks' thin layer in front of ``app``."""
+    """What the HTTP server serves: the inbound message webhooks' thin layer in front of ``app``."""
     return MessagingWebhooks(app, MAX_BODY_BYTES)
 
 

@@ -1,5 +1,5 @@
 """Email end to end: a loopback Mailgun signs inbound route forms, a loopback SMTP server (aiosmtpd)
-takes Pepper's replies, a loopback OpenAI answers as the model, and Pepper runs on a real Hypercorn
+takes Pepper's replies, a loopback OpenAI answers as the model, and Pepper runs on a real uvicorn
 socket over a fresh database."""
 
 from __future__ import annotations

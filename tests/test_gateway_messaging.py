@@ -1,5 +1,5 @@
 """SMS and WhatsApp end to end: a loopback Twilio signs webhooks and receives replies, a loopback
-OpenAI answers as the model, and Pepper runs on a real Hypercorn socket over a fresh database."""
+OpenAI answers as the model, and Pepper runs on a real uvicorn socket over a fresh database."""
 
 from __future__ import annotations
 

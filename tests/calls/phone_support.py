@@ -1,7 +1,7 @@
 """Shared pieces of the phone-call tests, imported by name (a conftest cannot be imported twice).
 
 Phone calls end to end: a loopback Twilio caller and a loopback OpenAI Realtime server, Pepper on
-a real Hypercorn socket over a fresh database, the realtime model reached through the openai SDK."""
+a real uvicorn socket over a fresh database, the realtime model reached through the openai SDK."""
 
 from __future__ import annotations
 
