@@ -28,6 +28,7 @@ from core.identity import add_handle, assign_line, create_account
 from core.settings import Settings
 from core.store import Database
 from core.testing.calendar_data import SERIES, SINGLES, fill_calendar
+from core.testing.figures import p99
 from core.testing.postgres import DatabaseFactory, test_server
 from core.testing.twilio_peer import TwilioPeer
 from core.tools.context import SessionContext
@@ -36,8 +37,7 @@ from core.tools.registry import Tool, ToolContext, ToolOutcome
 
 def _stats(label: str, times: list[float]) -> None:
     times.sort()
-    p99 = times[min(len(times) - 1, int(len(times) * 0.99))]
-    print(f"{label}: median {statistics.median(times):.1f} ms, p99 {p99:.1f} ms ({len(times)} runs)")
+    print(f"{label}: median {statistics.median(times):.1f} ms, p99 {p99(times):.1f} ms ({len(times)} runs)")
 
 
 async def nothing(ctx, args):  # type: ignore[no-untyped-def]

@@ -43,6 +43,8 @@ import sys
 import time
 from typing import Any
 
+from core.testing.figures import percentile as _pct
+
 TOKEN = "bench-twilio-token"
 PUBLIC = "https://pepper.bench.example"
 OWNER = "+14155552671"
@@ -64,13 +66,6 @@ def join_onsets(sent: dict[int, list[float]], seen: dict[int, list[float]]) -> l
             if i >= 0 and t - sends[i] < window:
                 out.append((t - sends[i]) * 1000)
     return out
-
-
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def _fmt(values: list[float]) -> str:

@@ -32,6 +32,7 @@ from typing import Any
 from core.models.adapters.openai_responses import OpenAIResponsesAdapter
 from core.models.router import OPENAI, ModelChoice, ModelRouter, Tier
 from core.models.types import ChatMessage, Prompt
+from core.testing.figures import p99
 from core.testing.peers import OpenAIPeer, Reply
 from voice.adapters.cascade import CascadeModel, local_speech
 from voice.codec import audioop
@@ -43,8 +44,7 @@ REPLY = "Tomorrow will be warm and sunny in Paris."
 
 def _line(label: str, values: list[float], beside: str) -> None:
     values = sorted(values)
-    p99 = values[min(len(values) - 1, int(len(values) * 0.99))]
-    print(f"{label:<34} median {statistics.median(values) * 1000:7.0f} ms  p99 {p99 * 1000:7.0f} ms   {beside}")
+    print(f"{label:<34} median {statistics.median(values) * 1000:7.0f} ms  p99 {p99(values) * 1000:7.0f} ms   {beside}")
 
 
 async def main(turns: int) -> None:

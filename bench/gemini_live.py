@@ -23,6 +23,7 @@ from typing import Any
 
 from google.genai import types as gt
 
+from core.testing.figures import p99
 from voice.adapters.gemini_live import GeminiLive, GeminiLiveConnection, Resampler
 from voice.adapters.openai_realtime import OpenAIRealtime, map_event
 from voice.realtime import SessionConfig
@@ -35,8 +36,7 @@ CONFIG = SessionConfig("Be brief.", ())
 def _row(name: str, samples: list[float], baseline: list[float] | None = None) -> str:
     ordered = sorted(samples)
     median = statistics.median(ordered) * 1e6
-    p99 = ordered[int(len(ordered) * 0.99) - 1] * 1e6
-    text = f"{name:<48} median {median:8.1f} us   p99 {p99:8.1f} us"
+    text = f"{name:<48} median {median:8.1f} us   p99 {p99(ordered) * 1e6:8.1f} us"
     if baseline:
         base = sorted(baseline)
         text += f"   x{median / (statistics.median(base) * 1e6):.2f} median"

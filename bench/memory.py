@@ -50,6 +50,7 @@ from core.models.embeddings import LocalEmbedder
 from core.models.router import ModelChoice, ModelRouter, Tier
 from core.store import Database
 from core.store.embedded import EmbeddedPostgres
+from core.testing.figures import p99
 from core.testing.peers import OpenAIPeer, reply_text
 from core.testing.postgres import with_database
 
@@ -64,8 +65,7 @@ WORDS = (
 
 def stats(samples: list[float]) -> str:
     ordered = sorted(samples)
-    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
-    return f"median {statistics.median(ordered):.2f} ms, p99 {p99:.2f} ms (n={len(ordered)})"
+    return f"median {statistics.median(ordered):.2f} ms, p99 {p99(ordered):.2f} ms (n={len(ordered)})"
 
 
 def start_postgres(root: Path) -> tuple[EmbeddedPostgres | None, str]:

@@ -33,6 +33,7 @@ from zoneinfo import ZoneInfo
 from core.conversation import record_inbound, record_outbound
 from core.identity import create_account
 from core.models.types import Prompt
+from core.testing.figures import p99
 from core.testing.postgres import DatabaseFactory, test_server
 from core.testing.scripted import ScriptedModels, reply
 from core.tools.starter import starter_registry
@@ -109,11 +110,6 @@ def common_prefix(a: bytes, b: bytes) -> int:
     while i < n and a[i] == b[i]:
         i += 1
     return i
-
-
-def p99(values: list[float], *, low: bool = False) -> float:
-    ordered = sorted(values, reverse=low)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
 
 
 async def run_day(turns: int) -> tuple[list[Prompt], list[str], set[str]]:

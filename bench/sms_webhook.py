@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
-import math
 import multiprocessing
 import os
 import signal
@@ -48,6 +47,7 @@ import aiohttp
 
 from core import identity
 from core.store import Database
+from core.testing.figures import p99
 from core.testing.peers import OpenAIPeer, reply_text
 from core.testing.postgres import DatabaseFactory, test_server
 from core.testing.twilio_peer import SentMessage, TwilioPeer
@@ -55,11 +55,6 @@ from core.testing.twilio_peer import SentMessage, TwilioPeer
 TOKEN = "bench-token"
 PUBLIC = "https://pepper.example.org"
 OWNER, LINE = "+14155552671", "+14155550100"
-
-
-def p99(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)]
 
 
 async def open_loop(rate: int, seconds: float, send) -> tuple[list[float], int]:  # type: ignore[no-untyped-def]

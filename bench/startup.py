@@ -9,7 +9,6 @@ Target: warm median <= 3 s.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import shutil
 import signal
@@ -21,6 +20,8 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+
+from core.testing.figures import p99
 
 
 def free_port() -> int:
@@ -58,11 +59,6 @@ def one_start(data_dir: Path) -> float:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
     return elapsed
-
-
-def p99(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)]
 
 
 def main() -> None:

@@ -25,6 +25,7 @@ import asyncpg
 from core.identity import create_account
 from core.models.types import Generation, Prompt, ToolCall, Usage
 from core.store import Database
+from core.testing.figures import p99
 from core.testing.postgres import DatabaseFactory, test_server
 from core.testing.scripted import ScriptedModels
 from core.tools import Tool, ToolOutcome, ToolRegistry
@@ -137,8 +138,7 @@ async def _wal_flushes(admin_dsn: str, variants: list[_Variant]) -> int:
 
 def _line(v: _Variant) -> str:
     h = sorted(v.harness)
-    p99 = h[min(len(h) - 1, int(len(h) * 0.99))]
-    return f"{v.label:<26} median {statistics.median(h):6.2f} ms   p99 {p99:6.2f} ms"
+    return f"{v.label:<26} median {statistics.median(h):6.2f} ms   p99 {p99(h):6.2f} ms"
 
 
 async def bench(turns: int, warmup: int) -> None:

@@ -25,6 +25,7 @@ from datetime import UTC, datetime, timedelta
 from core.identity import create_account
 from core.store import Database
 from core.testing.calendar_data import SERIES, SINGLES, fill_calendar
+from core.testing.figures import p99
 from core.testing.postgres import DatabaseFactory, test_server
 from core.tools.areas.calendar import free_busy
 
@@ -38,8 +39,7 @@ WHERE account_id = $1 AND status = 'confirmed' AND starts_at < $3
 
 def figures(times: list[float]) -> str:
     ordered = sorted(times)
-    p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
-    return f"median {statistics.median(ordered):7.1f} ms   p99 {p99:7.1f} ms"
+    return f"median {statistics.median(ordered):7.1f} ms   p99 {p99(ordered):7.1f} ms"
 
 
 async def bench(queries: int) -> None:
