@@ -37,7 +37,7 @@ def _digest(token: str) -> bytes:
 
 
 def token_hash(token: str) -> bytes:
-    """What is stored for a session cookie or API token (``web_sessions.token_hash``)."""
+    """What is stored for a secret handed out (a session cookie, an API token, an OAuth state), never the secret."""
     return _digest(token)
 
 

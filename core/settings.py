@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import (
@@ -30,7 +30,7 @@ DEFAULT_DATA_DIR = Path("~/.pepper")
 DEFAULT_TWILIO_API_URL = "https://api.twilio.com"
 # The realtime voice engines a call can run on (voice/engines.py builds them).
 VoiceEngine = Literal["openai-realtime", "gemini-live", "cascade"]
-VOICE_ENGINES: tuple[str, ...] = ("openai-realtime", "gemini-live", "cascade")
+VOICE_ENGINES: tuple[str, ...] = get_args(VoiceEngine)
 
 
 def _env(*names: str) -> AliasChoices:

@@ -54,7 +54,7 @@ def _gemini(settings: Any, models: Any) -> RealtimeModel | None:
 
 
 def _cascade(settings: Any, models: Any) -> RealtimeModel | None:
-    if importlib.util.find_spec(CASCADE_MODULE) is None:
+    if not engine_available("cascade"):
         raise EngineUnavailable(f"the cascade voice engine is not part of this build ({CASCADE_MODULE} is missing)")
     # A router with no provider configured could not answer: no model, so calls apologise at once.
     if models is None or not getattr(models, "adapters", True):

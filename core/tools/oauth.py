@@ -21,6 +21,7 @@ from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
+from core.access import token_hash
 from core.errors import InvalidInput, PepperError
 from core.tools.connectors import GOOGLE_SCOPES, Connectors
 from core.tools.google_api import authorization_url, exchange_code
@@ -50,10 +51,6 @@ class ConnectedGoogle:
     @property
     def missing(self) -> tuple[str, ...]:
         return tuple(f for f in self.features if f not in self.granted)
-
-
-def digest(value: str) -> bytes:
-    return hashlib.sha256(value.encode()).digest()
 
 
 def google_feature(area: str) -> str:
@@ -97,13 +94,13 @@ async def begin_google_consent(
                                   session_hash, browser_hash, expires_at)
         VALUES ($1, $2, 'google', $3, $4, $5, $6, $7, now() + $8)
         """,
-        digest(state),
+        token_hash(state),
         account_id,
         [feature],
         redirect_uri,
         verifier,
         session_hash,
-        digest(browser_binding) if browser_binding else None,
+        token_hash(browser_binding) if browser_binding else None,
         ttl,
     )
     return authorization_url(connectors, [feature], redirect_uri, state, code_challenge=_challenge(verifier))
@@ -114,7 +111,7 @@ async def _take_state(db: Any, state: str | None) -> Any:
     if not state:
         raise ConsentRefused("the answer from Google carries no state; start connecting again")
     row = await db.fetchrow(
-        "DELETE FROM oauth_states WHERE state_hash = $1 RETURNING *, expires_at < now() AS expired", digest(state)
+        "DELETE FROM oauth_states WHERE state_hash = $1 RETURNING *, expires_at < now() AS expired", token_hash(state)
     )
     if row is None:
         raise ConsentRefused("this sign-in link is unknown or was already used; start connecting again")
@@ -126,7 +123,7 @@ async def _take_state(db: Any, state: str | None) -> Any:
 async def _check_binding(db: Any, row: Any, browser_binding: str | None) -> None:
     if row["session_hash"] is None:
         return  # started by `pepper connect`: bound to the account only
-    if not browser_binding or not hmac.compare_digest(digest(browser_binding), bytes(row["browser_hash"])):
+    if not browser_binding or not hmac.compare_digest(token_hash(browser_binding), bytes(row["browser_hash"])):
         raise ConsentRefused("this sign-in was started in another browser; start connecting again from this one")
     alive = await db.fetchval(
         "SELECT EXISTS (SELECT 1 FROM web_sessions WHERE token_hash = $1 AND expires_at > now())",

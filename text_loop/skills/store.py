@@ -86,11 +86,6 @@ def skill_sources(selected: str) -> list[tuple[str, str]]:
     return [(str(name), str(source)) for name, source in json.loads(selected)]
 
 
-async def user_skill_sources(db: Any, account_id: UUID) -> list[tuple[str, str]]:
-    """``(name, text)`` of the account's skills, for one turn's view."""
-    return skill_sources(await db.fetchval(f"SELECT {USER_SKILLS_SELECT}", account_id))
-
-
 async def get_user_skill(db: Any, account_id: UUID, name: str) -> StoredSkill:
     row = await db.fetchrow(
         "SELECT name, source, created_at, updated_at FROM user_skills WHERE account_id = $1 AND name = $2",

@@ -21,7 +21,7 @@ What the connection promises, mirroring a realtime model with server-side turn d
   back between sentences and the tail of a reply is never lost.
 
 Local models (faster-whisper tiny.en, the piper voice en_US-joe-medium) come from PyPI packages and
-load once per process, on the first call (or :func:`warm_local_speech`), never from the network.
+load once per process, on the first call, never from the network.
 """
 
 from __future__ import annotations
@@ -216,10 +216,6 @@ def local_speech() -> LocalSpeech:
     return LocalSpeech(_load("whisper"), _load("piper"))
 
 
-async def warm_local_speech() -> LocalSpeech:
-    return await asyncio.to_thread(local_speech)
-
-
 # --- The connection ------------------------------------------------------------------------------
 
 
@@ -230,13 +226,17 @@ class _Item:
     audio_bytes: int = 0
 
 
+TIMINGS_KEPT = 1000  # the latest turns' timings, for the benchmark and the logs
+
+
 @dataclass
 class TurnTimings:
     """Per turn, seconds: speech end to transcript, transcript to first audio, synthesis time."""
 
-    stt: list[float] = field(default_factory=list)
-    first_audio: list[float] = field(default_factory=list)
-    tts: list[float] = field(default_factory=list)
+    # Bounded: the engine, and so these, live as long as the process and serve every call.
+    stt: deque[float] = field(default_factory=lambda: deque(maxlen=TIMINGS_KEPT))
+    first_audio: deque[float] = field(default_factory=lambda: deque(maxlen=TIMINGS_KEPT))
+    tts: deque[float] = field(default_factory=lambda: deque(maxlen=TIMINGS_KEPT))
 
 
 class CascadeConnection:
@@ -271,7 +271,6 @@ class CascadeConnection:
         self._speech_item: str | None = None
         self._received_ms = 0
         self.timings = engine.timings
-        self.tts_fallbacks = 0
         warm = getattr(self._tts, "warm", None)
         if warm is not None:  # a provider's socket opens while the session sets up
             self._spawn("warm-tts", warm())
@@ -468,7 +467,6 @@ class CascadeConnection:
             # The provider failed on this sentence (perhaps part-way): piper says all of it again,
             # so the caller may hear its start twice but loses no word, and the call goes on.
             log.warning("the cascade's text to speech failed, piper speaks the sentence: code=%s", exc.code)
-            self.tts_fallbacks += 1
             await self._say(self._fallback, rid, item_id, item, sentence, heard_at)
 
     async def _say(

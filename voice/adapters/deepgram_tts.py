@@ -79,7 +79,6 @@ class DeepgramSpeech:
         self._clearing = False  # a Clear was sent and its Cleared not read yet
         self._in_flight = False  # a Speak was sent and its Flushed not read yet
         self._connecting = asyncio.Lock()
-        self.sentences = 0
 
     async def _open(self) -> Any:
         if self._socket is not None and self._clearing:
@@ -147,7 +146,6 @@ class DeepgramSpeech:
         pending = bytearray()
         try:
             socket = await self._start(text)
-            self.sentences += 1
             while True:
                 async with asyncio.timeout(SILENCE_SECONDS):
                     message = await socket.recv()

@@ -107,11 +107,6 @@ class PeerSession:
     def types(self) -> list[str]:
         return [e.get("type", "") for e in self.events]
 
-    def audio_format(self, direction: str) -> str:
-        """``audio/pcmu`` or ``audio/pcm`` (24 kHz 16-bit, the API's default) for "input" or "output"."""
-        fmt = ((self.config.get("audio") or {}).get(direction) or {}).get("format") or {}
-        return str(fmt.get("type") or "audio/pcm")
-
     def tool_names(self) -> list[str]:
         return sorted(t["name"] for t in self.config.get("tools", []))
 
