@@ -166,8 +166,12 @@ async def connection_secret(db: Any, connectors: Connectors, connection_id: UUID
     """The connection's secret, opened; None when the connection is gone. A row still in plaintext
     (written before secrets were sealed) is sealed now. Raises ``SecretKeyError`` on a wrong key."""
     row = await db.fetchrow("SELECT secret, sealed FROM connections WHERE id = $1", connection_id)
-    if row is None:
-        return None
+    return None if row is None else await opened_secret(db, connectors, connection_id, row)
+
+
+async def opened_secret(db: Any, connectors: Connectors, connection_id: UUID, row: Any) -> dict[str, Any] | None:
+    """The secret of a ``connections`` row the caller read with its ``secret`` and ``sealed``
+    columns (beside whatever else it needed), as :func:`connection_secret` opens it."""
     if row["sealed"] is not None:
         return connectors.require_vault().unseal(row["sealed"])
     plain = _json(row["secret"])

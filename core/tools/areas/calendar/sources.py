@@ -18,7 +18,7 @@ from core.tools.areas.calendar import ical
 from core.tools.areas.calendar.caldav import CalDAVClient
 from core.tools.areas.calendar.model import Attendee, CalendarUnavailable, Event
 from core.tools.areas.calendar.store import ensure_pepper_calendar, short
-from core.tools.connectors import CALENDAR_EVENTS, Connectors, connection_secret, seal
+from core.tools.connectors import CALENDAR_EVENTS, Connectors, opened_secret, seal
 from core.tools.google_api import GoogleClient, GoogleError
 from core.vault import SecretKeyError
 
@@ -77,15 +77,16 @@ async def find_calendar(db: Any, account_id: UUID, ref_or_name: str | None) -> C
 
 
 async def caldav_client(db: Any, connectors: Connectors, cal: CalendarRow) -> CalDAVClient:
-    config = await db.fetchval("SELECT config FROM connections WHERE id = $1", cal.connection_id)
+    # One read for the address and the secret: this runs on every remote calendar read in a turn.
+    row = await db.fetchrow("SELECT config, secret, sealed FROM connections WHERE id = $1", cal.connection_id)
     try:
-        secret = await connection_secret(db, connectors, cal.connection_id)  # type: ignore[arg-type]
+        secret = None if row is None else await opened_secret(db, connectors, cal.connection_id, row)  # type: ignore[arg-type]
     except SecretKeyError as exc:
         log.error("caldav connection secret does not open with the configured key")
         raise CalendarUnavailable(exc.message, code=exc.code, retryable=False) from exc
-    if config is None or secret is None:
+    if row is None or row["config"] is None or secret is None:
         raise CalendarUnavailable("the calendar's connection is gone", retryable=False)
-    config = json.loads(config) if isinstance(config, str) else dict(config)
+    config = json.loads(row["config"]) if isinstance(row["config"], str) else dict(row["config"])
     return CalDAVClient(connectors, cal.remote or config["url"], config.get("username"), secret.get("password"))
 
 
