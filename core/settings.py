@@ -47,6 +47,10 @@ class Settings(BaseSettings):
     port: int = Field(8080, ge=0, le=65535, validation_alias=_env("PEPPER_PORT", "port"))
     # Twilio media sockets have their own listener (gateway.media_server); proxy /twilio/media here.
     media_port: int = Field(8081, ge=0, le=65535, validation_alias=_env("PEPPER_MEDIA_PORT", "media_port"))
+    # Processes that hold phone calls, all accepting on PEPPER_MEDIA_PORT (gateway.media_procs): a
+    # call's audio is CPU-bound relay work, one event loop holds about 100 calls per core. 1 serves
+    # the media socket inside the web server, as before.
+    media_processes: int = Field(2, ge=1, le=64, validation_alias=_env("PEPPER_MEDIA_PROCESSES", "media_processes"))
     database_url: SecretStr | None = Field(None, validation_alias=_env("DATABASE_URL", "database_url"))
     default_region: str = Field("US", validation_alias=_env("PEPPER_DEFAULT_REGION", "default_region"))
     log_level: str = Field("INFO", validation_alias=_env("PEPPER_LOG_LEVEL", "log_level"))

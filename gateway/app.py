@@ -12,6 +12,7 @@ from core.settings import Settings
 from gateway import answering_routes, connect_routes, email_channel, messaging, voice_routes, webchat
 from gateway.limits import PathLimitedRequest
 from gateway.live import LiveFeed
+from gateway.media_procs import stop_calls
 from gateway.messaging_asgi import MessagingWebhooks
 from gateway.services import Services
 from gateway.tasks import BackgroundTasks
@@ -26,12 +27,15 @@ MAX_BODY_BYTES = 256 * 1024
 ACK_POOL_SIZE = 10
 
 
-def create_app(settings: Settings, db, *, turns_in_process: bool = True, **services) -> Quart:  # type: ignore[no-untyped-def]
+def create_app(settings: Settings, db, *, turns_in_process: bool = True, media_in_process: bool = True,  # type: ignore[no-untyped-def]
+               **services) -> Quart:  # fmt: skip
     """The app over an open store. ``db=None`` builds it only to list its routes (``pepper doctor``).
 
     Keyword arguments become fields of :class:`gateway.services.Services` (``harness``, ``messenger``).
     ``turns_in_process`` runs a turn worker in this event loop; ``pepper serve`` normally runs
-    them in their own processes instead (see ``gateway.worker``).
+    them in their own processes instead (see ``gateway.worker``). ``media_in_process`` serves the
+    Twilio media socket (the calls) in this event loop too; with ``PEPPER_MEDIA_PROCESSES`` >= 2,
+    media processes hold the calls (``gateway.media_procs``) and this app only answers webhooks.
     """
     app = Quart("pepper")
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
@@ -58,11 +62,17 @@ def create_app(settings: Settings, db, *, turns_in_process: bool = True, **servi
         if worker is not None:
             await worker.start()
 
+    control = None
+
     @app.before_serving
     async def start_media() -> None:
-        if shared.calls is not None:
+        nonlocal control
+        if shared.calls is not None and media_in_process:
             from gateway.media_server import start_media_server
+            from voice.control import CallControl
 
+            control = CallControl(shared.calls, db.dsn, name="pepper-web")
+            await control.start()
             shared.media = await start_media_server(shared, settings.host, settings.media_port, shared.media_listener)
 
     @app.get("/healthz")
@@ -82,15 +92,11 @@ def create_app(settings: Settings, db, *, turns_in_process: bool = True, **servi
         # Turns started by webhooks that were already acknowledged: let them finish and reply.
         if shared.calls is not None:
             shared.calls.hang_up_all()
-        if shared.media is not None:
-            shared.media.close(close_connections=False)
         if worker is not None:
             await worker.stop(settings.graceful_timeout)
-        await shared.tasks.drain(settings.graceful_timeout)
-        if shared.media is not None:
-            await shared.media.wait_closed()
-        if shared.calls is not None:
-            await shared.calls.aclose()
+        await stop_calls(shared, settings.graceful_timeout)  # and the turns' tasks
+        if control is not None:
+            await control.stop()
         if shared.messenger is not None:
             await shared.messenger.close()
         if shared.live is not None:

@@ -19,18 +19,24 @@ from core.errors import PepperError, StartupError
 from core.settings import Settings
 from core.store import Database, open_store
 from gateway.app import asgi_app, create_app
+from gateway.media_procs import MediaProcesses, bind_shared
 from gateway.services import Services
 from gateway.tasks import BackgroundTasks
-from gateway.worker import TurnProcesses
+from gateway.worker import ChildProcesses, TurnProcesses
 
 log = logging.getLogger(__name__)
 
 
-def bind_listener(host: str, port: int, setting: str = "PEPPER_PORT") -> socket.socket:
-    """Bind the listening socket before anything slow starts, so a busy port fails at once."""
+def bind_listener(host: str, port: int, setting: str = "PEPPER_PORT", *, reuse_port: bool = False) -> socket.socket:
+    """Bind the listening socket before anything slow starts, so a busy port fails at once.
+
+    ``reuse_port``: several processes bind the port, each its own socket (``gateway.media_procs``).
+    """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError as exc:
@@ -74,12 +80,15 @@ def _turn_parts(settings: Settings, db: Database) -> tuple[Any, Any, Any, Any]:
 
 
 @asynccontextmanager
-async def build_turn_services(settings: Settings, db: Database) -> AsyncIterator[Services]:
-    """The services of a turn-worker process (no routes, no calls, no scheduler)."""
+async def build_turn_services(settings: Settings, db: Database, *, calls: bool = False) -> AsyncIterator[Services]:
+    """The services of a turn-worker process (no routes, no calls, no scheduler); with ``calls``,
+    of a media process (``gateway.media_procs``): the same plus the call service, its one-time
+    codes going out by SMS through the same messenger."""
     router, harness, messenger, mailer = _turn_parts(settings, db)
     services = Services(
         settings=settings, db=db, harness=harness, messenger=messenger, mailer=mailer,
         tasks=BackgroundTasks(settings.max_concurrent_turns),
+        calls=build_calls(settings, db, harness, messenger) if calls else None,
     )  # fmt: skip
     try:
         yield services
@@ -89,13 +98,20 @@ async def build_turn_services(settings: Settings, db: Database) -> AsyncIterator
         await router.aclose()
 
 
+def build_media_services(settings: Settings, db: Database):  # type: ignore[no-untyped-def]
+    """The services of a media process: what a call needs, and nothing that answers messages."""
+    return build_turn_services(settings, db, calls=True)
+
+
 def build_app(
-    settings: Settings, db: Database, media_listener: socket.socket | None = None, *, turns_in_process: bool = True
-) -> Quart:
+    settings: Settings, db: Database, media_listener: socket.socket | None = None, *, turns_in_process: bool = True,
+    media_in_process: bool = True,
+) -> Quart:  # fmt: skip
     """The app with everything it serves wired in: the harness on the model router, Twilio if set up.
 
     ``turns_in_process=False`` when turn-worker processes answer the messages (``pepper serve``);
-    they then run the scheduler and the memory jobs too.
+    they then run the scheduler and the memory jobs too. ``media_in_process=False`` when media
+    processes hold the calls (``gateway.media_procs``); the app still answers the voice webhooks.
     """
     from core.tools import recover_unresolved
     from text_loop.skills.catalog import log_problems
@@ -105,7 +121,7 @@ def build_app(
     calls = build_calls(settings, db, harness, messenger)
     app = create_app(
         settings, db, turns_in_process=turns_in_process, harness=harness, messenger=messenger, mailer=mailer,
-        calls=calls, media_listener=media_listener,
+        calls=calls, media_listener=media_listener, media_in_process=media_in_process,
     )  # fmt: skip
 
     @app.before_serving
@@ -288,11 +304,17 @@ async def freeze_startup_objects() -> None:
     gc.freeze()
 
 
-def _started(workers: TurnProcesses):  # type: ignore[no-untyped-def]
-    async def start_turn_workers() -> None:
-        workers.start()
+def _started(children: list[ChildProcesses]):  # type: ignore[no-untyped-def]
+    async def start_child_processes() -> None:
+        for processes in children:
+            processes.start()
 
-    return start_turn_workers
+    return start_child_processes
+
+
+async def _stop_on(stop: asyncio.Event, children: list[ChildProcesses], grace: float) -> None:
+    await stop.wait()
+    await asyncio.gather(*(processes.stop(grace) for processes in children))
 
 
 async def serve(settings: Settings, *, stop: asyncio.Event | None = None) -> None:
@@ -306,23 +328,38 @@ async def serve(settings: Settings, *, stop: asyncio.Event | None = None) -> Non
     port = sock.getsockname()[1]
     handed_over = False
     media_sock: socket.socket | None = None
+    media_apart = settings.media_processes > 1
     try:
-        media_sock = bind_listener(settings.host, settings.media_port, "PEPPER_MEDIA_PORT")
+        if media_apart:
+            # Each media process binds its own socket on the port; this one, never listening,
+            # checks the port now and keeps it reserved (``gateway.media_procs``).
+            media_sock = bind_shared(settings.host, settings.media_port)
+            settings = settings.model_copy(update={"media_port": media_sock.getsockname()[1]})
+        else:
+            media_sock = bind_listener(settings.host, settings.media_port, "PEPPER_MEDIA_PORT")
         async with open_store(settings, serving=True) as db:
-            app = build_app(settings, db, media_sock, turns_in_process=settings.turn_workers == 0)
-            workers = TurnProcesses(settings, db.dsn, settings.turn_workers) if settings.turn_workers else None
-            if workers is not None:
-                # After start-up recovery (registered earlier), so no worker races it.
-                app.before_serving(_started(workers))
+            app = build_app(settings, db, None if media_apart else media_sock,
+                            turns_in_process=settings.turn_workers == 0, media_in_process=not media_apart)  # fmt: skip
+            children: list[ChildProcesses] = []
+            if settings.turn_workers:
+                children.append(TurnProcesses(settings, db.dsn, settings.turn_workers))
+            if media_apart:
+                children.append(MediaProcesses(settings, db.dsn, settings.media_processes))
+            # After start-up recovery (registered earlier), so no child races it.
+            app.before_serving(_started(children))
             app.before_serving(freeze_startup_objects)
-            log.info("pepper is serving on http://%s:%s (media sockets on port %s)", settings.host, port,
-                     settings.media_port)  # fmt: skip
-            handed_over = True
+            log.info("pepper is serving on http://%s:%s (media sockets on port %s, in %s)", settings.host, port,
+                     settings.media_port, f"{settings.media_processes} media processes" if media_apart
+                     else "this process")  # fmt: skip
+            handed_over = not media_apart
+            # The children drain (calls hung up and recorded, turns finished) while the web server
+            # drains its requests, all within the one graceful timeout.
+            stopping = asyncio.create_task(_stop_on(stop, children, settings.graceful_timeout))
             try:
                 await serve_http(app, sock, settings.graceful_timeout, stop)
             finally:
-                if workers is not None:
-                    await workers.stop(settings.graceful_timeout)
+                stop.set()
+                await stopping
             log.info("pepper stopped accepting requests; closing the store")
     finally:
         sock.close()  # uvicorn closes it when it stops serving; a second close does nothing

@@ -155,18 +155,27 @@ def start_in_process(services: Services) -> TurnWorker:
 # --- worker processes ----------------------------------------------------------------------------
 
 
-class TurnProcesses:
-    """The worker processes of ``pepper serve``: started after start-up recovery, restarted when
-    one dies, stopped (SIGTERM, then their own graceful drain) before the store closes."""
+class ChildProcesses:
+    """Processes ``pepper serve`` runs beside the web server (turn workers, media processes):
+    started after start-up recovery, restarted when one dies, stopped (SIGTERM, then their own
+    graceful drain) before the store closes. ``target(settings, index, *args)`` runs in each."""
 
-    def __init__(self, settings: Settings, dsn: str, count: int) -> None:
-        # The workers use the server's database, embedded or not.
+    label = "turn worker"
+    name = "pepper-turns"
+
+    def __init__(self, settings: Settings, dsn: str, count: int, *args: Any) -> None:
+        # The children use the server's database, embedded or not.
         self._settings = settings.model_copy(update={"database_url": _secret(dsn)})
         self._count = count
+        self._args = args  # passed to every child, a restarted one too (sockets are duplicated)
         self._context = multiprocessing.get_context("spawn")  # no inherited event loop or sockets
         self._processes: list[Any] = []
         self._watch: asyncio.Task[None] | None = None
         self._stopping = False
+
+    @staticmethod
+    def target(settings: Settings, index: int, *args: Any) -> None:
+        worker_process_main(settings, index)
 
     @property
     def pids(self) -> list[int]:
@@ -174,13 +183,14 @@ class TurnProcesses:
 
     def start(self) -> None:
         self._processes = [self._spawn(i) for i in range(self._count)]
-        self._watch = asyncio.get_running_loop().create_task(self._supervise(), name="turn-workers")
-        log.info("started %s turn worker process(es): %s", self._count, self.pids)
+        self._watch = asyncio.get_running_loop().create_task(self._supervise(), name=self.name)
+        log.info("started %s %s process(es): %s", self._count, self.label, self.pids)
 
     def _spawn(self, index: int) -> Any:
         process = self._context.Process(
-            target=worker_process_main, args=(self._settings, index), name=f"pepper-turns-{index}", daemon=False
-        )
+            target=type(self).target, args=(self._settings, index, *self._args), name=f"{self.name}-{index}",
+            daemon=False,
+        )  # fmt: skip
         process.start()
         return process
 
@@ -189,7 +199,7 @@ class TurnProcesses:
             await asyncio.sleep(1.0)
             for index, process in enumerate(self._processes):
                 if not self._stopping and not process.is_alive():
-                    log.error("turn worker %s exited with %s; starting another", process.pid, process.exitcode)
+                    log.error("%s %s exited with %s; starting another", self.label, process.pid, process.exitcode)
                     process.close()
                     self._processes[index] = self._spawn(index)
 
@@ -201,14 +211,18 @@ class TurnProcesses:
                 await self._watch
         for process in self._processes:
             if process.is_alive():
-                process.terminate()  # SIGTERM: the worker drains its turns for ``grace`` seconds
+                process.terminate()  # SIGTERM: the child drains its work for ``grace`` seconds
         for process in self._processes:
             await asyncio.to_thread(process.join, grace + 10)
             if process.is_alive():
-                log.warning("turn worker %s did not stop in time; killing it", process.pid)
+                log.warning("%s %s did not stop in time; killing it", self.label, process.pid)
                 process.kill()
                 await asyncio.to_thread(process.join, 5)
-        log.info("turn workers stopped")
+        log.info("%s processes stopped", self.label)
+
+
+class TurnProcesses(ChildProcesses):
+    """The turn-worker processes of ``pepper serve`` (``PEPPER_TURN_WORKERS``)."""
 
 
 class BackgroundJobs:
@@ -268,11 +282,7 @@ async def _worker_process(settings: Settings, index: int) -> None:
     from core.store import Database
     from gateway.server import build_turn_services
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    parent = os.getppid()
+    stop = ChildStop()
     assert settings.database_url is not None
     # A turn takes a connection only while it needs one: a few per concurrent turn is plenty.
     # The Postgres backends doing the turns' work yield the CPU as this process does (when local).
@@ -288,13 +298,30 @@ async def _worker_process(settings: Settings, index: int) -> None:
             if jobs is not None:
                 jobs.start()
             log.info("turn worker ready (claims as %s)", worker.pid)
-            while not stop.is_set():
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), 1.0)
-                if os.getppid() != parent:  # the server is gone: do not outlive it
-                    log.warning("pepper serve went away; turn worker stopping")
-                    break
+            await stop.stopped("turn worker")
             grace = settings.graceful_timeout
             await asyncio.gather(worker.stop(grace), *([jobs.stop(grace)] if jobs is not None else []))
     finally:
         await db.close()
+
+
+class ChildStop(asyncio.Event):
+    """In a child process: set by SIGTERM (the supervisor's stop) or SIGINT. Made in the child's
+    event loop before anything slow starts, so a stop during start-up is not lost."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.parent = os.getppid()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, self.set)
+
+    async def stopped(self, label: str) -> None:
+        """Return when set, or when the server that started this child is gone: a child never
+        outlives it."""
+        while not self.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wait(), 1.0)
+            if os.getppid() != self.parent:
+                log.warning("pepper serve went away; %s stopping", label)
+                return

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import sys
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from core.conversation import claim_next, record_inbound
 from core.settings import Settings
 from core.store import Database
 from core.testing.peers import OpenAIPeer, reply_text
+from core.testing.processes import alive, free_port, spawned_children, until
 from core.testing.twilio_peer import TwilioPeer
 from gateway.server import build_turn_services
 from gateway.turns import APOLOGY_TEXT
@@ -75,51 +75,12 @@ async def test_two_workers_answer_every_queued_message_once(db: Database, db_url
 # --- pepper serve, its worker processes, and a worker killed mid-turn ----------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker_pids(server_pid: int) -> set[int]:
-    """The turn-worker children of ``pepper serve`` (multiprocessing's spawned processes)."""
-    pids = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            cmdline = (entry / "cmdline").read_bytes()
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == server_pid and b"spawn_main" in cmdline:
-            pids.add(int(entry.name))
-    return pids
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}").exists() and "(zombie)" not in Path(f"/proc/{pid}/status").read_text()
-
-
-async def _until(predicate, within: float, what: str):  # type: ignore[no-untyped-def]
-    for _ in range(int(within / 0.05)):
-        value = await predicate() if asyncio.iscoroutinefunction(predicate) else predicate()
-        if value:
-            return value
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 async def test_serve_runs_turns_in_worker_processes_survives_a_killed_worker_and_stops_them(
     db: Database, db_url: str, subprocess_env: dict[str, str], tmp_path: Path
 ):
     ada = await identity.create_account(db, "Ada")
     await identity.add_handle(db, ada.id, "phone", OWNER, verified=True)
-    port = _free_port()
+    port = free_port()
     local = f"http://127.0.0.1:{port}"
     async with TwilioPeer(auth_token=TOKEN) as twilio, OpenAIPeer() as model:
         env = {
@@ -128,7 +89,7 @@ async def test_serve_runs_turns_in_worker_processes_survives_a_killed_worker_and
             "PEPPER_TWILIO_API_URL": twilio.api_url, "OPENAI_API_KEY": "sk-test",
             "OPENAI_BASE_URL": model.base_url, "PEPPER_GRACEFUL_TIMEOUT": "5", "PEPPER_TURN_WORKERS": "2",
             "PEPPER_SCHEDULER_ENABLED": "true", "PEPPER_MEMORY_JOBS_INTERVAL": "3600",
-            "PEPPER_TURN_WORKER_NICE": "7",
+            "PEPPER_TURN_WORKER_NICE": "7", "PEPPER_MEDIA_PROCESSES": "1",
         }  # fmt: skip
         log_path = tmp_path / "serve.log"
         with log_path.open("w") as log_file:  # the server writes to its own copy of the descriptor
@@ -145,35 +106,35 @@ async def test_serve_runs_turns_in_worker_processes_survives_a_killed_worker_and
                     except aiohttp.ClientError:
                         return False
 
-                await _until(healthy, 60, "pepper serve to be healthy")
-                first = await _until(lambda: len(_worker_pids(server.pid)) == 2 and _worker_pids(server.pid), 60,
-                                     "two turn workers")  # fmt: skip
+                await until(healthy, 60, "pepper serve to be healthy")
+                first = await until(lambda: len(spawned_children(server.pid)) == 2 and spawned_children(server.pid),
+                                    60, "two turn workers")  # fmt: skip
                 # The turns run at a lower CPU priority than the acknowledgements.
                 nicer = min(19, os.getpriority(os.PRIO_PROCESS, server.pid) + 7)
-                await _until(lambda: {os.getpriority(os.PRIO_PROCESS, pid) for pid in first} == {nicer},
-                             30, "the workers to lower their priority")  # fmt: skip
+                await until(lambda: {os.getpriority(os.PRIO_PROCESS, pid) for pid in first} == {nicer},
+                            30, "the workers to lower their priority")  # fmt: skip
 
                 # A turn the model takes its time over: the workers are killed in the middle of it.
                 model.script(reply_text("too late", delay=5))
                 form = twilio.inbound_message(sender=OWNER, to=LINE, body="are you there?")
                 status, _ = await twilio.post_form(local, PUBLIC, "/twilio/sms", form, session=session)
                 assert status == 200
-                await _until(lambda: model.requests, 30, "the turn to reach the model")
+                await until(lambda: model.requests, 30, "the turn to reach the model")
                 for pid in first:
                     os.kill(pid, signal.SIGKILL)
 
                 # The server starts new workers; one finds the message its dead worker held.
                 [apology] = await twilio.wait_for_sent(1, within=60)
                 assert (apology.to, apology.body) == (OWNER, APOLOGY_TEXT)
-                second = await _until(lambda: len(_worker_pids(server.pid)) == 2 and _worker_pids(server.pid), 30,
-                                      "two new turn workers")  # fmt: skip
+                second = await until(lambda: len(spawned_children(server.pid)) == 2 and spawned_children(server.pid),
+                                     30, "two new turn workers")  # fmt: skip
                 assert not second & first
 
                 async def answered():  # type: ignore[no-untyped-def]
                     row = await db.fetchrow("SELECT handling, turn_id FROM messages WHERE direction = 'inbound'")
                     return row if row["handling"] == "done" else None
 
-                message = await _until(answered, 30, "the message to be marked answered")
+                message = await until(answered, 30, "the message to be marked answered")
                 turn = await db.fetchrow("SELECT status, delivery FROM turns WHERE id = $1", message["turn_id"])
                 assert turn["status"] == "failed" and "worker-died" in str(turn["delivery"])
 
@@ -187,7 +148,7 @@ async def test_serve_runs_turns_in_worker_processes_survives_a_killed_worker_and
             server.send_signal(signal.SIGTERM)
             code = await asyncio.wait_for(server.wait(), 60)
         assert code == 0
-        assert not any(_alive(pid) for pid in second)  # the workers stopped with the server
+        assert not any(alive(pid) for pid in second)  # the workers stopped with the server
     # The scheduler and the memory jobs ran in the first worker (the one that replaced it, if it was
     # killed before it was up), never beside the acknowledgements in the web server.
     log = log_path.read_text().splitlines()

@@ -134,6 +134,9 @@ class VoiceDeps:
     clock: Callable[[], datetime] = lambda: datetime.now(UTC)
     filler: bytes = field(default_factory=_load_filler)
     engines: RealtimeEngines | None = None  # per-line engines; ``model`` is the default one
+    # The backend pid of this process's call-control session (``voice.control``), recorded on each
+    # call it holds so a status callback elsewhere reaches it; None when nothing listens.
+    holder: int | None = None
 
     async def model_for_line(self, line_number: str | None) -> RealtimeModel | None:
         """The model for calls on this line: its own engine if it names one, else ``model``.
@@ -366,8 +369,8 @@ class CallSession:
         self._conversation_id = await conversation_for(db, self.call.account_id)
         self._timezone = await db.fetchval("SELECT timezone FROM accounts WHERE id = $1", self.call.account_id)
         self._turn_id = await start_turn(db, self._conversation_id, channel="voice", kind="call")
-        await db.execute("UPDATE calls SET status = 'in-progress', turn_id = $2 WHERE call_sid = $1",
-                         self.call.call_sid, self._turn_id)  # fmt: skip
+        await db.execute("UPDATE calls SET status = 'in-progress', turn_id = $2, held_by = $3 WHERE call_sid = $1",
+                         self.call.call_sid, self._turn_id, self.deps.holder)  # fmt: skip
         recorder = self._spawn("recorder", self._record_loop())
         try:
             self.model = await self.deps.model_for_line(self.call.line_number)

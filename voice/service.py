@@ -14,6 +14,7 @@ from typing import Any
 from core.security import record_security_event
 from voice import media, routing
 from voice.call import CallSession, OwnerCall, TwilioLink, VoiceDeps
+from voice.control import FINAL_STATUSES, record_call_status
 from voice.routing import CallRoute, UnknownCaller
 from voice.tokens import consume_token, issue_token
 
@@ -109,17 +110,13 @@ class CallService:
         return routing.hang_up()
 
     async def call_status(self, call_sid: str, status: str) -> None:
-        """Twilio's call status callback: a finished call ends its session if one still runs here."""
-        if status in ("completed", "busy", "no-answer", "failed", "canceled"):
+        """Twilio's call status callback: a finished call ends its session, in this process at
+        once, in another through the process that holds it (``voice.control``)."""
+        if status in FINAL_STATUSES:
             session = self.sessions.get(call_sid)
             if session is not None:
                 session.hang_up("hangup")
-            await self.deps.db.execute(
-                "UPDATE calls SET ended_at = coalesce(ended_at, now()), status = CASE WHEN status IN"
-                " ('ringing', 'in-progress') THEN $2 ELSE status END WHERE call_sid = $1",
-                call_sid,
-                status,
-            )
+            await record_call_status(self.deps.db, call_sid, status)
 
     # --- The media socket --------------------------------------------------------------------
 

@@ -1,0 +1,49 @@
+"""Helpers for tests that run ``pepper serve`` as a user would: its own process and children."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawned_children(parent: int) -> set[int]:
+    """The children ``parent`` started with multiprocessing's spawn (turn workers, media processes)."""
+    pids = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (entry / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == parent and b"spawn_main" in cmdline:
+            pids.add(int(entry.name))
+    return pids
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}").exists() and "(zombie)" not in Path(f"/proc/{pid}/status").read_text()
+
+
+async def until(predicate: Any, within: float, what: str) -> Any:
+    """Poll ``predicate`` (sync or async) until it returns something truthy, and return that."""
+    for _ in range(int(within / 0.05)):
+        value = await predicate() if asyncio.iscoroutinefunction(predicate) else predicate()
+        if value:
+            return value
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")

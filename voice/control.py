@@ -1,0 +1,164 @@
+"""Call control across processes: a call ends where it is held, whichever process heard it end.
+
+A call lives in the process whose media socket Twilio connected to (``pepper serve`` runs several,
+``PEPPER_MEDIA_PROCESSES``), but Twilio's status callback reaches the web server. Every process
+that holds calls keeps one listening connection; its backend pid is written on each call it holds
+(``calls.held_by``). The status callback records the end (``calls.ended_at``) and announces the
+``CallSid`` on ``pepper_calls``; the holder hangs the session up at once.
+
+Notifications are fast but not durable (one sent while the listening connection was reconnecting
+is lost), so each holder also looks every ``POLL_SECONDS`` for held calls whose row says they
+ended: a missed notification delays a hang-up by at most that, never past the call's maximum.
+
+The same sweep writes the end of calls held by a process that died before writing it (its
+listening session is gone from ``pg_stat_activity``; a call's own end always sets ``summary``):
+the call is marked ended (``process-died``), its turn failed, the writes it staged dropped. The
+transcript lines recorded while it ran are kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from typing import Any
+
+import asyncpg
+
+from core.conversation import update_turn
+from core.tools.staging import drop_turn_writes
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "pepper_calls"
+POLL_SECONDS = 2.0
+# Statuses after which Twilio's call is over.
+FINAL_STATUSES = frozenset({"completed", "busy", "no-answer", "failed", "canceled"})
+DIED = "process-died"
+CUT_SHORT = "Phone call cut short: the process holding it stopped."
+
+
+async def record_call_status(db: Any, call_sid: str, status: str) -> None:
+    """Record a final status and tell the process holding the call, in one statement."""
+    await db.execute(
+        """
+        WITH ended AS (
+            UPDATE calls SET ended_at = coalesce(ended_at, now()),
+                             status = CASE WHEN status IN ('ringing', 'in-progress') THEN $2 ELSE status END
+            WHERE call_sid = $1 RETURNING held_by
+        )
+        SELECT pg_notify('pepper_calls', $1) FROM ended WHERE held_by IS NOT NULL
+        """,
+        call_sid,
+        status,
+    )
+
+
+class CallControl:
+    """The listening side, in each process that holds calls: hangs up the held calls that ended
+    elsewhere, and writes the end of calls whose holder died. ``calls`` is the process's
+    :class:`~voice.service.CallService`."""
+
+    def __init__(self, calls: Any, dsn: str, *, name: str = "pepper-calls", poll_seconds: float = POLL_SECONDS):
+        self._calls = calls
+        self._dsn = dsn
+        self._name = name
+        self._poll = poll_seconds
+        self._conn: asyncpg.Connection | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    @property
+    def holder(self) -> int | None:
+        """The backend pid calls held here are recorded under (``calls.held_by``)."""
+        return self._calls.deps.holder
+
+    async def start(self) -> None:
+        await self._listen()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"{self._name}-control")
+
+    async def _listen(self) -> None:
+        # Named with the OS pid: an operator (or a test) can tell which process holds which call.
+        conn = await asyncpg.connect(self._dsn, server_settings={"application_name": f"{self._name} {os.getpid()}"})
+        await conn.add_listener(CHANNEL, self._announced)
+        self._conn = conn
+        # Calls opened from now on are recorded under this session: while it lives, so do they.
+        self._calls.deps.holder = conn.get_server_pid()
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._conn is not None:
+            # Closed last (after the calls drained): until then this process visibly holds them.
+            await self._conn.close()
+            self._conn = None
+
+    def _announced(self, _conn: Any, _pid: int, _channel: str, call_sid: str) -> None:
+        session = self._calls.sessions.get(call_sid)
+        if session is not None:
+            log.info("call %s ended (status callback); hanging up", call_sid[-8:])
+            session.hang_up("hangup")
+
+    async def _run(self) -> None:
+        while not self._stopping:
+            await asyncio.sleep(self._poll)
+            try:
+                if self._conn is None or self._conn.is_closed():
+                    # Whatever was announced meanwhile is lost; the look below finds it.
+                    await self._listen()
+                await self.hang_up_ended()
+                await self.end_orphans()
+            except (OSError, asyncpg.PostgresError):
+                log.warning("call control could not reach the database; trying again", exc_info=True)
+
+    async def hang_up_ended(self) -> None:
+        """Hang up held calls whose row says they ended (a notification that never arrived)."""
+        held = list(self._calls.sessions)
+        if not held:
+            return
+        ended = await self._calls.deps.db.fetch(
+            "SELECT call_sid FROM calls WHERE call_sid = ANY($1::text[]) AND ended_at IS NOT NULL", held
+        )
+        for row in ended:
+            session = self._calls.sessions.get(row["call_sid"])
+            if session is not None and not session.ended:
+                log.warning("call %s ended without its notification reaching us; hanging up", row["call_sid"][-8:])
+                session.hang_up("hangup")
+
+    async def end_orphans(self) -> list[str]:
+        """Write the end of calls left in progress by a process that died. Each row is claimed by
+        one statement, so several processes sweeping at once write each end once."""
+        db = self._calls.deps.db
+        rows = await db.fetch(
+            """
+            UPDATE calls SET status = 'completed', ended_at = coalesce(ended_at, now()),
+                             end_reason = coalesce(end_reason, $1), held_by = NULL
+            WHERE held_by IS NOT NULL AND summary IS NULL
+              AND held_by NOT IN (SELECT pid FROM pg_stat_activity WHERE pid IS NOT NULL)
+            RETURNING call_sid, turn_id
+            """,
+            DIED,
+        )
+        for row in rows:
+            log.error("call %s was held by a process that died; recording its end", row["call_sid"][-8:])
+            try:
+                turn_id = row["turn_id"]
+                if (  # else it died after writing the turn's end itself
+                    turn_id is not None
+                    and await db.fetchval("SELECT status FROM turns WHERE id = $1", turn_id) == "running"
+                ):
+                    dropped = await drop_turn_writes(db, self._calls.deps.registry, turn_id)
+                    await update_turn(
+                        db, turn_id, status="failed", error=DIED, finished_at=self._calls.deps.clock(),
+                        delivery={"end_reason": DIED}, staged_writes=[w.as_record() for w in dropped],
+                    )  # fmt: skip
+                # Last, as a call's own end does: a call with a summary is fully recorded.
+                await db.execute("UPDATE calls SET summary = coalesce(summary, $2) WHERE call_sid = $1",
+                                 row["call_sid"], CUT_SHORT)  # fmt: skip
+            except Exception:
+                log.exception("could not record the end of call %s", row["call_sid"][-8:])
+        return [r["call_sid"] for r in rows]
