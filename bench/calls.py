@@ -27,7 +27,13 @@ its 2 ms send slots fired are printed beside them, so a reader can tell a slow s
 starved generator. Every level is bounded (opening, measuring, collecting): a level that cannot be
 sustained says what it got and the run goes on.
 
+Pepper holds its calls in the web server's event loop (``--media-processes 1``) or in N media
+processes as ``pepper serve`` runs them (``--media-processes 2``); ``--media-processes 1,2`` runs
+both, side by side at each level, so the comparison is made under the same machine load. Server
+CPU and memory are those of the server and its media processes together.
+
     PYTHONPATH=. .venv/bin/python bench/calls.py [--calls 1,50,100,300] [--seconds 5] [--baseline 1,50]
+                                                 [--media-processes 1,2]
 """
 
 from __future__ import annotations
@@ -77,7 +83,9 @@ def _fmt(values: list[float]) -> str:
 # --- The servers under test ------------------------------------------------------------------
 
 
-async def _serve_pepper(dsn: str, realtime_url: str) -> None:
+async def _serve_pepper(dsn: str, realtime_url: str, media_processes: int) -> None:
+    """Pepper as ``pepper serve`` runs it: with ``media_processes`` > 1 the calls are held by that
+    many media processes (``gateway.media_procs``), else by the web server's own event loop."""
     import logging
 
     from core.settings import Settings
@@ -89,14 +97,52 @@ async def _serve_pepper(dsn: str, realtime_url: str) -> None:
     settings = Settings(
         database_url=dsn, public_url=PUBLIC, twilio_account_sid="AC" + "1" * 32, twilio_auth_token=TOKEN,
         openai_api_key="sk-bench", openai_realtime_url=realtime_url, port=0,
-        voice_max_call_seconds=3600,
+        voice_max_call_seconds=3600, media_processes=media_processes, log_level="ERROR",
     )  # fmt: skip
     db = await Database.open(dsn, max_size=20)
     async with running_app(settings, db) as (app, port):
         await freeze_startup_objects()  # as ``pepper serve`` does once started
-        print(f"ready http://127.0.0.1:{port} ws://127.0.0.1:{media_port(app.extensions['pepper'].media)}", flush=True)
+        services = app.extensions["pepper"]
+        media = services.settings.media_port if services.media is None else media_port(services.media)
+        print(f"ready http://127.0.0.1:{port} ws://127.0.0.1:{media}", flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
     await db.close()
+
+
+class ServerGroup:
+    """The server's process and its children (the media processes), summed: CPU and memory of
+    Pepper as a whole, however many processes hold its calls."""
+
+    def __init__(self, pid: int):
+        import psutil
+
+        self._root = psutil.Process(pid)
+
+    def _members(self) -> list[Any]:
+        return [self._root, *self._root.children(recursive=True)]
+
+    def cpu_times(self) -> Any:
+        import types
+
+        user = system = 0.0
+        for p in self._members():
+            try:
+                t = p.cpu_times()
+            except Exception:  # a child that just exited
+                continue
+            user, system = user + t.user, system + t.system
+        return types.SimpleNamespace(user=user, system=system)
+
+    def memory_info(self) -> Any:
+        import types
+
+        rss = 0
+        for p in self._members():
+            try:
+                rss += p.memory_info().rss
+            except Exception:
+                continue
+        return types.SimpleNamespace(rss=rss)
 
 
 def _serve_pipecat(realtime_url: str) -> None:
@@ -359,8 +405,14 @@ async def _pepper_clear_ms(db: Any, count: int) -> list[float]:
     return [v for s in stats for v in s.get("clear_ms", ())]
 
 
+def _name(media_processes: int) -> str:
+    if media_processes == 1:
+        return "Pepper, calls in the web server"
+    return f"Pepper, {media_processes} media processes"
+
+
 def report(r: dict[str, Any], base: dict[str, Any] | None, clear_ms: list[float] | None) -> None:
-    name = "Pepper" if r["mode"] == "pepper" else "pipecat baseline"
+    name = _name(r["media_processes"]) if r["mode"] == "pepper" else "pipecat baseline"
     print(f"\n{r['calls']} concurrent call(s), {name}  (median / p99)")
     if r.get("open_s") is not None:
         print(f"  opened {r['ok']} of {r['calls']} in {r['open_s']:.1f} s"
@@ -425,11 +477,13 @@ async def main() -> None:
     parser.add_argument("--calls", default="1,50,100,300")
     parser.add_argument("--baseline", default="1,50", help="call counts for the pipecat baseline")
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument(
+        "--media-processes", default="1", help="media process counts to compare (1: calls in the web server)"
+    )
     args = parser.parse_args()
     levels = [int(c) for c in args.calls.split(",")]
     base_levels = {int(c) for c in args.baseline.split(",") if c}
-
-    import psutil
+    media_counts = [int(c) for c in args.media_processes.split(",")]
 
     from core import identity
     from core.store import Database
@@ -450,38 +504,42 @@ async def main() -> None:
         try:
             model, model_url = await Proc.start(env, "--model")
             loads.append(model)
-            argv = {"pepper": ["--serve", dsn, model_url], "pipecat": ["--pipecat", model_url]}
-            pepper, http, media = await _start_server(argv["pepper"], env)
-            procs.append(pepper)
+            peppers: dict[int, tuple[asyncio.subprocess.Process, str, str]] = {}
+            for n in media_counts:  # all up at once, so each level runs them back to back
+                peppers[n] = await _start_server(["--serve", dsn, model_url, str(n)], env)
+                procs.append(peppers[n][0])
             n_workers = max(1, math.ceil(max(levels) / CALLS_PER_WORKER))
             workers = [p for p, _ in await asyncio.gather(*(Proc.start(env, "--callers") for _ in range(n_workers)))]
             loads.extend(workers)
             print(f"{os.cpu_count()} cores; server, model and {n_workers} caller process(es) apart;"
-                  f" {args.seconds:.0f} s windows", flush=True)  # fmt: skip
-            results: list[dict[str, Any]] = []
+                  f" {args.seconds:.0f} s windows; media processes {media_counts}", flush=True)  # fmt: skip
+            results: dict[int, list[dict[str, Any]]] = {n: [] for n in media_counts}
             for count in levels:
-                mine = await run_level("pepper", count, args.seconds, model, workers, psutil.Process(pepper.pid),
-                                       http, media)  # fmt: skip
-                theirs = None
-                if count in base_levels:
-                    # A fresh pipecat server per level, stopped after it: pipelines of calls that never
-                    # started go on resampling after the caller hung up and would load the next level.
-                    base, b_http, b_media = await _start_server(argv["pipecat"], env)
-                    try:
-                        theirs = await run_level("pipecat", count, args.seconds, model, workers,
-                                                 psutil.Process(base.pid), b_http, b_media)  # fmt: skip
-                    finally:
-                        await _stop_server(base, 5)
-                report(mine, theirs, await _pepper_clear_ms(db, mine.get("ok", 0)))
-                if theirs is not None:
-                    report(theirs, None, None)
-                sys.stdout.flush()
-                results.append(mine)
-            held = [r["calls"] for r in results if _p99_both(r) <= 20.0 and r.get("sustained")]
-            passed = next((r["calls"] for r in results if _p99_both(r) > 20.0 or not r.get("sustained")), None)
-            print(f"\nLargest call count run before p99 passed 20 ms (per frame, both ways, sustained): "
-                  f"{max((c for c in held if passed is None or c < passed), default=0)}"
-                  + (f" (not met at {passed})" if passed else " (never passed)"))  # fmt: skip
+                for n, (pepper, http, media) in peppers.items():
+                    mine = await run_level("pepper", count, args.seconds, model, workers, ServerGroup(pepper.pid),
+                                           http, media)  # fmt: skip
+                    mine["media_processes"] = n
+                    theirs = None
+                    if count in base_levels and n == media_counts[0]:
+                        # A fresh pipecat server per level, stopped after it: pipelines of calls that never
+                        # started go on resampling after the caller hung up and would load the next level.
+                        base, b_http, b_media = await _start_server(["--pipecat", model_url], env)
+                        try:
+                            theirs = await run_level("pipecat", count, args.seconds, model, workers,
+                                                     ServerGroup(base.pid), b_http, b_media)  # fmt: skip
+                        finally:
+                            await _stop_server(base, 5)
+                    report(mine, theirs, await _pepper_clear_ms(db, mine.get("ok", 0)))
+                    if theirs is not None:
+                        report(theirs, None, None)
+                    sys.stdout.flush()
+                    results[n].append(mine)
+            for n, runs in results.items():
+                held = [r["calls"] for r in runs if _p99_both(r) <= 20.0 and r.get("sustained")]
+                passed = next((r["calls"] for r in runs if _p99_both(r) > 20.0 or not r.get("sustained")), None)
+                print(f"\n{_name(n)}: largest call count run before p99 passed 20 ms (per frame, both ways,"
+                      f" sustained): {max((c for c in held if passed is None or c < passed), default=0)}"
+                      + (f" (not met at {passed})" if passed else " (never passed)"))  # fmt: skip
         finally:
             for load in loads:
                 await load.stop()
@@ -492,10 +550,10 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--serve":
+    if len(sys.argv) == 5 and sys.argv[1] == "--serve":
         import uvloop  # as ``pepper serve`` runs
 
-        uvloop.run(_serve_pepper(sys.argv[2], sys.argv[3]))
+        uvloop.run(_serve_pepper(sys.argv[2], sys.argv[3], int(sys.argv[4])))
     elif len(sys.argv) == 3 and sys.argv[1] == "--pipecat":
         _serve_pipecat(sys.argv[2])
     else:

@@ -271,13 +271,24 @@ async def running_app(settings: Settings, db: Database) -> AsyncIterator[tuple[Q
     """Serve ``build_app`` on a real loopback socket in this event loop (for tests and benchmarks).
 
     With ``port=0`` the media listener takes a free port too (``gateway.media_server.media_port``).
+    With ``media_processes`` > 1 the calls go to that many media processes, as ``pepper serve``
+    runs them (``gateway.media_procs``), on the port in ``settings.media_port`` of the app's
+    services; this returns once they all listen.
     """
     if settings.port == 0:
         settings = settings.model_copy(update={"media_port": 0})
     sock = bind_listener(settings.host, settings.port)
     port = sock.getsockname()[1]
-    media_sock = bind_listener(settings.host, settings.media_port, "PEPPER_MEDIA_PORT")
-    app = build_app(settings, db, media_sock)
+    children: list[ChildProcesses] = []
+    if settings.media_processes > 1:
+        media_sock = bind_shared(settings.host, settings.media_port)
+        settings = settings.model_copy(update={"media_port": media_sock.getsockname()[1]})
+        app = build_app(settings, db, media_in_process=False)
+        children.append(MediaProcesses(settings, db.dsn, settings.media_processes))
+        app.before_serving(_started(children))
+    else:
+        media_sock = bind_listener(settings.host, settings.media_port, "PEPPER_MEDIA_PORT")
+        app = build_app(settings, db, media_sock)
     stop = asyncio.Event()
     task = asyncio.get_running_loop().create_task(
         serve_http(app, sock, settings.graceful_timeout, stop), name=f"pepper-server-{port}"
@@ -290,10 +301,26 @@ async def running_app(settings: Settings, db: Database) -> AsyncIterator[tuple[Q
                 break
             except OSError:
                 await asyncio.sleep(0.01)
+        if children:
+            await _media_processes_listening(db, settings.media_processes)
         yield app, port
     finally:
         stop.set()
+        await asyncio.gather(*(processes.stop(settings.graceful_timeout) for processes in children))
         await task
+        if children:
+            media_sock.close()
+
+
+async def _media_processes_listening(db: Database, count: int, within: float = 120.0) -> None:
+    """Wait until ``count`` media processes are ready (each names its call-control session)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    query = "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'pepper-media-%'"
+    while await db.fetchval(query) < count:
+        if loop.time() > deadline:
+            raise StartupError(f"{count} media processes did not start within {within:.0f} s")
+        await asyncio.sleep(0.1)
 
 
 async def freeze_startup_objects() -> None:
