@@ -97,10 +97,10 @@ async def _serve_pepper(dsn: str, realtime_url: str, media_processes: int) -> No
     settings = Settings(
         database_url=dsn, public_url=PUBLIC, twilio_account_sid="AC" + "1" * 32, twilio_auth_token=TOKEN,
         openai_api_key="sk-bench", openai_realtime_url=realtime_url, port=0,
-        voice_max_call_seconds=3600, media_processes=media_processes, log_level="ERROR",
+        voice_max_call_seconds=3600, log_level="ERROR",
     )  # fmt: skip
     db = await Database.open(dsn, max_size=20)
-    async with running_app(settings, db) as (app, port):
+    async with running_app(settings, db, media_processes=media_processes) as (app, port):
         await freeze_startup_objects()  # as ``pepper serve`` does once started
         services = app.extensions["pepper"]
         media = services.settings.media_port if services.media is None else media_port(services.media)

@@ -267,22 +267,27 @@ async def serve_http(app: Quart, sock: socket.socket, graceful_timeout: float, s
 
 
 @asynccontextmanager
-async def running_app(settings: Settings, db: Database) -> AsyncIterator[tuple[Quart, int]]:
+async def running_app(
+    settings: Settings, db: Database, *, media_processes: int = 1
+) -> AsyncIterator[tuple[Quart, int]]:
     """Serve ``build_app`` on a real loopback socket in this event loop (for tests and benchmarks).
 
     With ``port=0`` the media listener takes a free port too (``gateway.media_server.media_port``).
-    With ``media_processes`` > 1 the calls go to that many media processes, as ``pepper serve``
-    runs them (``gateway.media_procs``), on the port in ``settings.media_port`` of the app's
-    services; this returns once they all listen.
+    Calls are held in this event loop too, whatever ``settings.media_processes`` says, unless
+    ``media_processes`` > 1: then that many media processes hold them, as ``pepper serve`` runs
+    them (``gateway.media_procs``), on the port in the app's ``services.settings.media_port``;
+    this returns once they all listen.
     """
     if settings.port == 0:
         settings = settings.model_copy(update={"media_port": 0})
     sock = bind_listener(settings.host, settings.port)
     port = sock.getsockname()[1]
     children: list[ChildProcesses] = []
-    if settings.media_processes > 1:
+    if media_processes > 1:
         media_sock = bind_shared(settings.host, settings.media_port)
-        settings = settings.model_copy(update={"media_port": media_sock.getsockname()[1]})
+        settings = settings.model_copy(
+            update={"media_port": media_sock.getsockname()[1], "media_processes": media_processes}
+        )
         app = build_app(settings, db, media_in_process=False)
         children.append(MediaProcesses(settings, db.dsn, settings.media_processes))
         app.before_serving(_started(children))
