@@ -391,12 +391,15 @@ async def run_level(
     return r
 
 
-async def _pepper_clear_ms(db: Any, count: int) -> list[float]:
+async def _pepper_clear_ms(db: Any, count: int, since: Any) -> list[float]:
+    """The ``clear`` times of the calls of the level that started at ``since`` (the database's clock)."""
     stats: list[dict[str, Any]] = []
     for _ in range(200):
         rows = await db.fetch(
-            "SELECT stats FROM calls WHERE route = 'owner' AND ended_at IS NOT NULL ORDER BY started_at DESC LIMIT $1",
+            "SELECT stats FROM calls WHERE route = 'owner' AND ended_at IS NOT NULL AND started_at >= $2"
+            " ORDER BY started_at DESC LIMIT $1",
             count,
+            since,
         )
         stats = [json.loads(r["stats"]) for r in rows if r["stats"]]
         if len(stats) == count and all(s.get("clear_ms") for s in stats):
@@ -516,6 +519,7 @@ async def main() -> None:
             results: dict[int, list[dict[str, Any]]] = {n: [] for n in media_counts}
             for count in levels:
                 for n, (pepper, http, media) in peppers.items():
+                    since = await db.fetchval("SELECT now()")
                     mine = await run_level("pepper", count, args.seconds, model, workers, ServerGroup(pepper.pid),
                                            http, media)  # fmt: skip
                     mine["media_processes"] = n
@@ -529,7 +533,7 @@ async def main() -> None:
                                                      ServerGroup(base.pid), b_http, b_media)  # fmt: skip
                         finally:
                             await _stop_server(base, 5)
-                    report(mine, theirs, await _pepper_clear_ms(db, mine.get("ok", 0)))
+                    report(mine, theirs, await _pepper_clear_ms(db, mine.get("ok", 0), since))
                     if theirs is not None:
                         report(theirs, None, None)
                     sys.stdout.flush()
