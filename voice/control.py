@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 
 CHANNEL = "pepper_calls"
 POLL_SECONDS = 2.0
+# How long a call's holder must stay gone before its end is written for it: a holder whose
+# connection dropped reconnects (within a poll) and records its calls under its new session.
+ORPHAN_GRACE = 3 * POLL_SECONDS
 # Statuses after which Twilio's call is over.
 FINAL_STATUSES = frozenset({"completed", "busy", "no-answer", "failed", "canceled"})
 DIED = "process-died"
@@ -60,11 +63,16 @@ class CallControl:
     elsewhere, and writes the end of calls whose holder died. ``calls`` is the process's
     :class:`~voice.service.CallService`."""
 
-    def __init__(self, calls: Any, dsn: str, *, name: str = "pepper-calls", poll_seconds: float = POLL_SECONDS):
+    def __init__(
+        self, calls: Any, dsn: str, *, name: str = "pepper-calls", poll_seconds: float = POLL_SECONDS,
+        orphan_grace: float = ORPHAN_GRACE,
+    ):  # fmt: skip
         self._calls = calls
         self._dsn = dsn
         self._name = name
         self._poll = poll_seconds
+        self._grace = orphan_grace
+        self._suspects: dict[tuple[str, int], float] = {}  # (call_sid, held_by) -> when first seen orphaned
         self._conn: asyncpg.Connection | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -84,7 +92,12 @@ class CallControl:
         await conn.add_listener(CHANNEL, self._announced)
         self._conn = conn
         # Calls opened from now on are recorded under this session: while it lives, so do they.
-        self._calls.deps.holder = conn.get_server_pid()
+        holder = self._calls.deps.holder = conn.get_server_pid()
+        held = list(self._calls.sessions)
+        if held:  # a new session after a lost connection: the calls still running move to it
+            await self._calls.deps.db.execute(
+                "UPDATE calls SET held_by = $1 WHERE call_sid = ANY($2::text[]) AND summary IS NULL", holder, held
+            )
 
     async def stop(self) -> None:
         self._stopping = True
@@ -130,19 +143,36 @@ class CallControl:
                 session.hang_up("hangup")
 
     async def end_orphans(self) -> list[str]:
-        """Write the end of calls left in progress by a process that died. Each row is claimed by
-        one statement, so several processes sweeping at once write each end once."""
+        """Write the end of calls left unfinished by a process that died: orphaned (their holder's
+        session gone) for ``orphan_grace`` seconds, so a holder whose connection dropped has time to
+        reconnect and claim its calls again. Each row is claimed by one statement, so several
+        processes sweeping at once write each end once."""
         db = self._calls.deps.db
+        seen = await db.fetch(
+            """
+            SELECT call_sid, held_by FROM calls WHERE held_by IS NOT NULL AND summary IS NULL
+              AND held_by NOT IN (SELECT pid FROM pg_stat_activity WHERE pid IS NOT NULL)
+            """
+        )
+        now = asyncio.get_running_loop().time()
+        self._suspects = {key: self._suspects.get(key, now) for key in ((r["call_sid"], r["held_by"]) for r in seen)}
+        due = [key for key, since in self._suspects.items() if now - since >= self._grace]
+        if not due:
+            return []
         rows = await db.fetch(
             """
             UPDATE calls SET status = 'completed', ended_at = coalesce(ended_at, now()),
                              end_reason = coalesce(end_reason, $1), held_by = NULL
-            WHERE held_by IS NOT NULL AND summary IS NULL
+            WHERE (call_sid, held_by) IN (SELECT * FROM unnest($2::text[], $3::int[])) AND summary IS NULL
               AND held_by NOT IN (SELECT pid FROM pg_stat_activity WHERE pid IS NOT NULL)
             RETURNING call_sid, turn_id
             """,
             DIED,
+            [sid for sid, _ in due],
+            [pid for _, pid in due],
         )
+        for key in due:
+            self._suspects.pop(key, None)
         for row in rows:
             log.error("call %s was held by a process that died; recording its end", row["call_sid"][-8:])
             try:

@@ -47,6 +47,25 @@ async def test_a_call_whose_end_was_recorded_without_a_notification_is_hung_up_b
     assert row["end_reason"] == "hangup"
 
 
+async def test_a_holder_whose_listening_connection_dropped_claims_its_calls_again_and_still_hears(phone):
+    answer = await phone.dial_owner()
+    async with phone.caller.media(answer) as call:
+        await phone.until_listening(call)
+        old = await phone.db.fetchval("SELECT held_by FROM calls WHERE call_sid = $1", answer.call_sid)
+        assert await phone.db.fetchval("SELECT pg_terminate_backend($1)", old)
+
+        async def moved() -> Any:
+            held_by = await phone.db.fetchval("SELECT held_by FROM calls WHERE call_sid = $1", answer.call_sid)
+            return held_by not in (None, old) and held_by
+
+        new = await until(moved, within=POLL_SECONDS + 5, what="the call held under the new session")
+        assert new == phone.calls.deps.holder
+        # Only the notification, no recorded end: the poll would not end this call, the listener does.
+        await phone.db.execute("SELECT pg_notify('pepper_calls', $1)", answer.call_sid)
+        await call.wait(lambda: call.closed.is_set(), within=POLL_SECONDS, what="the notification to hang up")
+    assert (await phone.call_row(answer.call_sid))["end_reason"] == "hangup"
+
+
 async def test_the_end_of_a_call_held_by_a_dead_process_is_written_once(phone, db: Database):
     answer = await phone.dial_owner()
     async with phone.caller.media(answer) as call:
@@ -61,7 +80,9 @@ async def test_the_end_of_a_call_held_by_a_dead_process_is_written_once(phone, d
             phone.account_id,
             orphan_turn,
         )
-        sweepers = [CallControl(phone.calls, db.dsn), CallControl(phone.calls, db.dsn)]
+        patient = CallControl(phone.calls, db.dsn)
+        assert await patient.end_orphans() == []  # suspected; its holder may yet reconnect
+        sweepers = [CallControl(phone.calls, db.dsn, orphan_grace=0), CallControl(phone.calls, db.dsn, orphan_grace=0)]
         swept = await asyncio.gather(*(s.end_orphans() for s in sweepers))
         assert sorted(swept, key=len) == [[], ["CAorphan"]]  # once, whoever got there first
         row = await db.fetchrow("SELECT * FROM calls WHERE call_sid = 'CAorphan'")
