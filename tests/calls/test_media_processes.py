@@ -102,7 +102,8 @@ async def test_the_end_of_a_call_held_by_a_dead_process_is_written_once(phone, d
 async def _media_holders(db: Database) -> dict[int, int]:
     """Listening backend pid -> OS pid of each running media process."""
     rows = await db.fetch(
-        "SELECT pid, application_name FROM pg_stat_activity WHERE application_name LIKE 'pepper-media-%'"
+        "SELECT pid, application_name FROM pg_stat_activity"
+        " WHERE datname = current_database() AND application_name LIKE 'pepper-media-%'"
     )
     return {r["pid"]: int(r["application_name"].rsplit(" ", 1)[1]) for r in rows}
 
