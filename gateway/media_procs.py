@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
-from typing import Any
 
 from core.errors import StartupError
 from core.settings import Settings
@@ -59,7 +58,7 @@ class MediaProcesses(ChildProcesses):
     name = "pepper-media"
 
     @staticmethod
-    def target(settings: Settings, index: int, *args: Any) -> None:
+    def target(settings: Settings, index: int) -> None:
         media_process_main(settings, index)
 
 

@@ -158,23 +158,22 @@ def start_in_process(services: Services) -> TurnWorker:
 class ChildProcesses:
     """Processes ``pepper serve`` runs beside the web server (turn workers, media processes):
     started after start-up recovery, restarted when one dies, stopped (SIGTERM, then their own
-    graceful drain) before the store closes. ``target(settings, index, *args)`` runs in each."""
+    graceful drain) before the store closes. ``target(settings, index)`` runs in each."""
 
     label = "turn worker"
     name = "pepper-turns"
 
-    def __init__(self, settings: Settings, dsn: str, count: int, *args: Any) -> None:
+    def __init__(self, settings: Settings, dsn: str, count: int) -> None:
         # The children use the server's database, embedded or not.
         self._settings = settings.model_copy(update={"database_url": _secret(dsn)})
         self._count = count
-        self._args = args  # passed to every child, a restarted one too (sockets are duplicated)
         self._context = multiprocessing.get_context("spawn")  # no inherited event loop or sockets
         self._processes: list[Any] = []
         self._watch: asyncio.Task[None] | None = None
         self._stopping = False
 
     @staticmethod
-    def target(settings: Settings, index: int, *args: Any) -> None:
+    def target(settings: Settings, index: int) -> None:
         worker_process_main(settings, index)
 
     @property
@@ -188,9 +187,8 @@ class ChildProcesses:
 
     def _spawn(self, index: int) -> Any:
         process = self._context.Process(
-            target=type(self).target, args=(self._settings, index, *self._args), name=f"{self.name}-{index}",
-            daemon=False,
-        )  # fmt: skip
+            target=type(self).target, args=(self._settings, index), name=f"{self.name}-{index}", daemon=False
+        )
         process.start()
         return process
 
