@@ -48,6 +48,8 @@ def bind_shared(host: str, port: int) -> socket.socket:
     """
     from gateway.server import bind_listener
 
+    if not hasattr(socket, "SO_REUSEPORT"):
+        raise StartupError("PEPPER_MEDIA_PROCESSES above 1 needs SO_REUSEPORT (Linux); set it to 1 here")
     return bind_listener(host, port, "PEPPER_MEDIA_PORT", reuse_port=True)
 
 
