@@ -11,22 +11,45 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import sys
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 from phone_support import LINE, NOTICE, OWNER, PUBLIC, TOKEN, _set_pin, until
 
 from core import identity
+from core.errors import StartupError
 from core.store import Database
 from core.testing.processes import alive, free_port, spawned_children
 from core.testing.processes import until as until_sync
 from core.testing.twilio_peer import TwilioPeer
+from gateway.media_procs import bind_shared
 from voice.control import POLL_SECONDS, CallControl
 from voice.testing.realtime_peer import RealtimePeer, speak
 from voice.testing.twilio_caller import TwilioCaller
+
+# --- the shared port ---------------------------------------------------------------------------------
+
+
+def test_the_media_port_is_shared_by_media_processes_but_a_port_in_use_fails_at_once():
+    first = bind_shared("127.0.0.1", 0)
+    port = first.getsockname()[1]
+    second = bind_shared("127.0.0.1", port)  # what each media process does
+    second.listen()
+    with socket.create_connection(("127.0.0.1", port)):
+        pass  # the listening one takes it; the reservation never listens
+    second.close()
+    first.close()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(StartupError, match="PEPPER_MEDIA_PORT"):
+            bind_shared("127.0.0.1", taken.getsockname()[1])
+
 
 # --- call control in one process -----------------------------------------------------------------
 
