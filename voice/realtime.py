@@ -127,6 +127,10 @@ class RealtimeConnection(Protocol):
     async def append_audio(self, payload: str) -> None:
         """Append base64 mu-law caller audio."""
 
+    def append_audio_nowait(self, payload: str) -> bool:
+        """Append it now if that needs no waiting (the hot path: every 20 ms per call); False when
+        nothing was sent and :meth:`append_audio` must be awaited instead."""
+
     async def send_tool_output(self, call_id: str, output: str) -> None: ...
 
     async def add_note(self, text: str) -> None:
