@@ -53,24 +53,27 @@ class _Gone(Exception):
 
 
 class _Link:
-    """The session's view of the socket. A send on a socket the caller already closed is dropped
-    (``on_ws_disconnected`` hangs the call up). Sends are written at once; when the socket's
-    buffer is over its high-water mark a send waits until it drains, so a caller who stops
-    reading holds the model's stream back rather than filling memory."""
+    """The session's view of the socket (``voice.call.TwilioLink``). Sends are written at once; a
+    send on a socket the caller already closed is dropped (``on_ws_disconnected`` hangs the call
+    up). While the socket's buffer is over its high-water mark ``backed_up`` is set and the model's
+    stream waits in ``drained``, so a caller who stops reading holds the model back rather than
+    filling memory here."""
 
-    __slots__ = ("_t", "_writable", "closed")
+    __slots__ = ("_drained", "_t", "backed_up", "closed")
 
     def __init__(self, transport: WSTransport):
         self._t = transport
-        self._writable: asyncio.Future[None] | None = None  # set while the socket's buffer is full
+        self._drained: asyncio.Future[None] | None = None
+        self.backed_up = False
         self.closed = False
 
-    async def send(self, text: str) -> None:
-        if self.closed:
-            return
-        self._t.send(_TEXT, text)
-        if self._writable is not None:
-            await asyncio.shield(self._writable)
+    def send(self, text: str) -> None:
+        if not self.closed:
+            self._t.send(_TEXT, text)
+
+    async def drained(self) -> None:
+        while self.backed_up and self._drained is not None:
+            await asyncio.shield(self._drained)
 
     async def close(self, code: int = 1000) -> None:
         self.close_now(code)
@@ -83,11 +86,13 @@ class _Link:
         self.writable()
 
     def paused(self) -> None:
-        if self._writable is None:
-            self._writable = asyncio.get_running_loop().create_future()
+        self.backed_up = True
+        if self._drained is None:
+            self._drained = asyncio.get_running_loop().create_future()
 
     def writable(self) -> None:
-        waiter, self._writable = self._writable, None
+        self.backed_up = False
+        waiter, self._drained = self._drained, None
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 

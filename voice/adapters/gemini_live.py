@@ -262,6 +262,9 @@ class GeminiLiveConnection:
     def append_audio_nowait(self, payload: str) -> bool:
         return False  # resampled and sent through the SDK's async session: always awaited
 
+    def deliver_audio_to(self, sink: Any) -> None:
+        pass  # audio is resampled in events(): it comes from there
+
     async def append_audio(self, payload: str) -> None:
         pcm = self._in.to_model(base64.b64decode(payload))
         await self._call("send_realtime_input", audio=gt.Blob(data=pcm, mime_type=INPUT_MIME))
