@@ -271,8 +271,8 @@ class _MediaSocket(WSListener):  # type: ignore[misc]
         self.session = session
         # Not behind the turn limit (PEPPER_MAX_CONCURRENT_TURNS): every admitted call runs at once.
         services.tasks.spawn(f"call-{call.call_sid[-8:]}", calls.run_session(session), limited=False)
-        if link.closed:  # the caller left while being admitted
-            session.hang_up("hangup")
+        if link.closed or self.media.closing:  # the caller left, or Pepper began to stop, meanwhile
+            session.hang_up("hangup" if link.closed else "shutdown")
             return
         self._feed = session.feed
         # What came after ``start`` while admission ran, in order, then frames go straight to feed.

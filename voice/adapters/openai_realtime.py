@@ -72,9 +72,10 @@ def session_payload(config: SessionConfig) -> dict[str, Any]:
 
 
 AUDIO_DELTA = "response.output_audio.delta"
-# How an audio delta's JSON starts (OpenAI writes "type" first); only a quick filter, the type is
-# still checked after parsing, and a delta written otherwise takes the ordinary path.
-_AUDIO_DELTA_HEAD = b'"type":"' + AUDIO_DELTA.encode() + b'"'
+# An audio delta names its type near the start (after at most an event id); only a quick filter
+# so other events are not parsed twice: the type is checked after parsing, and a delta laid out
+# otherwise takes the ordinary path.
+_AUDIO_DELTA_NAME = b'"' + AUDIO_DELTA.encode() + b'"'
 
 
 def _audio_delta(data: dict[str, Any]) -> AudioDelta:
@@ -203,7 +204,7 @@ class OpenAIRealtimeConnection:
 
     def _fast_audio(self, data: bytes) -> bool:
         sink = self._sink
-        if sink is None or data.find(_AUDIO_DELTA_HEAD, 0, 64) < 0:
+        if sink is None or data.find(_AUDIO_DELTA_NAME, 0, 128) < 0:
             return False
         try:
             event = orjson.loads(data)
