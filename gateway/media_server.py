@@ -4,12 +4,18 @@ Every call sends a frame each 20 ms and receives one each 20 ms, so the per-fram
 WebSocket stack decides how many calls one process holds. Measured on the 2-core build machine
 (server CPU per relayed Twilio frame, caller -> model, including the model-side send):
 Quart on Hypercorn (wsproto, pure-Python unmasking, ASGI queues) ~125 us; a bare ASGI app on
-Hypercorn ~85 us; ``websockets`` ~45 us. With ``websockets`` a third of the server's time under
-load was its Python framing, reading and the wake-up of one task per frame (py-spy, 100 calls);
-picows parses in Cython and hands each frame to a plain callback, so a frame that needs no waiting
-is relayed without a task switch. So the media socket has its own port (``PEPPER_MEDIA_PORT``);
-the reverse proxy routes ``/twilio/media`` there. Everything else (webhooks, chat) stays on
-Quart. Admission is the same as ever: ``X-Twilio-Signature`` over the public ``wss://`` URL and the
+Hypercorn ~85 us; ``websockets`` ~45 us. So the media socket has its own port
+(``PEPPER_MEDIA_PORT``); the reverse proxy routes ``/twilio/media`` there. Everything else
+(webhooks, chat) stays on Quart.
+
+Why picows rather than ``websockets``: with ``websockets`` a third of the server's time under load
+was its Python framing, reading and the wake-up of one task per frame (py-spy, 100 calls). picows
+parses in Cython and hands each frame to a plain callback, so a frame that needs no waiting is
+relayed without a task switch (this bridge costs ~0.8 us a frame). With the relay's other
+shortcuts (voice/adapters/openai_realtime.py) the server's CPU per relayed 20 ms frame fell from
+89-132 us to 54-80 us at 25-50 calls, A/B on the same machine (docs/voice.md, issue 6).
+
+Admission is the same as ever: ``X-Twilio-Signature`` over the public ``wss://`` URL and the
 one-time token, else close 1008 with only a security event.
 """
 

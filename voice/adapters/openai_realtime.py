@@ -164,6 +164,8 @@ class _MaskKeys:
 
 
 _MASK_KEYS = _MaskKeys()
+# A forked child draws its own keys rather than reusing the parent's unused ones.
+os.register_at_fork(after_in_child=_MASK_KEYS.__init__)
 _APPEND_HEAD = '{"type":"input_audio_buffer.append","audio":"'
 
 
