@@ -208,9 +208,9 @@ class AnsweringSession(CallSession):
 
     # --- Screening ----------------------------------------------------------------------------
 
-    async def _on_mark(self, name: str) -> None:
+    def _on_mark(self, name: str) -> None:
         was_listening = self.listening
-        await super()._on_mark(name)
+        super()._on_mark(name)
         if self.listening and not was_listening:  # the greeting played: the caller's turn
             self._spawn("silence-watch", self._silence_watch())
 

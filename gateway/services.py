@@ -23,7 +23,7 @@ class Services:
     calls: Any = None  # voice.service.CallService, when phone calls are wired
     tasks: BackgroundTasks = field(default_factory=BackgroundTasks)
     live: LiveFeed | None = None  # new messages pushed to open chats
-    media: Any = None  # websockets Server for Twilio media sockets (gateway.media_server), while serving
+    media: Any = None  # gateway.media_server.MediaServer (picows) for Twilio media sockets, while serving
     media_listener: Any = None  # its socket, bound before start-up (socket.socket), or None to bind then
     # Where webhooks record messages: sessions that announce after the commit (see
     # ``core.conversation.ANNOUNCE_LATER``); opened when the app starts serving.

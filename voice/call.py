@@ -154,7 +154,13 @@ class VoiceDeps:
 class TwilioLink(Protocol):
     """The media socket as the session uses it; the gateway owns reading it (``CallSession.feed``)."""
 
-    async def send(self, text: str) -> None: ...
+    backed_up: bool  # the socket's send buffer is over its high-water mark: wait in drained()
+
+    def send(self, text: str) -> None:
+        """Write one frame now (no waiting); dropped once the caller has closed the socket."""
+
+    async def drained(self) -> None:
+        """Until the send buffer is below its low-water mark again (at once when it is)."""
 
     async def close(self, code: int = 1000) -> None: ...
 
@@ -424,6 +430,7 @@ class CallSession:
             log.warning("could not open the realtime model session")
             return False
         self._conn, self._conn_stack = conn, stack
+        conn.deliver_audio_to(self._audio_now)
         return True
 
     async def _deadline(self) -> None:
@@ -438,28 +445,35 @@ class CallSession:
 
     # --- Twilio -> model (the hot path) -----------------------------------------------------------
 
-    async def feed(self, raw: str | bytes) -> None:
-        """One frame from Twilio. Never raises for a bad frame."""
+    def feed(self, raw: str | bytes) -> Awaitable[None] | None:
+        """One frame from Twilio, handled at once where nothing has to wait: None when done, else
+        what is left to await before the next frame of this call (the model's socket is full, or
+        an adapter whose append waits). The media server relays most frames inside its frame
+        callback this way, with no task switch per frame. Never raises for a bad frame."""
         try:
             frame = media.parse(raw)
             event = frame["event"]
             if event == "media":
                 payload = media.media_payload(frame)
-                self.stats.frames_in += 1
+                stats = self.stats
+                stats.frames_in += 1
                 if not self.listening:
-                    self.stats.frames_discarded += 1
-                    return
+                    stats.frames_discarded += 1
+                    return None
                 conn = self._conn
                 if conn is None:
-                    self.stats.frames_dropped += 1
-                    return
+                    stats.frames_dropped += 1
+                    return None
                 try:
-                    await conn.append_audio(payload)
-                    self.stats.frames_to_model += 1
+                    if conn.append_audio_nowait(payload):
+                        stats.frames_to_model += 1
+                        return None
                 except RealtimeDisconnected:
-                    self.stats.frames_dropped += 1
-            elif event == "mark":
-                await self._on_mark(media.mark_name(frame))
+                    stats.frames_dropped += 1
+                    return None
+                return self._append(conn, payload)
+            if event == "mark":
+                self._on_mark(media.mark_name(frame))
             elif event == "dtmf":
                 self._on_dtmf(media.dtmf_digit(frame))
             elif event == "stop":
@@ -468,8 +482,16 @@ class CallSession:
                 raise media.MalformedFrame("unknown event")
         except media.MalformedFrame:
             self.stats.frames_malformed += 1
+        return None
 
-    async def _on_mark(self, name: str) -> None:
+    async def _append(self, conn: RealtimeConnection, payload: str) -> None:
+        try:
+            await conn.append_audio(payload)
+            self.stats.frames_to_model += 1
+        except RealtimeDisconnected:
+            self.stats.frames_dropped += 1
+
+    def _on_mark(self, name: str) -> None:
         mark = self._marks.pop(name, None)
         if mark is None:
             return
@@ -484,11 +506,11 @@ class CallSession:
         elif mark.kind == "bye":
             self._end(self._closing or "end-call")
 
-    async def _send_mark(self, mark: _Mark) -> None:
+    def _send_mark(self, mark: _Mark) -> None:
         self._mark_seq += 1
         name = f"{mark.kind[0]}{self._mark_seq}"
         self._marks[name] = mark
-        await self.link.send(media.mark_frame(self._sid, name))
+        self.link.send(media.mark_frame(self._sid, name))
 
     # --- Model -> Twilio ----------------------------------------------------------------------
 
@@ -533,20 +555,36 @@ class CallSession:
             )
         return True
 
+    def _audio_now(self, event: AudioDelta) -> bool:
+        """The model's audio straight to the caller from the adapter's read callback, without
+        going through the model loop (``RealtimeConnection.deliver_audio_to``): called only while
+        that loop waits for its next event with none queued, so the order of events is kept.
+        False, and nothing done, while the caller's socket is backed up."""
+        if self.link.backed_up:
+            return False
+        self._relay_audio(event)
+        return True
+
+    def _relay_audio(self, event: AudioDelta) -> None:
+        if event.response_id in self._cancelled_responses:
+            return
+        self.link.send(media.media_frame(self._sid, event.payload))
+        size = media.decoded_length(event.payload)
+        self.stats.audio_out_bytes += size
+        item = event.item_id
+        sent = self._sent_bytes.get(item, 0) + size
+        self._sent_bytes[item] = sent
+        self._last_item = item
+        self._response_audio[event.response_id] = self._response_audio.get(event.response_id, 0) + size
+        if sent - self._marked_bytes.get(item, 0) >= MARK_EVERY_BYTES:
+            self._marked_bytes[item] = sent
+            self._send_mark(_Mark("audio", item, sent))
+
     async def _on_model(self, event: Any) -> None:
         if type(event) is AudioDelta:
-            if event.response_id in self._cancelled_responses:
-                return
-            await self.link.send(media.media_frame(self._sid, event.payload))
-            size = media.decoded_length(event.payload)
-            self.stats.audio_out_bytes += size
-            sent = self._sent_bytes.get(event.item_id, 0) + size
-            self._sent_bytes[event.item_id] = sent
-            self._last_item = event.item_id
-            self._response_audio[event.response_id] = self._response_audio.get(event.response_id, 0) + size
-            if sent - self._marked_bytes.get(event.item_id, 0) >= MARK_EVERY_BYTES:
-                self._marked_bytes[event.item_id] = sent
-                await self._send_mark(_Mark("audio", event.item_id, sent))
+            self._relay_audio(event)
+            if self.link.backed_up:
+                await self.link.drained()
         elif type(event) is SpeechStarted:
             await self._barge_in()
         elif type(event) is ResponseCreated:
@@ -584,10 +622,10 @@ class CallSession:
         item = self._last_item
         if item is not None and self._sent_bytes.get(item, 0) > self._marked_bytes.get(item, 0):
             self._marked_bytes[item] = self._sent_bytes[item]
-            await self._send_mark(_Mark("audio", item, self._sent_bytes[item]))
+            self._send_mark(_Mark("audio", item, self._sent_bytes[item]))
         if event.response_id == self._notice_response:
             if event.status == "completed":
-                await self._send_mark(_Mark("notice"))
+                self._send_mark(_Mark("notice"))
             else:
                 log.warning("the opening notice response did not complete: status=%s", event.status)
                 self._end("model-failed")
@@ -600,16 +638,16 @@ class CallSession:
         spoke = self._response_audio.get(event.response_id, 0) > 0
         if spoke and self._unconfirmed:
             ids, self._unconfirmed = tuple(self._unconfirmed), []
-            await self._send_mark(_Mark("commit", write_ids=ids))
+            self._send_mark(_Mark("commit", write_ids=ids))
         if self._closing is not None and (spoke or event.function_calls == 0):
-            await self._send_mark(_Mark("bye"))
+            self._send_mark(_Mark("bye"))
 
     async def _barge_in(self) -> None:
         started = time.perf_counter()
         pending = [m for m in self._marks.values() if not m.cancelled and m.kind != "notice"]
         if not pending and self._active_response is None:
             return
-        await self.link.send(media.clear_frame(self._sid))
+        self.link.send(media.clear_frame(self._sid))
         self.stats.clear_ms.append((time.perf_counter() - started) * 1000)
         self.stats.barge_ins += 1
         dropped: list[int] = list(self._unconfirmed)
@@ -665,8 +703,8 @@ class CallSession:
 
     async def _play_filler(self) -> None:
         self.stats.fillers += 1
-        await self.link.send(media.media_frame(self._sid, self.deps.filler_payload))
-        await self._send_mark(_Mark("audio", None))
+        self.link.send(media.media_frame(self._sid, self.deps.filler_payload))
+        self._send_mark(_Mark("audio", None))
 
     async def _finish_tools(self, response_id: str, generation: int) -> None:
         tasks = self._tool_tasks.pop(response_id, [])

@@ -9,7 +9,7 @@ Events are plain slotted dataclasses (one per model event on the hot path).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -126,6 +126,16 @@ class RealtimeConnection(Protocol):
 
     async def append_audio(self, payload: str) -> None:
         """Append base64 mu-law caller audio."""
+
+    def append_audio_nowait(self, payload: str) -> bool:
+        """Append it now if that needs no waiting (the hot path: every 20 ms per call); False when
+        nothing was sent and :meth:`append_audio` must be awaited instead."""
+
+    def deliver_audio_to(self, sink: Callable[[AudioDelta], bool]) -> None:
+        """Optionally hand the model's audio to ``sink`` as it arrives, when :meth:`events` is
+        waiting with nothing queued (so order is kept), instead of yielding it from
+        :meth:`events`; ``sink`` returns False to refuse one, which then comes through
+        :meth:`events`. An adapter may ignore this."""
 
     async def send_tool_output(self, call_id: str, output: str) -> None: ...
 

@@ -227,3 +227,30 @@ async def test_the_media_listener_serves_only_the_media_path(phone):
         raise AssertionError("a socket on another path was accepted")
     except InvalidStatus as exc:
         assert exc.response.status_code == 404
+
+
+async def test_a_frame_over_the_size_limit_closes_the_socket_and_ends_the_call(phone):
+    from gateway.media_server import MAX_FRAME_BYTES
+
+    answer = await phone.dial_owner()
+    async with phone.caller.media(answer) as call:
+        await phone.until_listening(call)
+        await call.send_raw('{"event":"media","media":{"payload":"' + "A" * MAX_FRAME_BYTES + '"}}')
+        await call.wait(lambda: call.closed.is_set(), within=5, what="the socket to close")
+        assert call.close_code == 1009  # message too big
+    row = await phone.call_row(answer.call_sid)
+    assert row["end_reason"] == "hangup"
+
+
+async def test_frames_sent_after_start_while_admission_runs_are_kept_in_order(phone):
+    # Admission awaits the database; a caller keying digits at once must not lose or reorder them.
+    answer = await phone.dial_owner()
+    async with phone.caller.media(answer) as call:
+        for digit in "2468#":
+            await call.send_json({"event": "dtmf", "streamSid": call.stream_sid, "dtmf": {"digit": digit}})
+        await phone.until_listening(call)
+        await call.wait(lambda: phone.calls.sessions[answer.call_sid].trust == "owner_verified", within=10,
+                        what="the keyed PIN to verify the caller")  # fmt: skip
+        await call.hang_up()
+    row = await phone.call_row(answer.call_sid)
+    assert row["verified_by"] == "pin-keypad"

@@ -304,6 +304,12 @@ class CascadeConnection:
         self._check_open()
         self._config = config
 
+    def append_audio_nowait(self, payload: str) -> bool:
+        return False  # pipecat's voice activity analysis is awaited
+
+    def deliver_audio_to(self, sink: Any) -> None:
+        pass  # synthesised audio comes from events()
+
     async def append_audio(self, payload: str) -> None:
         self._check_open()
         pcm = audioop.ulaw2lin(base64.b64decode(payload), 2)

@@ -259,6 +259,12 @@ class GeminiLiveConnection:
     async def _send_turn(self, text: str, *, complete: bool) -> None:
         await self._call("send_client_content", turns=[_text_turn(text)], turn_complete=complete)
 
+    def append_audio_nowait(self, payload: str) -> bool:
+        return False  # resampled and sent through the SDK's async session: always awaited
+
+    def deliver_audio_to(self, sink: Any) -> None:
+        pass  # audio is resampled in events(): it comes from there
+
     async def append_audio(self, payload: str) -> None:
         pcm = self._in.to_model(base64.b64decode(payload))
         await self._call("send_realtime_input", audio=gt.Blob(data=pcm, mime_type=INPUT_MIME))

@@ -9,13 +9,18 @@ the SDK's typed models (one event per ~20-100 ms of audio per call).
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+import os
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, cast
 
 import orjson
 from openai import AsyncOpenAI, OpenAIError
+from websockets.asyncio.client import ClientConnection
+from websockets.asyncio.connection import Connection as WebSocketConnection
 from websockets.exceptions import ConnectionClosed, WebSocketException
+from websockets.frames import DATA_OPCODES, Frame, Opcode, apply_mask
+from websockets.protocol import State
 
 from voice.realtime import (
     AssistantTranscript,
@@ -66,10 +71,21 @@ def session_payload(config: SessionConfig) -> dict[str, Any]:
     }
 
 
+AUDIO_DELTA = "response.output_audio.delta"
+# An audio delta names its type near the start (after at most an event id); only a quick filter
+# so other events are not parsed twice: the type is checked after parsing, and a delta laid out
+# otherwise takes the ordinary path.
+_AUDIO_DELTA_NAME = b'"' + AUDIO_DELTA.encode() + b'"'
+
+
+def _audio_delta(data: dict[str, Any]) -> AudioDelta:
+    return AudioDelta(data.get("response_id", ""), data.get("item_id", ""), data.get("delta", ""))
+
+
 def map_event(data: dict[str, Any]) -> RealtimeEvent:
     kind = data.get("type", "")
-    if kind == "response.output_audio.delta":
-        return AudioDelta(data.get("response_id", ""), data.get("item_id", ""), data.get("delta", ""))
+    if kind == AUDIO_DELTA:
+        return _audio_delta(data)
     if kind == "input_audio_buffer.speech_started":
         return SpeechStarted(data.get("item_id"), data.get("audio_start_ms"))
     if kind == "input_audio_buffer.speech_stopped":
@@ -94,6 +110,78 @@ def map_event(data: dict[str, Any]) -> RealtimeEvent:
     return Other(kind, data)
 
 
+class RealtimeSocket(ClientConnection):
+    """The SDK's ``websockets`` connection, made through ``create_connection`` (a documented option
+    of ``websockets.asyncio.client.connect`` the SDK passes through), with one hook: while the
+    reader waits in ``recv`` with no message queued, a complete text message is first offered to
+    ``fast`` as soon as it is parsed; ``fast`` returns True when it handled the message. Everything
+    else goes to ``recv`` as before, in order. For the model's audio this skips websockets' message
+    queue, a future and a task switch per 20 ms frame."""
+
+    fast: Callable[[bytes], bool] | None = None
+    waiting = False  # the reader is parked in recv
+    queued = 0  # complete messages queued for recv and not yet read
+
+    def process_event(self, event: Any) -> None:
+        if type(event) is Frame and event.fin and event.opcode in DATA_OPCODES:
+            fast = self.fast
+            if (fast is not None and self.waiting and not self.queued and event.opcode is Opcode.TEXT
+                    and fast(event.data)):  # fmt: skip
+                return
+            self.queued += 1
+        super().process_event(event)
+
+
+def writes_directly(raw: Any) -> bool:
+    """Whether the SDK's socket is the ``websockets`` asyncio connection ``append_audio_nowait``
+    writes to (a later SDK or ``websockets`` may change either; then every append takes the
+    awaited path, slower but the same on the wire)."""
+    protocol = getattr(raw, "protocol", None)
+    return (
+        isinstance(raw, WebSocketConnection)
+        and all(hasattr(raw, name) for name in ("paused", "send_in_progress", "transport"))
+        and all(hasattr(protocol, name) for name in ("state", "expect_continuation_frame", "extensions", "writes"))
+    )
+
+
+class _MaskKeys:
+    """Masking keys for our client frames. RFC 6455 (5.3) wants each unpredictable, from a strong
+    source of entropy; ``websockets`` asks the OS for 4 bytes per frame, a getrandom syscall per
+    20 ms of audio per call. These come from ``os.urandom`` 4 KiB at a time, each used once."""
+
+    __slots__ = ("_at", "_pool")
+
+    def __init__(self) -> None:
+        self._pool = b""
+        self._at = 0
+
+    def next(self) -> bytes:
+        at = self._at
+        if at >= len(self._pool):
+            self._pool, at = os.urandom(4096), 0
+        self._at = at + 4
+        return self._pool[at : at + 4]
+
+
+_MASK_KEYS = _MaskKeys()
+# A forked child draws its own keys rather than reusing the parent's unused ones.
+os.register_at_fork(after_in_child=_MASK_KEYS.__init__)
+_APPEND_HEAD = '{"type":"input_audio_buffer.append","audio":"'
+
+
+def masked_text_frame(data: bytes) -> bytes:
+    """One final, masked text frame (a client's, RFC 6455 5.2) carrying ``data``."""
+    size = len(data)
+    if size < 126:
+        head = bytes((0x81, 0x80 | size))
+    elif size < 65536:
+        head = b"\x81\xfe" + size.to_bytes(2, "big")
+    else:
+        head = b"\x81\xff" + size.to_bytes(8, "big")
+    key = _MASK_KEYS.next()
+    return head + key + apply_mask(data, key)
+
+
 class OpenAIRealtimeConnection:
     def __init__(self, conn: Any):
         self._conn = conn
@@ -107,6 +195,52 @@ class OpenAIRealtimeConnection:
         # event (one per 20 ms of audio per call); the raw read returns the same bytes.
         recv = getattr(raw, "recv", None) if raw is not None else None
         self._recv = (lambda: recv(decode=False)) if recv is not None else conn.recv_bytes
+        self._direct = raw if writes_directly(raw) else None
+        self._socket = raw if isinstance(raw, RealtimeSocket) else None
+        self._sink: Callable[[AudioDelta], bool] | None = None
+
+    def deliver_audio_to(self, sink: Callable[[AudioDelta], bool]) -> None:
+        if self._socket is not None:
+            self._sink = sink
+            self._socket.fast = self._fast_audio
+
+    def _fast_audio(self, data: bytes) -> bool:
+        sink = self._sink
+        if sink is None or data.find(_AUDIO_DELTA_NAME, 0, 128) < 0:
+            return False
+        try:
+            event = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return False
+        if type(event) is not dict or event.get("type") != AUDIO_DELTA:
+            return False
+        try:
+            return sink(_audio_delta(event))
+        except Exception:
+            # Not into websockets' read path; the same event goes the ordinary way and fails there.
+            log.exception("relaying the model's audio failed")
+            return False
+
+    def append_audio_nowait(self, payload: str) -> bool:
+        # The hot path without a coroutine: the frame is built here and written to the socket's
+        # transport, which is what ``websockets``' own ``send`` does when it would not wait, minus
+        # its async context manager, drain, frame object and a getrandom syscall per frame for
+        # the mask (see _MaskKeys). Only while the connection is plainly open with nothing of
+        # websockets' own in between: no extension (no compression), no fragmented send under
+        # way, nothing unsent, the buffer under its high-water mark. Otherwise nothing is sent and
+        # the caller awaits ``append_audio``, which waits or reports the close as ``send`` does.
+        raw = self._direct
+        if raw is None or raw.paused or raw.send_in_progress is not None or raw.transport.is_closing():
+            return False
+        protocol = raw.protocol
+        if (protocol.state is not State.OPEN or protocol.expect_continuation_frame or protocol.extensions
+                or protocol.writes):  # fmt: skip
+            return False
+        try:
+            raw.transport.write(masked_text_frame((_APPEND_HEAD + payload + '"}').encode()))
+        except (OSError, RuntimeError) as exc:
+            raise RealtimeDisconnected("the realtime socket is closed") from exc
+        return True
 
     async def _send(self, event: dict[str, Any]) -> None:
         try:
@@ -121,7 +255,7 @@ class OpenAIRealtimeConnection:
     async def append_audio(self, payload: str) -> None:
         # The hot path (every 20 ms per call): built as a string; base64 needs no JSON escaping.
         try:
-            await self._send_audio('{"type":"input_audio_buffer.append","audio":"' + payload + '"}')
+            await self._send_audio(_APPEND_HEAD + payload + '"}')
         except (ConnectionClosed, WebSocketException, OSError, OpenAIError) as exc:
             raise RealtimeDisconnected("the realtime socket is closed") from exc
 
@@ -152,9 +286,18 @@ class OpenAIRealtimeConnection:
         )
 
     async def events(self) -> AsyncIterator[RealtimeEvent]:
+        sock = self._socket
         while True:
             try:
-                raw = await self._recv()
+                if sock is None:
+                    raw = await self._recv()
+                else:
+                    sock.waiting = True
+                    try:
+                        raw = await self._recv()
+                    finally:
+                        sock.waiting = False
+                    sock.queued -= 1
             except ConnectionClosed as exc:
                 code = exc.rcvd.code if exc.rcvd is not None else None
                 raise RealtimeDisconnected("the realtime socket closed", close_code=code) from exc
@@ -191,9 +334,8 @@ class OpenAIRealtime:
     async def connect(self) -> AsyncIterator[OpenAIRealtimeConnection]:
         try:
             # No permessage-deflate: it costs zlib time on every 20 ms frame and base64 audio barely shrinks.
-            manager = self._client.realtime.connect(
-                model=self.model, websocket_connection_options={"compression": None}
-            )
+            options = {"compression": None, "create_connection": RealtimeSocket}
+            manager = self._client.realtime.connect(model=self.model, websocket_connection_options=cast(Any, options))
             conn = await manager.__aenter__()
         except (OpenAIError, WebSocketException, OSError) as exc:
             raise RealtimeDisconnected("cannot open the realtime socket") from exc

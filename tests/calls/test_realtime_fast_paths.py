@@ -1,0 +1,96 @@
+"""The OpenAI Realtime adapter's per-frame shortcuts, over the real SDK against a loopback socket:
+audio appends written straight to the transport, and model audio handed over as it is parsed
+while the reader waits, with every other event (and any audio behind one) kept in order."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from typing import Any
+
+from websockets.asyncio.server import ServerConnection, serve
+
+from voice.adapters.openai_realtime import OpenAIRealtime, RealtimeSocket
+from voice.realtime import AudioDelta, ResponseDone
+
+
+def _delta(n: int) -> str:
+    audio = base64.b64encode(bytes([n]) * 160).decode()
+    return json.dumps({"event_id": f"event_{n:022d}", "type": "response.output_audio.delta", "response_id": "r1",
+                       "item_id": "i1", "output_index": 0, "content_index": 0, "delta": audio})  # fmt: skip
+
+
+async def test_model_audio_skips_the_read_loop_only_while_it_waits_with_nothing_queued():
+    outgoing: asyncio.Queue[list[str] | None] = asyncio.Queue()
+    appends: list[str] = []
+
+    async def model(ws: ServerConnection) -> None:
+        async def read() -> None:
+            async for message in ws:
+                event = json.loads(message)
+                if event["type"] == "input_audio_buffer.append":
+                    appends.append(event["audio"])
+
+        reader = asyncio.create_task(read())
+        while (batch := await outgoing.get()) is not None:
+            # One TCP write per batch: websockets parses the batch's messages in one read.
+            ws.protocol.send_text(batch[0].encode())
+            for message in batch[1:]:
+                ws.protocol.send_text(message.encode())
+            ws.send_data()
+        reader.cancel()
+
+    log: list[tuple[str, Any]] = []
+    busy = asyncio.Event()
+
+    def sink(event: AudioDelta) -> bool:
+        log.append(("sink", base64.b64decode(event.payload)[0]))
+        return True
+
+    async with serve(model, "127.0.0.1", 0, compression=None) as server:
+        port = server.sockets[0].getsockname()[1]
+        realtime = OpenAIRealtime(api_key="sk-test", websocket_base_url=f"ws://127.0.0.1:{port}")
+        async with realtime.connect() as conn:
+            # Guards against an SDK or websockets upgrade silently turning the shortcuts off.
+            assert isinstance(conn._socket, RealtimeSocket) and conn._direct is not None
+            conn.deliver_audio_to(sink)
+
+            async def read_loop() -> None:
+                async for event in conn.events():
+                    if isinstance(event, AudioDelta):
+                        log.append(("loop", base64.b64decode(event.payload)[0]))
+                    else:
+                        log.append(("loop", type(event).__name__))
+                    if isinstance(event, ResponseDone):
+                        busy.set()
+                        await asyncio.sleep(0.3)  # the loop is busy with an event (a tool, a barge-in)
+                        busy.clear()
+
+            reader = asyncio.create_task(read_loop())
+            await asyncio.sleep(0.1)
+            for n in range(3):
+                assert conn.append_audio_nowait(base64.b64encode(bytes([n]) * 160).decode())
+            await outgoing.put([_delta(1)])  # the loop waits: straight to the sink
+            await _until(lambda: len(log) == 1)
+            done = json.dumps({"type": "response.done", "response": {"id": "r1", "status": "completed", "output": []}})
+            await outgoing.put([done, _delta(2)])  # 2 is queued behind an event: through the loop
+            await busy.wait()
+            await outgoing.put([_delta(3)])  # the loop is busy: through the loop, after 2
+            await _until(lambda: len(log) == 4)
+            await _until(lambda: not busy.is_set())
+            await asyncio.sleep(0.05)
+            await outgoing.put([_delta(4)])  # waiting again with nothing queued: the sink
+            await _until(lambda: len(log) == 5)
+            reader.cancel()
+            await outgoing.put(None)
+        await realtime.aclose()
+    assert log == [("sink", 1), ("loop", "ResponseDone"), ("loop", 2), ("loop", 3), ("sink", 4)]
+    assert [base64.b64decode(a) for a in appends] == [bytes([n]) * 160 for n in range(3)]
+
+
+async def _until(predicate: Any, within: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + within
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.01)
