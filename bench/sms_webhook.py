@@ -90,6 +90,8 @@ async def main(rate: int, seconds: float, receipts: bool, peers_nice: int) -> No
         await factory.prepare_template()
         db_url = await factory.create()
         db = await Database.open(db_url, max_size=20)
+        await db.execute("ALTER SYSTEM SET track_wal_io_timing = on")  # for the WAL I/O line
+        await db.execute("SELECT pg_reload_conf()")
         ada = await identity.create_account(db, "Ada")
         await identity.add_handle(db, ada.id, "phone", OWNER, verified=True)
         async with TwilioPeer(auth_token=TOKEN) as twilio, OpenAIPeer() as model:
@@ -248,14 +250,19 @@ async def run_all(port, db, twilio, results, rate, seconds, server_pid, peers_ni
             [reply] = await twilio.wait_for_sent(1, within=120)
             rows = {}
             for name, kind in PHASES.items():
+                if os.environ.get("BENCH_SERVER_LOG"):  # to line the server's log up with the phases
+                    print(f"{time.strftime('%H:%M:%S')} phase {kind} starts", file=sys.stderr)
                 if kind == "sms":  # where the CPU goes while the acknowledgements are measured
                     wal_before = await wal_position(db)
+                    io_before = await wal_io(db)
                     parts = {"web server": [server_pid], "turn workers": children(server_pid), "peers": [os.getpid()],
                              "Postgres": [postmaster, *children(postmaster)], "load": [load_pid]}  # fmt: skip
                     before = cpu_by_part(parts)
                 started = cpu_seconds(server_pid)
                 latencies, failed = await loop.run_in_executor(pool, load, port, kind, rate, seconds, reply)
                 rows[name] = (latencies, failed, (cpu_seconds(server_pid) - started) * 1000 / len(latencies))
+                if kind == "sms":
+                    io_after = await wal_io(db)
             parts["Postgres"] = sorted({*parts["Postgres"], *children(postmaster)})  # backends opened meanwhile
             after = cpu_by_part(parts)
         where = {name: sum(t - before[name].get(pid, 0.0) for pid, t in after[name].items()) for name in parts}
@@ -271,7 +278,7 @@ async def run_all(port, db, twilio, results, rate, seconds, server_pid, peers_ni
         await twilio.receipts_done()
         await asyncio.sleep(1.0)
         wal_after = await wal_position(db)
-        wal = wal_report(wal_before, wal_after, len(acks))
+        wal = wal_report(wal_before, wal_after, len(acks)) + "\n" + wal_io_report(io_before, io_after)
         if os.environ.get("BENCH_WALDUMP"):
             wal += "\n" + await by_relation(db, wal_before[0], wal_after[0], len(acks))
         before_turns = await db.fetchval("SELECT count(*) FROM turns")
@@ -286,6 +293,26 @@ async def run_all(port, db, twilio, results, rate, seconds, server_pid, peers_ni
         storm_sent = len(twilio.sent) - before_sent
         await twilio.receipts_done()
     results.extend([rows, storm_turns, storm_sent, where, wal])
+
+
+async def wal_io(db: Database) -> dict[str, tuple[float, ...]]:
+    """The server's WAL I/O so far by context (``init``: creating a segment): writes, ms writing,
+    bytes, syncs, ms syncing."""
+    await db.execute("SELECT pg_stat_force_next_flush()")
+    rows = await db.fetch(
+        "SELECT context, sum(writes) w, sum(write_time) wt, sum(write_bytes) wb, sum(fsyncs) f, sum(fsync_time) ft "
+        "FROM pg_stat_io WHERE object = 'wal' GROUP BY context"
+    )
+    return {r["context"]: tuple(float(r[k] or 0) for k in ("w", "wt", "wb", "f", "ft")) for r in rows}
+
+
+def wal_io_report(before: dict[str, tuple[float, ...]], after: dict[str, tuple[float, ...]]) -> str:
+    line = "WAL I/O during the acknowledgements:"
+    for context, now in sorted(after.items()):
+        was = before.get(context, (0.0,) * 5)
+        w, wt, wb, f, ft = (a - b for a, b in zip(now, was, strict=True))
+        line += f" {context}: {w:.0f} writes {wt:.0f} ms {wb / 1e6:.1f} MB, {f:.0f} syncs {ft:.0f} ms;"
+    return line
 
 
 async def wal_position(db: Database) -> tuple[str, int, int, int, str]:

@@ -130,16 +130,20 @@ async def claim_next(db: Executor, worker: int) -> Any:
     :func:`release_orphans`). ``SKIP LOCKED`` lets several workers claim at once, each a
     different message: a message is claimed exactly once. The row carries what a reply needs,
     and ``turn_id``, set when a turn already started for it (an earlier worker died mid-turn).
+
+    The claim commits without waiting for the disk: lost in a crash, the message is simply queued
+    again, and the reply's durable record flushes it before anything is sent.
     """
     return await db.fetchrow(
-        """
+        f"""
         UPDATE messages m SET handling = 'running', claimed_by = $1
         FROM conversations c
         WHERE c.id = m.conversation_id AND m.id = (
             SELECT id FROM messages
             WHERE handling = 'queued' AND direction = 'inbound'
             ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
-        RETURNING m.id, m.channel, m.body, m.handle_id, m.meta, m.provider_message_id, m.turn_id, c.account_id
+        RETURNING m.id, m.channel, m.body, m.handle_id, m.meta, m.provider_message_id, m.turn_id, c.account_id,
+            {NO_FLUSH}
         """,
         worker,
     )

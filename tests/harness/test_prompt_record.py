@@ -138,3 +138,15 @@ async def test_a_record_written_before_the_parts_existed_still_replays(db, deps,
     await replay_turn(deps, original.turn_id)
     assert replay_models.prompts[0].system_stable == sent.system_stable
     assert replay_models.prompts[0].tools == sent.tools and replay_models.prompts[0].messages == sent.messages
+
+
+async def test_only_a_record_that_stores_a_part_waits_for_the_disk(db, deps, models, account):
+    """A later record may name a part without storing it: the first one stores it durably."""
+    models.script(reply("One."), reply("Two."))
+    await run_turn(deps, account.id, "web", "one")
+    assert await db.fetchval("SELECT pg_current_wal_flush_lsn() >= pg_current_wal_insert_lsn()")
+    assert len(deps.stored_prompt_parts) == 2
+    # The next record sends neither part again.
+    outcome = await run_turn(deps, account.id, "web", "two")
+    assert await db.fetchval("SELECT status FROM turns WHERE id = $1", outcome.turn_id) == "replied"
+    assert await db.fetchval("SELECT count(*) FROM prompt_parts") == 2
