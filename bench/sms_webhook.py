@@ -94,6 +94,10 @@ async def main(rate: int, seconds: float, receipts: bool, peers_nice: int) -> No
         await db.execute("SELECT pg_reload_conf()")
         ada = await identity.create_account(db, "Ada")
         await identity.add_handle(db, ada.id, "phone", OWNER, verified=True)
+        # As on a server that has been up a while, whose log files are recycled at each checkpoint:
+        # without this, the brand-new cluster creates (writes 16 MB of zeros into) a new log file
+        # every 16 MB of log, and every commit waits meanwhile, which no long-running server does.
+        await db.execute("CHECKPOINT")
         async with TwilioPeer(auth_token=TOKEN) as twilio, OpenAIPeer() as model:
             results: list = []
             model.script(*(reply_text("ok") for _ in range(int(rate * seconds) * 2 + 200)))
