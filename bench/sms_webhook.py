@@ -36,6 +36,7 @@ import asyncio
 import concurrent.futures
 import multiprocessing
 import os
+import re
 import signal
 import socket
 import statistics
@@ -89,8 +90,14 @@ async def main(rate: int, seconds: float, receipts: bool, peers_nice: int) -> No
         await factory.prepare_template()
         db_url = await factory.create()
         db = await Database.open(db_url, max_size=20)
+        await db.execute("ALTER SYSTEM SET track_wal_io_timing = on")  # for the WAL I/O line
+        await db.execute("SELECT pg_reload_conf()")
         ada = await identity.create_account(db, "Ada")
         await identity.add_handle(db, ada.id, "phone", OWNER, verified=True)
+        # As on a server that has been up a while, whose log files are recycled at each checkpoint:
+        # without this, the brand-new cluster creates (writes 16 MB of zeros into) a new log file
+        # every 16 MB of log, and every commit waits meanwhile, which no long-running server does.
+        await db.execute("CHECKPOINT")
         async with TwilioPeer(auth_token=TOKEN) as twilio, OpenAIPeer() as model:
             results: list = []
             model.script(*(reply_text("ok") for _ in range(int(rate * seconds) * 2 + 200)))
@@ -116,7 +123,7 @@ async def main(rate: int, seconds: float, receipts: bool, peers_nice: int) -> No
                 server.send_signal(signal.SIGTERM)
                 await asyncio.wait_for(server.wait(), 120)
         await db.close()
-    rows, storm_turns, storm_sent, where = results
+    rows, storm_turns, storm_sent, where, wal = results
     acks, acks_failed, _ = rows[ACK]
     print(f"SMS webhook acknowledgement, {rate} req/s for {seconds:.0f} s ({len(acks)} requests), ms")
     print(f"{'':32} {'median':>8} {'p99':>8} {'failed':>7} {'server CPU/req':>15}")
@@ -128,6 +135,7 @@ async def main(rate: int, seconds: float, receipts: bool, peers_nice: int) -> No
         answered = twilio.receipt_statuses
         print(f"receipts: {len(answered)} sent, {answered.count(204)} answered 204, peers at nice +{peers_nice}")
     print(f"duplicate storm (50 x one MessageSid): {storm_turns} turn(s), {storm_sent} reply(ies)")
+    print(wal)
 
 
 # The server under cProfile, timed in CPU time of the main thread: on a busy machine wall time
@@ -246,13 +254,19 @@ async def run_all(port, db, twilio, results, rate, seconds, server_pid, peers_ni
             [reply] = await twilio.wait_for_sent(1, within=120)
             rows = {}
             for name, kind in PHASES.items():
+                if os.environ.get("BENCH_SERVER_LOG"):  # to line the server's log up with the phases
+                    print(f"{time.strftime('%H:%M:%S')} phase {kind} starts", file=sys.stderr)
                 if kind == "sms":  # where the CPU goes while the acknowledgements are measured
+                    wal_before = await wal_position(db)
+                    io_before = await wal_io(db)
                     parts = {"web server": [server_pid], "turn workers": children(server_pid), "peers": [os.getpid()],
                              "Postgres": [postmaster, *children(postmaster)], "load": [load_pid]}  # fmt: skip
                     before = cpu_by_part(parts)
                 started = cpu_seconds(server_pid)
                 latencies, failed = await loop.run_in_executor(pool, load, port, kind, rate, seconds, reply)
                 rows[name] = (latencies, failed, (cpu_seconds(server_pid) - started) * 1000 / len(latencies))
+                if kind == "sms":
+                    io_after = await wal_io(db)
             parts["Postgres"] = sorted({*parts["Postgres"], *children(postmaster)})  # backends opened meanwhile
             after = cpu_by_part(parts)
         where = {name: sum(t - before[name].get(pid, 0.0) for pid, t in after[name].items()) for name in parts}
@@ -265,7 +279,12 @@ async def run_all(port, db, twilio, results, rate, seconds, server_pid, peers_ni
             if not await db.fetchval("SELECT count(*) FROM messages WHERE handling IN ('queued', 'running')"):
                 break
             await asyncio.sleep(0.2)
+        await twilio.receipts_done()
         await asyncio.sleep(1.0)
+        wal_after = await wal_position(db)
+        wal = wal_report(wal_before, wal_after, len(acks)) + "\n" + wal_io_report(io_before, io_after)
+        if os.environ.get("BENCH_WALDUMP"):
+            wal += "\n" + await by_relation(db, wal_before[0], wal_after[0], len(acks))
         before_turns = await db.fetchval("SELECT count(*) FROM turns")
         before_sent = len(twilio.sent)
         form = twilio.inbound_message(sender=OWNER, to=LINE, body="storm")
@@ -277,7 +296,93 @@ async def run_all(port, db, twilio, results, rate, seconds, server_pid, peers_ni
         storm_turns = await db.fetchval("SELECT count(*) FROM turns") - before_turns
         storm_sent = len(twilio.sent) - before_sent
         await twilio.receipts_done()
-    results.extend([rows, storm_turns, storm_sent, where])
+    results.extend([rows, storm_turns, storm_sent, where, wal])
+
+
+async def wal_io(db: Database) -> dict[str, tuple[float, ...]]:
+    """The server's WAL I/O so far by context (``init``: creating a segment): writes, ms writing,
+    bytes, syncs, ms syncing."""
+    await db.execute("SELECT pg_stat_force_next_flush()")
+    rows = await db.fetch(
+        "SELECT context, sum(writes) w, sum(write_time) wt, sum(write_bytes) wb, sum(fsyncs) f, sum(fsync_time) ft "
+        "FROM pg_stat_io WHERE object = 'wal' GROUP BY context"
+    )
+    return {r["context"]: tuple(float(r[k] or 0) for k in ("w", "wt", "wb", "f", "ft")) for r in rows}
+
+
+def wal_io_report(before: dict[str, tuple[float, ...]], after: dict[str, tuple[float, ...]]) -> str:
+    line = "WAL I/O during the acknowledgements:"
+    for context, now in sorted(after.items()):
+        was = before.get(context, (0.0,) * 5)
+        w, wt, wb, f, ft = (a - b for a, b in zip(now, was, strict=True))
+        line += f" {context}: {w:.0f} writes {wt:.0f} ms {wb / 1e6:.1f} MB, {f:.0f} syncs {ft:.0f} ms;"
+    return line
+
+
+async def wal_position(db: Database) -> tuple[str, int, int, int, str]:
+    """The write-ahead log's end and the server's WAL counters (records, full page images, bytes)
+    and requested plus timed checkpoints so far."""
+    await db.execute("SELECT pg_stat_force_next_flush()")
+    row = await db.fetchrow(
+        "SELECT pg_current_wal_insert_lsn()::text AS lsn, w.wal_records, w.wal_fpi, "
+        "c.num_timed + c.num_requested AS checkpoints FROM pg_stat_wal w, pg_stat_checkpointer c"
+    )
+    return row["lsn"], row["wal_records"], row["wal_fpi"], row["checkpoints"], await db.fetchval("SHOW data_directory")
+
+
+def wal_report(before: tuple, after: tuple, messages: int) -> str:  # type: ignore[type-arg]
+    """WAL written from the first acknowledgement until every reply was delivered, per message:
+    the acknowledgement, the turn, the reply and its receipts together."""
+    high, low = (int(part, 16) for part in after[0].split("/"))
+    start_high, start_low = (int(part, 16) for part in before[0].split("/"))
+    size = ((high << 32) + low) - ((start_high << 32) + start_low)
+    line = (
+        f"WAL per message (ack, turn, reply, receipts): {size / messages / 1024:.1f} kB, "
+        f"{(after[1] - before[1]) / messages:.1f} records, {(after[2] - before[2]) / messages:.2f} full page images; "
+        f"{after[3] - before[3]} checkpoint(s)"
+    )
+    return line
+
+
+async def by_relation(db: Database, start: str, end: str, messages: int) -> str:
+    """``BENCH_WALDUMP=1``: the WAL of the range by relation (its first block reference), per
+    message, from ``pg_waldump`` (the embedded server only: it reads the server's ``pg_wal``)."""
+    from core.store.embedded import wheel_bin_dir
+
+    pgdata = await db.fetchval("SHOW data_directory")
+    names = {
+        r["node"]: r["name"]
+        for r in await db.fetch(
+            "SELECT pg_relation_filenode(c.oid)::text AS node, coalesce(t.relname || ' (toast)', c.relname) AS name "
+            "FROM pg_class c LEFT JOIN pg_class t ON t.reltoastrelid = c.oid "
+            "WHERE pg_relation_filenode(c.oid) IS NOT NULL"
+        )
+    }
+    dump = await asyncio.to_thread(
+        subprocess.run, [str(wheel_bin_dir() / "pg_waldump"), "-p", pgdata, "-s", start, "-e", end],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    sizes: dict[str, list[int]] = {}
+    for record in dump.stdout.splitlines():
+        total = re.search(r"len \(rec/tot\):\s*\d+/\s*(\d+)", record)
+        if total is None:
+            continue
+        rel = re.search(r"rel \d+/\d+/(\d+)", record)
+        kind = record.split("rmgr:")[1].split()[0] if "rmgr:" in record else "?"
+        key = names.get(rel.group(1), f"relfilenode {rel.group(1)}") if rel else f"({kind}, no relation)"
+        entry = sizes.setdefault(key, [0, 0, 0])
+        entry[0] += 1
+        entry[1] += int(total.group(1))
+        entry[2] += "FPW" in record
+    top = sorted(sizes.items(), key=lambda item: -item[1][1])[:25]
+    return (
+        "WAL per message by relation: "
+        + "".join(
+            f"\n  {name:48} {count / messages:7.2f} records {size / messages / 1024:8.2f} kB {fpw / messages:6.3f} FPW"
+            for name, (count, size, fpw) in top
+        )
+        + (f"\n  pg_waldump: {dump.stderr.strip()[:300]}" if dump.stderr.strip() else "")
+    )
 
 
 if __name__ == "__main__":

@@ -6,8 +6,9 @@ channel), so a retried webhook delivery finds its message and starts no second t
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -129,16 +130,20 @@ async def claim_next(db: Executor, worker: int) -> Any:
     :func:`release_orphans`). ``SKIP LOCKED`` lets several workers claim at once, each a
     different message: a message is claimed exactly once. The row carries what a reply needs,
     and ``turn_id``, set when a turn already started for it (an earlier worker died mid-turn).
+
+    The claim commits without waiting for the disk: lost in a crash, the message is simply queued
+    again, and the reply's durable record flushes it before anything is sent.
     """
     return await db.fetchrow(
-        """
+        f"""
         UPDATE messages m SET handling = 'running', claimed_by = $1
         FROM conversations c
         WHERE c.id = m.conversation_id AND m.id = (
             SELECT id FROM messages
             WHERE handling = 'queued' AND direction = 'inbound'
             ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
-        RETURNING m.id, m.channel, m.body, m.handle_id, m.meta, m.provider_message_id, m.turn_id, c.account_id
+        RETURNING m.id, m.channel, m.body, m.handle_id, m.meta, m.provider_message_id, m.turn_id, c.account_id,
+            {NO_FLUSH}
         """,
         worker,
     )
@@ -284,12 +289,48 @@ class JSONText(str):
     __slots__ = ()
 
 
-async def update_turn(db: Executor, turn_id: UUID, *, wait_for_disk: bool = True, **parts: Any) -> None:
-    """Set parts of a turn record. JSON parts are given as Python values (or ``JSONText``);
-    others as columns.
+@dataclass(frozen=True)
+class PromptPart:
+    """A byte-stable piece of prompts (the system prefix, the list of tool schemas) as JSON,
+    stored once in ``prompt_parts`` under ``hash``, the SHA-256 of ``body``."""
+
+    hash: bytes
+    body: str
+
+    @classmethod
+    def of(cls, body: str) -> PromptPart:
+        return cls(hashlib.sha256(body.encode()).digest(), body)
+
+
+@dataclass(frozen=True)
+class PromptRecord:
+    """A turn record's prompt as stored: its byte-stable parts by reference, the rest inline
+    (``rest``: a JSON object; ``turn_prompt(t)`` in SQL merges the parts back into it)."""
+
+    prefix: PromptPart  # ``system_stable``, a JSON string
+    tools: PromptPart  # ``tools``, a JSON list
+    rest: JSONText
+
+    @property
+    def parts(self) -> tuple[PromptPart, PromptPart]:
+        return (self.prefix, self.tools)
+
+
+async def update_turn(
+    db: Executor,
+    turn_id: UUID,
+    *,
+    wait_for_disk: bool = True,
+    store_parts: Collection[PromptPart] = (),
+    **parts: Any,
+) -> None:
+    """Set parts of a turn record. JSON parts are given as Python values (or ``JSONText``, or for
+    ``prompt`` a ``PromptRecord``); others as columns.
 
     ``wait_for_disk=False``: the transaction this statement runs in (its own, or the caller's)
-    commits without waiting for the disk.
+    commits without waiting for the disk. ``store_parts``: prompt parts to store in the same
+    statement (each kept once: one already stored is left as it is), those of a ``PromptRecord``
+    the caller does not know to be stored yet.
     """
     columns = {
         "status", "model", "tier", "error", "finished_at", "delivered_at", "trust", "reply", "replay_of",
@@ -298,6 +339,9 @@ async def update_turn(db: Executor, turn_id: UUID, *, wait_for_disk: bool = True
     unknown = set(parts) - columns
     if unknown:
         raise InvalidInput(f"not parts of a turn record: {sorted(unknown)}")
+    prompt = parts.get("prompt")
+    if isinstance(prompt, PromptRecord):
+        parts = {**parts, "prompt": prompt.rest, "prompt_prefix": prompt.prefix.hash, "prompt_tools": prompt.tools.hash}
     assignments, values = [], []
     for index, (name, value) in enumerate(parts.items(), start=2):
         if name in TURN_RECORD_PARTS:
@@ -306,7 +350,20 @@ async def update_turn(db: Executor, turn_id: UUID, *, wait_for_disk: bool = True
         else:
             assignments.append(f"{name} = ${index}")
             values.append(value)
+    store = ""
+    if store_parts:
+        # In the turn's own statement: a part is never stored without the record that names it
+        # first, and costs no round trip of its own.
+        first = len(values) + 2
+        store = (
+            "WITH stored AS (INSERT INTO prompt_parts (hash, body) "
+            f"SELECT hash, body::jsonb FROM unnest(${first}::bytea[], ${first + 1}::text[]) AS p (hash, body) "
+            "ON CONFLICT (hash) DO NOTHING) "
+        )
+        values += [[p.hash for p in store_parts], [p.body for p in store_parts]]
     returning = "" if wait_for_disk else f" RETURNING {NO_FLUSH}"
-    status = await db.execute(f"UPDATE turns SET {', '.join(assignments)} WHERE id = $1{returning}", turn_id, *values)
+    status = await db.execute(
+        f"{store}UPDATE turns SET {', '.join(assignments)} WHERE id = $1{returning}", turn_id, *values
+    )
     if status.endswith(" 0"):
         raise NotFound(f"no turn {turn_id}")

@@ -26,6 +26,7 @@ from core.conversation import (
 )
 from core.errors import PepperError
 from core.security import record_security_event
+from core.store.database import NO_FLUSH
 from gateway.segments import split_message
 from gateway.services import Services
 from gateway.signatures import public_request_url, twilio_signature_ok
@@ -266,10 +267,18 @@ NO_CONTENT = Answer(204, b"", "")
 STATUS_INCOMPLETE = Answer(400, b"MessageSid and MessageStatus are required\n", "text/plain")
 
 # One statement for the common receipt: ``delivered`` after ``sent``, for a turn already settled.
-RECORD_STATUS = """
-    UPDATE messages SET delivery_status = $2
-    WHERE provider_message_id = $1 AND direction = 'outbound'
-    RETURNING turn_id, (SELECT status FROM turns WHERE turns.id = messages.turn_id) AS turn_status
+# Such a receipt (or one for no turn) changes nothing but the reply's shown status, so its commit
+# does not wait for the disk: a crash may lose that status, never a write or a turn's settling.
+# Every other receipt commits durably, as it may be the one that settles its turn.
+RECORD_STATUS = f"""
+    WITH updated AS (
+        UPDATE messages SET delivery_status = $2
+        WHERE provider_message_id = $1 AND direction = 'outbound'
+        RETURNING turn_id
+    )
+    SELECT u.turn_id, t.status AS turn_status,
+        CASE WHEN u.turn_id IS NULL OR t.status IN {tuple(sorted(SETTLED))} THEN {NO_FLUSH} END
+    FROM updated u LEFT JOIN turns t ON t.id = u.turn_id
 """
 
 

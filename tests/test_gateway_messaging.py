@@ -13,11 +13,12 @@ import aiohttp
 import pytest
 
 from core import identity
+from core.conversation import conversation_for, record_outbound, start_turn, update_turn
 from core.settings import Settings
 from core.store import Database
 from core.testing.peers import OpenAIPeer, fault, reply_text, reply_tools
 from core.testing.twilio_peer import TwilioPeer
-from gateway.messaging import HELP_TEXT, UNKNOWN_SENDER_TEXT
+from gateway.messaging import HELP_TEXT, RECORD_STATUS, UNKNOWN_SENDER_TEXT
 from gateway.server import running_app
 from gateway.turns import APOLOGY_TEXT
 
@@ -406,3 +407,23 @@ async def test_a_garbled_delivery_receipt_is_refused_and_changes_nothing(stack: 
     assert (await stack.twilio.post_form(stack.local, PUBLIC, "/twilio/status", unknown))[0] == 204
     assert await stack.db.fetchval("SELECT status FROM turns") == "replied"
     assert await stack.db.fetchval("SELECT delivery_status FROM messages WHERE direction = 'outbound'") == "queued"
+
+
+async def test_only_a_receipt_that_may_settle_its_turn_waits_for_the_disk(db: Database):
+    """A receipt for a settled turn (or for no turn) changes only the shown status: its commit
+    need not wait for the disk, ahead of the acknowledgements that must. Any other may settle."""
+    ada = await identity.create_account(db, "Ada")
+    conversation = await conversation_for(db, ada.id)
+    replied = await start_turn(db, conversation, channel="sms")
+    await update_turn(db, replied, status="replied")
+    settled = await start_turn(db, conversation, channel="sms")
+    await update_turn(db, settled, status="delivered")
+    for sid, turn in (("SM1", replied), ("SM2", settled), ("SM3", None)):
+        await record_outbound(
+            db, conversation, "sms", "hi", turn_id=turn, provider_message_id=sid, delivery_status="queued"
+        )
+    for sid, waits in (("SM1", "on"), ("SM2", "off"), ("SM3", "off"), ("SM-unknown", "on")):
+        async with db.transaction() as conn:
+            await conn.fetchrow(RECORD_STATUS, sid, "delivered")
+            assert await conn.fetchval("SHOW synchronous_commit") == waits, sid
+    assert await db.fetchval("SELECT delivery_status FROM messages WHERE provider_message_id = 'SM2'") == "delivered"

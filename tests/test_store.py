@@ -12,7 +12,7 @@ import pytest
 
 from core.errors import DatabaseUnavailable, MissingPgvector
 from core.store.database import Database, connect, redact_dsn
-from core.store.embedded import EmbeddedPostgres
+from core.store.embedded import SERVER_SETTINGS, EmbeddedPostgres
 from core.store.migrations import Migration, apply_migrations, load_migrations, pending_migrations
 from core.testing.postgres import DatabaseFactory
 from core.tools.registry import connection
@@ -191,6 +191,22 @@ def test_embedded_postgres_restarts_on_its_data_and_keeps_it(tmp_path: Path):
     pg.start()
     try:
         assert asyncio.run(write_then_read(None)) == 42
+    finally:
+        pg.stop()
+
+
+def test_the_embedded_server_starts_with_its_settings(tmp_path: Path):
+    pg = EmbeddedPostgres(tmp_path)
+
+    async def settings(dsn: str) -> dict[str, str]:
+        conn = await asyncpg.connect(dsn)
+        try:
+            return {name: await conn.fetchval("SELECT current_setting($1)", name) for name in SERVER_SETTINGS}
+        finally:
+            await conn.close()
+
+    try:
+        assert asyncio.run(settings(pg.start())) == SERVER_SETTINGS
     finally:
         pg.stop()
 

@@ -43,6 +43,15 @@ async def test_two_claimers_racing_take_each_queued_message_exactly_once(db: Dat
     assert {r["handling"] for r in rows} == {"running"} and {r["claimed_by"] for r in rows} <= {1, 2}
 
 
+async def test_a_claim_commits_without_waiting_for_the_disk(db: Database):
+    """Lost in a crash, a claim leaves its message queued to be claimed again; nothing was sent yet."""
+    ada = await identity.create_account(db, "Ada")
+    await record_inbound(db, ada.id, "web", "hello", handling="queued")
+    async with db.transaction() as conn:
+        assert (await claim_next(conn, 1))["body"] == "hello"
+        assert await conn.fetchval("SHOW synchronous_commit") == "off"
+
+
 async def test_two_workers_answer_every_queued_message_once(db: Database, db_url: str):
     ada = await identity.create_account(db, "Ada")
     async with OpenAIPeer() as model:

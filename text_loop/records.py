@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from core.conversation import JSONText
+from core.conversation import JSONText, PromptPart, PromptRecord
 from core.models.types import ChatMessage, Generation, ToolCall, ToolResult, ToolSpec
 
 # Tool schemas encoded once: (name, description, id of the schema) -> (the schema, its record as JSON).
@@ -81,12 +81,27 @@ def tool_spec_json(spec: ToolSpec) -> str:
 
 def prompt_record(
     *, system_stable: str, system_dynamic: str, tools: Sequence[ToolSpec], messages: Sequence[ChatMessage]
-) -> JSONText:
-    """The turn record's ``prompt`` part, encoded: the same JSON as a dict of the four parts."""
-    return JSONText(
-        f'{{"system_stable": {json.dumps(system_stable)}, "system_dynamic": {json.dumps(system_dynamic)}, '
-        f'"tools": [{", ".join(tool_spec_json(s) for s in tools)}], '
-        f'"messages": {json.dumps([message_record(m) for m in messages], default=str)}}}'
+) -> PromptRecord:
+    """The turn record's ``prompt`` part, encoded: the byte-stable system prefix and the tool
+    schemas as parts stored once (``prompt_parts``), the memory block and the messages inline.
+    Put back together (``turn_prompt`` in SQL) it is the same JSON as a dict of the four parts."""
+    return PromptRecord(
+        prefix=PromptPart.of(json.dumps(system_stable)),
+        tools=PromptPart.of(f"[{', '.join(tool_spec_json(s) for s in tools)}]"),
+        rest=JSONText(
+            f'{{"system_dynamic": {json.dumps(system_dynamic)}, '
+            f'"messages": {json.dumps([message_record(m) for m in messages], default=str)}}}'
+        ),
+    )
+
+
+def prompt_record_from_json(prompt: dict[str, Any]) -> PromptRecord:
+    """``prompt_record`` of a prompt read back from a turn record (a replay records the prompt
+    it started from)."""
+    return PromptRecord(
+        prefix=PromptPart.of(json.dumps(prompt["system_stable"])),
+        tools=PromptPart.of(json.dumps(prompt["tools"])),
+        rest=JSONText(json.dumps({"system_dynamic": prompt["system_dynamic"], "messages": prompt["messages"]})),
     )
 
 

@@ -25,7 +25,7 @@ from core.tools.context import SessionContext
 from core.tools.runner import CallOutcome, render_failed
 from text_loop.loop import Executor, TurnLoop
 from text_loop.prompt import canonical_arguments
-from text_loop.records import message_from_record, tool_spec_from_record
+from text_loop.records import message_from_record, prompt_record_from_json, tool_spec_from_record
 from text_loop.turn import HarnessDeps, finish_turn
 
 NOT_RECORDED = "the original turn made no such call, so replay has no result for it"
@@ -56,12 +56,17 @@ def _recorded_results(records: list[dict[str, Any]]) -> dict[tuple[str, str], li
 async def replay_turn(deps: HarnessDeps, turn_id: UUID, *, tier: str | None = None) -> ReplayOutcome:
     """Replay one turn on ``tier`` (default: the tier it ran on); never runs a tool or a write."""
     started = time.perf_counter()
-    row = await deps.db.fetchrow("SELECT * FROM turns WHERE id = $1", turn_id)
+    # ``turn_prompt``: the stored prompt parts put back, or an older row's inline prompt.
+    row = await deps.db.fetchrow("SELECT t.*, turn_prompt(t) AS whole_prompt FROM turns t WHERE id = $1", turn_id)
     if row is None:
         raise NotFound(f"no turn {turn_id}")
-    if row["prompt"] is None or row["session"] is None:
+    if row["whole_prompt"] is None or row["session"] is None:
         raise InvalidInput(f"turn {turn_id} has no recorded prompt to replay")
-    prompt = json.loads(row["prompt"])
+    prompt = json.loads(row["whole_prompt"])
+    if row["prompt_prefix"] is not None and (prompt["system_stable"] is None or prompt["tools"] is None):
+        raise InvalidInput(f"turn {turn_id}: a part of its recorded prompt is missing from prompt_parts")
+    if "system_stable" not in prompt:  # a call's record: its prompt is only the opening notice
+        raise InvalidInput(f"turn {turn_id} has no recorded prompt to replay")
     original = json.loads(row["session"])
     recorded = _recorded_results(json.loads(row["tool_calls"]))
     tier = tier or row["tier"] or deps.config.tier
@@ -112,7 +117,9 @@ async def replay_turn(deps: HarnessDeps, turn_id: UUID, *, tier: str | None = No
         tier=tier,
     )
     result = await loop.run()
-    outcome = await finish_turn(deps, session, result, tier=tier, started=started, prompt=prompt, replay_of=turn_id)
+    outcome = await finish_turn(
+        deps, session, result, tier=tier, started=started, prompt=prompt_record_from_json(prompt), replay_of=turn_id
+    )
     return ReplayOutcome(
         original_turn_id=turn_id,
         replay_turn_id=new_turn,

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
-from core.conversation import JSONText, open_turn, update_turn
+from core.conversation import JSONText, PromptPart, PromptRecord, open_turn, update_turn
 from core.memory import NO_MEMORY, MemoryConfig, build_memory_block
 from core.memory.dossier import MAX_NOTES_IN_PROMPT, dossier_halves, dossier_select, prompt_text
 from core.models.types import ModelService, ToolCall
@@ -38,6 +38,9 @@ from text_loop.skills.store import USER_SKILLS_SELECT, skill_sources
 from text_loop.skills.toolsets import worker_only_areas
 
 log = logging.getLogger(__name__)
+
+# Prompt parts a process remembers as stored before it forgets them all (and stores each again once).
+MAX_KNOWN_PARTS = 10_000
 
 
 def _utc_now() -> datetime:
@@ -62,6 +65,9 @@ class HarnessDeps:
     # Postgres they decide which connected tools a turn sees.
     connectors: Connectors | None = None
     memory: MemoryConfig = field(default_factory=MemoryConfig)
+    # Hashes of the prompt parts (``core.conversation.PromptPart``) this process stored durably or
+    # found stored: a turn record names them without sending them again.
+    stored_prompt_parts: set[bytes] = field(default_factory=set)
 
 
 @dataclass(frozen=True)
@@ -95,7 +101,7 @@ def session_record(session: SessionContext) -> dict[str, Any]:
 def turn_parts(
     result: LoopResult,
     *,
-    prompt: dict[str, Any] | JSONText,
+    prompt: dict[str, Any] | JSONText | PromptRecord,
     repair: RepairResult | None,
     started: float,
     extra_model_ms: float = 0.0,
@@ -311,12 +317,14 @@ async def _record_finished_turn(
     parts: dict[str, Any],
     *,
     wait_for_disk: bool,
+    store_parts: Sequence[PromptPart],
 ) -> None:
     assert session.turn_id is not None
     await update_turn(
         conn,
         session.turn_id,
         wait_for_disk=wait_for_disk,
+        store_parts=store_parts,
         status="replied",
         model=result.model,
         tier=tier,
@@ -337,7 +345,7 @@ async def finish_turn(
     *,
     tier: str,
     started: float,
-    prompt: dict[str, Any] | JSONText,
+    prompt: dict[str, Any] | JSONText | PromptRecord,
     replay_of: UUID | None = None,
     skills: dict[str, Any] | None = None,
     wrote: bool = True,
@@ -365,10 +373,20 @@ async def finish_turn(
     columns: dict[str, Any] = {"replay_of": replay_of} if replay_of is not None else {}
     if skills is not None:
         columns["skills"] = skills
+    known = deps.stored_prompt_parts
+    new_parts = [p for p in prompt.parts if p.hash not in known] if isinstance(prompt, PromptRecord) else []
     async with connection(db, stateless=True) as conn:
+        # A record that stores a part waits for the disk: a later record may name the part
+        # without storing it, so it must not be lost in a crash that keeps this process alive.
+        # That happens once per new system prefix or tool set, not once per turn.
         await _record_finished_turn(
-            conn, session, result, tier, reply, deps.clock(), columns, parts, wait_for_disk=wrote
+            conn, session, result, tier, reply, deps.clock(), columns, parts,
+            wait_for_disk=wrote or bool(new_parts), store_parts=new_parts,
         )  # fmt: skip
+    if new_parts:
+        if len(known) >= MAX_KNOWN_PARTS:  # many accounts' prefixes over a long uptime
+            known.clear()
+        known.update(p.hash for p in new_parts)
     timings = parts["timings"]
     # The outcome's figure also covers writing the record itself, which the record cannot hold.
     harness_ms = (time.perf_counter() - started) * 1000 - timings["model_ms"]

@@ -27,12 +27,12 @@ async def test_a_turn_runs_tools_in_order_and_replies_with_the_first_plain_answe
     assert "Monday 02 June 2025, 14:30" in second[2].tool_result.content
     assert second[3].tool_result.content.startswith("Found nothing: no notes match 'bike'")
 
-    row = await db.fetchrow("SELECT * FROM turns WHERE id = $1", outcome.turn_id)
+    row = await db.fetchrow("SELECT t.*, turn_prompt(t) AS whole_prompt FROM turns t WHERE id = $1", outcome.turn_id)
     assert row["status"] == "replied" and row["reply"] == outcome.reply and row["model"] == "gpt-small"
     rounds = json.loads(row["rounds"])
     assert [r["purpose"] for r in rounds] == ["turn", "turn"]
     assert [c["name"] for c in json.loads(row["tool_calls"])] == ["current_time", "search_notes"]
-    assert json.loads(row["prompt"])["system_stable"] == models.prompts[0].system_stable
+    assert json.loads(row["whole_prompt"])["system_stable"] == models.prompts[0].system_stable
     assert json.loads(row["timings"])["harness_ms"] >= 0
 
 
