@@ -12,7 +12,7 @@ from core.settings import Settings
 from gateway import answering_routes, connect_routes, email_channel, messaging, voice_routes, webchat
 from gateway.limits import PathLimitedRequest
 from gateway.live import LiveFeed
-from gateway.media_procs import stop_calls
+from gateway.media_procs import stop_calls, stop_taking_calls
 from gateway.messaging_asgi import MessagingWebhooks
 from gateway.services import Services
 from gateway.tasks import BackgroundTasks
@@ -90,8 +90,7 @@ def create_app(settings: Settings, db, *, turns_in_process: bool = True, media_i
     @app.after_serving
     async def drain() -> None:
         # Turns started by webhooks that were already acknowledged: let them finish and reply.
-        if shared.calls is not None:
-            shared.calls.hang_up_all()
+        stop_taking_calls(shared)  # before the turn workers' drain, which may take the whole grace
         if worker is not None:
             await worker.stop(settings.graceful_timeout)
         await stop_calls(shared, settings.graceful_timeout)  # and the turns' tasks

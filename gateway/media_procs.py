@@ -25,6 +25,7 @@ its calls up and writes their records within ``PEPPER_GRACEFUL_TIMEOUT``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import socket
@@ -96,6 +97,7 @@ async def _media_process(settings: Settings, index: int) -> None:
                 await control.stop()
                 raise SystemExit(1) from exc
             services.media = await start_media_server(services, settings.host, settings.media_port, sock=sock)
+            await control.mark_ready()
             await freeze_startup_objects()
             log.info("media process ready on port %s (holds calls as %s)", settings.media_port, control.holder)
             await stop.stopped("media process")
@@ -105,14 +107,27 @@ async def _media_process(settings: Settings, index: int) -> None:
         await db.close()
 
 
-async def stop_calls(services: Services, grace: float) -> None:
-    """Hang every call up, take no new one, and write their records within ``grace`` seconds."""
+def stop_taking_calls(services: Services) -> None:
+    """Hang every call up and take no new one (their records are written by ``stop_calls``)."""
     if services.calls is not None:
         services.calls.hang_up_all()
     if services.media is not None:
         services.media.close(close_connections=False)
+
+
+# After the grace, how long sockets still open (a call that never got a session) may take to close.
+SOCKET_CLOSE_SECONDS = 5.0
+
+
+async def stop_calls(services: Services, grace: float) -> None:
+    """Hang every call up, take no new one, and write their records within ``grace`` seconds."""
+    stop_taking_calls(services)
     await services.tasks.drain(grace)
     if services.media is not None:
-        await services.media.wait_closed()
+        # A socket whose admission the drain cancelled, or a call hung up by its status callback
+        # (its socket is Twilio's to close), may still be open: close what is left.
+        services.media.close(close_connections=True)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(services.media.wait_closed(), SOCKET_CLOSE_SECONDS)
     if services.calls is not None:
         await services.calls.aclose()

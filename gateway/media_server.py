@@ -126,7 +126,6 @@ class _MediaSocket(WSListener):  # type: ignore[misc]
         self._worker: asyncio.Task[None] | None = None
         self._paused = False
         self._fragments: bytearray | None = None
-        self._admission: asyncio.Task[None] | None = None
 
     # --- picows callbacks (synchronous) ------------------------------------------------------
 
@@ -134,17 +133,17 @@ class _MediaSocket(WSListener):  # type: ignore[misc]
         self.t = transport
         self.link = _Link(transport)
         self.media.opened(self)
-        self._admission = self.media.services.tasks.spawn("media-admit", self._admit(), limited=False)
+        self.media.services.tasks.spawn("media-admit", self._admit(), limited=False)
 
     def on_ws_frame(self, transport: WSTransport, frame: WSFrame) -> None:
         kind = frame.msg_type
         if (kind is _TEXT or kind is _BINARY) and frame.fin and self._fragments is None:
             raw = frame.get_payload_as_bytes()
         elif kind is _CLOSE:
-            if self.link is not None and not self.link.closed:
-                self.link.closed = True
-                transport.send_close(frame.get_close_code())
-                transport.disconnect()
+            if self.link is not None:
+                # Echo the caller's code; a close without one is answered with 1000.
+                code = frame.get_close_code()
+                self.link.close_now(1000 if code == WSCloseCode.NO_INFO else code)
             return
         else:
             raw = self._reassemble(transport, frame)
@@ -273,6 +272,13 @@ class _MediaSocket(WSListener):  # type: ignore[misc]
             return
         except _Gone:
             return
+        except BaseException:
+            # A store that failed, or the drain cancelling us: no session will ever read this
+            # socket, so close it (frames would otherwise queue in ``_early`` until the caller left).
+            if not self.media.closing:
+                log.exception("admitting a media stream failed")
+            link.close_now(1001 if self.media.closing else 1011)
+            raise
         session = calls.open_session(link, start, call)
         self.session = session
         # Not behind the turn limit (PEPPER_MAX_CONCURRENT_TURNS): every admitted call runs at once.

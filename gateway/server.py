@@ -318,11 +318,11 @@ async def running_app(
 
 
 async def _media_processes_listening(db: Database, count: int, within: float = 120.0) -> None:
-    """Wait until ``count`` media processes are ready (each names its call-control session)."""
+    """Wait until ``count`` media processes listen (each then renames its call-control session)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within
     query = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-             " AND application_name LIKE 'pepper-media-%'")  # fmt: skip
+             " AND application_name LIKE 'pepper-media-% ready'")  # fmt: skip
     while await db.fetchval(query) < count:
         if loop.time() > deadline:
             raise StartupError(f"{count} media processes did not start within {within:.0f} s")

@@ -45,13 +45,13 @@ CUT_SHORT = "Phone call cut short: the process holding it stopped."
 async def record_call_status(db: Any, call_sid: str, status: str) -> None:
     """Record a final status and tell the process holding the call, in one statement."""
     await db.execute(
-        """
+        f"""
         WITH ended AS (
             UPDATE calls SET ended_at = coalesce(ended_at, now()),
                              status = CASE WHEN status IN ('ringing', 'in-progress') THEN $2 ELSE status END
             WHERE call_sid = $1 RETURNING held_by
         )
-        SELECT pg_notify('pepper_calls', $1) FROM ended WHERE held_by IS NOT NULL
+        SELECT pg_notify('{CHANNEL}', $1) FROM ended WHERE held_by IS NOT NULL
         """,
         call_sid,
         status,
@@ -76,6 +76,7 @@ class CallControl:
         self._conn: asyncpg.Connection | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
+        self._ready = False
 
     @property
     def holder(self) -> int | None:
@@ -88,8 +89,12 @@ class CallControl:
 
     async def _listen(self) -> None:
         # Named with the OS pid: an operator (or a test) can tell which process holds which call.
-        conn = await asyncpg.connect(self._dsn, server_settings={"application_name": f"{self._name} {os.getpid()}"})
-        await conn.add_listener(CHANNEL, self._announced)
+        conn = await asyncpg.connect(self._dsn, server_settings={"application_name": self._application_name()})
+        try:
+            await conn.add_listener(CHANNEL, self._announced)
+        except BaseException:
+            await conn.close()
+            raise
         self._conn = conn
         # Calls opened from now on are recorded under this session: while it lives, so do they.
         holder = self._calls.deps.holder = conn.get_server_pid()
@@ -98,6 +103,15 @@ class CallControl:
             await self._calls.deps.db.execute(
                 "UPDATE calls SET held_by = $1 WHERE call_sid = ANY($2::text[]) AND summary IS NULL", holder, held
             )
+
+    def _application_name(self) -> str:
+        return f"{self._name} {os.getpid()}{' ready' if self._ready else ''}"
+
+    async def mark_ready(self) -> None:
+        """Say in the session's name that this process now accepts calls (what start-up waits for)."""
+        self._ready = True
+        if self._conn is not None:
+            await self._conn.execute(f"SET application_name = '{self._application_name()}'")
 
     async def stop(self) -> None:
         self._stopping = True
@@ -123,10 +137,25 @@ class CallControl:
                 if self._conn is None or self._conn.is_closed():
                     # Whatever was announced meanwhile is lost; the look below finds it.
                     await self._listen()
+                await self.claim_held()
                 await self.hang_up_ended()
                 await self.end_orphans()
-            except (OSError, asyncpg.PostgresError):
+            except Exception:
+                # Whatever it was, the loop must go on: it is the only reconnect and sweep there is.
                 log.warning("call control could not reach the database; trying again", exc_info=True)
+
+    async def claim_held(self) -> None:
+        """Record every call running here under this process's session, on each poll: a call
+        that opened while the listening connection was being replaced (its row written with the
+        old session's pid) must not look orphaned to the others' sweep."""
+        held = [sid for sid, session in self._calls.sessions.items() if not session.ended]
+        if held and self.holder is not None:
+            await self._calls.deps.db.execute(
+                "UPDATE calls SET held_by = $1 WHERE call_sid = ANY($2::text[]) AND summary IS NULL"
+                " AND held_by IS DISTINCT FROM $1",
+                self.holder,
+                held,
+            )
 
     async def hang_up_ended(self) -> None:
         """Hang up held calls whose row says they ended (a notification that never arrived)."""
@@ -162,7 +191,7 @@ class CallControl:
         rows = await db.fetch(
             """
             UPDATE calls SET status = 'completed', ended_at = coalesce(ended_at, now()),
-                             end_reason = coalesce(end_reason, $1), held_by = NULL
+                             end_reason = coalesce(end_reason, $1), held_by = $4
             WHERE (call_sid, held_by) IN (SELECT * FROM unnest($2::text[], $3::int[])) AND summary IS NULL
               AND held_by NOT IN (SELECT pid FROM pg_stat_activity WHERE pid IS NOT NULL)
             RETURNING call_sid, turn_id
@@ -170,6 +199,9 @@ class CallControl:
             DIED,
             [sid for sid, _ in due],
             [pid for _, pid in due],
+            # Claimed by this process (not cleared): if it dies before writing the end, the row
+            # is an orphan again and another sweep finishes it.
+            self.holder,
         )
         for key in due:
             self._suspects.pop(key, None)

@@ -217,9 +217,10 @@ class OpenAIRealtimeConnection:
         try:
             return sink(_audio_delta(event))
         except Exception:
-            # Not into websockets' read path; the same event goes the ordinary way and fails there.
+            # Not into websockets' read path. Dropped, not handed on: the sink may have sent the
+            # audio already, and the ordinary path would send it twice.
             log.exception("relaying the model's audio failed")
-            return False
+            return True
 
     def append_audio_nowait(self, payload: str) -> bool:
         # The hot path without a coroutine: the frame is built here and written to the socket's
