@@ -319,7 +319,7 @@ def wal_io_report(before: dict[str, tuple[float, ...]], after: dict[str, tuple[f
     return line
 
 
-async def wal_position(db: Database) -> tuple[str, int, int, int, str]:
+async def wal_position(db: Database) -> tuple[str, int, int, int]:
     """The write-ahead log's end and the server's WAL counters (records, full page images, bytes)
     and requested plus timed checkpoints so far."""
     await db.execute("SELECT pg_stat_force_next_flush()")
@@ -327,7 +327,7 @@ async def wal_position(db: Database) -> tuple[str, int, int, int, str]:
         "SELECT pg_current_wal_insert_lsn()::text AS lsn, w.wal_records, w.wal_fpi, "
         "c.num_timed + c.num_requested AS checkpoints FROM pg_stat_wal w, pg_stat_checkpointer c"
     )
-    return row["lsn"], row["wal_records"], row["wal_fpi"], row["checkpoints"], await db.fetchval("SHOW data_directory")
+    return row["lsn"], row["wal_records"], row["wal_fpi"], row["checkpoints"]
 
 
 def wal_report(before: tuple, after: tuple, messages: int) -> str:  # type: ignore[type-arg]

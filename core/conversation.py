@@ -352,8 +352,8 @@ async def update_turn(
             values.append(value)
     store = ""
     if store_parts:
-        # In the turn's own statement: a part is never stored without the record that names it
-        # first, and costs no round trip of its own.
+        # In the turn's own statement, at no round trip of its own (a part may outlive the record
+        # if the turn is gone, never the other way round).
         first = len(values) + 2
         store = (
             "WITH stored AS (INSERT INTO prompt_parts (hash, body) "
@@ -361,7 +361,9 @@ async def update_turn(
             "ON CONFLICT (hash) DO NOTHING) "
         )
         values += [[p.hash for p in store_parts], [p.body for p in store_parts]]
-    returning = "" if wait_for_disk else f" RETURNING {NO_FLUSH}"
+    # A part is named by later records without being sent again once this one is stored, so a
+    # statement that stores parts always waits for the disk.
+    returning = "" if wait_for_disk or store_parts else f" RETURNING {NO_FLUSH}"
     status = await db.execute(
         f"{store}UPDATE turns SET {', '.join(assignments)} WHERE id = $1{returning}", turn_id, *values
     )

@@ -49,6 +49,7 @@ UNKNOWN_SENDER_TEXT = "Sorry, this number only answers the people it works for."
 DELIVERED = frozenset({"sent", "delivered", "read"})
 NOT_DELIVERED = frozenset({"failed", "undelivered", "canceled"})
 SETTLED = frozenset({"delivered", "failed"})  # turn statuses a receipt no longer changes
+SETTLED_SQL = ", ".join(f"'{status}'" for status in sorted(SETTLED))
 
 blueprint = Blueprint("messaging", __name__)
 
@@ -277,7 +278,7 @@ RECORD_STATUS = f"""
         RETURNING turn_id
     )
     SELECT u.turn_id, t.status AS turn_status,
-        CASE WHEN u.turn_id IS NULL OR t.status IN {tuple(sorted(SETTLED))} THEN {NO_FLUSH} END
+        CASE WHEN u.turn_id IS NULL OR t.status IN ({SETTLED_SQL}) THEN {NO_FLUSH} END
     FROM updated u LEFT JOIN turns t ON t.id = u.turn_id
 """
 

@@ -95,12 +95,21 @@ def prompt_record(
     )
 
 
-def prompt_record_from_json(prompt: dict[str, Any]) -> PromptRecord:
+def prompt_record_from_json(
+    prompt: dict[str, Any], *, prefix_hash: bytes | None = None, tools_hash: bytes | None = None
+) -> PromptRecord:
     """``prompt_record`` of a prompt read back from a turn record (a replay records the prompt
-    it started from)."""
+    it started from). Read back through jsonb its JSON is no longer byte-identical (jsonb reorders
+    keys), so a part read from ``prompt_parts`` keeps the hash it is stored under; only a part of an
+    older row (its prompt inline) is hashed afresh."""
+
+    def part(value: Any, stored: bytes | None) -> PromptPart:
+        body = json.dumps(value)
+        return PromptPart(stored, body) if stored is not None else PromptPart.of(body)
+
     return PromptRecord(
-        prefix=PromptPart.of(json.dumps(prompt["system_stable"])),
-        tools=PromptPart.of(json.dumps(prompt["tools"])),
+        prefix=part(prompt["system_stable"], prefix_hash),
+        tools=part(prompt["tools"], tools_hash),
         rest=JSONText(json.dumps({"system_dynamic": prompt["system_dynamic"], "messages": prompt["messages"]})),
     )
 

@@ -63,7 +63,10 @@ async def replay_turn(deps: HarnessDeps, turn_id: UUID, *, tier: str | None = No
     if row["whole_prompt"] is None or row["session"] is None:
         raise InvalidInput(f"turn {turn_id} has no recorded prompt to replay")
     prompt = json.loads(row["whole_prompt"])
-    if row["prompt_prefix"] is not None and (prompt["system_stable"] is None or prompt["tools"] is None):
+    stored = (row["prompt_prefix"], row["prompt_tools"])
+    if (stored[0] is not None and prompt.get("system_stable") is None) or (
+        stored[1] is not None and prompt.get("tools") is None
+    ):
         raise InvalidInput(f"turn {turn_id}: a part of its recorded prompt is missing from prompt_parts")
     if "system_stable" not in prompt:  # a call's record: its prompt is only the opening notice
         raise InvalidInput(f"turn {turn_id} has no recorded prompt to replay")
@@ -118,7 +121,13 @@ async def replay_turn(deps: HarnessDeps, turn_id: UUID, *, tier: str | None = No
     )
     result = await loop.run()
     outcome = await finish_turn(
-        deps, session, result, tier=tier, started=started, prompt=prompt_record_from_json(prompt), replay_of=turn_id
+        deps,
+        session,
+        result,
+        tier=tier,
+        started=started,
+        replay_of=turn_id,
+        prompt=prompt_record_from_json(prompt, prefix_hash=stored[0], tools_hash=stored[1]),
     )
     return ReplayOutcome(
         original_turn_id=turn_id,

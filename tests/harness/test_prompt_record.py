@@ -106,8 +106,14 @@ async def test_a_replay_sends_exactly_the_prompt_the_turn_sent(db, deps, models,
 
     replay_models = ScriptedModels([reply("A new chain.")])
     deps.models = replay_models
+    deps.stored_prompt_parts.clear()  # as a `pepper replay` process that has stored nothing yet
+    parts_before = await db.fetchval("SELECT count(*) FROM prompt_parts")
     outcome = await replay_turn(deps, original.turn_id)
     again = replay_models.prompts[0]
+    # It names the original's parts (read back through jsonb they hash differently), storing none.
+    assert await db.fetchval("SELECT count(*) FROM prompt_parts") == parts_before
+    names = "SELECT prompt_prefix, prompt_tools FROM turns WHERE id = $1"
+    assert tuple(await db.fetchrow(names, outcome.replay_turn_id)) == tuple(await db.fetchrow(names, original.turn_id))
     assert again.system_stable == sent.system_stable and again.system_dynamic == sent.system_dynamic
     assert again.tools == sent.tools and again.messages == sent.messages
     # The replay's own record puts back the same prompt.
