@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
-from core.conversation import JSONText, PromptPart, PromptRecord, open_turn, update_turn
+from core.conversation import PromptPart, PromptRecord, open_turn, update_turn
 from core.memory import NO_MEMORY, MemoryConfig, build_memory_block
 from core.memory.dossier import MAX_NOTES_IN_PROMPT, dossier_halves, dossier_select, prompt_text
 from core.models.types import ModelService, ToolCall
@@ -101,7 +101,7 @@ def session_record(session: SessionContext) -> dict[str, Any]:
 def turn_parts(
     result: LoopResult,
     *,
-    prompt: dict[str, Any] | JSONText | PromptRecord,
+    prompt: PromptRecord,
     repair: RepairResult | None,
     started: float,
     extra_model_ms: float = 0.0,
@@ -345,7 +345,7 @@ async def finish_turn(
     *,
     tier: str,
     started: float,
-    prompt: dict[str, Any] | JSONText | PromptRecord,
+    prompt: PromptRecord,
     replay_of: UUID | None = None,
     skills: dict[str, Any] | None = None,
     wrote: bool = True,
@@ -374,14 +374,13 @@ async def finish_turn(
     if skills is not None:
         columns["skills"] = skills
     known = deps.stored_prompt_parts
-    new_parts = [p for p in prompt.parts if p.hash not in known] if isinstance(prompt, PromptRecord) else []
+    new_parts = [p for p in prompt.parts if p.hash not in known]
     async with connection(db, stateless=True) as conn:
-        # A record that stores a part waits for the disk: a later record may name the part
-        # without storing it, so it must not be lost in a crash that keeps this process alive.
-        # That happens once per new system prefix or tool set, not once per turn.
+        # A record that stores a part always waits for the disk (``update_turn``): later records
+        # name the part without storing it. Once per new system prefix or tool set, not per turn.
         await _record_finished_turn(
             conn, session, result, tier, reply, deps.clock(), columns, parts,
-            wait_for_disk=wrote or bool(new_parts), store_parts=new_parts,
+            wait_for_disk=wrote, store_parts=new_parts,
         )  # fmt: skip
     if new_parts:
         if len(known) >= MAX_KNOWN_PARTS:  # many accounts' prefixes over a long uptime
