@@ -57,7 +57,7 @@ def bind_shared(host: str, port: int) -> socket.socket:
 class MediaProcesses(ChildProcesses):
     """The media processes of ``pepper serve`` (``PEPPER_MEDIA_PROCESSES``)."""
 
-    label = "media process"
+    label = "media"
     name = "pepper-media"
 
     @staticmethod

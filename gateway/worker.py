@@ -197,7 +197,8 @@ class ChildProcesses:
             await asyncio.sleep(1.0)
             for index, process in enumerate(self._processes):
                 if not self._stopping and not process.is_alive():
-                    log.error("%s %s exited with %s; starting another", self.label, process.pid, process.exitcode)
+                    log.error("%s process %s exited with %s; starting another", self.label, process.pid,
+                              process.exitcode)  # fmt: skip
                     process.close()
                     self._processes[index] = self._spawn(index)
 
@@ -213,7 +214,7 @@ class ChildProcesses:
         for process in self._processes:
             await asyncio.to_thread(process.join, grace + 10)
             if process.is_alive():
-                log.warning("%s %s did not stop in time; killing it", self.label, process.pid)
+                log.warning("%s process %s did not stop in time; killing it", self.label, process.pid)
                 process.kill()
                 await asyncio.to_thread(process.join, 5)
         log.info("%s processes stopped", self.label)
