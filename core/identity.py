@@ -8,6 +8,7 @@ are lines, each tied to the account it serves.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import re
 from dataclasses import dataclass
@@ -257,7 +258,9 @@ def hash_pin(pin: str) -> str:
 
 async def set_pin(db: Executor, account_id: UUID, pin: str) -> None:
     status = await db.execute(
-        "UPDATE accounts SET pin_hash = $2, updated_at = now() WHERE id = $1", account_id, hash_pin(pin)
+        "UPDATE accounts SET pin_hash = $2, updated_at = now() WHERE id = $1",
+        account_id,
+        await asyncio.to_thread(hash_pin, pin),
     )
     if status.endswith(" 0"):
         raise NotFound(f"no account {account_id}")
@@ -269,7 +272,8 @@ async def verify_pin(db: Executor, account_id: UUID, pin: str) -> bool:
     if stored is None or not PIN_PATTERN.match(pin):
         return False
     try:
-        return _hasher.verify(stored, pin)
+        # Argon2 takes tens of milliseconds of CPU: off the event loop, which may be relaying calls.
+        return await asyncio.to_thread(_hasher.verify, stored, pin)
     except (VerificationError, InvalidHashError):
         return False
 

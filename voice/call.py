@@ -34,7 +34,7 @@ import logging
 import re
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -207,15 +207,27 @@ class _Mark:
 
 _DIGIT_WORDS = r"(?:zero|oh|one|two|three|four|five|six|seven|eight|nine|\d)"
 _DIGIT_RUN = re.compile(rf"\b{_DIGIT_WORDS}(?:[\s,.-]*{_DIGIT_WORDS}){{2,}}\b", re.IGNORECASE)
+_DIGIT_VALUES = {w: str(n) for n, w in enumerate("zero one two three four five six seven eight nine".split())}
+_DIGIT_VALUES["oh"] = "0"
+_ONE_DIGIT = re.compile(r"zero|oh|one|two|three|four|five|six|seven|eight|nine|\d", re.IGNORECASE)
 # Playback is tracked with a Twilio mark at least every 100 ms of audio (and at each response's end).
 MARK_EVERY_BYTES = 100 * media.BYTES_PER_MS
 # Arguments never written to records: a PIN or code the caller gave.
 SECRET_TOOLS = frozenset({"verify_pin", "check_code"})
 
 
-def withhold_digits(text: str) -> str:
-    """Runs of three or more spoken digits, replaced (a PIN or code said before verification)."""
-    return _DIGIT_RUN.sub("[digits withheld]", text)
+def withhold_digits(text: str, only: Collection[str] | None = None) -> str:
+    """Runs of three or more spoken digits, replaced (a PIN or code said before verification).
+    With ``only``, just the runs holding one of those digit strings (a PIN or code the caller used
+    is withheld even when said again after verification)."""
+
+    def replace(match: re.Match[str]) -> str:
+        if only is None:
+            return "[digits withheld]"
+        said = "".join(_DIGIT_VALUES.get(d.lower(), d) for d in _ONE_DIGIT.findall(match.group()))
+        return "[digits withheld]" if any(secret in said for secret in only) else match.group()
+
+    return _DIGIT_RUN.sub(replace, text)
 
 
 def labelled(text: str) -> str:
@@ -259,6 +271,10 @@ class CallSession:
         self._dtmf: list[str] = []
         self._dtmf_timer: asyncio.TimerHandle | None = None
         self._code: tuple[str, float] | None = None
+        # Digits the caller proved themselves with, and the speech begun after they did: only that
+        # speech keeps its digits in the records, and never these.
+        self._secrets: set[str] = set()
+        self._spoken_verified: set[str] = set()
         self._outcomes: list[CallOutcome] = []
         self._transcript: list[dict[str, Any]] = []
         self._records: asyncio.Queue[tuple[str, str, str] | None] = asyncio.Queue()
@@ -586,6 +602,8 @@ class CallSession:
             if self.link.backed_up:
                 await self.link.drained()
         elif type(event) is SpeechStarted:
+            if self.trust == "owner_verified" and event.item_id:
+                self._spoken_verified.add(event.item_id)
             await self._barge_in()
         elif type(event) is ResponseCreated:
             self._active_response = event.response_id
@@ -598,8 +616,10 @@ class CallSession:
         elif type(event) is UserTranscript:
             text = event.text.strip()
             if text:
-                if self.trust != "owner_verified":
-                    text = withhold_digits(text)
+                # A transcript often comes after the reply it started (OpenAI transcribes beside the
+                # model), so what counts is when the speech began, not the trust at this moment.
+                verified = event.item_id in self._spoken_verified
+                text = withhold_digits(text, only=self._secrets if verified else None)
                 self._note_transcript("caller", text)
                 self._records.put_nowait(("in", event.item_id, text))
         elif type(event) is AssistantTranscript:
@@ -741,9 +761,10 @@ class CallSession:
 
     # --- Verification ------------------------------------------------------------------------
 
-    async def _verified(self, how: str) -> None:
+    async def _verified(self, how: str, digits: str) -> None:
         self.trust = "owner_verified"
         self.verified_by = how
+        self._secrets.add(digits)
         self._code = None
         self._trust_changed = True
         log.info("caller verified on a call: method=%s", how)
@@ -766,7 +787,7 @@ class CallSession:
             return ToolOutcome.ok("The caller is already verified.")
         digits = re.sub(r"\D", "", args["digits"])
         if await identity.verify_pin(self.deps.db, self.call.account_id, digits):
-            await self._verified("pin-spoken")
+            await self._verified("pin-spoken", digits)
             return ToolOutcome.ok("PIN correct: the caller is verified. Memory and every tool are now available.")
         return ToolOutcome.failed(await self._failed_verification())
 
@@ -794,8 +815,9 @@ class CallSession:
             return ToolOutcome.ok("The caller is already verified.")
         if self._code is None:
             return ToolOutcome.failed("no code was sent; use send_code first")
-        if self._code_matches(re.sub(r"\D", "", args["digits"])):
-            await self._verified("sms-code")
+        digits = re.sub(r"\D", "", args["digits"])
+        if self._code_matches(digits):
+            await self._verified("sms-code", digits)
             return ToolOutcome.ok("Code correct: the caller is verified. Memory and every tool are now available.")
         return ToolOutcome.failed(await self._failed_verification())
 
@@ -838,7 +860,7 @@ class CallSession:
                                  "event": "verified" if ok else "wrong digits"})  # fmt: skip
         conn = self._conn
         if ok:
-            await self._verified(method)
+            await self._verified(method, digits)
             self._trust_changed = False
             if conn is not None:
                 with contextlib.suppress(RealtimeDisconnected):

@@ -77,6 +77,46 @@ async def test_a_spoken_pin_is_checked_in_code_and_never_stored(phone):
     assert "verify_pin" in record and "2 4 6 8" not in record and "[withheld]" in record
 
 
+async def test_digits_said_before_verification_stay_withheld_when_their_transcript_comes_after_it(phone):
+    """OpenAI transcribes beside the model, so the PIN's transcript can arrive once the call is
+    verified. Speech begun before verification keeps its digits out of the records; speech after
+    it keeps its digits (a number to call), except the PIN said again."""
+    phone.model.transcripts_held = True
+    phone.model.script(call_tool("verify_pin", {"digits": "2 4 6 8"}), speak("Thanks, you're verified."),
+                       speak("Noted."))  # fmt: skip
+    phone.model.hear("my pin is two four six eight", "again 2468, and call me on 415 555 0100")
+    answer = await phone.dial_owner()
+    async with phone.caller.media(answer) as call:
+        await phone.until_listening(call)
+        call.say(speech("pin"))
+        session = phone.model.sessions[0]
+        await phone.model.wait_for(lambda: "add_todo" in _tools(session), within=15)
+        await phone.model.release_transcripts()
+        started = len(session.speech_started_at)
+        call.say(speech("hello"))
+        await phone.model.wait_for(lambda: len(session.speech_started_at) > started, within=15)
+        await phone.model.wait_for(lambda: len(session.response_creates) >= 2, within=15)
+        for _ in range(500):
+            if await phone.db.fetchval("SELECT count(*) FROM messages WHERE direction = 'inbound'") == 2:
+                break
+            await asyncio.sleep(0.01)
+        await call.hang_up()
+    bodies = [r["body"] for r in await phone.db.fetch(
+        "SELECT body FROM messages WHERE direction = 'inbound' ORDER BY created_at")]  # fmt: skip
+    assert bodies == ["my pin is [digits withheld]", "again [digits withheld], and call me on 415 555 0100"]
+    row = await phone.call_row(answer.call_sid)
+    rounds = await phone.db.fetchval("SELECT rounds::text FROM turns WHERE id = $1", row["turn_id"])
+    assert PIN not in rounds and "415 555 0100" in rounds
+
+
+def test_only_the_secret_runs_are_withheld_after_verification():
+    from voice.call import withhold_digits
+
+    assert withhold_digits("two four six eight, or 1 2 3", only={"2468"}) == "[digits withheld], or 1 2 3"
+    assert withhold_digits("it's 02 46 89", only={"2468"}) == "it's [digits withheld]"
+    assert withhold_digits("call 415 555 0100", only={"2468"}) == "call 415 555 0100"
+
+
 async def test_a_one_time_code_by_sms_unlocks_the_call(phone):
     phone.model.script(call_tool("send_code"), speak("I've texted you a code."), speak("You're in."))
     phone.model.hear("text me a code")

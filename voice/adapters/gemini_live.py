@@ -337,6 +337,10 @@ class GeminiLiveConnection:
             out.append(AssistantTranscript(rid, rid, text))
         out.append(ResponseDone(rid, status, calls))
 
+    def _next_user_item(self) -> str:
+        """The id the caller's words being heard now will carry in their :class:`UserTranscript`."""
+        return f"gemini-u{self._users + 1}"
+
     def _flush_user(self, out: list[RealtimeEvent]) -> None:
         text = "".join(self._user_text).strip()
         self._user_text = []
@@ -359,7 +363,7 @@ class GeminiLiveConnection:
             heard = content.input_transcription
             if heard is not None and heard.text:
                 if not self._user_text and self._response is None:
-                    out.append(SpeechStarted(None, None))
+                    out.append(SpeechStarted(self._next_user_item(), None))
                 self._user_text.append(heard.text)
             if content.model_turn is not None:
                 for part in content.model_turn.parts or ():
@@ -374,7 +378,7 @@ class GeminiLiveConnection:
                 self._begin(out)
                 self._out_text.append(said.text)
             if content.interrupted:
-                out.append(SpeechStarted(None, None))
+                out.append(SpeechStarted(self._next_user_item(), None))
                 self._end(out, "cancelled")
             if content.turn_complete:
                 self._end(out, "completed")

@@ -20,6 +20,8 @@ Behaviour (wire-protocols.md section 5):
   ``response.create``, as the real server does.
 * :meth:`script_session` gives the next socket that connects its own script (and transcripts), so
   concurrent calls can each play a different part; other sockets share the common script.
+* With ``transcripts_held`` set, transcriptions wait for :meth:`release_transcripts` (the real
+  server finishes them beside the reply, often after it).
 * A function call's arguments may be a string, sent as is (malformed JSON, for tests of bad input).
 * ``response.cancel`` ends the running response with ``status: cancelled`` (or an error event when
   none runs); ``conversation.item.truncate`` is recorded and answered.
@@ -203,8 +205,12 @@ class _Conn:
                 await self.emit({"type": "input_audio_buffer.speech_stopped", "item_id": item})
                 await self.emit({"type": "input_audio_buffer.committed", "item_id": item})
                 text = self.heard.popleft() if self.heard else ""
-                await self.emit({"type": "conversation.item.input_audio_transcription.completed", "item_id": item,
-                                 "content_index": 0, "transcript": text})  # fmt: skip
+                transcript = {"type": "conversation.item.input_audio_transcription.completed", "item_id": item,
+                              "content_index": 0, "transcript": text}  # fmt: skip
+                if self.peer.transcripts_held:
+                    self.peer._held_transcripts.append((self, transcript))
+                else:
+                    await self.emit(transcript)
                 if self.response_task is None or self.response_task.done():
                     await self.start_response()
 
@@ -281,6 +287,9 @@ class RealtimePeer:
         self._heard: deque[str] = deque()
         self._session_scripts: deque[tuple[deque[ScriptedResponse], deque[str]]] = deque()
         self._conns: list[_Conn] = []
+        # Real transcription runs beside the model and often ends after the reply it started.
+        self.transcripts_held = False
+        self._held_transcripts: list[tuple[_Conn, dict[str, Any]]] = []
         self._server: Server | None = None
         self._ids = 0
         self.port = 0
@@ -295,6 +304,13 @@ class RealtimePeer:
     def hear(self, *transcripts: str) -> None:
         """What the transcription of the caller's next utterances says."""
         self._heard.extend(transcripts)
+
+    async def release_transcripts(self) -> None:
+        """Send the transcriptions held while ``transcripts_held`` was set, in order, and stop holding."""
+        self.transcripts_held = False
+        held, self._held_transcripts = self._held_transcripts, []
+        for conn, transcript in held:
+            await conn.emit(transcript)
 
     def default_response(self) -> ScriptedResponse:
         return ScriptedResponse(text="(unscripted)", ms=self.default_ms)
