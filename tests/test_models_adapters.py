@@ -302,3 +302,30 @@ def _camel(value: Any) -> Any:
     if isinstance(value, list):
         return [_camel(v) for v in value]
     return value
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["plain", "streaming"])
+@pytest.mark.parametrize("kind", ["openai", "openai-compatible"])
+async def test_openai_bodies_are_exactly_the_adapters_json(kind: str, streaming: bool) -> None:
+    """The OpenAI adapters hand the SDK their JSON as ``extra_body`` (its TypedDict transform was
+    most of a turn's CPU): the body on the wire must be that JSON, the model and stream flag
+    included, with nothing of the SDK's own placeholders left in it."""
+    from core.models.adapters import openai_compatible, openai_responses
+
+    module = openai_responses if kind == "openai" else openai_compatible
+    prompt = Prompt(SYSTEM, (ChatMessage("user", "hi"),), system_dynamic=MEMORY, tools=TOOLS, temperature=0.2)
+    options = CallOptions("gpt-x", effort="low")
+    async with OpenAIPeer() as peer:
+        adapter = KINDS[kind][1](peer, 10.0)
+        peer.script(reply_text("ok"))
+        if streaming:
+            [*_] = [event async for event in adapter.stream(prompt, options)]
+        else:
+            await adapter.generate(prompt, options)
+        await adapter.aclose()
+    expected = module._params(prompt, options)
+    if streaming:
+        expected["stream"] = True
+        if kind == "openai-compatible":
+            expected["stream_options"] = {"include_usage": True}
+    assert peer.requests[0].body == expected

@@ -14,7 +14,7 @@ from typing import Any
 import openai
 
 from core.models.adapters.base import CallOptions, ModelAdapter, finish_for, parse_arguments, system_text
-from core.models.adapters.openai_responses import convert_openai_error
+from core.models.adapters.openai_responses import convert_openai_error, sdk_arguments
 from core.models.errors import ModelError, ModelTransientError
 from core.models.types import FinishReason, Generation, Prompt, StreamEvent, TextDelta, ToolCall, Usage
 
@@ -88,7 +88,7 @@ class OpenAICompatibleAdapter(ModelAdapter):
         )
 
     async def _generate(self, prompt: Prompt, options: CallOptions) -> Generation:
-        completion = await self._client.chat.completions.create(**_params(prompt, options))
+        completion = await self._client.chat.completions.create(**sdk_arguments(_params(prompt, options), required=("messages",)))
         if not completion.choices:
             raise ModelTransientError("the compatible endpoint returned no choices", provider=PROVIDER)
         choice = completion.choices[0]
@@ -110,9 +110,8 @@ class OpenAICompatibleAdapter(ModelAdapter):
         )
 
     async def _stream(self, prompt: Prompt, options: CallOptions) -> AsyncIterator[StreamEvent]:
-        stream = await self._client.chat.completions.create(
-            **_params(prompt, options), stream=True, stream_options={"include_usage": True}
-        )
+        params = {**_params(prompt, options), "stream_options": {"include_usage": True}}
+        stream = await self._client.chat.completions.create(**sdk_arguments(params, required=("messages",)), stream=True)
         texts: list[str] = []
         calls: dict[int, dict[str, str]] = {}
         reason: FinishReason | None = None
