@@ -1,6 +1,7 @@
 """SMS webhook acknowledgement latency at a steady request rate, and the duplicate storm's outcome.
 
     .venv/bin/python bench/sms_webhook.py [--rate 200] [--seconds 10] [--no-receipts] [--peers-nice 10]
+                                          [--senders 1]
 
 ``pepper serve`` runs as a user runs it, in its own process with its turn-worker processes
 (``PEPPER_TURN_WORKERS``, default 2, at ``PEPPER_TURN_WORKER_NICE``), over a Postgres of its
@@ -9,7 +10,8 @@ start (both in this process). Like Twilio, the loopback Twilio reports ``sent`` 
 ``delivered`` to the status callback of every reply (``--no-receipts``: it does not, as this
 benchmark did before). The load comes from a third process, so neither the peers nor the server
 slow the clock that measures: requests are sent open-loop at ``--rate`` per second, each a new
-message from the verified owner, signed as Twilio signs. The figure is the time from sending a
+message from the verified owner (``--senders N``: from N people in turn, each an account of its
+own, whose memory blocks stay small), signed as Twilio signs. The figure is the time from sending a
 webhook to receiving Pepper's empty-TwiML acknowledgement (target p99 <= 20 ms), measured while
 the turns of the earlier webhooks run and their receipts arrive. As a baseline, the same rate
 against ``/healthz`` (the framework plus one database round trip) in the same run, and, between
@@ -18,7 +20,8 @@ receipts are: they should cost what an acknowledgement costs).
 
 The peers stand in for Twilio and a model provider, which run on their machines, not on ours:
 this process lowers its own CPU priority by ``--peers-nice`` (default 10, the same as the turn
-workers; 0 keeps it) once the server, Postgres and the load process have started, so that on a
+workers; 0 keeps it), and enters the idle scheduling class as they do, once the server, Postgres
+and the load process have started, so that on a
 2-core machine their work competes with Pepper's turns, not with its acknowledgements or the
 clock. Their CPU still counts against the machine, and is shown.
 
@@ -26,7 +29,8 @@ Beside the latencies, the web server's CPU time per request (from ``/proc``; wit
 includes serving them), which a busy machine inflates far less than latency, and where the CPU
 went during the acknowledgements. ``BENCH_SERVER_LOG=path`` keeps the server's log;
 ``BENCH_PROFILE=path`` runs the server under cProfile (CPU time) and writes its profile there on shutdown
-(it slows the server: latencies from such a run mean nothing).
+(it slows the server: latencies from such a run mean nothing). ``BENCH_TIMELINE=path`` writes when
+each request was sent and its latency, to tell a stall (a burst of slow requests) from a spread tail.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ import aiohttp
 
 from core import identity
 from core.store import Database
+from core.store.database import to_idle_class
 from core.testing.figures import p99
 from core.testing.peers import OpenAIPeer, reply_text
 from core.testing.postgres import DatabaseFactory, test_server
@@ -72,8 +77,10 @@ async def open_loop(rate: int, seconds: float, send) -> tuple[list[float], int]:
             ok = False
         failed += not ok
         latencies.append((time.perf_counter() - started) * 1000)
+        timeline.append((started - begin, latencies[-1]))
 
     tasks = []
+    timeline: list[tuple[float, float]] = []
     begin = time.perf_counter()
     for i in range(int(rate * seconds)):
         delay = begin + i / rate - time.perf_counter()
@@ -81,10 +88,24 @@ async def open_loop(rate: int, seconds: float, send) -> tuple[list[float], int]:
             await asyncio.sleep(delay)
         tasks.append(asyncio.create_task(one(i), name=f"bench-request-{i}"))
     await asyncio.gather(*tasks)
+    if os.environ.get("BENCH_TIMELINE"):
+        write_timeline(os.environ["BENCH_TIMELINE"], timeline)
     return latencies, failed
 
 
-async def main(rate: int, seconds: float, receipts: bool, peers_nice: int) -> None:
+def write_timeline(path: str, timeline: list[tuple[float, float]]) -> None:
+    """``BENCH_TIMELINE=path``: each phase's requests as "seconds into the phase, latency ms" lines
+    after a "phase" line, to tell a burst of slow requests (a stall) from a spread tail."""
+    with open(path, "a") as f:
+        f.write("phase\n" + "".join(f"{t:.4f} {latency:.2f}\n" for t, latency in sorted(timeline)))
+
+
+def sender(i: int) -> str:
+    """The number of the ``i``-th sender (0 is Ada, the owner); each other one is an account of its own."""
+    return OWNER if i == 0 else f"+1415555{3000 + i:04d}"
+
+
+async def main(rate: int, seconds: float, receipts: bool, peers_nice: int, senders: int) -> None:
     with test_server() as admin_dsn:
         factory = DatabaseFactory(admin_dsn)
         await factory.prepare_template()
@@ -94,6 +115,9 @@ async def main(rate: int, seconds: float, receipts: bool, peers_nice: int) -> No
         await db.execute("SELECT pg_reload_conf()")
         ada = await identity.create_account(db, "Ada")
         await identity.add_handle(db, ada.id, "phone", OWNER, verified=True)
+        for n in range(1, senders):
+            other = await identity.create_account(db, f"Person {n}")
+            await identity.add_handle(db, other.id, "phone", sender(n), verified=True)
         # As on a server that has been up a while, whose log files are recycled at each checkpoint:
         # without this, the brand-new cluster creates (writes 16 MB of zeros into) a new log file
         # every 16 MB of log, and every commit waits meanwhile, which no long-running server does.
@@ -118,7 +142,7 @@ async def main(rate: int, seconds: float, receipts: bool, peers_nice: int) -> No
                 await wait_healthy(port)
                 if receipts:
                     twilio.send_receipts(f"http://127.0.0.1:{port}", PUBLIC)
-                await run_all(port, db, twilio, results, rate, seconds, server.pid, peers_nice)
+                await run_all(port, db, twilio, results, rate, seconds, server.pid, peers_nice, senders)
             finally:
                 server.send_signal(signal.SIGTERM)
                 await asyncio.wait_for(server.wait(), 120)
@@ -163,12 +187,14 @@ BASELINE, RECEIPT, ACK = "baseline: GET /healthz", "POST /twilio/status (receipt
 PHASES = {BASELINE: "health", RECEIPT: "status", ACK: "sms"}
 
 
-def load(port: int, kind: str, rate: int, seconds: float, reply: SentMessage) -> tuple[list[float], int]:
+def load(port: int, kind: str, rate: int, seconds: float, reply: SentMessage, senders: int) -> tuple[list[float], int]:
     """In the load process: ``rate`` requests a second for ``seconds``; their latencies in ms."""
-    return asyncio.run(_load(port, kind, rate, seconds, reply))
+    return asyncio.run(_load(port, kind, rate, seconds, reply, senders))
 
 
-async def _load(port: int, kind: str, rate: int, seconds: float, reply: SentMessage) -> tuple[list[float], int]:
+async def _load(
+    port: int, kind: str, rate: int, seconds: float, reply: SentMessage, senders: int
+) -> tuple[list[float], int]:
     local = f"http://127.0.0.1:{port}"
     signer = TwilioPeer(auth_token=TOKEN)  # not started: it only builds and signs the forms
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
@@ -179,7 +205,7 @@ async def _load(port: int, kind: str, rate: int, seconds: float, reply: SentMess
                 return response.status == 200
 
         async def webhook(i: int) -> bool:
-            form = signer.inbound_message(sender=OWNER, to=LINE, body=f"message {i}")
+            form = signer.inbound_message(sender=sender(i % senders), to=LINE, body=f"message {i}")
             status, _ = await signer.post_form(local, PUBLIC, "/twilio/sms", form, session=session)
             return status == 200
 
@@ -238,7 +264,7 @@ def cpu_by_part(parts: dict[str, list[int]]) -> dict[str, dict[int, float]]:
     return {name: {pid: cpu_seconds(pid) for pid in pids} for name, pids in parts.items()}
 
 
-async def run_all(port, db, twilio, results, rate, seconds, server_pid, peers_nice) -> None:  # type: ignore[no-untyped-def]
+async def run_all(port, db, twilio, results, rate, seconds, server_pid, peers_nice, senders) -> None:  # type: ignore[no-untyped-def]
     local = f"http://127.0.0.1:{port}"
     loop = asyncio.get_running_loop()
     spawn = multiprocessing.get_context("spawn")
@@ -248,6 +274,7 @@ async def run_all(port, db, twilio, results, rate, seconds, server_pid, peers_ni
             load_pid = await loop.run_in_executor(pool, os.getpid)  # started before this process is niced
             if peers_nice:
                 os.nice(peers_nice)  # this thread: the peers' event loop (and threads it starts later)
+                to_idle_class(0)  # and the idle class, as the turn workers by default
             # Steady state, as a server that has been up a while: the turn workers are up and answering.
             form = twilio.inbound_message(sender=OWNER, to=LINE, body="warm-up")
             await twilio.post_form(local, PUBLIC, "/twilio/sms", form, session=session)
@@ -263,7 +290,7 @@ async def run_all(port, db, twilio, results, rate, seconds, server_pid, peers_ni
                              "Postgres": [postmaster, *children(postmaster)], "load": [load_pid]}  # fmt: skip
                     before = cpu_by_part(parts)
                 started = cpu_seconds(server_pid)
-                latencies, failed = await loop.run_in_executor(pool, load, port, kind, rate, seconds, reply)
+                latencies, failed = await loop.run_in_executor(pool, load, port, kind, rate, seconds, reply, senders)
                 rows[name] = (latencies, failed, (cpu_seconds(server_pid) - started) * 1000 / len(latencies))
                 if kind == "sms":
                     io_after = await wal_io(db)
@@ -391,5 +418,6 @@ if __name__ == "__main__":
     parser.add_argument("--seconds", type=float, default=10)
     parser.add_argument("--receipts", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--peers-nice", type=int, default=10)
+    parser.add_argument("--senders", type=int, default=1, help="people texting, each an account of their own")
     args = parser.parse_args()
-    asyncio.run(main(args.rate, args.seconds, args.receipts, args.peers_nice))
+    asyncio.run(main(args.rate, args.seconds, args.receipts, args.peers_nice, args.senders))

@@ -65,6 +65,10 @@ class Settings(BaseSettings):
     # acknowledgement is latency work, a turn is throughput work, so the scheduler should run the
     # web server first whenever both want a core. 0 runs them at the same priority.
     turn_worker_nice: int = Field(10, ge=0, le=19, validation_alias=_env("PEPPER_TURN_WORKER_NICE", "turn_worker_nice"))
+    # And on Linux, beyond niceness, the idle scheduling class (SCHED_IDLE) for them and their local
+    # Postgres backends: a nice-10 process still takes its share of a core for a few milliseconds
+    # whenever it runs, an idle-class one gives the core up as soon as the web server wants it.
+    turn_worker_idle: bool = Field(True, validation_alias=_env("PEPPER_TURN_WORKER_IDLE", "turn_worker_idle"))
 
     # Model providers: the SDKs' own variable names.
     openai_api_key: SecretStr | None = Field(None, validation_alias=_env("OPENAI_API_KEY", "openai_api_key"))

@@ -8,8 +8,9 @@ loop or a core with the acknowledgements, so a burst of messages cannot slow the
 
 ``pepper serve`` starts ``PEPPER_TURN_WORKERS`` worker processes (default 2) and stops them on
 shutdown, restarting one that dies. They run ``PEPPER_TURN_WORKER_NICE`` steps (default 10) nicer
-than the web server: an acknowledgement is latency work and a turn throughput work, so when both
-want a core the kernel should preempt the turn. With ``PEPPER_TURN_WORKERS=0`` the same worker
+than the web server, and on Linux in the idle scheduling class (``PEPPER_TURN_WORKER_IDLE``),
+as do their local Postgres backends: an acknowledgement is latency work and a turn throughput
+work, so when both want a core the kernel should preempt the turn. With ``PEPPER_TURN_WORKERS=0`` the same worker
 runs inside the web server instead (one process; tests use it so). The first worker process also
 runs the scheduler and the memory jobs (``BackgroundJobs``); with no worker processes, the web
 server does.
@@ -37,6 +38,7 @@ import asyncpg
 from core import identity
 from core.conversation import claim_next, finish_handling, release_orphans
 from core.settings import Settings
+from core.store.database import to_idle_class
 from gateway.services import Services
 
 log = logging.getLogger(__name__)
@@ -273,6 +275,8 @@ def worker_process_main(settings: Settings, index: int) -> None:
     # first, turns with what is left. Relative to the server: a server already niced stays ahead.
     with contextlib.suppress(OSError):
         os.nice(settings.turn_worker_nice)
+        if settings.turn_worker_idle:
+            to_idle_class(0)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_worker_process(settings, index))
 
@@ -286,9 +290,11 @@ async def _worker_process(settings: Settings, index: int) -> None:
     # A turn takes a connection only while it needs one: a few per concurrent turn is plenty.
     # The Postgres backends doing the turns' work yield the CPU as this process does (when local).
     own_nice = os.getpriority(os.PRIO_PROCESS, 0)
+    idle = hasattr(os, "SCHED_IDLE") and os.sched_getscheduler(0) == os.SCHED_IDLE
     db = await Database.open(
-        settings.database_url.get_secret_value(), max_size=settings.max_concurrent_turns + 4, backend_nice=own_nice
-    )
+        settings.database_url.get_secret_value(), max_size=settings.max_concurrent_turns + 4, backend_nice=own_nice,
+        backend_idle=idle,
+    )  # fmt: skip
     try:
         async with build_turn_services(settings, db) as services:
             worker = TurnWorker(services, concurrency=settings.max_concurrent_turns)

@@ -69,13 +69,15 @@ async def test_a_stateless_lease_goes_back_without_the_reset_and_any_other_lease
 
 async def test_a_pool_for_background_work_runs_its_local_backends_nicer(db: Database, db_url: str):
     """Turn workers open their pool so: the backends doing a turn's work yield the CPU as the worker does."""
-    nicer = await Database.open(db_url, max_size=2, backend_nice=7)
+    nicer = await Database.open(db_url, max_size=2, backend_nice=7, backend_idle=True)
     try:
         async with nicer.pool.acquire() as a, nicer.pool.acquire() as b:
             pids = [a.get_server_pid(), b.get_server_pid()]
         assert [os.getpriority(os.PRIO_PROCESS, pid) for pid in pids] == [7, 7]
+        assert [os.sched_getscheduler(pid) for pid in pids] == [os.SCHED_IDLE] * 2
         async with db.pool.acquire() as plain:  # the web server's pool is left as it is
             assert os.getpriority(os.PRIO_PROCESS, plain.get_server_pid()) == os.getpriority(os.PRIO_PROCESS, 0)
+            assert os.sched_getscheduler(plain.get_server_pid()) == os.SCHED_OTHER
     finally:
         await nicer.close()
 

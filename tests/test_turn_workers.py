@@ -122,6 +122,10 @@ async def test_serve_runs_turns_in_worker_processes_survives_a_killed_worker_and
                 nicer = min(19, os.getpriority(os.PRIO_PROCESS, server.pid) + 7)
                 await until(lambda: {os.getpriority(os.PRIO_PROCESS, pid) for pid in first} == {nicer},
                             30, "the workers to lower their priority")  # fmt: skip
+                # ... and in the idle scheduling class, as the web server is not.
+                await until(lambda: {os.sched_getscheduler(pid) for pid in first} == {os.SCHED_IDLE},
+                            30, "the workers to enter the idle class")  # fmt: skip
+                assert os.sched_getscheduler(server.pid) == os.SCHED_OTHER
 
                 # A turn the model takes its time over: the workers are killed in the middle of it.
                 model.script(reply_text("too late", delay=5))

@@ -87,8 +87,9 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
     await register_vector(conn)
 
 
-async def nice_local_backend(conn: asyncpg.Connection, nice: int) -> bool:
-    """Run this connection's Postgres backend at CPU niceness ``nice`` or lower priority, if it is ours.
+async def nice_local_backend(conn: asyncpg.Connection, nice: int, *, idle: bool = False) -> bool:
+    """Run this connection's Postgres backend at CPU niceness ``nice`` or lower priority, if it is ours
+    (``idle``: in the idle scheduling class too, where the system has it).
 
     A turn worker runs nicer than the web server so acknowledgements come first, but most of a
     turn's CPU is spent in the Postgres backends serving it, which would still compete at the
@@ -103,13 +104,13 @@ async def nice_local_backend(conn: asyncpg.Connection, nice: int) -> bool:
         address = await conn.fetchval("SELECT host(inet_server_addr())")
         if address not in (None, "127.0.0.1", "::1"):
             return False
-        return _renice_own_postgres(pid, nice)
+        return _renice_own_postgres(pid, nice, idle)
     except (OSError, asyncpg.PostgresError) as exc:  # not ours after all, or not allowed: leave it
         log.debug("left the priority of Postgres backend %s as it was: %s", pid, exc)
         return False
 
 
-def _renice_own_postgres(pid: int, nice: int) -> bool:
+def _renice_own_postgres(pid: int, nice: int, idle: bool) -> bool:
     # /proc is in memory: this read does not block the loop. A backend of another user (the
     # embedded server runs as its own user when Pepper runs as root) is refused by the kernel
     # unless we may renice it.
@@ -117,6 +118,17 @@ def _renice_own_postgres(pid: int, nice: int) -> bool:
         return False
     if os.getpriority(os.PRIO_PROCESS, pid) < nice:
         os.setpriority(os.PRIO_PROCESS, pid, nice)
+    if idle:
+        to_idle_class(pid)
+    return True
+
+
+def to_idle_class(pid: int) -> bool:
+    """Put a process (0: this one) in the idle scheduling class, if the system has it: it runs
+    only on a core nothing else wants. True when it is there."""
+    if not hasattr(os, "SCHED_IDLE"):
+        return False
+    os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
     return True
 
 
@@ -168,8 +180,10 @@ class Database:
         min_size: int = 1,
         max_size: int = 10,
         backend_nice: int = 0,
+        backend_idle: bool = False,
     ) -> Database:
-        """``backend_nice``: run the pool's Postgres backends that nice, when they are on this machine."""
+        """``backend_nice``: run the pool's Postgres backends that nice, when they are on this machine
+        (``backend_idle``: in the idle scheduling class too)."""
         where = redact_dsn(dsn)
         conn = await connect(dsn)
         try:
@@ -185,7 +199,7 @@ class Database:
 
                 async def init(conn: asyncpg.Connection) -> None:
                     await _init_connection(conn)
-                    await nice_local_backend(conn, backend_nice)
+                    await nice_local_backend(conn, backend_nice, idle=backend_idle)
 
             pool = await asyncpg.create_pool(
                 dsn, min_size=min_size, max_size=max_size, init=init, timeout=CONNECT_TIMEOUT,

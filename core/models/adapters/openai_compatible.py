@@ -88,7 +88,9 @@ class OpenAICompatibleAdapter(ModelAdapter):
         )
 
     async def _generate(self, prompt: Prompt, options: CallOptions) -> Generation:
-        completion = await self._client.chat.completions.create(**sdk_arguments(_params(prompt, options), required=("messages",)))
+        completion = await self._client.chat.completions.create(
+            **sdk_arguments(_params(prompt, options), required=("messages",))
+        )
         if not completion.choices:
             raise ModelTransientError("the compatible endpoint returned no choices", provider=PROVIDER)
         choice = completion.choices[0]
@@ -111,7 +113,9 @@ class OpenAICompatibleAdapter(ModelAdapter):
 
     async def _stream(self, prompt: Prompt, options: CallOptions) -> AsyncIterator[StreamEvent]:
         params = {**_params(prompt, options), "stream_options": {"include_usage": True}}
-        stream = await self._client.chat.completions.create(**sdk_arguments(params, required=("messages",)), stream=True)
+        stream = await self._client.chat.completions.create(
+            **sdk_arguments(params, required=("messages",)), stream=True
+        )
         texts: list[str] = []
         calls: dict[int, dict[str, str]] = {}
         reason: FinishReason | None = None
