@@ -103,15 +103,16 @@ async def record_inbound(
 
 
 # Sessions with this setting record messages without announcing them in the same transaction; the
-# caller announces them right after with :func:`announce_inbound`. Why: NOTIFY takes a global lock
+# caller announces them right after with :func:`announce_message`. Why: NOTIFY takes a global lock
 # held through the commit's flush to disk, so durable commits that notify queue up one behind the
 # other; an announcement alone writes nothing to flush, and holds the lock for microseconds.
 ANNOUNCE_LATER = {"pepper.announce": "later"}
 
 
-async def announce_inbound(db: Executor, message: Message, *, queued: bool) -> None:
-    """The announcements the message triggers skip in ``ANNOUNCE_LATER`` sessions: to open chats
-    (``pepper_messages``) and, for a queued one, to the turn workers (``pepper_turns``)."""
+async def announce_message(db: Executor, message: Message, *, queued: bool = False) -> None:
+    """The announcements the message triggers skip in ``ANNOUNCE_LATER`` sessions (and for replies,
+    :func:`record_outbound`): to open chats (``pepper_messages``) and, for a queued one, to the turn
+    workers (``pepper_turns``)."""
     await db.execute(
         """
         SELECT pg_notify('pepper_messages', json_build_object('conversation_id', $1::uuid, 'id', $2::bigint)::text),
@@ -190,11 +191,10 @@ async def record_outbound(
 ) -> Message:
     if channel not in MESSAGE_CHANNELS:
         raise InvalidInput(f"unknown channel {channel!r}")
+    # Recorded, then announced in a statement of its own (migration 0101): on a pool these are two
+    # transactions, and only the second notifies; in a caller's transaction, it announces at commit.
     row = await db.fetchrow(
-        """
-        INSERT INTO messages (conversation_id, channel, direction, provider_message_id, body, turn_id, delivery_status)
-        VALUES ($1, $2, 'outbound', $3, $4, $5, $6) RETURNING *
-        """,
+        "SELECT * FROM pepper_record_outbound($1, $2, $3, $4, $5, $6)",
         conversation_id,
         channel,
         provider_message_id,
@@ -202,7 +202,9 @@ async def record_outbound(
         turn_id,
         delivery_status,
     )
-    return _message(row)
+    message = _message(row)
+    await announce_message(db, message)
+    return message
 
 
 async def recent_messages(db: Executor, conversation_id: UUID, limit: int = 50) -> list[Message]:

@@ -19,7 +19,7 @@ from twilio.twiml.messaging_response import MessagingResponse
 
 from core import identity
 from core.conversation import (
-    announce_inbound,
+    announce_message,
     conversation_for,
     record_inbound,
     record_outbound,
@@ -176,7 +176,7 @@ async def answer_inbound(
         )  # fmt: skip
         if created:
             # Lost only if this process dies right here: the workers' sweep finds it anyway.
-            await announce_inbound(ack_db, message, queued=True)
+            await announce_message(ack_db, message, queued=True)
         else:
             log.info("duplicate delivery of a %s message; already handled", channel)
         return twiml_answer()

@@ -154,3 +154,33 @@ async def test_concurrent_duplicate_deliveries_record_one_message(db: Database):
     )
     assert sum(created for _, created in results) == 1
     assert len({m.id for m, _ in results}) == 1
+
+
+async def test_a_reply_is_announced_once_and_apart_from_its_durable_insert(db: Database):
+    """Open chats hear of each reply once. The announcement is not made by the insert's own
+    transaction (NOTIFY would hold its global lock through that commit's flush): on a pool it is a
+    statement of its own; in a caller's transaction it goes out at that transaction's commit."""
+    import asyncio
+    import json
+
+    import asyncpg
+
+    ada = await identity.create_account(db, "Ada")
+    conversation = await conversation_for(db, ada.id)
+    heard: list[int] = []
+    listener = await asyncpg.connect(db.dsn)
+    try:
+        await listener.add_listener("pepper_messages", lambda *args: heard.append(json.loads(args[-1])["id"]))
+        alone = await record_outbound(db, conversation, "sms", "first reply")
+        async with db.transaction() as conn:
+            inside = await record_outbound(conn, conversation, "sms", "second reply")
+            await asyncio.sleep(0.2)
+            assert heard == [alone.id]  # nothing of the second before its commit
+        # The insert alone announces nothing: no transaction that waits for the disk notifies.
+        await db.fetchrow("SELECT * FROM pepper_record_outbound($1, 'sms', NULL, 'quiet', NULL, NULL)", conversation)
+        await asyncio.sleep(0.3)  # room for any announcement that must not come
+    finally:
+        await listener.close()
+    assert heard == [alone.id, inside.id]
+    # The function's setting held for its call only: this session still announces by trigger.
+    assert await db.fetchval("SELECT current_setting('pepper.announce', true)") in (None, "")
