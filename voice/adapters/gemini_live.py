@@ -378,7 +378,8 @@ class GeminiLiveConnection:
                 self._begin(out)
                 self._out_text.append(said.text)
             if content.interrupted:
-                out.append(SpeechStarted(self._next_user_item(), None))
+                # Words already gathered began before this: their start was reported (or not) then.
+                out.append(SpeechStarted(None if self._user_text else self._next_user_item(), None))
                 self._end(out, "cancelled")
             if content.turn_complete:
                 self._end(out, "completed")
