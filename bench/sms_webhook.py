@@ -42,7 +42,6 @@ import multiprocessing
 import os
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -56,6 +55,7 @@ from core.store.database import to_idle_class
 from core.testing.figures import p99
 from core.testing.peers import OpenAIPeer, reply_text
 from core.testing.postgres import DatabaseFactory, test_server
+from core.testing.processes import free_port
 from core.testing.twilio_peer import SentMessage, TwilioPeer
 
 TOKEN = "bench-token"
@@ -215,12 +215,6 @@ async def _load(
             return status == 204
 
         return await open_loop(rate, seconds, {"health": health, "status": receipt, "sms": webhook}[kind])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def wait_healthy(port: int) -> None:

@@ -12,7 +12,6 @@ import argparse
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -22,12 +21,7 @@ import urllib.request
 from pathlib import Path
 
 from core.testing.figures import p99
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from core.testing.processes import free_port
 
 
 def healthy(port: int) -> bool:

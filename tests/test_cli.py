@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 
 from core.store.migrations import load_migrations
+from core.testing.processes import free_port
 from gateway.cli import main
 
 PEPPER = [sys.executable, "-m", "gateway.cli"]
@@ -132,12 +133,6 @@ def test_a_bad_setting_is_named(monkeypatch, capsys):
 
 
 # --- pepper serve, as a child process -------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_serve(env: dict[str, str], data_dir: Path, port: int, *extra_env: tuple[str, str]) -> subprocess.Popen:

@@ -205,11 +205,11 @@ class _Mark:
     cancelled: bool = False
 
 
-_DIGIT_WORDS = r"(?:zero|oh|one|two|three|four|five|six|seven|eight|nine|\d)"
-_DIGIT_RUN = re.compile(rf"\b{_DIGIT_WORDS}(?:[\s,.-]*{_DIGIT_WORDS}){{2,}}\b", re.IGNORECASE)
 _DIGIT_VALUES = {w: str(n) for n, w in enumerate("zero one two three four five six seven eight nine".split())}
 _DIGIT_VALUES["oh"] = "0"
-_ONE_DIGIT = re.compile(r"zero|oh|one|two|three|four|five|six|seven|eight|nine|\d", re.IGNORECASE)
+_ONE_DIGIT = re.compile("|".join((*_DIGIT_VALUES, r"\d")), re.IGNORECASE)
+_DIGIT_WORDS = f"(?:{_ONE_DIGIT.pattern})"
+_DIGIT_RUN = re.compile(rf"\b{_DIGIT_WORDS}(?:[\s,.-]*{_DIGIT_WORDS}){{2,}}\b", re.IGNORECASE)
 # Playback is tracked with a Twilio mark at least every 100 ms of audio (and at each response's end).
 MARK_EVERY_BYTES = 100 * media.BYTES_PER_MS
 # Arguments never written to records: a PIN or code the caller gave.
