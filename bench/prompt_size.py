@@ -155,7 +155,7 @@ async def run_day(turns: int) -> tuple[list[Prompt], list[str], set[str]]:
                 message, _ = await record_inbound(db, account.id, "sms", text, provider_message_id=f"SM{i}")
                 models.received.clear()
                 outcome = await run_turn(
-                    deps, account.id, "sms", text, inbound_message_id=message.id, connections=connections
+                    deps, account.id, "sms", text, inbound_message_ids=[message.id], connections=connections
                 )
                 prompts.append(models.prompts[0])
                 await record_outbound(db, conversation, "sms", outcome.reply, turn_id=outcome.turn_id)

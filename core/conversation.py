@@ -69,7 +69,7 @@ async def record_inbound(
 
     A second delivery with the same ``(channel, provider_message_id)`` returns the first
     message and ``False``: the caller must not start another turn for it. ``handling`` is
-    ``queued`` for a message that needs a turn (see :func:`claim_for_turn`), ``skipped`` for one
+    ``queued`` for a message that needs a turn (see :func:`claim_turn`), ``skipped`` for one
     that does not; ``meta`` keeps channel details a reply needs.
     """
     if channel not in MESSAGE_CHANNELS:
@@ -124,30 +124,35 @@ async def announce_message(db: Executor, message: Message, *, queued: bool = Fal
     )
 
 
-async def claim_next(db: Executor, worker: int) -> Any:
-    """Take the oldest queued inbound message for answering, or None when there is none.
+# The most texts of one burst a single turn answers: a bound on that turn's prompt.
+BURST_LIMIT = 20
 
+
+async def claim_turn(db: Executor, worker: int, *, burst: int = BURST_LIMIT) -> list[Any]:
+    """Take the next turn's messages for answering: none when there is nothing to answer.
+
+    The oldest queued inbound message of a conversation that no turn is answering, with the texts
+    of the same burst queued after it (migration 0102, ``pepper_claim_turn``): one person's
+    messages are answered one turn at a time, and texts that arrived meanwhile by one turn.
     ``worker`` is the backend pid of the claiming worker's own long-lived connection (see
     :func:`release_orphans`). ``SKIP LOCKED`` lets several workers claim at once, each a
-    different message: a message is claimed exactly once. The row carries what a reply needs,
-    and ``turn_id``, set when a turn already started for it (an earlier worker died mid-turn).
+    different conversation: a message is claimed exactly once. The rows, oldest first, carry what
+    a reply needs, and ``turn_id``, set when a turn already started for them (an earlier worker
+    died mid-turn).
 
-    The claim commits without waiting for the disk: lost in a crash, the message is simply queued
-    again, and the reply's durable record flushes it before anything is sent.
+    The claim commits without waiting for the disk: lost in a crash, the messages are simply
+    queued again, and the reply's durable record flushes it before anything is sent.
     """
-    return await db.fetchrow(
+    rows = await db.fetch(
         f"""
-        UPDATE messages m SET handling = 'running', claimed_by = $1
-        FROM conversations c
-        WHERE c.id = m.conversation_id AND m.id = (
-            SELECT id FROM messages
-            WHERE handling = 'queued' AND direction = 'inbound'
-            ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
-        RETURNING m.id, m.channel, m.body, m.handle_id, m.meta, m.provider_message_id, m.turn_id, c.account_id,
+        SELECT m.id, m.channel, m.body, m.handle_id, m.meta, m.provider_message_id, m.turn_id, c.account_id,
             {NO_FLUSH}
+        FROM pepper_claim_turn($1, $2) m JOIN conversations c ON c.id = m.conversation_id
         """,
         worker,
+        burst,
     )
+    return sorted(rows, key=lambda row: row["id"])
 
 
 async def release_orphans(db: Executor, *, stale: timedelta, expire_after: timedelta) -> None:
@@ -174,9 +179,9 @@ async def release_orphans(db: Executor, *, stale: timedelta, expire_after: timed
     )
 
 
-async def finish_handling(db: Executor, message_id: int, *, handling: str = "done") -> None:
-    """A claimed message is answered (``done``) or needed no turn after all (``skipped``)."""
-    await db.execute("UPDATE messages SET handling = $2 WHERE id = $1", message_id, handling)
+async def finish_handling(db: Executor, message_ids: Sequence[int], *, handling: str = "done") -> None:
+    """Claimed messages are answered (``done``) or needed no turn after all (``skipped``)."""
+    await db.execute("UPDATE messages SET handling = $2 WHERE id = ANY($1::bigint[])", list(message_ids), handling)
 
 
 async def record_outbound(
@@ -245,10 +250,10 @@ async def open_turn(
     *,
     channel: str,
     kind: str = "live",
-    inbound_message_id: int | None = None,
+    inbound_message_ids: Sequence[int] = (),
     extra: Sequence[str] = (),
 ) -> OpenedTurn:
-    """Start a turn for the account's conversation and link its inbound message, in one statement.
+    """Start a turn for the account's conversation and link its inbound messages, in one statement.
 
     The row is bookkeeping, not a promise to anyone: it commits without waiting for the disk. Any
     later durable commit (the turn's writes, the finished record, a message) flushes it too, as the
@@ -268,7 +273,7 @@ async def open_turn(
             SELECT c.id, $2, $3 FROM conversations c WHERE c.account_id = $1
             RETURNING id, conversation_id
         ), linked AS (
-            UPDATE messages SET turn_id = (SELECT id FROM turn) WHERE id = $4 AND turn_id IS NULL
+            UPDATE messages SET turn_id = (SELECT id FROM turn) WHERE id = ANY($4::bigint[]) AND turn_id IS NULL
         )
         SELECT turn.id, turn.conversation_id, a.timezone, {NO_FLUSH}{also}
         FROM turn JOIN accounts a ON a.id = $1
@@ -276,7 +281,7 @@ async def open_turn(
         account_id,
         channel,
         kind,
-        inbound_message_id,
+        list(inbound_message_ids),
     )
     if row is None:
         raise NotFound(f"no account {account_id}")

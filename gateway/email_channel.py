@@ -389,7 +389,7 @@ async def run_and_reply(
     async def send(turn_id: UUID | None, reply: str) -> None:
         await send_reply(services, mail, account_id, handle_id, reply, turn_id)
 
-    await answer_message(services, account_id, "email", mail.body(), message_id, send, interrupted=interrupted)
+    await answer_message(services, account_id, "email", mail.body(), [message_id], send, interrupted=interrupted)
 
 
 def reply_subject(subject: str) -> str:

@@ -10,6 +10,7 @@ a status callback -> ``sent``/``delivered`` commits the turn's staged writes,
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -215,15 +216,17 @@ async def _answering_reply(services: Services, inbound: Inbound) -> str | None:
 
 
 async def run_and_reply(
-    services: Services, inbound: Inbound, account_id: UUID, handle_id: UUID, message_id: int, *,
+    services: Services, inbound: Inbound, account_id: UUID, handle_id: UUID, message_ids: Sequence[int], *,
     interrupted: UUID | None = None,
 ) -> None:  # fmt: skip
-    """Answer one claimed SMS or WhatsApp message (see ``gateway.turns.answer_message``)."""
+    """Answer claimed SMS or WhatsApp messages: one text, or a burst from one sender, whose
+    ``inbound.body`` holds them all (see ``gateway.turns.answer_message``)."""
 
     async def send(turn_id: UUID | None, reply: str) -> None:
         await send_reply(services, inbound, account_id, handle_id, reply, turn_id)
 
-    await answer_message(services, account_id, inbound.channel, inbound.body, message_id, send, interrupted=interrupted)
+    channel, body = inbound.channel, inbound.body
+    await answer_message(services, account_id, channel, body, message_ids, send, interrupted=interrupted)
 
 
 async def send_reply(

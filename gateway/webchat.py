@@ -195,7 +195,7 @@ async def run_web_turn(
         conversation_id = await conversation_for(services.db, account_id)
         await record_outbound(services.db, conversation_id, "web", reply, turn_id=turn_id)
 
-    await answer_message(services, account_id, "web", text, message_id, send, interrupted=interrupted)
+    await answer_message(services, account_id, "web", text, [message_id], send, interrupted=interrupted)
 
 
 @blueprint.post("/api/messages/<int:message_id>/ack")

@@ -3,7 +3,9 @@
 A webhook (SMS, WhatsApp, email) or a web chat post only checks the request, records the message
 as ``handling = 'queued'`` and answers at once; a trigger then announces it on ``pepper_turns``.
 Turn workers listen for that, claim queued messages with ``FOR UPDATE SKIP LOCKED`` (each message
-is claimed by exactly one worker), run the turn and send the reply. A turn never shares an event
+is claimed by exactly one worker), run the turn and send the reply. One person's messages are
+answered one turn at a time, and the texts they sent meanwhile by one turn
+(``core.conversation.claim_turn``). A turn never shares an event
 loop or a core with the acknowledgements, so a burst of messages cannot slow them down.
 
 ``pepper serve`` starts ``PEPPER_TURN_WORKERS`` worker processes (default 2) and stops them on
@@ -36,7 +38,7 @@ from typing import Any
 import asyncpg
 
 from core import identity
-from core.conversation import claim_next, finish_handling, release_orphans
+from core.conversation import claim_turn, finish_handling, release_orphans
 from core.settings import Settings
 from core.store.database import to_idle_class
 from gateway.services import Services
@@ -53,18 +55,22 @@ STALE_RUNNING = timedelta(minutes=10)
 RESUME_WINDOW = timedelta(hours=1)
 
 
-def job_for(services: Services, row: Any) -> Any:
-    """The coroutine that answers one claimed message on its channel, or None if it cannot be."""
+def job_for(services: Services, rows: list[Any]) -> Any:
+    """The coroutine that answers one turn's claimed messages on their channel (several only for
+    a burst of texts from one sender), or None if they cannot be."""
     from gateway.email_channel import InboundMail
     from gateway.email_channel import run_and_reply as run_email
     from gateway.messaging import Inbound, run_and_reply
     from gateway.webchat import run_web_turn
 
+    row, ids = rows[0], [r["id"] for r in rows]
     meta = row["meta"] if isinstance(row["meta"], dict) else json.loads(row["meta"] or "{}")
     channel, account_id, interrupted = row["channel"], row["account_id"], row["turn_id"]
     if channel in ("sms", "whatsapp") and meta.get("from") and meta.get("to") and row["handle_id"]:
-        inbound = Inbound(channel, row["provider_message_id"], meta["from"], meta["to"], row["body"], None)
-        return run_and_reply(services, inbound, account_id, row["handle_id"], row["id"], interrupted=interrupted)
+        # The texts of a burst reach the model as one message, a line each.
+        body = "\n".join(r["body"] for r in rows)
+        inbound = Inbound(channel, row["provider_message_id"], meta["from"], meta["to"], body, None)
+        return run_and_reply(services, inbound, account_id, row["handle_id"], ids, interrupted=interrupted)
     if channel == "email" and meta.get("message_id") and row["handle_id"]:
         fields = {**meta, "references": tuple(meta.get("references", ())),
                   "attachments": tuple(meta.get("attachments", ()))}  # fmt: skip
@@ -76,7 +82,7 @@ def job_for(services: Services, row: Any) -> Any:
 
 
 class TurnWorker:
-    """Claims queued messages and answers up to ``concurrency`` of them at once."""
+    """Claims queued messages and runs up to ``concurrency`` turns at once."""
 
     def __init__(self, services: Services, *, concurrency: int, poll_seconds: float = POLL_SECONDS) -> None:
         self._services = services
@@ -118,33 +124,40 @@ class TurnWorker:
                     swept = loop.time()
                 while not self._stopping.is_set():
                     await self._slots.acquire()
-                    row = await claim_next(db, self.pid)
-                    if row is None:
+                    rows = await claim_turn(db, self.pid)
+                    if not rows:
                         self._slots.release()
                         break
-                    self._start(row)
+                    self._start(rows)
             except (OSError, asyncpg.PostgresError):
                 log.warning("turn worker could not reach the database; trying again", exc_info=True)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self._poll)
 
-    def _start(self, row: Any) -> None:
-        task = self._services.tasks.spawn(f"turn-{row['channel']}-{row['id']}", self._answer(row))
-        task.add_done_callback(lambda _: self._slots.release())
+    def _start(self, rows: list[Any]) -> None:
+        task = self._services.tasks.spawn(f"turn-{rows[0]['channel']}-{rows[0]['id']}", self._answer(rows))
+        task.add_done_callback(self._finished)
 
-    async def _answer(self, row: Any) -> None:
+    def _finished(self, _: Any) -> None:
+        self._slots.release()
+        # The person may have written again during the turn: those messages waited for it, and
+        # no announcement will come for them.
+        self._wake.set()
+
+    async def _answer(self, rows: list[Any]) -> None:
         services = self._services
+        row, ids = rows[0], [r["id"] for r in rows]
         channel, handle_id = row["channel"], row["handle_id"]
         if handle_id is not None and channel in identity.CONSENT_CHANNELS:
             if await identity.is_blocked(services.db, handle_id, channel):
                 # Checked here, not in the webhook: the acknowledgement stays one statement.
                 log.info("message recorded from an opted-out handle; no turn, no reply")
-                await finish_handling(services.db, row["id"], handling="skipped")
+                await finish_handling(services.db, ids, handling="skipped")
                 return
-        job = job_for(services, row)
+        job = job_for(services, rows)
         if job is None:
-            log.error("message %s on %s cannot be answered (missing reply details)", row["id"], channel)
-            await finish_handling(services.db, row["id"])
+            log.error("messages %s on %s cannot be answered (missing reply details)", ids, channel)
+            await finish_handling(services.db, ids)
             return
         await job
 

@@ -17,6 +17,7 @@ from core.conversation import conversation_for, record_outbound, start_turn, upd
 from core.settings import Settings
 from core.store import Database
 from core.testing.peers import OpenAIPeer, fault, reply_text, reply_tools
+from core.testing.processes import until
 from core.testing.twilio_peer import TwilioPeer
 from gateway.messaging import HELP_TEXT, RECORD_STATUS, UNKNOWN_SENDER_TEXT
 from gateway.server import running_app
@@ -186,6 +187,45 @@ async def test_a_text_gets_an_acknowledgement_then_a_reply_through_the_rest_api(
     assert rows[0]["provider_message_id"] == form["MessageSid"] and rows[1]["provider_message_id"] == sent.sid
     # The model saw the person's words.
     assert "Hi Pepper" in str(stack.model.requests[0].body)
+
+
+def user_texts(received) -> list[str]:
+    """The text of each person-side item of a Responses request (the memory block included)."""
+    texts = []
+    for item in received.body["input"]:
+        if item.get("role") == "user":
+            content = item["content"]
+            texts.append(content if isinstance(content, str) else "".join(c.get("text", "") for c in content))
+    return texts
+
+
+async def test_texts_sent_during_a_turn_wait_for_it_and_are_answered_together(stack: Stack):
+    """One person, one turn at a time: texts that arrive while Pepper answers the first are not
+    answered in parallel (replies could cross), but together by the next turn, in order."""
+    release = asyncio.Event()
+    first, second = "Yes, tomorrow is free.", "Friday it is, lunch booked."
+    # Each SMS reply is proofread (the repair pass) before it goes out: the same text back.
+    stack.model.script(reply_text(first, hold=release), reply_text(first), reply_text(second), reply_text(second))
+    await stack.text("Are you free tomorrow?")
+    await until(lambda: stack.model.requests, 5, "the first turn's model call")
+    for body in ("Actually make that Friday", "and book lunch"):
+        assert (await stack.text(body))[0] == 200
+    await asyncio.sleep(0.3)  # time enough for a second turn to start, were it allowed to
+    assert len(stack.model.requests) == 1
+    release.set()
+    sent = await stack.twilio.wait_for_sent(2)
+    await stack.settle()
+    assert [m.body for m in sent] == [first, second]
+    assert await count(stack.db, "turns") == 2 and len(stack.model.requests) == 4
+    inbound = await stack.db.fetch("SELECT turn_id, handling FROM messages WHERE direction = 'inbound' ORDER BY id")
+    assert {m["handling"] for m in inbound} == {"done"}
+    one, *burst = [m["turn_id"] for m in inbound]
+    assert burst[0] == burst[1] != one
+    request = stack.model.requests[2].body
+    # The burst is the person's message, a line each; what came before is in the memory block.
+    assert user_texts(stack.model.requests[2])[-1].startswith("Actually make that Friday\nand book lunch\n")
+    memory = request["instructions"][request["instructions"].index("Memory:") :]
+    assert "Are you free tomorrow?" in memory and first in memory and "Friday" not in memory
 
 
 async def test_delivery_commits_staged_writes_and_failure_drops_them(stack: Stack):
@@ -372,9 +412,12 @@ async def test_messages_a_crash_left_unanswered_are_answered_once_at_start(db: D
     old, _ = await record_inbound(db, ada.id, "sms", "yesterday", provider_message_id="SMo", handle_id=handle.id,
                                   handling="queued", meta=meta)  # fmt: skip
     await db.execute("UPDATE messages SET created_at = now() - interval '1 day' WHERE id = $1", old.id)
-    # A message another live process is answering right now is left alone.
-    busy, _ = await record_inbound(db, ada.id, "sms", "in flight", provider_message_id="SMb", handle_id=handle.id,
-                                   handling="running", meta=meta)  # fmt: skip
+    # A message another live process is answering right now is left alone (Bob's: one of Ada's
+    # would hold back hers until its turn ended, one turn per person at a time).
+    bob = await identity.create_account(db, "Bob")
+    bobs = await identity.add_handle(db, bob.id, "phone", STRANGER, verified=True)
+    busy, _ = await record_inbound(db, bob.id, "sms", "in flight", provider_message_id="SMb", handle_id=bobs.id,
+                                   handling="running", meta={"from": STRANGER, "to": PEPPER_NUMBER})  # fmt: skip
     async with TwilioPeer(auth_token=TOKEN) as twilio, OpenAIPeer() as model:
         model.script(*(reply_text("Yes, here.") for _ in range(4)))  # the SMS repair pass asks too
         settings = make_settings(db_url, twilio, model)

@@ -11,12 +11,13 @@ import asyncio
 import os
 import signal
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import aiohttp
 
 from core import identity
-from core.conversation import claim_next, record_inbound
+from core.conversation import claim_turn, finish_handling, open_turn, record_inbound, release_orphans
 from core.settings import Settings
 from core.store import Database
 from core.testing.peers import OpenAIPeer, reply_text
@@ -32,15 +33,80 @@ OWNER, LINE = "+14155552671", "+14155550100"
 
 
 async def test_two_claimers_racing_take_each_queued_message_exactly_once(db: Database):
-    ada = await identity.create_account(db, "Ada")
-    ids = {(await record_inbound(db, ada.id, "web", f"m{i}", handling="queued"))[0].id for i in range(30)}
+    people = [await identity.create_account(db, f"P{i}") for i in range(30)]
+    ids = {(await record_inbound(db, p.id, "web", f"m{i}", handling="queued"))[0].id for i, p in enumerate(people)}
     # Two workers (pids 1 and 2), each trying far more claims than there are messages, concurrently.
-    claims = await asyncio.gather(*(claim_next(db, 1 + i % 2) for i in range(80)))
-    claimed = [row["id"] for row in claims if row is not None]
+    claims = await asyncio.gather(*(claim_turn(db, 1 + i % 2) for i in range(80)))
+    claimed = [row["id"] for rows in claims for row in rows]
     assert sorted(claimed) == sorted(ids)  # every message once, none twice
-    assert await claim_next(db, 1) is None
+    assert await claim_turn(db, 1) == []
     rows = await db.fetch("SELECT handling, claimed_by FROM messages")
     assert {r["handling"] for r in rows} == {"running"} and {r["claimed_by"] for r in rows} <= {1, 2}
+
+
+async def test_racing_claimers_never_answer_one_person_twice_at_once(db: Database):
+    """Web posts are answered one by one; however the claims race, one turn per person at a time."""
+    ada, bob = await identity.create_account(db, "Ada"), await identity.create_account(db, "Bob")
+    for i in range(10):
+        await record_inbound(db, ada.id, "web", f"ada {i}", handling="queued")
+        await record_inbound(db, bob.id, "web", f"bob {i}", handling="queued")
+    claims = [rows for rows in await asyncio.gather(*(claim_turn(db, 1 + i % 2) for i in range(40))) if rows]
+    assert sorted(rows[0]["body"] for rows in claims) == ["ada 0", "bob 0"]
+    assert all(len(rows) == 1 for rows in claims)
+    await finish_handling(db, [claims[0][0]["id"]])
+    [following] = [rows for rows in await asyncio.gather(*(claim_turn(db, 2) for _ in range(10))) if rows]
+    assert following[0]["body"] == ("ada 1" if claims[0][0]["body"] == "ada 0" else "bob 1")
+
+
+async def test_a_burst_of_texts_from_one_sender_is_claimed_as_one_turn(db: Database):
+    ada, bob = await identity.create_account(db, "Ada"), await identity.create_account(db, "Bob")
+    phone = await identity.add_handle(db, ada.id, "phone", OWNER, verified=True)
+
+    async def text(body: str, to: str = LINE) -> int:
+        meta = {"from": OWNER, "to": to}
+        message, _ = await record_inbound(db, ada.id, "sms", body, handle_id=phone.id, handling="queued", meta=meta)
+        return message.id
+
+    first = [await text("one"), await text("two")]
+    web = (await record_inbound(db, ada.id, "web", "from the browser", handling="queued"))[0].id
+    first.append(await text("three"))
+    other_line = await text("to my other number", to="+14155550199")
+    bobs = (await record_inbound(db, bob.id, "web", "Bob's", handling="queued"))[0].id
+    burst = await claim_turn(db, 1)
+    assert [r["id"] for r in burst] == first and [r["body"] for r in burst] == ["one", "two", "three"]
+    assert {r["account_id"] for r in burst} == {ada.id}
+    # Ada's other messages wait for her turn; Bob's does not.
+    assert [r["id"] for r in await claim_turn(db, 2)] == [bobs]
+    assert await claim_turn(db, 2) == []
+    await finish_handling(db, first)
+    assert [r["id"] for r in await claim_turn(db, 2)] == [web]  # a web post is answered on its own
+    await finish_handling(db, [web])
+    assert [r["id"] for r in await claim_turn(db, 2)] == [other_line]
+    # A burst has a bound: it keeps a single turn's prompt small.
+    await finish_handling(db, [other_line])
+    many = [await text(f"text {i}") for i in range(5)]
+    assert [r["id"] for r in await claim_turn(db, 1, burst=3)] == many[:3]
+
+
+async def test_texts_left_by_a_turn_cut_short_come_back_together_and_alone(db: Database):
+    """Messages whose turn a dead worker left are claimed as that turn's group (they get its
+    apology), not merged with texts sent since (those get a turn of their own)."""
+    ada = await identity.create_account(db, "Ada")
+    phone = await identity.add_handle(db, ada.id, "phone", OWNER, verified=True)
+    meta = {"from": OWNER, "to": LINE}
+    ids = [
+        (await record_inbound(db, ada.id, "sms", f"t{i}", handle_id=phone.id, handling="queued", meta=meta))[0].id
+        for i in range(2)
+    ]
+    interrupted = await claim_turn(db, 99999)  # a backend pid no live session has
+    await open_turn(db, ada.id, channel="sms", inbound_message_ids=ids)  # then the worker died
+    later = (await record_inbound(db, ada.id, "sms", "t2", handle_id=phone.id, handling="queued", meta=meta))[0].id
+    assert [r["id"] for r in interrupted] == ids
+    await release_orphans(db, stale=timedelta(minutes=10), expire_after=timedelta(hours=1))
+    again = await claim_turn(db, 1)
+    assert [r["id"] for r in again] == ids and again[0]["turn_id"] is not None
+    await finish_handling(db, ids)
+    assert [r["id"] for r in await claim_turn(db, 1)] == [later]
 
 
 async def test_a_claim_commits_without_waiting_for_the_disk(db: Database):
@@ -48,7 +114,7 @@ async def test_a_claim_commits_without_waiting_for_the_disk(db: Database):
     ada = await identity.create_account(db, "Ada")
     await record_inbound(db, ada.id, "web", "hello", handling="queued")
     async with db.transaction() as conn:
-        assert (await claim_next(conn, 1))["body"] == "hello"
+        assert (await claim_turn(conn, 1))[0]["body"] == "hello"
         assert await conn.fetchval("SHOW synchronous_commit") == "off"
 
 

@@ -142,7 +142,7 @@ async def run_turn(
     *,
     kind: SessionKind = "live",
     trust: Trust = "owner_verified",
-    inbound_message_id: int | None = None,
+    inbound_message_ids: Sequence[int] = (),
     connections: frozenset[str] | None = None,
     tier: str | None = None,
 ) -> TurnOutcome:
@@ -173,7 +173,7 @@ async def run_turn(
         wanted = [name for name, expression in reads.items() if expression is not None]
         async with connection(db, stateless=True) as conn:
             opened = await open_turn(
-                conn, account_id, channel=channel, kind=kind, inbound_message_id=inbound_message_id,
+                conn, account_id, channel=channel, kind=kind, inbound_message_ids=inbound_message_ids,
                 extra=[reads[name] for name in wanted],
             )  # fmt: skip
             turn_id, conversation_id, timezone = opened.turn_id, opened.conversation_id, opened.timezone
@@ -187,7 +187,7 @@ async def run_turn(
             if personal:
                 memory = await build_memory_block(
                     conn, account_id, conversation_id, timezone, now,
-                    config=deps.memory, exclude_message_id=inbound_message_id,
+                    config=deps.memory, exclude_message_ids=inbound_message_ids,
                 )  # fmt: skip
             else:
                 memory = NO_MEMORY

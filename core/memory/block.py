@@ -13,6 +13,7 @@ owner outside a room: the caller decides that (``text_loop.turn``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from typing import Any
@@ -82,7 +83,7 @@ async def memory_view(
     now: datetime,
     *,
     config: MemoryConfig,
-    exclude_message_id: int | None = None,
+    exclude_message_ids: Sequence[int] = (),
 ) -> MemoryView:
     today_starts = local_midnight(local_date(now, timezone), timezone)
     # One round trip for the summaries: the last months, then weeks and days after them.
@@ -124,19 +125,19 @@ async def memory_view(
     # One round trip for the messages: all of today's, and the newest uncovered older ones.
     rows = await db.fetch(
         """
-        (SELECT * FROM messages WHERE conversation_id = $1 AND created_at >= $2 AND id <> $3)
+        (SELECT * FROM messages WHERE conversation_id = $1 AND created_at >= $2 AND id <> ALL($3::bigint[]))
         UNION ALL
         (SELECT m.* FROM unnest($4::timestamptz[], $5::timestamptz[]) AS g(s, e)
             CROSS JOIN LATERAL (
                 SELECT * FROM messages
-                WHERE conversation_id = $1 AND created_at >= g.s AND created_at < g.e AND id <> $3
+                WHERE conversation_id = $1 AND created_at >= g.s AND created_at < g.e AND id <> ALL($3::bigint[])
                 ORDER BY created_at DESC, id DESC LIMIT $6
             ) m
             ORDER BY m.created_at DESC, m.id DESC LIMIT $6)
         """,
         conversation_id,
         today_starts,
-        exclude_message_id if exclude_message_id is not None else -1,
+        list(exclude_message_ids),
         [a for a, _ in gaps],
         [b for _, b in gaps],
         config.block_older_messages + 1,
@@ -192,14 +193,14 @@ async def build_memory_block(
     now: datetime,
     *,
     config: MemoryConfig | None = None,
-    exclude_message_id: int | None = None,
+    exclude_message_ids: Sequence[int] = (),
 ) -> str:
     """The memory block for an owner's prompt at ``now`` (see the module docstring).
 
-    ``exclude_message_id`` leaves out the message the turn answers (it is the newest message).
+    ``exclude_message_ids`` leaves out the messages the turn answers (they are its person message).
     """
     config = config or MemoryConfig()
     view = await memory_view(
-        db, account_id, conversation_id, timezone, now, config=config, exclude_message_id=exclude_message_id
+        db, account_id, conversation_id, timezone, now, config=config, exclude_message_ids=exclude_message_ids
     )
     return render_memory(view, timezone, config)

@@ -63,7 +63,7 @@ async def test_memory_holds_recent_messages_but_not_the_one_being_answered(db, d
     await record_inbound(db, account.id, "sms", "my sister is called Bea")
     new, _ = await record_inbound(db, account.id, "sms", "what is my sister called?")
     models.script(reply("Bea."), reply("Bea."))  # the answer, then the SMS repair pass
-    outcome = await run_turn(deps, account.id, "sms", new.body, inbound_message_id=new.id)
+    outcome = await run_turn(deps, account.id, "sms", new.body, inbound_message_ids=[new.id])
     memory = models.prompts[0].system_dynamic
     assert "my sister is called Bea" in memory
     assert "what is my sister called?" not in memory

@@ -58,7 +58,9 @@ async def test_block_order_coverage_and_today_never_cut(db, ada) -> None:
         await say(db, ada.id, datetime(2025, 6, 4, 9, n, tzinfo=UTC), f"today-{n}", channel="web")
     answering = await say(db, ada.id, datetime(2025, 6, 4, 12, 59, tzinfo=UTC), "the message being answered")
 
-    block = await build_memory_block(db, ada.id, conv, "Europe/Paris", NOW, config=config, exclude_message_id=answering)
+    block = await build_memory_block(
+        db, ada.id, conv, "Europe/Paris", NOW, config=config, exclude_message_ids=[answering]
+    )
     order = ["APRIL-SUMMARY", "WEEK-SUMMARY", "JUNE-2-SUMMARY", "uncovered 2", "uncovered 4", "Today ", "today-9"]
     positions = [block.index(marker) for marker in order]
     assert positions == sorted(positions)
@@ -84,7 +86,7 @@ async def test_only_verified_owner_sessions_get_the_block(db, ada, models) -> No
     deps = HarnessDeps(db=db, models=models, clock=lambda: NOW)
     message, _ = await record_inbound(db, ada.id, "web", "hi")
     models.script(reply("Hello."), reply("Hello."), reply("Hello."), reply("Hello."))
-    await run_turn(deps, ada.id, "web", "hi", inbound_message_id=message.id)
+    await run_turn(deps, ada.id, "web", "hi", inbound_message_ids=[message.id])
     await run_turn(deps, ada.id, "voice", "hi", kind="call", trust="owner_unverified")
     await run_turn(deps, ada.id, "voice", "hi", kind="call", trust="third_party")
     await run_turn(deps, ada.id, "web", "hi", kind="room")

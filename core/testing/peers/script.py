@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -34,6 +34,7 @@ class Reply:
     ``text`` streams in word-sized deltas. ``status`` answers with that HTTP status and the
     provider's error body instead. ``delay`` seconds pass before the answer starts.
     ``cut_after`` closes the connection abruptly after that many stream events (streaming only).
+    ``hold`` keeps the answer back until the test sets that event.
     """
 
     text: str = ""
@@ -49,6 +50,7 @@ class Reply:
     error_message: str = "scripted failure"
     delay: float = 0.0
     cut_after: int | None = None
+    hold: asyncio.Event | None = field(default=None, compare=False)
 
     def words(self) -> list[str]:
         """The text as streamed: word-sized pieces that join back to ``text``."""
@@ -162,6 +164,8 @@ class LoopbackPeer:
         reply = self._queue.popleft()
         if reply.delay:
             await asyncio.sleep(reply.delay)
+        if reply.hold is not None:
+            await reply.hold.wait()
         return received, reply
 
     def call_id(self, call: ScriptedCall, prefix: str) -> str:
