@@ -109,6 +109,19 @@ async def test_texts_left_by_a_turn_cut_short_come_back_together_and_alone(db: D
     assert [r["id"] for r in await claim_turn(db, 1)] == [later]
 
 
+async def test_a_claim_in_progress_never_holds_up_recording_a_message(db: Database):
+    """The claim locks the person's conversation row, and every new message's foreign key points
+    at it: the acknowledgement of a webhook must not wait for a turn worker's claim to commit."""
+    ada = await identity.create_account(db, "Ada")
+    await record_inbound(db, ada.id, "web", "first", handling="queued")
+    async with db.transaction() as conn:
+        assert [r["body"] for r in await claim_turn(conn, 1)] == ["first"]
+        # The claim's transaction is still open, its locks held.
+        message, created = await asyncio.wait_for(record_inbound(db, ada.id, "web", "second", handling="queued"), 5)
+        assert created and message.body == "second"
+        assert await claim_turn(db, 2) == []  # and no other worker can take Ada's next message meanwhile
+
+
 async def test_a_claim_commits_without_waiting_for_the_disk(db: Database):
     """Lost in a crash, a claim leaves its message queued to be claimed again; nothing was sent yet."""
     ada = await identity.create_account(db, "Ada")
