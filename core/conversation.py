@@ -179,9 +179,27 @@ async def release_orphans(db: Executor, *, stale: timedelta, expire_after: timed
     )
 
 
-async def finish_handling(db: Executor, message_ids: Sequence[int], *, handling: str = "done") -> None:
-    """Claimed messages are answered (``done``) or needed no turn after all (``skipped``)."""
-    await db.execute("UPDATE messages SET handling = $2 WHERE id = ANY($1::bigint[])", list(message_ids), handling)
+async def finish_handling(
+    db: Executor, message_ids: Sequence[int], *, handling: str = "done", durable: bool = False
+) -> None:
+    """Claimed messages are answered (``done``) or needed no turn after all (``skipped``).
+
+    The mark commits without waiting for the disk unless ``durable``. Lost in a crash, the
+    messages come back as a dead worker's, with their turn (``turn_id``, durable before any reply
+    went out) already settled, and are marked done without another answer
+    (``gateway.turns.answer_message``); a message that needed no turn has none, and its second look
+    finds the same reason to skip it. Only an answer sent with no turn (an apology for a turn that
+    never opened) needs ``durable``: nothing else would tell that it went out. Otherwise a flush
+    here would only make the acknowledgements queue for the disk behind the turn workers.
+    """
+    await db.execute(
+        f"""
+        WITH marked AS (UPDATE messages SET handling = $2 WHERE id = ANY($1::bigint[]) RETURNING id)
+        SELECT count(*){"" if durable else ", " + NO_FLUSH} FROM marked
+        """,
+        list(message_ids),
+        handling,
+    )
 
 
 async def record_outbound(

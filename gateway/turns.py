@@ -59,7 +59,7 @@ async def answer_message(
     try:
         await send(turn_id, reply)
     finally:
-        await finish_handling(services.db, message_ids)
+        await finish_handling(services.db, message_ids, durable=turn_id is None)
 
 
 async def report_delivery(services: Services, turn_id: UUID | None, *, ok: bool, detail: dict[str, Any]) -> None:

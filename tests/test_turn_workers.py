@@ -131,6 +131,16 @@ async def test_a_claim_commits_without_waiting_for_the_disk(db: Database):
         assert await conn.fetchval("SHOW synchronous_commit") == "off"
 
 
+async def test_marking_messages_answered_waits_for_the_disk_only_after_an_answer_with_no_turn(db: Database):
+    ada = await identity.create_account(db, "Ada")
+    message, _ = await record_inbound(db, ada.id, "web", "hello", handling="queued")
+    for durable, expected in ((False, "off"), (True, "on")):
+        async with db.transaction() as conn:
+            await finish_handling(conn, [message.id], durable=durable)
+            assert await conn.fetchval("SHOW synchronous_commit") == expected
+    assert await db.fetchval("SELECT handling FROM messages WHERE id = $1", message.id) == "done"
+
+
 async def test_two_workers_answer_every_queued_message_once(db: Database, db_url: str):
     ada = await identity.create_account(db, "Ada")
     async with OpenAIPeer() as model:
