@@ -58,7 +58,9 @@ def create_app(settings: Settings, db, *, turns_in_process: bool = True, media_i
         if shared.live is not None:
             await shared.live.start()
         if db is not None and shared.ack_db is None:
-            shared.ack_db = await db.side_pool(max_size=ACK_POOL_SIZE, settings=ANNOUNCE_LATER)
+            # Every connection opened before serving: opening one (a backend forked, the vector
+            # type looked up) during a burst of webhooks held their acknowledgements up.
+            shared.ack_db = await db.side_pool(min_size=ACK_POOL_SIZE, max_size=ACK_POOL_SIZE, settings=ANNOUNCE_LATER)
         if worker is not None:
             await worker.start()
 

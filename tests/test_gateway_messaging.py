@@ -19,6 +19,7 @@ from core.store import Database
 from core.testing.peers import OpenAIPeer, fault, reply_text, reply_tools
 from core.testing.processes import until
 from core.testing.twilio_peer import TwilioPeer
+from gateway.app import ACK_POOL_SIZE
 from gateway.messaging import HELP_TEXT, RECORD_STATUS, UNKNOWN_SENDER_TEXT
 from gateway.server import running_app
 from gateway.turns import APOLOGY_TEXT
@@ -171,6 +172,13 @@ async def test_an_unverified_number_is_treated_as_unknown(stack: Stack):
 
 
 # --- a turn over SMS -----------------------------------------------------------------------------
+
+
+async def test_the_acknowledgements_connections_are_all_open_before_the_first_webhook(stack: Stack):
+    """Opening a connection (a backend forked, the vector type looked up) in the middle of a
+    burst of webhooks would hold their acknowledgements up."""
+    pool = stack._services.ack_db.pool
+    assert pool.get_size() == ACK_POOL_SIZE and pool.get_idle_size() == ACK_POOL_SIZE
 
 
 async def test_a_text_gets_an_acknowledgement_then_a_reply_through_the_rest_api(stack: Stack):

@@ -198,8 +198,9 @@ class Database:
             if backend_nice > 0:
 
                 async def init(conn: asyncpg.Connection) -> None:
-                    await _init_connection(conn)
+                    # Niced first: looking the vector type up is a new backend's costliest query.
                     await nice_local_backend(conn, backend_nice, idle=backend_idle)
+                    await _init_connection(conn)
 
             pool = await asyncpg.create_pool(
                 dsn, min_size=min_size, max_size=max_size, init=init, timeout=CONNECT_TIMEOUT,
@@ -212,7 +213,7 @@ class Database:
     async def close(self) -> None:
         await self.pool.close()
 
-    async def side_pool(self, *, max_size: int, settings: dict[str, str]) -> Database:
+    async def side_pool(self, *, max_size: int, settings: dict[str, str], min_size: int = 1) -> Database:
         """A second pool on the same (already migrated) database whose sessions carry ``settings``.
 
         It is for single statements and short transactions, never LISTEN, advisory locks, cursors
@@ -222,7 +223,7 @@ class Database:
         """
         try:
             pool = await asyncpg.create_pool(
-                self.dsn, min_size=1, max_size=max_size, init=_init_connection, timeout=CONNECT_TIMEOUT,
+                self.dsn, min_size=min_size, max_size=max_size, init=_init_connection, timeout=CONNECT_TIMEOUT,
                 server_settings=settings, reset=_keep_session, connection_class=PoolConnection,
             )  # fmt: skip
         except (OSError, asyncpg.PostgresError) as exc:
