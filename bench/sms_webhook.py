@@ -11,7 +11,9 @@ start (both in this process). Like Twilio, the loopback Twilio reports ``sent`` 
 benchmark did before). The load comes from a third process, so neither the peers nor the server
 slow the clock that measures: requests are sent open-loop at ``--rate`` per second, each a new
 message from the verified owner (``--senders N``: from N people in turn, each an account of its
-own, whose memory blocks stay small), signed as Twilio signs. The figure is the time from sending a
+own, whose memory blocks stay small), signed as Twilio signs. One person's texts that arrive while
+a turn answers them wait and are answered together by the next turn, as in real use: the run
+prints how many turns answered its messages. The figure is the time from sending a
 webhook to receiving Pepper's empty-TwiML acknowledgement (target p99 <= 20 ms), measured while
 the turns of the earlier webhooks run and their receipts arrive. As a baseline, the same rate
 against ``/healthz`` (the framework plus one database round trip) in the same run, and, between
