@@ -124,7 +124,11 @@ class TurnWorker:
                     swept = loop.time()
                 while not self._stopping.is_set():
                     await self._slots.acquire()
-                    rows = await claim_turn(db, self.pid)
+                    try:
+                        rows = await claim_turn(db, self.pid)
+                    except BaseException:
+                        self._slots.release()  # a failed claim must not cost a turn slot for good
+                        raise
                     if not rows:
                         self._slots.release()
                         break

@@ -141,6 +141,30 @@ async def test_marking_messages_answered_waits_for_the_disk_only_after_an_answer
     assert await db.fetchval("SELECT handling FROM messages WHERE id = $1", message.id) == "done"
 
 
+async def test_a_claim_that_fails_costs_no_turn_slot(db: Database, db_url: str):
+    """A worker with one slot whose claims fail for a while (here the claim function is missing)
+    still answers once they work again."""
+    ada = await identity.create_account(db, "Ada")
+    async with OpenAIPeer() as model:
+        model.script(reply_text("answered"))
+        settings = Settings(database_url=db_url, openai_api_key="sk-test", openai_base_url=model.base_url)
+        async with build_turn_services(settings, db) as services:
+            await db.execute("ALTER FUNCTION pepper_claim_turn(integer, integer) RENAME TO pepper_claim_turn_gone")
+            worker = TurnWorker(services, concurrency=1, poll_seconds=0.05)
+            await worker.start()
+            try:
+                await asyncio.sleep(0.3)  # several claims fail meanwhile
+                await db.execute("ALTER FUNCTION pepper_claim_turn_gone(integer, integer) RENAME TO pepper_claim_turn")
+                message, _ = await record_inbound(db, ada.id, "web", "still there?", handling="queued")
+
+                async def answered() -> bool:
+                    return await db.fetchval("SELECT handling FROM messages WHERE id = $1", message.id) == "done"
+
+                await until(answered, 10, "the message answered")
+            finally:
+                await asyncio.wait_for(worker.stop(5), 10)  # a slot lost for good would hang the stop too
+
+
 async def test_two_workers_answer_every_queued_message_once(db: Database, db_url: str):
     ada = await identity.create_account(db, "Ada")
     async with OpenAIPeer() as model:
