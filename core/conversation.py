@@ -185,12 +185,14 @@ async def finish_handling(
     """Claimed messages are answered (``done``) or needed no turn after all (``skipped``).
 
     The mark commits without waiting for the disk unless ``durable``. Lost in a crash, the
-    messages come back as a dead worker's, with their turn (``turn_id``, durable before any reply
-    went out) already settled, and are marked done without another answer
-    (``gateway.turns.answer_message``); a message that needed no turn has none, and its second look
-    finds the same reason to skip it. Only an answer sent with no turn (an apology for a turn that
-    never opened) needs ``durable``: nothing else would tell that it went out. Otherwise a flush
-    here would only make the acknowledgements queue for the disk behind the turn workers.
+    messages come back as a dead worker's, with their turn (``turn_id``) already settled, and are
+    marked done without another answer (``gateway.turns.answer_message``): the link and the
+    settled turn were flushed before this mark by the reply's own durable record (or the durable
+    delivery report of a reply that could not go out), as the log is written in order. A message
+    that needed no turn has none, and its second look finds the same reason to skip it. Only an
+    answer sent with no turn (an apology for a turn that never opened) needs ``durable``: nothing
+    else would tell that it went out. Otherwise a flush here would only make the acknowledgements
+    queue for the disk behind the turn workers.
     """
     await db.execute(
         f"""
