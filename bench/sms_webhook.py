@@ -307,15 +307,14 @@ async def run_all(port, db, twilio, results, rate, seconds, server_pid, peers_ni
         answered_by = await db.fetchval(
             "SELECT count(DISTINCT turn_id) FROM messages WHERE direction = 'inbound' AND body LIKE 'message %'"
         )
-
-        # The duplicate storm: 50 concurrent deliveries of one MessageSid, once every earlier
-        # message is answered.
         await twilio.receipts_done()
         await asyncio.sleep(1.0)
         wal_after = await wal_position(db)
         wal = wal_report(wal_before, wal_after, len(acks)) + "\n" + wal_io_report(io_before, io_after)
         if os.environ.get("BENCH_WALDUMP"):
             wal += "\n" + await by_relation(db, wal_before[0], wal_after[0], len(acks))
+        # The duplicate storm: 50 concurrent deliveries of one MessageSid, once every earlier
+        # message is answered.
         before_turns = await db.fetchval("SELECT count(*) FROM turns")
         before_sent = len(twilio.sent)
         form = twilio.inbound_message(sender=OWNER, to=LINE, body="storm")

@@ -148,11 +148,12 @@ async def claim_turn(db: Executor, worker: int, *, burst: int = BURST_LIMIT) -> 
         SELECT m.id, m.channel, m.body, m.handle_id, m.meta, m.provider_message_id, m.turn_id, c.account_id,
             {NO_FLUSH}
         FROM pepper_claim_turn($1, $2) m JOIN conversations c ON c.id = m.conversation_id
+        ORDER BY m.id
         """,
         worker,
         burst,
     )
-    return sorted(rows, key=lambda row: row["id"])
+    return list(rows)
 
 
 async def release_orphans(db: Executor, *, stale: timedelta, expire_after: timedelta) -> None:
@@ -194,13 +195,9 @@ async def finish_handling(
     else would tell that it went out. Otherwise a flush here would only make the acknowledgements
     queue for the disk behind the turn workers.
     """
+    returning = "" if durable else f"RETURNING {NO_FLUSH}"
     await db.execute(
-        f"""
-        WITH marked AS (UPDATE messages SET handling = $2 WHERE id = ANY($1::bigint[]) RETURNING id)
-        SELECT count(*){"" if durable else ", " + NO_FLUSH} FROM marked
-        """,
-        list(message_ids),
-        handling,
+        f"UPDATE messages SET handling = $2 WHERE id = ANY($1::bigint[]) {returning}", list(message_ids), handling
     )
 
 
