@@ -37,9 +37,9 @@ from gateway.worker import ChildProcesses, ChildStop
 
 log = logging.getLogger(__name__)
 
-# Connections for a media process's calls: a call uses one only to write a transcript line or a
-# record, briefly; these are shared by the ~150 calls a process holds.
-POOL_SIZE = 20
+# Connections for a media process's calls: a call uses one only to admit itself and to write a
+# transcript line or a record, briefly; these are shared by the ~150 calls a process holds.
+POOL_SIZE = 10
 
 
 def bind_shared(host: str, port: int) -> socket.socket:

@@ -17,12 +17,13 @@ from quart import Quart
 
 from core.errors import PepperError, StartupError
 from core.settings import Settings
-from core.store import Database, open_store
-from gateway.app import asgi_app, create_app
+from core.store import SERVING_POOL_SIZE, Database, open_store
+from gateway.app import ACK_POOL_SIZE, asgi_app, create_app
+from gateway.media_procs import POOL_SIZE as MEDIA_POOL_SIZE
 from gateway.media_procs import MediaProcesses, bind_shared
 from gateway.services import Services
 from gateway.tasks import BackgroundTasks
-from gateway.worker import ChildProcesses, TurnProcesses
+from gateway.worker import ChildProcesses, TurnProcesses, turn_pool_size
 
 log = logging.getLogger(__name__)
 
@@ -337,6 +338,39 @@ async def freeze_startup_objects() -> None:
     gc.freeze()
 
 
+def connections_needed(settings: Settings) -> int:
+    """The most Postgres connections ``pepper serve`` holds at once with these settings: every
+    pool at its maximum, and each listening (LISTEN) connection."""
+    web = SERVING_POOL_SIZE + ACK_POOL_SIZE + 1  # + the live feed's listener
+    # Each turn worker's pool and its wake-up listener; with none, one worker in the web server.
+    turns = settings.turn_workers * (turn_pool_size(settings) + 1) if settings.turn_workers else 1
+    # Each media process's pool and its call-control listener; with one, the web server's listener.
+    media = settings.media_processes * (MEDIA_POOL_SIZE + 1) if settings.media_processes > 1 else 1
+    return web + turns + media
+
+
+# What an ordinary role may open: superuser-reserved slots (and PG 16's reserved_connections) are
+# not counted, so the budget holds whichever role DATABASE_URL names.
+_CONNECTION_LIMIT = """
+SELECT current_setting('max_connections')::int
+     - current_setting('superuser_reserved_connections')::int
+     - coalesce(nullif(current_setting('reserved_connections', true), '')::int, 0)
+"""
+
+
+async def check_connection_budget(db: Database, settings: Settings) -> None:
+    """Refuse to start when the pools could outgrow the server's connection limit: otherwise the
+    shortfall shows only under load, as calls and messages failing with "too many clients"."""
+    limit = await db.fetchval(_CONNECTION_LIMIT)
+    needed = connections_needed(settings)
+    if needed > limit:
+        raise StartupError(
+            f"Pepper may open {needed} connections to Postgres with these settings but the server allows"
+            f" {limit}; raise its max_connections or lower PEPPER_TURN_WORKERS, PEPPER_MAX_CONCURRENT_TURNS"
+            " or PEPPER_MEDIA_PROCESSES"
+        )
+
+
 def _started(children: list[ChildProcesses]):  # type: ignore[no-untyped-def]
     async def start_child_processes() -> None:
         for processes in children:
@@ -371,6 +405,7 @@ async def serve(settings: Settings, *, stop: asyncio.Event | None = None) -> Non
         else:
             media_sock = bind_listener(settings.host, settings.media_port, "PEPPER_MEDIA_PORT")
         async with open_store(settings, serving=True) as db:
+            await check_connection_budget(db, settings)
             app = build_app(settings, db, None if media_apart else media_sock,
                             turns_in_process=settings.turn_workers == 0, media_in_process=not media_apart)  # fmt: skip
             children: list[ChildProcesses] = []

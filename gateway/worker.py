@@ -298,19 +298,24 @@ def worker_process_main(settings: Settings, index: int) -> None:
         asyncio.run(_worker_process(settings, index))
 
 
+def turn_pool_size(settings: Settings) -> int:
+    """A turn worker's pool: a turn takes a connection only while it needs one, so a few more than
+    its concurrent turns is plenty."""
+    return settings.max_concurrent_turns + 4
+
+
 async def _worker_process(settings: Settings, index: int) -> None:
     from core.store import Database
     from gateway.server import build_turn_services
 
     stop = ChildStop()
     assert settings.database_url is not None
-    # A turn takes a connection only while it needs one: a few per concurrent turn is plenty.
     # The Postgres backends doing the turns' work yield the CPU as this process does (when local).
     # All are opened before the first claim: a backend forked and set up mid-burst costs the
     # postmaster's CPU, at the web server's priority.
     own_nice = os.getpriority(os.PRIO_PROCESS, 0)
     idle = hasattr(os, "SCHED_IDLE") and os.sched_getscheduler(0) == os.SCHED_IDLE
-    size = settings.max_concurrent_turns + 4
+    size = turn_pool_size(settings)
     db = await Database.open(
         settings.database_url.get_secret_value(), min_size=size, max_size=size, backend_nice=own_nice,
         backend_idle=idle,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -14,9 +15,11 @@ from pathlib import Path
 
 import httpx
 
+from core.settings import Settings
 from core.store.migrations import load_migrations
 from core.testing.processes import free_port
 from gateway.cli import main
+from gateway.server import connections_needed
 
 PEPPER = [sys.executable, "-m", "gateway.cli"]
 
@@ -264,6 +267,22 @@ def test_serve_on_a_server_without_pgvector_is_one_clear_line(subprocess_env, tm
     code, err = run_serve_expecting_failure(subprocess_env, tmp_path / "data", free_port(), ("DATABASE_URL", dsn))
     assert code == 1
     assert "has no pgvector extension" in err and "Traceback" not in err
+
+
+def test_serve_refuses_settings_whose_pools_could_outgrow_the_connection_limit(subprocess_env, tmp_path):
+    # 16 turn workers of 12 connections each need more than the embedded server's 200; found under
+    # load it would be calls and messages failing with "too many clients", so it is found at start.
+    code, err = run_serve_expecting_failure(
+        subprocess_env, tmp_path / "data", free_port(), ("PEPPER_TURN_WORKERS", "16")
+    )
+    assert code == 1 and "Traceback" not in err
+    assert re.search(
+        r"pepper: error: Pepper may open 2\d\d connections to Postgres with these settings but the"
+        r" server allows 197; raise its max_connections or lower PEPPER_TURN_WORKERS",
+        err,
+    ), err
+    # The defaults fit a stock server's 100 (97 for ordinary roles), with room for admin commands.
+    assert connections_needed(Settings()) <= 85
 
 
 def test_pepper_console_script_is_installed():

@@ -29,6 +29,10 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 EMBEDDED_DATABASE = "pepper"
+# The web server's pool under ``pepper serve``: webhooks, web chat and admin pages each hold a
+# connection for a statement or a short transaction. Part of the server's connection budget
+# (``gateway.server.connections_needed``).
+SERVING_POOL_SIZE = 20
 
 
 def prepare_data_dir(path: Path) -> Path:
@@ -61,8 +65,9 @@ async def open_store(settings: Settings, *, serving: bool) -> AsyncIterator[Data
     stopping it on exit. ``serving=False`` (admin commands, ``doctor``) uses a running server's
     Postgres when one holds the lock, and otherwise starts it for the duration of the command.
     """
+    pool = SERVING_POOL_SIZE if serving else 2
     if settings.database_url is not None:
-        db = await Database.open(settings.database_url.get_secret_value())
+        db = await Database.open(settings.database_url.get_secret_value(), max_size=pool)
         try:
             yield db
         finally:
@@ -87,7 +92,7 @@ async def open_store(settings: Settings, *, serving: bool) -> AsyncIterator[Data
         admin_dsn = await asyncio.to_thread(pg.start)
         try:
             await create_database_if_missing(admin_dsn, EMBEDDED_DATABASE)
-            db = await Database.open(pg.dsn(EMBEDDED_DATABASE), max_size=40 if serving else 2)
+            db = await Database.open(pg.dsn(EMBEDDED_DATABASE), max_size=pool)
             try:
                 yield db
             finally:

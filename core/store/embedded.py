@@ -39,7 +39,10 @@ _MAX_SOCKET_PATH = 100  # sun_path is 108 bytes on Linux; keep a margin
 # - checkpoints every 15 minutes instead of 5 (``max_wal_size`` still forces one sooner under
 #   heavy writing): a third of the page images, for a longer crash recovery that at Pepper's
 #   volumes still takes seconds.
-SERVER_SETTINGS: dict[str, str] = {"wal_compression": "pglz", "checkpoint_timeout": "15min"}
+# max_connections: room above what ``pepper serve`` holds with its defaults (about 80, see
+# ``gateway.server.connections_needed``) for larger settings, admin commands and psql; stock 100
+# leaves little.
+SERVER_SETTINGS: dict[str, str] = {"wal_compression": "pglz", "checkpoint_timeout": "15min", "max_connections": "200"}
 
 
 def wheel_bin_dir() -> Path:
