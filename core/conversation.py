@@ -156,6 +156,34 @@ async def claim_turn(db: Executor, worker: int, *, burst: int = BURST_LIMIT) -> 
     return list(rows)
 
 
+async def hold_for_scheduled_turn(db: Executor, conversation_id: UUID, *, lease: timedelta) -> bool:
+    """Take the conversation for a scheduled turn, as a claim takes it for a message turn: False
+    while a message turn (or another scheduled turn) is answering it. Until :func:`release_hold`,
+    or until ``lease`` passes without :func:`extend_hold`, its messages wait (migration 0103)."""
+    return bool(await db.fetchval("SELECT pepper_hold_conversation($1, $2::interval)", conversation_id, lease))
+
+
+async def extend_hold(db: Executor, conversation_id: UUID, *, lease: timedelta) -> None:
+    await db.execute(
+        "UPDATE conversations SET held_until = now() + $2::interval WHERE id = $1 AND held_until IS NOT NULL",
+        conversation_id,
+        lease,
+    )
+
+
+async def release_hold(db: Executor, conversation_id: UUID) -> None:
+    """End the hold; turn workers are woken if messages waited for it."""
+    await db.execute(
+        """
+        WITH freed AS (UPDATE conversations SET held_until = NULL WHERE id = $1 RETURNING id)
+        SELECT pg_notify('pepper_turns', '') FROM freed
+        WHERE EXISTS (SELECT 1 FROM messages m WHERE m.conversation_id = freed.id
+                      AND m.handling = 'queued' AND m.direction = 'inbound')
+        """,
+        conversation_id,
+    )
+
+
 async def release_orphans(db: Executor, *, stale: timedelta, expire_after: timedelta) -> None:
     """Queue again the messages whose worker died mid-turn; expire those too old to answer.
 

@@ -15,9 +15,20 @@ from datetime import timedelta
 from pathlib import Path
 
 import aiohttp
+import asyncpg
 
 from core import identity
-from core.conversation import claim_turn, finish_handling, open_turn, record_inbound, release_orphans
+from core.conversation import (
+    claim_turn,
+    conversation_for,
+    extend_hold,
+    finish_handling,
+    hold_for_scheduled_turn,
+    open_turn,
+    record_inbound,
+    release_hold,
+    release_orphans,
+)
 from core.settings import Settings
 from core.store import Database
 from core.testing.peers import OpenAIPeer, reply_text
@@ -56,6 +67,41 @@ async def test_racing_claimers_never_answer_one_person_twice_at_once(db: Databas
     await finish_handling(db, [claims[0][0]["id"]])
     [following] = [rows for rows in await asyncio.gather(*(claim_turn(db, 2) for _ in range(10))) if rows]
     assert following[0]["body"] == ("ada 1" if claims[0][0]["body"] == "ada 0" else "bob 1")
+
+
+async def test_a_scheduled_turns_hold_and_message_turns_exclude_each_other(db: Database):
+    ada, bob = await identity.create_account(db, "Ada"), await identity.create_account(db, "Bob")
+    conversation, lease = await conversation_for(db, ada.id), timedelta(seconds=60)
+    first = (await record_inbound(db, ada.id, "web", "first", handling="queued"))[0].id
+    [claimed] = await claim_turn(db, 1)
+    # A message turn is answering Ada: a scheduled turn may not hold her conversation.
+    assert not await hold_for_scheduled_turn(db, conversation, lease=lease)
+    await finish_handling(db, [claimed["id"]])
+    assert claimed["id"] == first
+    assert await hold_for_scheduled_turn(db, conversation, lease=lease)
+    assert not await hold_for_scheduled_turn(db, conversation, lease=lease)  # one scheduled turn at a time
+    # Held: Ada's new message waits; Bob's is answered.
+    waiting = (await record_inbound(db, ada.id, "web", "while held", handling="queued"))[0].id
+    bobs = (await record_inbound(db, bob.id, "web", "Bob's", handling="queued"))[0].id
+    assert [r["id"] for r in await claim_turn(db, 1)] == [bobs]
+    await extend_hold(db, conversation, lease=lease)
+    assert await claim_turn(db, 1) == []
+    # Released: the turn workers are told, and Ada's message is claimed.
+    listener = await asyncpg.connect(db.dsn)
+    told: asyncio.Queue[str] = asyncio.Queue()
+    await listener.add_listener("pepper_turns", lambda *args: told.put_nowait(args[-1]))
+    try:
+        await release_hold(db, conversation)
+        await asyncio.wait_for(told.get(), 5)
+    finally:
+        await listener.close()
+    assert [r["id"] for r in await claim_turn(db, 1)] == [waiting]
+    await finish_handling(db, [waiting])
+    # A hold whose process died expires with its lease.
+    assert await hold_for_scheduled_turn(db, conversation, lease=timedelta(milliseconds=1))
+    later = (await record_inbound(db, ada.id, "web", "after a crash", handling="queued"))[0].id
+    await asyncio.sleep(0.01)
+    assert [r["id"] for r in await claim_turn(db, 1)] == [later]
 
 
 async def test_a_burst_of_texts_from_one_sender_is_claimed_as_one_turn(db: Database):

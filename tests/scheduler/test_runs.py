@@ -3,9 +3,12 @@ chat deliverer. Receipts, silence on evidence, keyed deliveries, catch-up, clock
 
 from __future__ import annotations
 
+import asyncio
 import json
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
+from core.conversation import claim_turn, finish_handling, record_inbound
 from core.scheduling.schedule import parse_schedule
 from core.scheduling.tasks import create_task
 from core.testing.scripted import calls, reply
@@ -310,3 +313,47 @@ async def test_a_result_can_go_by_email_once_and_falls_back_to_chat_without_a_ma
     clock.advance(days=1)
     assert await nomail.run_due() == 1
     assert "Still two todos." in await _outbound(db)
+
+
+async def test_a_run_waits_for_the_persons_message_turn_and_their_texts_wait_for_it(
+    db, scheduler, models, account, clock, config, deps
+):
+    task = await _task(db, account, clock)
+    await record_inbound(db, account.id, "web", "are you there?", handling="queued")
+    [answering] = await claim_turn(db, 1)  # a message turn is answering Ada
+    clock.advance(hours=1)
+    impatient = Scheduler(deps, scheduler.deliverer, replace(config, busy_wait=timedelta(seconds=0.3)),
+                          owner="test-1", clock=clock)  # fmt: skip
+    assert await impatient.run_due() == 1
+    # Given back when the wait ran out, not counted as an attempt; no turn ran beside the message turn.
+    [receipt] = await _receipts(db, task.id)
+    assert (receipt["status"], receipt["attempts"]) == ("due", 0)
+    assert receipt["reason"] == "waiting for the turn answering the person"
+    assert models.received == [] and await db.fetchval("SELECT count(*) FROM turns") == 0
+    assert await impatient.run_due() == 0  # not before it is due again
+
+    # Due again, the run waits in its slot and goes on once the message turn is done.
+    clock.advance(seconds=5)
+    models.script(calls(("list_todos", {})), reply("Nothing open today."))
+    entered, go = asyncio.Event(), asyncio.Event()
+    generate = models.generate
+
+    async def held(prompt, **kw):  # the scheduled turn's model call waits for the test
+        entered.set()
+        await go.wait()
+        return await generate(prompt, **kw)
+
+    models.generate = held
+    run = asyncio.create_task(scheduler.run_due())
+    await asyncio.sleep(0.5)
+    assert not entered.is_set()
+    await finish_handling(db, [answering["id"]])
+    await asyncio.wait_for(entered.wait(), 10)
+    # Its turn now holds the conversation: a text sent meanwhile waits until it ends.
+    meanwhile = (await record_inbound(db, account.id, "web", "and now?", handling="queued"))[0]
+    assert await claim_turn(db, 2) == []
+    go.set()
+    assert await run == 1
+    [receipt] = await _receipts(db, task.id)
+    assert (receipt["status"], receipt["attempts"]) == ("ran", 1)
+    assert [r["id"] for r in await claim_turn(db, 2)] == [meanwhile.id]

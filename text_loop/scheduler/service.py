@@ -26,8 +26,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
+from uuid import UUID
 from zoneinfo import ZoneInfo
 
+from core.conversation import conversation_for, extend_hold, hold_for_scheduled_turn, release_hold
 from text_loop.prompt import labelled
 from text_loop.scheduler import claims
 from text_loop.scheduler.claims import Claim
@@ -59,6 +61,12 @@ class SchedulerConfig:
     retry_after: timedelta = timedelta(minutes=1)
     error_backoff: float = 5.0
     drain_grace: float = 10.0
+    # A run whose person is being answered already (a message turn, another of their runs) looks
+    # again every ``busy_poll`` seconds, in its slot and under its lease, for up to ``busy_wait``;
+    # then it is given back to run ``busy_retry`` later.
+    busy_poll: float = 0.2
+    busy_wait: timedelta = timedelta(seconds=60)
+    busy_retry: timedelta = timedelta(seconds=5)
 
 
 def process_owner() -> str:
@@ -67,6 +75,10 @@ def process_owner() -> str:
 
 class LeaseLost(Exception):
     pass
+
+
+class ConversationBusy(Exception):
+    """A turn is answering the person's conversation: the run waits for it (migration 0103)."""
 
 
 class Scheduler:
@@ -87,6 +99,7 @@ class Scheduler:
         self.clock = clock or deps.clock
         self._loop_task: asyncio.Task[None] | None = None
         self._running: dict[int, asyncio.Task[None]] = {}
+        self._holds: dict[int, UUID] = {}  # run -> the conversation its turn holds
         self._wake = asyncio.Event()
 
     # --- the loop --------------------------------------------------------------------------
@@ -182,6 +195,13 @@ class Scheduler:
                     work.cancel()
                     await asyncio.gather(work, return_exceptions=True)
                     return
+                held = self._holds.get(claim.run_id)
+                if held is not None:
+                    try:
+                        await extend_hold(self.db, held, lease=self.config.lease)
+                    except Exception as exc:
+                        log.warning("conversation hold renewal failed: run=%s error=%s", claim.run_id,
+                                    type(exc).__name__)  # fmt: skip
         except asyncio.CancelledError:
             work.cancel()
             await asyncio.gather(work, return_exceptions=True)
@@ -194,12 +214,25 @@ class Scheduler:
             except Exception:
                 log.warning("could not release a run at shutdown; its lease will expire: run=%s", claim.run_id)
             raise
+        except ConversationBusy:
+            await self._wait_for_the_turn(claim)
         except Exception as exc:
             log.error("scheduled run failed: run=%s error=%s", claim.run_id, type(exc).__name__, exc_info=exc)
             await self._retry_or_fail(claim, f"an internal error ({type(exc).__name__})")
         finally:
             if not work.done():
                 work.cancel()
+
+    async def _wait_for_the_turn(self, claim: Claim) -> None:
+        """Give the run back, not counted as an attempt, to run once the person's turn is done."""
+        wait = self.config.busy_retry
+        try:
+            await claims.release(self.db, claim.run_id, self.owner, due_at=self.clock() + wait,
+                                 reason="waiting for the turn answering the person", count_attempt=False)  # fmt: skip
+        except Exception as exc:
+            log.warning("could not give back a waiting run; its lease will expire: run=%s error=%s", claim.run_id, exc)
+            return
+        asyncio.get_running_loop().call_later(wait.total_seconds(), self._wake.set)
 
     async def _retry_or_fail(self, claim: Claim, why: str) -> None:
         try:
@@ -236,6 +269,23 @@ class Scheduler:
         if claim.task_status == "cancelled":
             await claims.finish(db, claim.run_id, self.owner, now, status="missed", reason="the task was cancelled")
             return
+        # The turn takes its turn in the person's conversation, as a message turn does.
+        conversation_id = await conversation_for(db, claim.account_id)
+        loop = asyncio.get_running_loop()
+        give_up_at = loop.time() + self.config.busy_wait.total_seconds()
+        while not await hold_for_scheduled_turn(db, conversation_id, lease=self.config.lease):
+            if loop.time() >= give_up_at:
+                raise ConversationBusy
+            await asyncio.sleep(self.config.busy_poll)
+        self._holds[claim.run_id] = conversation_id
+        try:
+            await self._run_held(claim)
+        finally:
+            self._holds.pop(claim.run_id, None)
+            await release_hold(db, conversation_id)
+
+    async def _run_held(self, claim: Claim) -> None:
+        db = self.db
         channels = await self._channels(claim)
         outcome = await run_turn(
             self.deps, claim.account_id, _TURN_CHANNEL[channels[0]], self._text(claim), kind="scheduled"
