@@ -3,12 +3,13 @@
 The turn's reply is the first generation with text and no tool calls. Guards:
 
 * a round cap per turn kind; from ``budget_notice_within`` rounds before it, a labelled note tells
-  the model how many rounds remain;
+  the model how many rounds remain; and a time budget per turn kind: once it is spent, no new
+  round with tools starts;
 * a round in which every call was an unknown tool or a refusal does not count, at most
   ``free_wasted_rounds`` times per turn;
 * an identical call (same tool, same arguments) that already succeeded in this turn does not run
   again: the earlier result is returned, marked as a repeat;
-* at the cap, one last generation runs without tools, on a plain-text rewrite of the turn, and
+* at either cap, one last generation runs without tools, on a plain-text rewrite of the turn, and
   is told which writes completed and which did not;
 * an empty reply is retried once on a plain-text rewrite (recovery); both attempts are recorded.
 
@@ -96,6 +97,7 @@ class TurnLoop:
         conversation_key: str,
         tier: str,
         background: bool = False,
+        time_budget: float | None = None,
     ):
         self.models = models
         self.config = config
@@ -108,6 +110,7 @@ class TurnLoop:
         self.conversation_key = conversation_key
         self.tier = tier
         self.background = background
+        self.time_budget = time_budget
         self.result = LoopResult("", "replied")
         self.after_round: AfterRound | None = None
         self._recorded_upto = len(self.history)
@@ -171,10 +174,16 @@ class TurnLoop:
         counted = 0
         forgiven = 0
         succeeded: dict[tuple[str, str], CallOutcome] = {}
+        out_of_time = None if self.time_budget is None else time.monotonic() + self.time_budget
         while True:
             remaining = self.round_cap - counted
             if remaining <= 0:
                 await self._final()
+                return
+            # The first round always runs: the budget bounds how long a turn goes on, not whether it starts.
+            if out_of_time is not None and self.result.rounds and time.monotonic() >= out_of_time:
+                self.result.counted_rounds = counted
+                await self._final(cap="time")
                 return
             messages = list(self.history)
             if remaining <= self.config.budget_notice_within:
@@ -224,12 +233,14 @@ class TurnLoop:
                 self.result.counted_rounds = counted
                 return
 
-    async def _final(self) -> None:
-        """At the cap: one generation without tools, told what was and was not written."""
-        self.result.counted_rounds = self.round_cap
-        note = harness_message(_cap_note(self.result.calls))
+    async def _final(self, cap: str = "rounds") -> None:
+        """At a cap: one generation without tools, told what was and was not written."""
+        if cap == "rounds":
+            self.result.counted_rounds = self.round_cap
+        note = harness_message(_cap_note(self.result.calls, cap))
         transcript = harness_message("This turn so far, as plain text:\n\n" + plain_text_transcript(self.history))
         generation = await self._generate("final", [transcript, note], tools=False, counted=False)
+        self.result.rounds[-1]["cap"] = cap
         if generation.text.strip():
             self.result.status, self.result.reply = "capped", generation.text.strip()
             return
@@ -261,7 +272,7 @@ def _budget_note(remaining: int) -> str:
     return f"Round budget: {remaining} rounds with tools remain in this turn, including this one. Plan to finish."
 
 
-def _cap_note(calls: Sequence[CallOutcome]) -> str:
+def _cap_note(calls: Sequence[CallOutcome], cap: str = "rounds") -> str:
     done: list[str] = []
     not_done: list[str] = []
     for outcome in calls:
@@ -275,7 +286,8 @@ def _cap_note(calls: Sequence[CallOutcome]) -> str:
         else:
             not_done.append(f"- {outcome.call.name}: {outcome.status}: {outcome.content}")
     lines = [
-        "The round limit for this turn is reached and tools are now off.",
+        ("The time for this turn is up" if cap == "time" else "The round limit for this turn is reached")
+        + " and tools are now off.",
         "Reply to the person now, from what you already have. Say plainly what you could not finish.",
     ]
     lines.append("Writes that completed:\n" + ("\n".join(done) if done else "- none"))

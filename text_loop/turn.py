@@ -281,6 +281,7 @@ async def run_turn(
             conversation_key=str(conversation_id),
             tier=tier,
             background=kind == "scheduled",
+            time_budget=deps.config.time_budget(kind),
         )
         if runtime is not None:
             runtime.attach(loop)

@@ -1,5 +1,6 @@
 """Each guard of the turn loop, with a scripted model."""
 
+import asyncio
 import json
 from dataclasses import replace
 
@@ -172,3 +173,27 @@ async def test_a_second_empty_reply_gives_up_and_drops_staged_writes(db, deps, m
     assert outcome.status == "empty" and outcome.reply == EMPTY_REPLY
     assert len(models.prompts) == 3
     assert await db.fetchval("SELECT status FROM staged_writes WHERE turn_id = $1", outcome.turn_id) == "dropped"
+
+
+async def test_a_turn_whose_time_is_up_starts_no_new_round_and_ends_as_at_the_cap(db, deps, models, account):
+    deps.config = replace(deps.config, round_caps={"live": 8}, time_budgets={"live": 0.3})
+    generate = models.generate
+
+    async def slow(prompt, **kw):  # each generation takes 0.2 s
+        await asyncio.sleep(0.2)
+        return await generate(prompt, **kw)
+
+    models.generate = slow
+    models.script(
+        calls(("current_time", {"timezone": "Europe/Paris"})),
+        calls(("current_time", {"timezone": "Asia/Tokyo"})),
+        reply("Paris and Tokyo I have; the rest took too long."),
+    )
+    outcome = await run_turn(deps, account.id, "web", "time everywhere?")
+    # Two rounds with tools (0.4 s), then the budget is spent: one generation without tools.
+    assert outcome.status == "capped"
+    assert outcome.reply == "Paris and Tokyo I have; the rest took too long."
+    assert [bool(p.tools) for p in models.prompts] == [True, True, False]
+    assert "The time for this turn is up and tools are now off." in models.prompts[-1].messages[-1].content
+    rounds = json.loads(await db.fetchval("SELECT rounds FROM turns WHERE id = $1", outcome.turn_id))
+    assert [(r["purpose"], r.get("cap")) for r in rounds] == [("turn", None), ("turn", None), ("final", "time")]
