@@ -94,3 +94,85 @@ async def _until(predicate: Any, within: float = 5.0) -> None:
     while not predicate():
         assert asyncio.get_running_loop().time() < deadline, "timed out"
         await asyncio.sleep(0.01)
+
+
+async def test_frames_cut_anywhere_by_the_network_reach_the_call_once_and_in_order():
+    """The adapter frames the model's bytes itself while websockets' parser waits between frames.
+    Here the peer writes its frames as raw bytes cut at awkward places (inside a header, inside a
+    payload, at boundaries), with a small event, a ping and a 64 KiB event among the audio: every
+    delta arrives once and in order, the ping is answered, the events keep their place, and the
+    whole deltas that start a read never reach websockets' parser."""
+    from websockets.frames import Frame, Opcode
+
+    def raw(text: str) -> bytes:
+        return Frame(Opcode.TEXT, text.encode()).serialize(mask=False, extensions=[])
+
+    created = json.dumps({"type": "response.created", "response": {"id": "r1"}})  # under 126 bytes
+    big = json.dumps({"type": "response.output_audio_transcript.done", "response_id": "r1", "item_id": "i1",
+                      "transcript": "x" * 70_000})  # a 64-bit length: websockets' own path  # fmt: skip
+    frames = [raw(created), *(raw(_delta(n)) for n in (1, 2, 3)), raw(big), *(raw(_delta(n)) for n in (4, 5, 6))]
+    stream = b"".join(frames)
+    ends = [sum(len(f) for f in frames[: i + 1]) for i in range(len(frames))]
+    # Inside a header; the rest of it; two whole deltas and 2 bytes of the next; the rest of that
+    # one (then the ping); into the large event; its rest; two whole deltas and most of a third; the end.
+    cuts = [3, ends[0], ends[2] + 2, ends[3], ends[3] + 200, ends[4], ends[7] - 5, ends[7]]
+    pong = asyncio.Event()
+
+    async def model(ws: ServerConnection) -> None:
+        at = 0
+        for n, cut in enumerate(cuts):
+            ws.transport.write(stream[at:cut])
+            at = cut
+            await asyncio.sleep(0.05)
+            if n == 3:
+                waiter = await ws.ping()  # a control frame between data frames
+        await waiter
+        pong.set()
+        await ws.wait_closed()
+
+    log: list[Any] = []
+    parsed: list[bytes] = []  # data frames websockets' own parser produced
+
+    def sink(event: AudioDelta) -> bool:
+        log.append(("sink", base64.b64decode(event.payload)[0]))
+        return True
+
+    async with serve(model, "127.0.0.1", 0, compression=None, max_size=None) as server:
+        port = server.sockets[0].getsockname()[1]
+        realtime = OpenAIRealtime(
+            api_key="sk-test",
+            websocket_base_url=f"ws://127.0.0.1:{port}",
+        )
+        async with realtime.connect() as conn:
+            sock = conn._socket
+            assert sock is not None
+            sock.protocol.max_message_size = None  # the 70 kB event
+            process_event = sock.process_event
+
+            def spy(event: Any) -> None:
+                if isinstance(event, Frame) and event.opcode is Opcode.TEXT:
+                    parsed.append(event.data)
+                process_event(event)
+
+            sock.process_event = spy  # type: ignore[method-assign]
+            conn.deliver_audio_to(sink)
+
+            async def read_loop() -> None:
+                async for event in conn.events():
+                    if isinstance(event, AudioDelta):
+                        log.append(("loop", base64.b64decode(event.payload)[0]))
+                    else:
+                        log.append(("loop", type(event).__name__))
+
+            reader = asyncio.create_task(read_loop())
+            await _until(lambda: len(log) == 8)
+            await asyncio.wait_for(pong.wait(), 5)
+            reader.cancel()
+        await realtime.aclose()
+    assert [entry[1] for entry in log] == ["ResponseCreated", 1, 2, 3, "AssistantTranscript", 4, 5, 6]
+    seen_by_websockets = [json.loads(data) for data in parsed]
+    assert [e["type"] for e in seen_by_websockets] == [
+        "response.created", "response.output_audio.delta", "response.output_audio_transcript.done",
+        "response.output_audio.delta",
+    ]  # fmt: skip
+    assert [base64.b64decode(e["delta"])[0] for e in seen_by_websockets if "delta" in e] == [3, 6]

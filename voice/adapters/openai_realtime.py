@@ -21,6 +21,7 @@ from websockets.asyncio.connection import Connection as WebSocketConnection
 from websockets.exceptions import ConnectionClosed, WebSocketException
 from websockets.frames import DATA_OPCODES, Frame, Opcode, apply_mask
 from websockets.protocol import State
+from websockets.streams import StreamReader
 
 from voice.realtime import (
     AssistantTranscript,
@@ -39,6 +40,7 @@ from voice.realtime import (
 )
 
 log = logging.getLogger(__name__)
+_AT_EOF_CODE = StreamReader.at_eof.__code__
 
 TRANSCRIPTION_MODEL = "gpt-4o-mini-transcribe"
 
@@ -116,11 +118,47 @@ class RealtimeSocket(ClientConnection):
     reader waits in ``recv`` with no message queued, a complete text message is first offered to
     ``fast`` as soon as it is parsed; ``fast`` returns True when it handled the message. Everything
     else goes to ``recv`` as before, in order. For the model's audio this skips websockets' message
-    queue, a future and a task switch per 20 ms frame."""
+    queue, a future and a task switch per 20 ms frame.
+
+    The bytes are framed here first (``data_received``) while websockets' parser waits at a frame
+    boundary: websockets' generator-based parser was the largest Python cost per model frame
+    (py-spy, 100 calls: 13 % of the server's time). Only whole, final, unmasked text frames with
+    no reserved bits and under 64 KiB are offered to ``fast``; at the first frame that is anything
+    else, or that ``fast`` declines, or that is cut off at the end of the read, the rest of the
+    bytes go to websockets unchanged, which then parses exactly what it would have."""
 
     fast: Callable[[bytes], bool] | None = None
     waiting = False  # the reader is parked in recv
     queued = 0  # complete messages queued for recv and not yet read
+
+    def data_received(self, data: bytes) -> None:
+        fast = self.fast
+        if fast is None or not self._between_frames():
+            super().data_received(data)
+            return
+        size_limit = self.protocol.max_message_size
+        end, at = len(data), 0
+        while at + 4 <= end and self.waiting and not self.queued:
+            if data[at] != 0x81 or data[at + 1] != 126:  # FIN + text, unmasked, a 16-bit length
+                break
+            size = (data[at + 2] << 8) | data[at + 3]
+            stop = at + 4 + size
+            if stop > end or (size_limit is not None and size > size_limit) or not fast(data[at + 4 : stop]):
+                break
+            at = stop
+        if at < end:
+            super().data_received(data[at:] if at else data)
+
+    def _between_frames(self) -> bool:
+        """Whether websockets' parser has consumed every byte so far and waits for a new frame
+        (parked in ``StreamReader.at_eof`` at the top of its loop, with the connection open)."""
+        protocol = self.protocol
+        if protocol.state is not State.OPEN or protocol.reader.buffer or protocol.expect_continuation_frame:
+            return False
+        inner = protocol.parser
+        while (outer := getattr(inner, "gi_yieldfrom", None)) is not None:
+            inner = outer
+        return getattr(inner, "gi_code", None) is _AT_EOF_CODE
 
     def process_event(self, event: Any) -> None:
         if type(event) is Frame and event.fin and event.opcode in DATA_OPCODES:
