@@ -58,10 +58,7 @@ async def test_model_audio_skips_the_read_loop_only_while_it_waits_with_nothing_
 
             async def read_loop() -> None:
                 async for event in conn.events():
-                    if isinstance(event, AudioDelta):
-                        log.append(("loop", base64.b64decode(event.payload)[0]))
-                    else:
-                        log.append(("loop", type(event).__name__))
+                    log.append(("loop", _seen(event)))
                     if isinstance(event, ResponseDone):
                         busy.set()
                         await asyncio.sleep(0.3)  # the loop is busy with an event (a tool, a barge-in)
@@ -87,6 +84,11 @@ async def test_model_audio_skips_the_read_loop_only_while_it_waits_with_nothing_
         await realtime.aclose()
     assert log == [("sink", 1), ("loop", "ResponseDone"), ("loop", 2), ("loop", 3), ("sink", 4)]
     assert [base64.b64decode(a) for a in appends] == [bytes([n]) * 160 for n in range(3)]
+
+
+def _seen(event: Any) -> Any:
+    """A delta as the byte its audio repeats; any other event as its class name."""
+    return base64.b64decode(event.payload)[0] if isinstance(event, AudioDelta) else type(event).__name__
 
 
 async def _until(predicate: Any, within: float = 5.0) -> None:
@@ -159,10 +161,7 @@ async def test_frames_cut_anywhere_by_the_network_reach_the_call_once_and_in_ord
 
             async def read_loop() -> None:
                 async for event in conn.events():
-                    if isinstance(event, AudioDelta):
-                        log.append(("loop", base64.b64decode(event.payload)[0]))
-                    else:
-                        log.append(("loop", type(event).__name__))
+                    log.append(("loop", _seen(event)))
 
             reader = asyncio.create_task(read_loop())
             await _until(lambda: len(log) == 8)
