@@ -111,6 +111,7 @@ class TurnLoop:
         self.tier = tier
         self.background = background
         self.time_budget = time_budget
+        self._deadline: float | None = None  # time.monotonic() at which the budget is spent
         self.result = LoopResult("", "replied")
         self.after_round: AfterRound | None = None
         self._recorded_upto = len(self.history)
@@ -170,18 +171,23 @@ class TurnLoop:
             self.result.status, self.result.reply, self.result.error = stop.status, stop.reply, stop.error
         return self.result
 
+    def time_left(self) -> float | None:
+        """Seconds left of the turn's time budget (None: unbounded). A worker's loop inside this
+        turn gets what is left, so a skill cannot stretch the turn past its budget."""
+        return None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
+
     async def _run(self) -> None:
         counted = 0
         forgiven = 0
         succeeded: dict[tuple[str, str], CallOutcome] = {}
-        out_of_time = None if self.time_budget is None else time.monotonic() + self.time_budget
+        self._deadline = None if self.time_budget is None else time.monotonic() + self.time_budget
         while True:
             remaining = self.round_cap - counted
             if remaining <= 0:
                 await self._final()
                 return
             # The first round always runs: the budget bounds how long a turn goes on, not whether it starts.
-            if out_of_time is not None and self.result.rounds and time.monotonic() >= out_of_time:
+            if self._deadline is not None and self.result.rounds and time.monotonic() >= self._deadline:
                 self.result.counted_rounds = counted
                 await self._final(cap="time")
                 return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from skill_support import make_catalog, outputs, tool_names, turn_record, user_texts
@@ -288,3 +289,33 @@ async def test_user_skills_are_listed_checked_when_run_and_broken_ones_reported(
     peer.script(reply_text("ok"))
     await run_turn(deps, account.id, "web", "hi", trust="owner_unverified")
     assert "my-standup" not in peer.requests[-1].body["instructions"]  # own skills: verified owner only
+
+
+async def test_a_worker_gets_what_is_left_of_the_turns_time_and_then_reports(db, deps, peer, account):
+    # Generations of 1 s each (the first also opens the connection, a few tenths more): the
+    # orchestrator's round leaves the worker 1.1-1.7 s of the turn's 2.7, time for one round more.
+    deps.config = HarnessConfig(time_budgets={"live": 2.7})
+    generate = deps.models.generate
+
+    async def slow(prompt, **kw):
+        await asyncio.sleep(1.0)
+        return await generate(prompt, **kw)
+
+    deps.models.generate = slow
+    peer.script(
+        reply_tools(use("agenda", request="this week")),
+        reply_tools(("list_events", {"day": "monday"})),
+        reply_tools(("list_events", {"day": "tuesday"})),
+        reply_text("Monday: 09:00 Dentist. I ran out of time for the rest of the week."),
+    )
+    outcome = await run_turn(deps, account.id, "web", "what's on this week?")
+
+    # The worker: two rounds with tools, then its share of the time was up and it reported without
+    # tools; its report is the reply, and the turn ends there.
+    assert [bool(tool_names(r)) for r in peer.requests] == [True, True, True, False]
+    assert outcome.reply == "Monday: 09:00 Dentist. I ran out of time for the rest of the week."
+    record = await turn_record(db, outcome.turn_id)
+    [worker] = record["skills"]["workers"]
+    assert worker["status"] == "capped" and record["skills"]["ended_by"] == "direct_report"
+    assert [(r["purpose"], r.get("cap")) for r in worker["rounds"]] == [("turn", None), ("turn", None),
+                                                                       ("final", "time")]  # fmt: skip

@@ -344,6 +344,7 @@ class SkillRuntime:
             conversation_key=self.conversation_key,
             tier=tier,
             background=self.background,
+            time_budget=loop.time_left(),
         )
         worker.after_round = lambda outcomes: (
             ("handed-back", state.handed_back)
