@@ -25,7 +25,7 @@ import asyncio
 import logging
 import socket
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from picows import (
@@ -58,6 +58,16 @@ class _Gone(Exception):
     """The caller's socket closed before the stream was admitted."""
 
 
+def _server_frame(data: bytes) -> bytes:
+    """One final, unmasked text frame carrying ``data``."""
+    size = len(data)
+    if size < 126:
+        return bytes((0x81, size)) + data
+    if size < 65536:
+        return b"\x81\x7e" + size.to_bytes(2, "big") + data
+    return b"\x81\x7f" + size.to_bytes(8, "big") + data
+
+
 class _Link:
     """The session's view of the socket (``voice.call.TwilioLink``). Sends are written at once; a
     send on a socket the caller already closed is dropped (``on_ws_disconnected`` hangs the call
@@ -76,6 +86,13 @@ class _Link:
     def send(self, text: str) -> None:
         if not self.closed:
             self._t.send(_TEXT, text)
+
+    def send_many(self, texts: Sequence[str]) -> None:
+        # Framed here (a server's frames are unmasked, RFC 6455 5.1) and written to the transport
+        # picows writes to, which keeps the order with its own sends: picows writes straight to
+        # the socket only while that transport has nothing buffered.
+        if not self.closed:
+            self._t.underlying_transport.write(b"".join(_server_frame(text.encode()) for text in texts))
 
     async def drained(self) -> None:
         while self.backed_up and self._drained is not None:

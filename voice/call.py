@@ -34,7 +34,7 @@ import logging
 import re
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -158,6 +158,9 @@ class TwilioLink(Protocol):
 
     def send(self, text: str) -> None:
         """Write one frame now (no waiting); dropped once the caller has closed the socket."""
+
+    def send_many(self, texts: Sequence[str]) -> None:
+        """Write these frames now, in order, in one write."""
 
     async def drained(self) -> None:
         """Until the send buffer is below its low-water mark again (at once when it is)."""
@@ -523,10 +526,14 @@ class CallSession:
             self._end(self._closing or "end-call")
 
     def _send_mark(self, mark: _Mark) -> None:
+        self.link.send(self._mark_frame(mark))
+
+    def _mark_frame(self, mark: _Mark) -> str:
+        """The frame of a new mark, now awaited; the caller sends it."""
         self._mark_seq += 1
         name = f"{mark.kind[0]}{self._mark_seq}"
         self._marks[name] = mark
-        self.link.send(media.mark_frame(self._sid, name))
+        return media.mark_frame(self._sid, name)
 
     # --- Model -> Twilio ----------------------------------------------------------------------
 
@@ -584,7 +591,7 @@ class CallSession:
     def _relay_audio(self, event: AudioDelta) -> None:
         if event.response_id in self._cancelled_responses:
             return
-        self.link.send(media.media_frame(self._sid, event.payload))
+        frame = media.media_frame(self._sid, event.payload)
         size = media.decoded_length(event.payload)
         self.stats.audio_out_bytes += size
         item = event.item_id
@@ -594,7 +601,10 @@ class CallSession:
         self._response_audio[event.response_id] = self._response_audio.get(event.response_id, 0) + size
         if sent - self._marked_bytes.get(item, 0) >= MARK_EVERY_BYTES:
             self._marked_bytes[item] = sent
-            self._send_mark(_Mark("audio", item, sent))
+            # The audio and its mark in one write: one system call (and one TCP segment) for both.
+            self.link.send_many((frame, self._mark_frame(_Mark("audio", item, sent))))
+        else:
+            self.link.send(frame)
 
     async def _on_model(self, event: Any) -> None:
         if type(event) is AudioDelta:

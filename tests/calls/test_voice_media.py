@@ -254,3 +254,13 @@ async def test_frames_sent_after_start_while_admission_runs_are_kept_in_order(ph
         await call.hang_up()
     row = await phone.call_row(answer.call_sid)
     assert row["verified_by"] == "pin-keypad"
+
+
+def test_frames_written_together_are_the_frames_websockets_would_write():
+    from websockets.frames import Frame, Opcode
+
+    from gateway.media_server import _server_frame
+
+    for size in (0, 80, 125, 126, 300, 65535, 65536, 70_000):  # each length encoding, at its edges
+        data = b"x" * size
+        assert _server_frame(data) == Frame(Opcode.TEXT, data).serialize(mask=False, extensions=[])
