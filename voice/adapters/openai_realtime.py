@@ -123,9 +123,10 @@ class RealtimeSocket(ClientConnection):
     The bytes are framed here first (``data_received``) while websockets' parser waits at a frame
     boundary: websockets' generator-based parser was the largest Python cost per model frame
     (py-spy, 100 calls: 13 % of the server's time). Only whole, final, unmasked text frames with
-    no reserved bits and under 64 KiB are offered to ``fast``; at the first frame that is anything
-    else, or that ``fast`` declines, or that is cut off at the end of the read, the rest of the
-    bytes go to websockets unchanged, which then parses exactly what it would have."""
+    no reserved bits and a 16-bit length (126 B to 64 KiB: every audio delta) are offered to
+    ``fast``; at the first frame that is anything else, or that ``fast`` declines, or that is cut
+    off at the end of the read, the rest of the bytes go to websockets unchanged, which then
+    parses exactly what it would have."""
 
     fast: Callable[[bytes], bool] | None = None
     waiting = False  # the reader is parked in recv
