@@ -384,9 +384,30 @@ async def _stop_on(stop: asyncio.Event, children: list[ChildProcesses], grace: f
     await asyncio.gather(*(processes.stop(grace) for processes in children))
 
 
+def raise_open_files_limit() -> int:
+    """Raise this process's soft limit on open files to its hard limit; return the new limit.
+
+    Each call holds two sockets (Twilio's and the model's) besides the database's and the web
+    requests', and Debian's default soft limit is 1,024: a few hundred calls in one process would
+    hit it and new calls fail in ``accept``. The hard limit is the administrator's; the children
+    (turn workers, media processes) inherit the raised one."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard and hard != resource.RLIM_INFINITY:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):
+            log.warning("could not raise the open files limit from %s to %s", soft, hard)
+            return soft
+        return hard
+    return soft
+
+
 async def serve(settings: Settings, *, stop: asyncio.Event | None = None) -> None:
     """Run until SIGINT/SIGTERM (or ``stop`` is set), then drain requests and stop Postgres."""
     stop = stop or asyncio.Event()
+    log.info("open files limit: %s", raise_open_files_limit())
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)

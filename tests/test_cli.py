@@ -211,6 +211,33 @@ def test_serve_starts_healthy_refuses_a_second_server_and_stops_cleanly(subproce
     assert "Ada" in listed.stdout
 
 
+def test_serve_raises_its_open_files_limit_for_its_calls_and_children_inherit_it(subprocess_env, tmp_path):
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    low = min(256, hard)
+    env = {**subprocess_env, "PEPPER_DATA_DIR": str(tmp_path / "data"), "PEPPER_PORT": str(port := free_port()),
+           "PEPPER_MEDIA_PORT": str(free_port())}  # fmt: skip
+    proc = subprocess.Popen([*PEPPER, "serve"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard)))  # fmt: skip
+    try:
+        wait_healthy(port, proc, 60)
+        limits = [Path(f"/proc/{pid}/limits").read_text() for pid in [proc.pid, *_children(proc.pid)]]
+        assert len(limits) >= 3  # the server, its turn workers and media processes
+        for text in limits:
+            line = next(ln for ln in text.splitlines() if ln.startswith("Max open files"))
+            assert line.split()[3] == str(hard), line
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def _children(pid: int) -> list[int]:
+    """The Python processes ``pid`` started (not Postgres)."""
+    found = [int(c) for task in Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()]
+    return [c for c in found if b"python" in Path(f"/proc/{c}/cmdline").read_bytes()]
+
+
 def test_serve_on_a_busy_port_is_one_clear_line(subprocess_env, tmp_path):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
