@@ -17,7 +17,7 @@ from quart import Quart
 
 from core.errors import PepperError, StartupError
 from core.settings import Settings
-from core.store import SERVING_POOL_SIZE, Database, open_store
+from core.store import CONNECTION_LIMIT_SQL, SERVING_POOL_SIZE, Database, open_store
 from gateway.app import ACK_POOL_SIZE, asgi_app, create_app
 from gateway.media_procs import POOL_SIZE as MEDIA_POOL_SIZE
 from gateway.media_procs import MediaProcesses, bind_shared
@@ -349,19 +349,10 @@ def connections_needed(settings: Settings) -> int:
     return web + turns + media
 
 
-# What an ordinary role may open: superuser-reserved slots (and PG 16's reserved_connections) are
-# not counted, so the budget holds whichever role DATABASE_URL names.
-_CONNECTION_LIMIT = """
-SELECT current_setting('max_connections')::int
-     - current_setting('superuser_reserved_connections')::int
-     - coalesce(nullif(current_setting('reserved_connections', true), '')::int, 0)
-"""
-
-
 async def check_connection_budget(db: Database, settings: Settings) -> None:
     """Refuse to start when the pools could outgrow the server's connection limit: otherwise the
     shortfall shows only under load, as calls and messages failing with "too many clients"."""
-    limit = await db.fetchval(_CONNECTION_LIMIT)
+    limit = await db.fetchval(CONNECTION_LIMIT_SQL)
     needed = connections_needed(settings)
     if needed > limit:
         raise StartupError(

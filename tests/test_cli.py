@@ -108,6 +108,13 @@ def test_doctor_on_a_configured_setup_gives_the_webhook_urls(db_url, monkeypatch
     assert "wss://pepper.example.org/twilio/media" in out
     assert f"schema version {load_migrations()[-1].version}" in out
     assert "0 migration(s) to apply" in out
+    allowed = re.search(rf"Pepper may open {connections_needed(Settings())} of the (\d+) the server allows", out)
+    assert allowed, out
+    # Settings whose pools could outgrow the server: the check that makes `pepper serve` refuse.
+    monkeypatch.setenv("PEPPER_TURN_WORKERS", "16")
+    if connections_needed(Settings()) > int(allowed[1]):  # the embedded test server's 197
+        code, out, _ = run_cli(monkeypatch, capsys, "doctor")
+        assert code == 1 and f"of the {allowed[1]} the server allows; raise its max_connections" in out
 
 
 def test_doctor_fails_when_the_database_cannot_be_reached(monkeypatch, capsys):

@@ -33,6 +33,13 @@ EMBEDDED_DATABASE = "pepper"
 # connection for a statement or a short transaction. Part of the server's connection budget
 # (``gateway.server.connections_needed``).
 SERVING_POOL_SIZE = 20
+# How many connections an ordinary role may open: superuser-reserved slots (and PG 16's
+# reserved_connections) are not counted, so a budget held to it holds whichever role connects.
+CONNECTION_LIMIT_SQL = """
+SELECT current_setting('max_connections')::int
+     - current_setting('superuser_reserved_connections')::int
+     - coalesce(nullif(current_setting('reserved_connections', true), '')::int, 0)
+"""
 
 
 def prepare_data_dir(path: Path) -> Path:
@@ -115,12 +122,14 @@ class StoreReport:
     pending_migrations: int | None = None
     accounts: int | None = None
     lines: list[tuple[str, str, str]] = field(default_factory=list)
+    connection_limit: int | None = None  # see CONNECTION_LIMIT_SQL
 
 
 async def _describe(report: StoreReport, dsn: str) -> None:
     conn = await connect(dsn)
     try:
         await ensure_pgvector(conn, report.location)
+        report.connection_limit = await conn.fetchval(CONNECTION_LIMIT_SQL)
         report.pending_migrations = len(await pending_migrations(conn))
         if report.pending_migrations < len(load_migrations()):
             report.schema_version = await conn.fetchval("SELECT max(version) FROM schema_migrations")
