@@ -74,15 +74,14 @@ async def diagnose(settings: Settings, served_paths: set[str]) -> Report:
             parts.append(f"{store.accounts} account(s), {len(store.lines)} Twilio line(s)")
         report.add(f"database ({store.kind})", OK, "; ".join(parts))
         if store.connection_limit is not None:
-            from gateway.server import connections_needed
+            from gateway.server import FEWER_CONNECTIONS, connections_needed
 
             needed = connections_needed(settings)
             fits = needed <= store.connection_limit
             report.add(
                 "database connections", OK if fits else BAD,
                 f"Pepper may open {needed} of the {store.connection_limit} the server allows"
-                + ("" if fits else "; raise its max_connections or lower PEPPER_TURN_WORKERS,"
-                   " PEPPER_MAX_CONCURRENT_TURNS or PEPPER_MEDIA_PROCESSES"),
+                + ("" if fits else f"; {FEWER_CONNECTIONS}"),
             )  # fmt: skip
 
     _provider(report, "OpenAI", "OPENAI_API_KEY", settings.openai_api_key, "OPENAI_BASE_URL", settings.openai_base_url)

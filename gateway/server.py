@@ -349,6 +349,11 @@ def connections_needed(settings: Settings) -> int:
     return web + turns + media
 
 
+FEWER_CONNECTIONS = (
+    "raise its max_connections or lower PEPPER_TURN_WORKERS, PEPPER_MAX_CONCURRENT_TURNS or PEPPER_MEDIA_PROCESSES"
+)
+
+
 async def check_connection_budget(db: Database, settings: Settings) -> None:
     """Refuse to start when the pools could outgrow the server's connection limit: otherwise the
     shortfall shows only under load, as calls and messages failing with "too many clients"."""
@@ -357,8 +362,7 @@ async def check_connection_budget(db: Database, settings: Settings) -> None:
     if needed > limit:
         raise StartupError(
             f"Pepper may open {needed} connections to Postgres with these settings but the server allows"
-            f" {limit}; raise its max_connections or lower PEPPER_TURN_WORKERS, PEPPER_MAX_CONCURRENT_TURNS"
-            " or PEPPER_MEDIA_PROCESSES"
+            f" {limit}; {FEWER_CONNECTIONS}"
         )
 
 
