@@ -41,6 +41,7 @@ from picows import (
 from gateway.services import Services
 from gateway.signatures import twilio_signature_ok
 from gateway.webhooks import MEDIA_STREAM, public_url_for
+from voice.media import text_frame_head
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +61,7 @@ class _Gone(Exception):
 
 def _server_frame(data: bytes) -> bytes:
     """One final, unmasked text frame carrying ``data``."""
-    size = len(data)
-    if size < 126:
-        return bytes((0x81, size)) + data
-    if size < 65536:
-        return b"\x81\x7e" + size.to_bytes(2, "big") + data
-    return b"\x81\x7f" + size.to_bytes(8, "big") + data
+    return text_frame_head(len(data), masked=False) + data
 
 
 class _Link:

@@ -184,12 +184,11 @@ class TurnLoop:
         while True:
             remaining = self.round_cap - counted
             if remaining <= 0:
-                await self._final()
+                await self._final(counted)
                 return
             # The first round always runs: the budget bounds how long a turn goes on, not whether it starts.
             if self._deadline is not None and self.result.rounds and time.monotonic() >= self._deadline:
-                self.result.counted_rounds = counted
-                await self._final(cap="time")
+                await self._final(counted, cap="time")
                 return
             messages = list(self.history)
             if remaining <= self.config.budget_notice_within:
@@ -239,10 +238,9 @@ class TurnLoop:
                 self.result.counted_rounds = counted
                 return
 
-    async def _final(self, cap: str = "rounds") -> None:
+    async def _final(self, counted: int, cap: str = "rounds") -> None:
         """At a cap: one generation without tools, told what was and was not written."""
-        if cap == "rounds":
-            self.result.counted_rounds = self.round_cap
+        self.result.counted_rounds = counted
         note = harness_message(_cap_note(self.result.calls, cap))
         transcript = harness_message("This turn so far, as plain text:\n\n" + plain_text_transcript(self.history))
         generation = await self._generate("final", [transcript, note], tools=False, counted=False)

@@ -23,6 +23,7 @@ from websockets.frames import DATA_OPCODES, Frame, Opcode, apply_mask
 from websockets.protocol import State
 from websockets.streams import StreamReader
 
+from voice.media import text_frame_head
 from voice.realtime import (
     AssistantTranscript,
     AudioDelta,
@@ -210,15 +211,8 @@ _APPEND_HEAD = '{"type":"input_audio_buffer.append","audio":"'
 
 def masked_text_frame(data: bytes) -> bytes:
     """One final, masked text frame (a client's, RFC 6455 5.2) carrying ``data``."""
-    size = len(data)
-    if size < 126:
-        head = bytes((0x81, 0x80 | size))
-    elif size < 65536:
-        head = b"\x81\xfe" + size.to_bytes(2, "big")
-    else:
-        head = b"\x81\xff" + size.to_bytes(8, "big")
     key = _MASK_KEYS.next()
-    return head + key + apply_mask(data, key)
+    return text_frame_head(len(data), masked=True) + key + apply_mask(data, key)
 
 
 class OpenAIRealtimeConnection:
