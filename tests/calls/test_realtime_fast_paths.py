@@ -175,3 +175,49 @@ async def test_frames_cut_anywhere_by_the_network_reach_the_call_once_and_in_ord
         "response.output_audio.delta",
     ]  # fmt: skip
     assert [base64.b64decode(e["delta"])[0] for e in seen_by_websockets if "delta" in e] == [3, 6]
+
+
+async def test_a_garbled_frame_that_looks_like_audio_is_dropped_and_the_call_goes_on():
+    """Bad input on the adapter's own framing: a frame naming an audio delta that is not JSON
+    (and one that is not UTF-8) is declined by the shortcut, ignored by the read loop as before,
+    and the deltas around it still arrive in order on an open socket."""
+    from websockets.frames import Frame, Opcode
+
+    def raw(data: bytes) -> bytes:
+        return Frame(Opcode.TEXT, data).serialize(mask=False, extensions=[])
+
+    garbled = b'{"type":"response.output_audio.delta","delta":"' + b"A" * 200  # cut short: not JSON
+    not_utf8 = b'{"type":"response.output_audio.delta","delta":"\xff\xfe' + b"A" * 200 + b'"}'
+    stream = raw(_delta(1).encode()) + raw(garbled) + raw(_delta(2).encode())
+
+    async def model(ws: ServerConnection) -> None:
+        await asyncio.sleep(0.1)
+        ws.transport.write(stream)
+        await asyncio.sleep(0.1)
+        ws.transport.write(raw(not_utf8))
+        await asyncio.sleep(0.1)
+        ws.transport.write(raw(_delta(3).encode()))
+        await ws.wait_closed()
+
+    log: list[Any] = []
+
+    def sink(event: AudioDelta) -> bool:
+        log.append(_seen(event))
+        return True
+
+    async with serve(model, "127.0.0.1", 0, compression=None) as server:
+        port = server.sockets[0].getsockname()[1]
+        realtime = OpenAIRealtime(api_key="sk-test", websocket_base_url=f"ws://127.0.0.1:{port}")
+        async with realtime.connect() as conn:
+            conn.deliver_audio_to(sink)
+
+            async def read_loop() -> None:
+                async for event in conn.events():
+                    log.append(_seen(event))
+
+            reader = asyncio.create_task(read_loop())
+            await _until(lambda: 3 in log)
+            assert not reader.done()
+            reader.cancel()
+        await realtime.aclose()
+    assert log == [1, 2, 3]
