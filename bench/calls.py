@@ -95,8 +95,9 @@ async def _serve_pepper(dsn: str, realtime_url: str, media_processes: int) -> No
 
     from core.settings import Settings
     from core.store import Database
+    from gateway.composition import freeze_startup_objects
     from gateway.media_server import media_port
-    from gateway.server import freeze_startup_objects, running_app
+    from gateway.server import running_app
 
     logging.basicConfig(level=logging.ERROR)
     settings = Settings(

@@ -5,7 +5,7 @@ stops; one event loop holds only so many calls before each frame waits for the o
 2-core build machine: 79 % of a core and 49 ms p99 added per frame at 100 calls). With
 ``PEPPER_MEDIA_PROCESSES=N`` (N >= 2) the web server answers the voice webhook and the status
 callbacks, and N media processes hold the calls, each with its own event loop, database pool,
-tools and models, as a turn worker has (``gateway.server.build_media_services``).
+tools and models, as a turn worker has (``gateway.composition.build_media_services``).
 
 All of them accept on ``PEPPER_MEDIA_PORT`` with their own ``SO_REUSEPORT`` socket: the kernel
 hands each new connection to one of them by a hash of its addresses, so calls spread evenly
@@ -16,7 +16,7 @@ taking every connection pending). The web server binds the port first, also with
 
 A call is admitted by its one-time token, which the webhook stored in Postgres, so any process can
 admit any call. A status callback reaches the holder through ``voice.control``. A media process
-that dies is restarted (``gateway.worker.ChildProcesses``) and the end of the calls it held is
+that dies is restarted (``gateway.children.ChildProcesses``) and the end of the calls it held is
 written by the others (``voice.control.CallControl.end_orphans``); on SIGTERM a media process hangs
 its calls up and writes their records within ``PEPPER_GRACEFUL_TIMEOUT``.
 
@@ -28,30 +28,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 
 from core.errors import StartupError
 from core.settings import Settings
+from gateway.children import ChildProcesses, ChildStop
 from gateway.services import Services
-from gateway.worker import ChildProcesses, ChildStop
+from gateway.sockets import bind_shared
 
 log = logging.getLogger(__name__)
 
 # Connections for a media process's calls: a call uses one only to admit itself and to write a
 # transcript line or a record, briefly; these are shared by the ~150 calls a process holds.
 POOL_SIZE = 10
-
-
-def bind_shared(host: str, port: int) -> socket.socket:
-    """A ``SO_REUSEPORT`` socket on ``host:port`` (0: a free port), bound, not listening.
-
-    Bound before anything slow starts so a busy port fails at once, as ``bind_listener`` does.
-    """
-    from gateway.server import bind_listener
-
-    if not hasattr(socket, "SO_REUSEPORT"):
-        raise StartupError("PEPPER_MEDIA_PROCESSES above 1 needs SO_REUSEPORT (Linux); set it to 1 here")
-    return bind_listener(host, port, "PEPPER_MEDIA_PORT", reuse_port=True)
 
 
 class MediaProcesses(ChildProcesses):
@@ -79,8 +67,8 @@ def media_process_main(settings: Settings, index: int) -> None:
 
 async def _media_process(settings: Settings, index: int) -> None:
     from core.store import Database
+    from gateway.composition import build_media_services, freeze_startup_objects
     from gateway.media_server import start_media_server
-    from gateway.server import build_media_services, freeze_startup_objects
     from voice.control import CallControl
 
     stop = ChildStop()

@@ -3,105 +3,27 @@
 from __future__ import annotations
 
 import asyncio
-import errno
-import gc
 import logging
 import signal
 import socket
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any
 
 import uvicorn
 from quart import Quart
 
-from core.errors import PepperError, StartupError
+from core.errors import StartupError
 from core.settings import Settings
 from core.store import CONNECTION_LIMIT_SQL, SERVING_POOL_SIZE, Database, open_store
 from gateway.app import ACK_POOL_SIZE, asgi_app, create_app
+from gateway.children import ChildProcesses
+from gateway.composition import build_calls, check_connection_secrets, freeze_startup_objects, start_memory, turn_parts
 from gateway.media_procs import POOL_SIZE as MEDIA_POOL_SIZE
-from gateway.media_procs import MediaProcesses, bind_shared
-from gateway.services import Services
-from gateway.tasks import BackgroundTasks
-from gateway.worker import ChildProcesses, TurnProcesses, turn_pool_size
+from gateway.media_procs import MediaProcesses
+from gateway.sockets import bind_listener, bind_shared
+from gateway.worker import TurnProcesses, turn_pool_size
 
 log = logging.getLogger(__name__)
-
-
-def bind_listener(host: str, port: int, setting: str = "PEPPER_PORT", *, reuse_port: bool = False) -> socket.socket:
-    """Bind the listening socket before anything slow starts, so a busy port fails at once.
-
-    ``reuse_port``: several processes bind the port, each its own socket (``gateway.media_procs``).
-    """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if reuse_port:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        if exc.errno == errno.EADDRINUSE:
-            raise StartupError(f"port {port} on {host} is already in use; set {setting} to another") from exc
-        raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return sock
-
-
-def _turn_parts(settings: Settings, db: Database) -> tuple[Any, Any, Any, Any]:
-    """What running a turn and sending its reply needs: the model router, the harness on it,
-    Twilio (if set up) and Pepper's SMTP account (if set up). The web server and every turn
-    worker build the same.
-
-    The router is built even with no provider configured: a turn then tells the person plainly
-    that no model is configured.
-    """
-    from core.models.router import ModelRouter
-    from core.tools.connectors import Connectors
-    from core.tools.starter import starter_registry
-    from gateway.mailer import SmtpMailer, smtp_configured
-    from text_loop import HarnessDeps
-    from text_loop.skills.catalog import SkillCatalog
-
-    router = ModelRouter.from_settings(settings)
-    messenger = None
-    if settings.twilio_account_sid and settings.twilio_auth_token is not None:
-        from gateway.twilio_client import TwilioMessenger
-
-        messenger = TwilioMessenger(settings)
-    connectors = Connectors.from_settings(settings)
-    harness = HarnessDeps(
-        db=db, models=router, registry=starter_registry(connectors), skills=SkillCatalog.load_builtin(),
-        connectors=connectors,
-    )  # fmt: skip
-    mailer = SmtpMailer(settings) if smtp_configured(settings) else None
-    use_embedder(settings)
-    return router, harness, messenger, mailer
-
-
-@asynccontextmanager
-async def build_turn_services(settings: Settings, db: Database, *, calls: bool = False) -> AsyncIterator[Services]:
-    """The services of a turn-worker process (no routes, no calls, no scheduler); with ``calls``,
-    of a media process (``gateway.media_procs``): the same plus the call service, its one-time
-    codes going out by SMS through the same messenger."""
-    router, harness, messenger, mailer = _turn_parts(settings, db)
-    services = Services(
-        settings=settings, db=db, harness=harness, messenger=messenger, mailer=mailer,
-        tasks=BackgroundTasks(settings.max_concurrent_turns),
-        calls=build_calls(settings, db, harness, messenger) if calls else None,
-    )  # fmt: skip
-    try:
-        yield services
-    finally:
-        if messenger is not None:
-            await messenger.close()
-        await router.aclose()
-
-
-def build_media_services(settings: Settings, db: Database):  # type: ignore[no-untyped-def]
-    """The services of a media process: what a call needs, and nothing that answers messages."""
-    return build_turn_services(settings, db, calls=True)
 
 
 def build_app(
@@ -117,7 +39,7 @@ def build_app(
     from core.tools import recover_unresolved
     from text_loop.skills.catalog import log_problems
 
-    router, harness, messenger, mailer = _turn_parts(settings, db)
+    router, harness, messenger, mailer = turn_parts(settings, db)
     log_problems(harness.skills.report(harness.registry))  # type: ignore[union-attr]
     calls = build_calls(settings, db, harness, messenger)
     app = create_app(
@@ -158,82 +80,6 @@ def build_app(
         await router.aclose()
 
     return app
-
-
-async def check_connection_secrets(db: Database, connectors: Any) -> None:
-    """Seal secrets left in plaintext by an older Pepper; say loudly when the key opens none of
-    the sealed ones (those accounts stay connected, their tools fail with the reason)."""
-    from core.tools.connectors import seal_plaintext_secrets, unopenable_secrets
-
-    vault = connectors.require_vault()
-    try:
-        await seal_plaintext_secrets(db, vault)
-        bad = await unopenable_secrets(db, vault)
-    except PepperError as exc:
-        log.error("connection secrets: %s", exc.message)
-        return
-    if bad:
-        log.error("connection secrets: %s of them do not open: %s", len(bad), vault.mismatch_message())
-
-
-def build_calls(settings: Settings, db: Database, harness, messenger):  # type: ignore[no-untyped-def]
-    """Phone calls on the same registry and gate as text; the one-time code goes out by SMS."""
-    from answering_service.service import answering_call_service_from_settings
-
-    send_sms = None
-    if messenger is not None:
-
-        async def send_sms(to: str, from_: str, body: str) -> None:
-            await messenger.send(to=to, from_=from_, body=body, status_callback=None)
-
-    return answering_call_service_from_settings(
-        settings, db, registry=harness.registry, gate=harness.gate, send_sms=send_sms,
-        send_email=_owner_mail(settings), connectors=harness.connectors, models=harness.models,
-    )  # fmt: skip
-
-
-def _owner_mail(settings: Settings):  # type: ignore[no-untyped-def]
-    """Plain mail to the owner (answering-service notices) through Pepper's SMTP account, if set up."""
-    from gateway.mailer import SmtpMailer, smtp_configured
-
-    if not smtp_configured(settings):
-        return None
-    mailer = SmtpMailer(settings)
-
-    async def send_email(to: str, subject: str, body: str) -> None:
-        from email.message import EmailMessage
-        from email.utils import formatdate, make_msgid
-
-        message = EmailMessage()
-        message["Message-ID"] = make_msgid(domain=mailer.from_address.rsplit("@", 1)[-1])
-        message["Date"] = formatdate(localtime=False)
-        message["From"] = f"{mailer.from_name} <{mailer.from_address}>"
-        message["To"] = to
-        message["Subject"] = subject
-        message.set_content(body)
-        await mailer.send(message, [to])
-
-    return send_email
-
-
-def use_embedder(settings: Settings) -> None:
-    """The configured embedder for search (in this process)."""
-    from core.memory.index import EMBEDDERS
-    from core.models.embeddings import embedder_from_settings
-
-    try:
-        EMBEDDERS.use(embedder_from_settings(settings))
-    except PepperError as exc:
-        log.error("the configured embedding model cannot be used; search keeps the local one: %s", exc.message)
-
-
-def start_memory(settings: Settings, db: Database, models: Any) -> Any:
-    """The memory jobs loop (None when turned off)."""
-    from core.memory.worker import MemoryWorker
-
-    if settings.memory_jobs_interval <= 0:
-        return None
-    return MemoryWorker(db, models, interval=settings.memory_jobs_interval)
 
 
 class _HttpServer(uvicorn.Server):
@@ -328,14 +174,6 @@ async def _media_processes_listening(db: Database, count: int, within: float = 1
         if loop.time() > deadline:
             raise StartupError(f"{count} media processes did not start within {within:.0f} s")
         await asyncio.sleep(0.1)
-
-
-async def freeze_startup_objects() -> None:
-    """Once start-up is done, move what it made (~150k objects: imports, registries, the app) out
-    of the cyclic collector's reach. A full collection otherwise scans them all, 70-125 ms on the
-    build machine, and on a call that is a stall of every audio stream the process relays."""
-    gc.collect()
-    gc.freeze()
 
 
 def connections_needed(settings: Settings) -> int:

@@ -29,9 +29,7 @@ import asyncio
 import contextlib
 import json
 import logging
-import multiprocessing
 import os
-import signal
 from datetime import timedelta
 from typing import Any
 
@@ -41,6 +39,7 @@ from core import identity
 from core.conversation import claim_turn, finish_handling, release_orphans
 from core.settings import Settings
 from core.store.database import to_idle_class
+from gateway.children import ChildProcesses, ChildStop
 from gateway.services import Services
 
 log = logging.getLogger(__name__)
@@ -171,76 +170,15 @@ def start_in_process(services: Services) -> TurnWorker:
     return TurnWorker(services, concurrency=services.settings.max_concurrent_turns)
 
 
-# --- worker processes ----------------------------------------------------------------------------
-
-
-class ChildProcesses:
-    """Processes ``pepper serve`` runs beside the web server (turn workers, media processes):
-    started after start-up recovery, restarted when one dies, stopped (SIGTERM, then their own
-    graceful drain) before the store closes. ``target(settings, index)`` runs in each."""
+class TurnProcesses(ChildProcesses):
+    """The turn-worker processes of ``pepper serve`` (``PEPPER_TURN_WORKERS``)."""
 
     label = "turn worker"
     name = "pepper-turns"
 
-    def __init__(self, settings: Settings, dsn: str, count: int) -> None:
-        # The children use the server's database, embedded or not.
-        self._settings = settings.model_copy(update={"database_url": _secret(dsn)})
-        self._count = count
-        self._context = multiprocessing.get_context("spawn")  # no inherited event loop or sockets
-        self._processes: list[Any] = []
-        self._watch: asyncio.Task[None] | None = None
-        self._stopping = False
-
     @staticmethod
     def target(settings: Settings, index: int) -> None:
         worker_process_main(settings, index)
-
-    @property
-    def pids(self) -> list[int]:
-        return [p.pid for p in self._processes if p.is_alive()]
-
-    def start(self) -> None:
-        self._processes = [self._spawn(i) for i in range(self._count)]
-        self._watch = asyncio.get_running_loop().create_task(self._supervise(), name=self.name)
-        log.info("started %s %s process(es): %s", self._count, self.label, self.pids)
-
-    def _spawn(self, index: int) -> Any:
-        process = self._context.Process(
-            target=type(self).target, args=(self._settings, index), name=f"{self.name}-{index}", daemon=False
-        )
-        process.start()
-        return process
-
-    async def _supervise(self) -> None:
-        while not self._stopping:
-            await asyncio.sleep(1.0)
-            for index, process in enumerate(self._processes):
-                if not self._stopping and not process.is_alive():
-                    log.error("%s process %s exited with %s; starting another", self.label, process.pid,
-                              process.exitcode)  # fmt: skip
-                    process.close()
-                    self._processes[index] = self._spawn(index)
-
-    async def stop(self, grace: float) -> None:
-        self._stopping = True
-        if self._watch is not None:
-            self._watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watch
-        for process in self._processes:
-            if process.is_alive():
-                process.terminate()  # SIGTERM: the child drains its work for ``grace`` seconds
-        for process in self._processes:
-            await asyncio.to_thread(process.join, grace + 10)
-            if process.is_alive():
-                log.warning("%s process %s did not stop in time; killing it", self.label, process.pid)
-                process.kill()
-                await asyncio.to_thread(process.join, 5)
-        log.info("%s processes stopped", self.label)
-
-
-class TurnProcesses(ChildProcesses):
-    """The turn-worker processes of ``pepper serve`` (``PEPPER_TURN_WORKERS``)."""
 
 
 class BackgroundJobs:
@@ -251,8 +189,8 @@ class BackgroundJobs:
     its predecessor's runs expire is fine."""
 
     def __init__(self, settings: Settings, services: Services) -> None:
+        from gateway.composition import start_memory
         from gateway.scheduled import build_scheduler
-        from gateway.server import start_memory
 
         harness = services.harness
         self._scheduler = (
@@ -274,12 +212,6 @@ class BackgroundJobs:
             await self._scheduler.stop(grace)
         if self._memory is not None:
             await self._memory.stop()
-
-
-def _secret(value: str) -> Any:
-    from pydantic import SecretStr
-
-    return SecretStr(value)
 
 
 def worker_process_main(settings: Settings, index: int) -> None:
@@ -306,7 +238,7 @@ def turn_pool_size(settings: Settings) -> int:
 
 async def _worker_process(settings: Settings, index: int) -> None:
     from core.store import Database
-    from gateway.server import build_turn_services
+    from gateway.composition import build_turn_services
 
     stop = ChildStop()
     assert settings.database_url is not None
@@ -333,25 +265,3 @@ async def _worker_process(settings: Settings, index: int) -> None:
             await asyncio.gather(worker.stop(grace), *([jobs.stop(grace)] if jobs is not None else []))
     finally:
         await db.close()
-
-
-class ChildStop(asyncio.Event):
-    """In a child process: set by SIGTERM (the supervisor's stop) or SIGINT. Made in the child's
-    event loop before anything slow starts, so a stop during start-up is not lost."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.parent = os.getppid()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, self.set)
-
-    async def stopped(self, label: str) -> None:
-        """Return when set, or when the server that started this child is gone: a child never
-        outlives it."""
-        while not self.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wait(), 1.0)
-            if os.getppid() != self.parent:
-                log.warning("pepper serve went away; %s stopping", label)
-                return

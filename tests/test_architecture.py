@@ -132,3 +132,80 @@ def test_the_checker_allows_what_the_design_allows(tmp_path):
     _write(tmp_path, "core/tools/areas/todos/tools.py", "from core.tools.registry import Tool\nfrom . import store\n")
     _write(tmp_path, "gateway/twilio_client.py", "from twilio.rest import Client\n")
     assert violations(tmp_path) == []
+
+
+def _module_of(rel: str) -> str:
+    return rel.removesuffix(".py").replace("/", ".").removesuffix(".__init__")
+
+
+def import_cycles(root: Path) -> list[list[str]]:
+    """Import cycles between modules of the product packages, function-level imports included
+    (an import inside a function only hides a cycle: the modules still cannot be understood,
+    tested or loaded apart). A package importing its own submodules to re-export them is not a
+    cycle of the design, so a cycle made only of one package and its submodules is left out."""
+    modules = {_module_of(p.relative_to(root).as_posix()): p for p in source_files(root)}
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for module, path in modules.items():
+        for imp in imports_of(path, root):
+            parts = imp.module.split(".")
+            for i in range(len(parts), 0, -1):  # the longest prefix that is one of our modules
+                target = ".".join(parts[:i])
+                if target in modules:
+                    if target != module:
+                        graph[module].add(target)
+                    break
+    # Tarjan's strongly connected components, iteratively (no recursion limit on deep chains).
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                facade = any(all(m == top or m.startswith(top + ".") for m in component) for top in component)
+                if len(component) > 1 and not facade:
+                    cycles.append(sorted(component))
+    return sorted(cycles)
+
+
+def test_no_module_imports_itself_through_others():
+    assert import_cycles(ROOT) == []
+
+
+def test_the_cycle_check_sees_imports_inside_functions(tmp_path):
+    _write(tmp_path, "gateway/server.py", "from gateway.worker import Worker\n")
+    _write(tmp_path, "gateway/worker.py", "def run():\n    from gateway.server import build\n")
+    _write(tmp_path, "gateway/app.py", "from gateway.worker import Worker\n")
+    assert import_cycles(tmp_path) == [["gateway.server", "gateway.worker"]]
+    # A package re-exporting its own submodules is not a cycle.
+    _write(tmp_path, "core/store/__init__.py", "from core.store.database import Database\n")
+    _write(tmp_path, "core/store/database.py", "from core.store import errors\n")
+    assert import_cycles(tmp_path) == [["gateway.server", "gateway.worker"]]

@@ -27,7 +27,7 @@ from core.store import Database
 from core.testing.processes import alive, free_port, spawned_children
 from core.testing.processes import until as until_sync
 from core.testing.twilio_peer import TwilioPeer
-from gateway.media_procs import bind_shared
+from gateway.sockets import bind_shared
 from voice.control import POLL_SECONDS, CallControl
 from voice.testing.realtime_peer import RealtimePeer, speak
 from voice.testing.twilio_caller import TwilioCaller

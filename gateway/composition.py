@@ -1,0 +1,161 @@
+"""The composition root: what each process of ``pepper serve`` is made of.
+
+The web server (``gateway.server.build_app``), every turn worker (``gateway.worker``) and every
+media process (``gateway.media_procs``) build their services here, from settings and the store,
+so none of them imports another to borrow its wiring.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from core.errors import PepperError
+from core.settings import Settings
+from core.store import Database
+from gateway.services import Services
+from gateway.tasks import BackgroundTasks
+
+log = logging.getLogger(__name__)
+
+
+def turn_parts(settings: Settings, db: Database) -> tuple[Any, Any, Any, Any]:
+    """What running a turn and sending its reply needs: the model router, the harness on it,
+    Twilio (if set up) and Pepper's SMTP account (if set up). The web server and every turn
+    worker build the same.
+
+    The router is built even with no provider configured: a turn then tells the person plainly
+    that no model is configured.
+    """
+    from core.models.router import ModelRouter
+    from core.tools.connectors import Connectors
+    from core.tools.starter import starter_registry
+    from gateway.mailer import SmtpMailer, smtp_configured
+    from text_loop import HarnessDeps
+    from text_loop.skills.catalog import SkillCatalog
+
+    router = ModelRouter.from_settings(settings)
+    messenger = None
+    if settings.twilio_account_sid and settings.twilio_auth_token is not None:
+        from gateway.twilio_client import TwilioMessenger
+
+        messenger = TwilioMessenger(settings)
+    connectors = Connectors.from_settings(settings)
+    harness = HarnessDeps(
+        db=db, models=router, registry=starter_registry(connectors), skills=SkillCatalog.load_builtin(),
+        connectors=connectors,
+    )  # fmt: skip
+    mailer = SmtpMailer(settings) if smtp_configured(settings) else None
+    use_embedder(settings)
+    return router, harness, messenger, mailer
+
+
+@asynccontextmanager
+async def build_turn_services(settings: Settings, db: Database, *, calls: bool = False) -> AsyncIterator[Services]:
+    """The services of a turn-worker process (no routes, no calls, no scheduler); with ``calls``,
+    of a media process (``gateway.media_procs``): the same plus the call service, its one-time
+    codes going out by SMS through the same messenger."""
+    router, harness, messenger, mailer = turn_parts(settings, db)
+    services = Services(
+        settings=settings, db=db, harness=harness, messenger=messenger, mailer=mailer,
+        tasks=BackgroundTasks(settings.max_concurrent_turns),
+        calls=build_calls(settings, db, harness, messenger) if calls else None,
+    )  # fmt: skip
+    try:
+        yield services
+    finally:
+        if messenger is not None:
+            await messenger.close()
+        await router.aclose()
+
+
+def build_media_services(settings: Settings, db: Database):  # type: ignore[no-untyped-def]
+    """The services of a media process: what a call needs, and nothing that answers messages."""
+    return build_turn_services(settings, db, calls=True)
+
+
+async def check_connection_secrets(db: Database, connectors: Any) -> None:
+    """Seal secrets left in plaintext by an older Pepper; say loudly when the key opens none of
+    the sealed ones (those accounts stay connected, their tools fail with the reason)."""
+    from core.tools.connectors import seal_plaintext_secrets, unopenable_secrets
+
+    vault = connectors.require_vault()
+    try:
+        await seal_plaintext_secrets(db, vault)
+        bad = await unopenable_secrets(db, vault)
+    except PepperError as exc:
+        log.error("connection secrets: %s", exc.message)
+        return
+    if bad:
+        log.error("connection secrets: %s of them do not open: %s", len(bad), vault.mismatch_message())
+
+
+def build_calls(settings: Settings, db: Database, harness, messenger):  # type: ignore[no-untyped-def]
+    """Phone calls on the same registry and gate as text; the one-time code goes out by SMS."""
+    from answering_service.service import answering_call_service_from_settings
+
+    send_sms = None
+    if messenger is not None:
+
+        async def send_sms(to: str, from_: str, body: str) -> None:
+            await messenger.send(to=to, from_=from_, body=body, status_callback=None)
+
+    return answering_call_service_from_settings(
+        settings, db, registry=harness.registry, gate=harness.gate, send_sms=send_sms,
+        send_email=_owner_mail(settings), connectors=harness.connectors, models=harness.models,
+    )  # fmt: skip
+
+
+def _owner_mail(settings: Settings):  # type: ignore[no-untyped-def]
+    """Plain mail to the owner (answering-service notices) through Pepper's SMTP account, if set up."""
+    from gateway.mailer import SmtpMailer, smtp_configured
+
+    if not smtp_configured(settings):
+        return None
+    mailer = SmtpMailer(settings)
+
+    async def send_email(to: str, subject: str, body: str) -> None:
+        from email.message import EmailMessage
+        from email.utils import formatdate, make_msgid
+
+        message = EmailMessage()
+        message["Message-ID"] = make_msgid(domain=mailer.from_address.rsplit("@", 1)[-1])
+        message["Date"] = formatdate(localtime=False)
+        message["From"] = f"{mailer.from_name} <{mailer.from_address}>"
+        message["To"] = to
+        message["Subject"] = subject
+        message.set_content(body)
+        await mailer.send(message, [to])
+
+    return send_email
+
+
+def use_embedder(settings: Settings) -> None:
+    """The configured embedder for search (in this process)."""
+    from core.memory.index import EMBEDDERS
+    from core.models.embeddings import embedder_from_settings
+
+    try:
+        EMBEDDERS.use(embedder_from_settings(settings))
+    except PepperError as exc:
+        log.error("the configured embedding model cannot be used; search keeps the local one: %s", exc.message)
+
+
+def start_memory(settings: Settings, db: Database, models: Any) -> Any:
+    """The memory jobs loop (None when turned off)."""
+    from core.memory.worker import MemoryWorker
+
+    if settings.memory_jobs_interval <= 0:
+        return None
+    return MemoryWorker(db, models, interval=settings.memory_jobs_interval)
+
+
+async def freeze_startup_objects() -> None:
+    """Once start-up is done, move what it made (~150k objects: imports, registries, the app) out
+    of the cyclic collector's reach. A full collection otherwise scans them all, 70-125 ms on the
+    build machine, and on a call that is a stall of every audio stream the process relays."""
+    gc.collect()
+    gc.freeze()
