@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import TYPE_CHECKING, Any
 
 from core.errors import PepperError
 from core.settings import Settings
@@ -19,10 +19,23 @@ from core.store import Database
 from gateway.services import Services
 from gateway.tasks import BackgroundTasks
 
+if TYPE_CHECKING:  # imported where used: a turn worker need not load what only the web server uses
+    from answering_service.service import AnsweringCallService
+    from core.memory.worker import MemoryWorker
+    from core.models.router import ModelRouter
+    from gateway.mailer import SmtpMailer
+    from gateway.twilio_client import TwilioMessenger
+    from text_loop import HarnessDeps
+
 log = logging.getLogger(__name__)
 
+SendSms = Callable[[str, str, str], Awaitable[None]]  # (to, from_, body)
+SendEmail = Callable[[str, str, str], Awaitable[None]]  # (to, subject, body)
 
-def turn_parts(settings: Settings, db: Database) -> tuple[Any, Any, Any, Any]:
+
+def turn_parts(
+    settings: Settings, db: Database
+) -> tuple[ModelRouter, HarnessDeps, TwilioMessenger | None, SmtpMailer | None]:
     """What running a turn and sending its reply needs: the model router, the harness on it,
     Twilio (if set up) and Pepper's SMTP account (if set up). The web server and every turn
     worker build the same.
@@ -38,7 +51,7 @@ def turn_parts(settings: Settings, db: Database) -> tuple[Any, Any, Any, Any]:
     from text_loop.skills.catalog import SkillCatalog
 
     router = ModelRouter.from_settings(settings)
-    messenger = None
+    messenger: TwilioMessenger | None = None
     if settings.twilio_account_sid and settings.twilio_auth_token is not None:
         from gateway.twilio_client import TwilioMessenger
 
@@ -72,7 +85,7 @@ async def build_turn_services(settings: Settings, db: Database, *, calls: bool =
         await router.aclose()
 
 
-def build_media_services(settings: Settings, db: Database):  # type: ignore[no-untyped-def]
+def build_media_services(settings: Settings, db: Database) -> AbstractAsyncContextManager[Services]:
     """The services of a media process: what a call needs, and nothing that answers messages."""
     return build_turn_services(settings, db, calls=True)
 
@@ -93,15 +106,20 @@ async def check_connection_secrets(db: Database, connectors: Any) -> None:
         log.error("connection secrets: %s of them do not open: %s", len(bad), vault.mismatch_message())
 
 
-def build_calls(settings: Settings, db: Database, harness, messenger):  # type: ignore[no-untyped-def]
+def build_calls(
+    settings: Settings, db: Database, harness: HarnessDeps, messenger: TwilioMessenger | None
+) -> AnsweringCallService:
     """Phone calls on the same registry and gate as text; the one-time code goes out by SMS."""
     from answering_service.service import answering_call_service_from_settings
 
-    send_sms = None
+    send_sms: SendSms | None = None
     if messenger is not None:
+        twilio = messenger
 
-        async def send_sms(to: str, from_: str, body: str) -> None:
-            await messenger.send(to=to, from_=from_, body=body, status_callback=None)
+        async def send_sms_now(to: str, from_: str, body: str) -> None:
+            await twilio.send(to=to, from_=from_, body=body, status_callback=None)
+
+        send_sms = send_sms_now
 
     return answering_call_service_from_settings(
         settings, db, registry=harness.registry, gate=harness.gate, send_sms=send_sms,
@@ -109,7 +127,7 @@ def build_calls(settings: Settings, db: Database, harness, messenger):  # type: 
     )  # fmt: skip
 
 
-def _owner_mail(settings: Settings):  # type: ignore[no-untyped-def]
+def _owner_mail(settings: Settings) -> SendEmail | None:
     """Plain mail to the owner (answering-service notices) through Pepper's SMTP account, if set up."""
     from gateway.mailer import SmtpMailer, smtp_configured
 
@@ -144,7 +162,7 @@ def use_embedder(settings: Settings) -> None:
         log.error("the configured embedding model cannot be used; search keeps the local one: %s", exc.message)
 
 
-def start_memory(settings: Settings, db: Database, models: Any) -> Any:
+def start_memory(settings: Settings, db: Database, models: Any) -> MemoryWorker | None:
     """The memory jobs loop (None when turned off)."""
     from core.memory.worker import MemoryWorker
 
