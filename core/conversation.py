@@ -257,6 +257,51 @@ async def record_outbound(
     return message
 
 
+async def record_sent_once(
+    db: Executor,
+    conversation_id: UUID,
+    channel: str,
+    body: str,
+    *,
+    provider_message_id: str,
+    delivery_status: str,
+    handle_id: UUID | None = None,
+    turn_id: UUID | None = None,
+) -> bool:
+    """Record a message Pepper sent outside a reply's delivery (a scheduled run's result), once:
+    a second record with the same ``(channel, provider_message_id)`` changes nothing. Return
+    whether this call recorded it. Announced to open chats by the insert trigger."""
+    if channel not in MESSAGE_CHANNELS:
+        raise InvalidInput(f"unknown channel {channel!r}")
+    recorded = await db.fetchval(
+        """
+        INSERT INTO messages (conversation_id, handle_id, channel, direction, provider_message_id, body, turn_id,
+                              delivery_status)
+        VALUES ($1, $2, $3, 'outbound', $4, $5, $6, $7)
+        ON CONFLICT (channel, provider_message_id) DO NOTHING
+        RETURNING true
+        """,
+        conversation_id,
+        handle_id,
+        channel,
+        provider_message_id,
+        body,
+        turn_id,
+        delivery_status,
+    )
+    return bool(recorded)
+
+
+async def was_sent(db: Executor, channel: str, provider_message_id: str) -> bool:
+    """Whether the message with this provider id went out (a re-run after a crash must not resend)."""
+    sent = await db.fetchval(
+        "SELECT true FROM messages WHERE channel = $1 AND provider_message_id = $2 AND delivery_status = 'sent'",
+        channel,
+        provider_message_id,
+    )
+    return bool(sent)
+
+
 async def recent_messages(db: Executor, conversation_id: UUID, limit: int = 50) -> list[Message]:
     rows = await db.fetch(
         """

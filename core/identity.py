@@ -219,6 +219,20 @@ async def list_handles(db: Executor, account_id: UUID) -> list[Handle]:
     return [_handle(r) for r in rows]
 
 
+async def first_verified_handle(db: Executor, account_id: UUID, kind: HandleKind) -> Handle | None:
+    """The account's oldest verified handle of ``kind``: where Pepper reaches the person unasked
+    (a scheduled run's result), or None."""
+    row = await db.fetchrow(
+        """
+        SELECT * FROM handles WHERE account_id = $1 AND kind = $2 AND verified_at IS NOT NULL
+        ORDER BY created_at, id LIMIT 1
+        """,
+        account_id,
+        kind,
+    )
+    return _handle(row) if row else None
+
+
 async def set_consent(
     db: Executor, handle_id: UUID, channels: tuple[str, ...] | list[str], *, opted_out: bool, source: str
 ) -> None:
@@ -332,6 +346,15 @@ async def find_line(db: Executor, raw_number: str, *, default_region: str = "US"
     except InvalidInput:
         return None
     row = await db.fetchrow("SELECT * FROM phone_lines WHERE number = $1", number)
+    return _line(row) if row else None
+
+
+async def personal_line(db: Executor, account_id: UUID) -> PhoneLine | None:
+    """The account's (oldest) personal line: the number Pepper texts and calls the person from."""
+    row = await db.fetchrow(
+        "SELECT * FROM phone_lines WHERE account_id = $1 AND kind = 'personal' ORDER BY created_at LIMIT 1",
+        account_id,
+    )
     return _line(row) if row else None
 
 

@@ -21,7 +21,7 @@ from email.utils import formataddr, formatdate, make_msgid
 from typing import Any
 
 from core import identity
-from core.conversation import conversation_for
+from core.conversation import conversation_for, record_sent_once, was_sent
 from core.errors import PepperError
 from core.settings import Settings
 from gateway.segments import split_message
@@ -53,41 +53,22 @@ class GatewayDeliverer:
 
     async def _chat(self, request: DeliveryRequest) -> DeliveryResult:
         conversation_id = await conversation_for(self.db, request.account_id)
-        row = await self.db.fetchrow(
-            """
-            INSERT INTO messages
-                (conversation_id, channel, direction, provider_message_id, body, turn_id, delivery_status)
-            VALUES ($1, 'web', 'outbound', $2, $3, $4, 'delivered')
-            ON CONFLICT (channel, provider_message_id) DO NOTHING
-            RETURNING id
-            """,
-            conversation_id,
-            request.key,
-            request.body,
-            request.turn_id,
-        )
-        if row is None:
+        recorded = await record_sent_once(
+            self.db, conversation_id, "web", request.body, provider_message_id=request.key,
+            delivery_status="delivered", turn_id=request.turn_id,
+        )  # fmt: skip
+        if not recorded:
             return DeliveryResult("delivered", "already in the conversation", request.key)
         return DeliveryResult("delivered", "", request.key)
 
     async def _phone(self, request: DeliveryRequest) -> DeliveryResult:
         db = self.db
-        handle = await db.fetchrow(
-            """
-            SELECT h.id, h.value FROM handles h
-            WHERE h.account_id = $1 AND h.kind = 'phone' AND h.verified_at IS NOT NULL
-            ORDER BY h.created_at, h.id LIMIT 1
-            """,
-            request.account_id,
-        )
+        handle = await identity.first_verified_handle(db, request.account_id, "phone")
         if handle is None:
             return DeliveryResult("unavailable", "no verified phone number")
-        if await identity.is_blocked(db, handle["id"], request.channel):
+        if await identity.is_blocked(db, handle.id, request.channel):
             return DeliveryResult("unavailable", "the person opted out on this channel")
-        line = await db.fetchval(
-            "SELECT number FROM phone_lines WHERE account_id = $1 AND kind = 'personal' ORDER BY created_at LIMIT 1",
-            request.account_id,
-        )
+        line = await identity.personal_line(db, request.account_id)
         if line is None:
             return DeliveryResult("unavailable", "the account has no personal line to send from")
         if self.messenger is None:
@@ -99,77 +80,47 @@ class GatewayDeliverer:
         for part in split_message(request.body):
             try:
                 sid = await self.messenger.send(
-                    to=prefix + handle["value"], from_=prefix + line, body=part, status_callback=callback
+                    to=prefix + handle.value, from_=prefix + line.number, body=part, status_callback=callback
                 )
             except PepperError as exc:
                 log.error("sending a scheduled %s message failed: %s", request.channel, exc.code)
                 return DeliveryResult("failed", exc.code)
             first_sid = first_sid or sid
-            await db.execute(
-                """
-                INSERT INTO messages (conversation_id, handle_id, channel, direction,
-                                      provider_message_id, body, turn_id, delivery_status)
-                VALUES ($1, $2, $3, 'outbound', $4, $5, $6, 'queued')
-                ON CONFLICT (channel, provider_message_id) DO NOTHING
-                """,
-                conversation_id,
-                handle["id"],
-                request.channel,
-                sid,
-                part,
-                request.turn_id,
-            )
+            await record_sent_once(
+                db, conversation_id, request.channel, part, provider_message_id=sid, delivery_status="queued",
+                handle_id=handle.id, turn_id=request.turn_id,
+            )  # fmt: skip
         return DeliveryResult("queued", "", first_sid)
 
     async def _email(self, request: DeliveryRequest) -> DeliveryResult:
         db = self.db
         if self.mailer is None:
             return DeliveryResult("unavailable", "Pepper's mail account (SMTP) is not configured")
-        handle = await db.fetchrow(
-            """
-            SELECT h.id, h.value FROM handles h
-            WHERE h.account_id = $1 AND h.kind = 'email' AND h.verified_at IS NOT NULL
-            ORDER BY h.created_at, h.id LIMIT 1
-            """,
-            request.account_id,
-        )
+        handle = await identity.first_verified_handle(db, request.account_id, "email")
         if handle is None:
             return DeliveryResult("unavailable", "no verified email address")
-        if await identity.is_blocked(db, handle["id"], "email"):
+        if await identity.is_blocked(db, handle.id, "email"):
             return DeliveryResult("unavailable", "the person opted out of email")
-        sent = await db.fetchval(
-            "SELECT 1 FROM messages WHERE channel = 'email' AND provider_message_id = $1 AND delivery_status = 'sent'",
-            request.key,
-        )
-        if sent:
+        if await was_sent(db, "email", request.key):
             return DeliveryResult("delivered", "already sent", request.key)
         message = EmailMessage()
         message["From"] = formataddr((self.mailer.from_name, self.mailer.from_address))
-        message["To"] = handle["value"]
+        message["To"] = handle.value
         message["Subject"] = _subject(request.body)
         message["Date"] = formatdate(usegmt=True)
         message["Message-ID"] = make_msgid(domain=self.mailer.from_address.rsplit("@", 1)[-1])
         message["Auto-Submitted"] = "auto-generated"  # RFC 3834: a scheduled message, not a reply
         message.set_content(request.body)
         try:
-            await self.mailer.send(message, [handle["value"]])
+            await self.mailer.send(message, [handle.value])
         except PepperError as exc:
             log.error("sending a scheduled email failed: %s", exc.code)
             return DeliveryResult("failed", exc.code)
         conversation_id = await conversation_for(db, request.account_id)
-        await db.execute(
-            """
-            INSERT INTO messages (conversation_id, handle_id, channel, direction,
-                                  provider_message_id, body, turn_id, delivery_status)
-            VALUES ($1, $2, 'email', 'outbound', $3, $4, $5, 'sent')
-            ON CONFLICT (channel, provider_message_id) DO UPDATE SET delivery_status = 'sent'
-            """,
-            conversation_id,
-            handle["id"],
-            request.key,
-            request.body,
-            request.turn_id,
-        )
+        await record_sent_once(
+            db, conversation_id, "email", request.body, provider_message_id=request.key, delivery_status="sent",
+            handle_id=handle.id, turn_id=request.turn_id,
+        )  # fmt: skip
         return DeliveryResult("delivered", "", request.key)
 
 
