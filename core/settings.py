@@ -268,6 +268,17 @@ class Settings(BaseSettings):
         return out
 
 
+def environment_names() -> tuple[str, ...]:
+    """Every environment variable a setting reads (``PEPPER_*`` and the provider SDKs' own)."""
+    names: list[str] = []
+    for field in Settings.model_fields.values():
+        alias = field.validation_alias
+        for choice in alias.choices if isinstance(alias, AliasChoices) else ():
+            if isinstance(choice, str) and choice.isupper() and choice not in names:
+                names.append(choice)
+    return tuple(names)
+
+
 def _config_file() -> Path | None:
     # The one place outside start-up that reads the environment: it decides which file the
     # settings come from, before the settings exist.

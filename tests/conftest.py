@@ -8,29 +8,22 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
+from core.settings import environment_names
 from core.store import Database
 from core.store.embedded import EmbeddedPostgres, wheel_bin_dir
 from core.testing.postgres import DatabaseFactory, test_server
 from core.testing.scripted import ScriptedModels
 
-# Settings a developer's shell may carry must not leak into tests.
-_PEPPER_ENV = (
-    "DATABASE_URL", "PEPPER_PUBLIC_URL", "PEPPER_DATA_DIR", "PEPPER_HOST", "PEPPER_PORT", "PEPPER_MEDIA_PORT",
-    "PEPPER_CONFIG",
-    "PEPPER_TWILIO_API_URL", "PEPPER_DEFAULT_REGION", "OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY",
-    "ANTHROPIC_BASE_URL", "GEMINI_API_KEY", "GOOGLE_API_KEY", "GOOGLE_GEMINI_BASE_URL", "DEEPGRAM_API_KEY",
-    "PEPPER_EMAIL_WEBHOOK_SIGNING_KEY", "PEPPER_EMAIL_REQUIRE_SENDER_AUTH", "PEPPER_SMTP_HOST", "PEPPER_SMTP_PORT",
-    "PEPPER_SMTP_USERNAME", "PEPPER_SMTP_PASSWORD", "PEPPER_SMTP_FROM", "PEPPER_SMTP_SECURITY",
-    "TWILIO_ACCOUNT_SID", "TWILIO_AUTH_TOKEN",
-    "PEPPER_MODELS",
-    "PEPPER_SMTP_HOST", "PEPPER_SMTP_PORT", "PEPPER_SMTP_USERNAME", "PEPPER_SMTP_PASSWORD", "PEPPER_SMTP_FROM",
-    "PEPPER_SMTP_SECURITY", "PEPPER_GOOGLE_CLIENT_ID", "PEPPER_GOOGLE_CLIENT_SECRET", "PEPPER_GOOGLE_API_URL",
-    "PEPPER_GOOGLE_TOKEN_URL", "PEPPER_GOOGLE_AUTH_URL", "PEPPER_SECRET_KEY", "PEPPER_CALDAV_PASSWORD",
-    "PEPPER_GOOGLE_REVOKE_URL",
-    "PEPPER_OPENAI_REALTIME_URL", "PEPPER_VOICE_UNKNOWN_CALLER", "PEPPER_VOICE_ENGINE", "PEPPER_VOICE_MODEL",
-    "PEPPER_VOICE_NOTICE", "PEPPER_VOICE_MAX_CALL_SECONDS",
-    "PEPPER_MODELS", "PEPPER_MEMORY_JOBS_INTERVAL",
-)  # fmt: skip
+
+# Settings a developer's shell may carry must not leak into tests: every variable a setting reads,
+# and any other PEPPER_ one (the test suite's own PEPPER_TEST_* excepted).
+def _settings_environment() -> set[str]:
+    names = set(environment_names())
+    names |= {n for n in os.environ if n.startswith("PEPPER_") and not n.startswith("PEPPER_TEST_")}
+    return names
+
+
+_PEPPER_ENV = _settings_environment()
 
 
 @pytest.fixture(autouse=True)

@@ -22,6 +22,10 @@ from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID
 
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import best_match
+from jsonschema.validators import extend
+
 from core.models.types import ToolSpec
 from core.tools.context import SessionContext
 
@@ -197,54 +201,43 @@ class Tool:
         return ToolSpec(self.name, self.description, self.parameters)
 
 
-_JSON_TYPES: dict[str, tuple[type, ...]] = {
-    "string": (str,),
-    "integer": (int,),
-    "number": (int, float),
-    "boolean": (bool,),
-    "array": (list, tuple),
-    "object": (dict,),
-}
+# Arguments built in code (a policy's narrowed call) may hold tuples where JSON has arrays.
+_ArgumentsValidator = extend(
+    Draft202012Validator,
+    type_checker=Draft202012Validator.TYPE_CHECKER.redefine("array", lambda _, value: isinstance(value, list | tuple)),
+)
+# Compiled validators, one per schema (a tool's parameters are built once and never change).
+_VALIDATORS: dict[int, tuple[dict[str, Any], Any]] = {}
+_MAX_REASON = 160
+
+
+def _validator(schema: dict[str, Any]) -> Any:
+    cached = _VALIDATORS.get(id(schema))
+    if cached is None or cached[0] is not schema:
+        cached = (schema, _ArgumentsValidator(schema))
+        _VALIDATORS[id(schema)] = cached
+    return cached[1]
 
 
 def check_arguments(schema: dict[str, Any], args: Any) -> str | None:
-    """A short reason the arguments do not fit the tool's schema, or None when they do.
-
-    Covers what tool schemas here use: an object with typed properties, required keys, enums,
-    string length and integer bounds, and ``additionalProperties: false``.
-    """
+    """A short reason the arguments do not fit the tool's schema (JSON Schema 2020-12), or None
+    when they do. The reason is for the model: the argument named, the rule it broke."""
     if not isinstance(args, dict):
         return "arguments must be a JSON object"
-    properties: dict[str, Any] = schema.get("properties", {})
-    for key in schema.get("required", ()):
-        if key not in args:
-            return f"missing required argument {key!r}"
-    if schema.get("additionalProperties") is False:
-        extra = sorted(set(args) - set(properties))
-        if extra:
-            return f"unknown argument {extra[0]!r}"
-    for key, value in args.items():
-        prop = properties.get(key)
-        if prop is None:
-            continue
-        kind = prop.get("type")
-        if kind is not None:
-            allowed = _JSON_TYPES.get(kind, (object,))
-            if not isinstance(value, allowed) or (kind in ("integer", "number") and isinstance(value, bool)):
-                return f"argument {key!r} must be {kind}"
-        if "enum" in prop and value not in prop["enum"]:
-            return f"argument {key!r} must be one of {prop['enum']}"
-        if isinstance(value, str):
-            if len(value) < prop.get("minLength", 0):
-                return f"argument {key!r} is too short"
-            if "maxLength" in prop and len(value) > prop["maxLength"]:
-                return f"argument {key!r} is too long"
-        if isinstance(value, int) and not isinstance(value, bool):
-            if "minimum" in prop and value < prop["minimum"]:
-                return f"argument {key!r} must be at least {prop['minimum']}"
-            if "maximum" in prop and value > prop["maximum"]:
-                return f"argument {key!r} must be at most {prop['maximum']}"
-    return None
+    error = best_match(_validator(schema).iter_errors(args))
+    if error is None:
+        return None
+    inside = "".join(f"{p}." for p in error.absolute_path)  # "when." for a key of the argument "when"
+    if error.validator == "required":
+        missing = next((k for k in error.validator_value if k not in error.instance), "?")
+        return f"missing required argument {inside + missing!r}"
+    if error.validator == "additionalProperties":
+        allowed = set(error.schema.get("properties", {}))
+        extra = sorted(k for k in error.instance if k not in allowed)
+        return f"unknown argument {inside + (extra[0] if extra else '?')!r}"
+    where = ".".join(str(p) for p in error.absolute_path) or "arguments"
+    reason = f"argument {where!r}: {error.message}"
+    return reason if len(reason) <= _MAX_REASON else reason[: _MAX_REASON - 3] + "..."
 
 
 class ToolRegistry:
