@@ -5,13 +5,13 @@ The SMTP server accepting a message is the delivery; there is no later receipt t
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Sequence
 from email.message import EmailMessage
 from email.utils import parseaddr
 
 import aiosmtplib
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt, wait_chain, wait_fixed
 
 from core.errors import ConfigError, PepperError
 from core.settings import Settings
@@ -21,6 +21,11 @@ log = logging.getLogger(__name__)
 SMTP_TIMEOUT = 30.0
 # Waits before the second and third attempt when the server could not be reached or said "try later".
 RETRY_DELAYS: tuple[float, ...] = (1.0, 4.0)
+
+
+def _log_retry(state: RetryCallState) -> None:
+    exc = state.outcome.exception() if state.outcome else None
+    log.warning("smtp send failed, trying again: attempt=%s code=%s", state.attempt_number, getattr(exc, "code", "?"))
 
 
 class MailRefused(PepperError):
@@ -53,15 +58,16 @@ class SmtpMailer:
         retried twice; then, or on a permanent refusal (5xx), raises :class:`MailRefused`.
         """
         envelope = list(dict.fromkeys(r.lower() for r in recipients))
-        for attempt in range(len(RETRY_DELAYS) + 1):
-            try:
+        retrying = AsyncRetrying(
+            retry=retry_if_exception(lambda exc: isinstance(exc, MailRefused) and exc.retryable),
+            stop=stop_after_attempt(len(RETRY_DELAYS) + 1),
+            wait=wait_chain(*(wait_fixed(d) for d in RETRY_DELAYS)),
+            before_sleep=_log_retry,
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
                 await self._send_once(message, envelope)
-                return
-            except MailRefused as exc:
-                if not exc.retryable or attempt == len(RETRY_DELAYS):
-                    raise
-                log.warning("smtp send failed, trying again: attempt=%s code=%s", attempt + 1, exc.code)
-                await asyncio.sleep(RETRY_DELAYS[attempt])
 
     async def _send_once(self, message: EmailMessage, envelope: list[str]) -> None:
         s = self.settings

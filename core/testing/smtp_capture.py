@@ -4,7 +4,8 @@
         Settings(smtp_host="127.0.0.1", smtp_port=smtp.port, smtp_security="none", ...)
         [mail] = await smtp.wait_for(1)   # mail.message is an email.message.EmailMessage
 
-``smtp.refuse = 554`` makes it refuse the messages that follow with that code (at DATA).
+``smtp.refuse = 554`` makes it refuse the messages that follow with that code (at DATA);
+``smtp.refuse_limit = 2`` then makes it accept again after two refusals.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ class _Handler:
         self.capture = capture
 
     async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
-        if self.capture.refuse:
+        limit = self.capture.refuse_limit
+        if self.capture.refuse and (limit is None or self.capture.refused < limit):
             self.capture.refused += 1
             return f"{self.capture.refuse} refused by the test server"
         message = email.message_from_bytes(envelope.original_content, policy=email.policy.default)
@@ -54,6 +56,7 @@ class SmtpCapture:
         self.received: list[CapturedMail] = []
         self.refuse: int | None = None
         self.refused = 0
+        self.refuse_limit: int | None = None
         self._lock = threading.Lock()
         self._controller = Controller(_Handler(self), hostname="127.0.0.1", port=self.port)
 
