@@ -1,2 +1,2 @@
-"""Realtime media: Twilio Media Streams and WebRTC sessions, realtime model sessions and the
+"""Realtime media: Twilio Media Streams sessions, realtime model sessions and the
 cascaded STT -> text model -> TTS pipeline. The only package that imports pipecat."""
