@@ -96,3 +96,26 @@ def models() -> ScriptedModels:
     generations, ``models.prompts`` holds every prompt received. Swappable for the real router
     over a loopback peer, as long as the replacement keeps ``script`` and ``prompts``."""
     return ScriptedModels()
+
+
+class FakeClock:
+    """A turn's budget clock that moves only when told (``advance``): time-budget tests do not
+    depend on how busy the machine is."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def budget_clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    import text_loop.loop
+
+    clock = FakeClock()
+    monkeypatch.setattr(text_loop.loop, "budget_clock", clock)
+    return clock

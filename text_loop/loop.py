@@ -38,6 +38,11 @@ from text_loop.records import generation_record, message_record
 
 log = logging.getLogger(__name__)
 
+
+def budget_clock() -> float:
+    """The clock a turn's time budget runs on (monotonic seconds); tests move a fake one."""
+    return time.monotonic()
+
 NO_MODEL_REPLY = (
     "I can't answer yet: no AI model is configured for Pepper. "
     "Whoever runs this Pepper can set one up (run `pepper doctor` to see what is missing)."
@@ -174,20 +179,20 @@ class TurnLoop:
     def time_left(self) -> float | None:
         """Seconds left of the turn's time budget (None: unbounded). A worker's loop inside this
         turn gets what is left, so a skill cannot stretch the turn past its budget."""
-        return None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
+        return None if self._deadline is None else max(0.0, self._deadline - budget_clock())
 
     async def _run(self) -> None:
         counted = 0
         forgiven = 0
         succeeded: dict[tuple[str, str], CallOutcome] = {}
-        self._deadline = None if self.time_budget is None else time.monotonic() + self.time_budget
+        self._deadline = None if self.time_budget is None else budget_clock() + self.time_budget
         while True:
             remaining = self.round_cap - counted
             if remaining <= 0:
                 await self._final(counted)
                 return
             # The first round always runs: the budget bounds how long a turn goes on, not whether it starts.
-            if self._deadline is not None and self.result.rounds and time.monotonic() >= self._deadline:
+            if self._deadline is not None and self.result.rounds and budget_clock() >= self._deadline:
                 await self._final(counted, cap="time")
                 return
             messages = list(self.history)

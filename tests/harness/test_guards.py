@@ -1,6 +1,5 @@
 """Each guard of the turn loop, with a scripted model."""
 
-import asyncio
 import json
 from dataclasses import replace
 
@@ -175,12 +174,14 @@ async def test_a_second_empty_reply_gives_up_and_drops_staged_writes(db, deps, m
     assert await db.fetchval("SELECT status FROM staged_writes WHERE turn_id = $1", outcome.turn_id) == "dropped"
 
 
-async def test_a_turn_whose_time_is_up_starts_no_new_round_and_ends_as_at_the_cap(db, deps, models, account):
+async def test_a_turn_whose_time_is_up_starts_no_new_round_and_ends_as_at_the_cap(
+    db, deps, models, account, budget_clock
+):
     deps.config = replace(deps.config, round_caps={"live": 8}, time_budgets={"live": 0.3})
     generate = models.generate
 
-    async def slow(prompt, **kw):  # each generation takes 0.2 s
-        await asyncio.sleep(0.2)
+    async def slow(prompt, **kw):  # each generation takes 0.2 s of the turn's clock
+        budget_clock.advance(0.2)
         return await generate(prompt, **kw)
 
     models.generate = slow

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from skill_support import make_catalog, outputs, tool_names, turn_record, user_texts
@@ -291,14 +290,14 @@ async def test_user_skills_are_listed_checked_when_run_and_broken_ones_reported(
     assert "my-standup" not in peer.requests[-1].body["instructions"]  # own skills: verified owner only
 
 
-async def test_a_worker_gets_what_is_left_of_the_turns_time_and_then_reports(db, deps, peer, account):
-    # Generations of 1 s each (the first also opens the connection, a few tenths more): the
-    # orchestrator's round leaves the worker 1.1-1.7 s of the turn's 2.7, time for one round more.
+async def test_a_worker_gets_what_is_left_of_the_turns_time_and_then_reports(db, deps, peer, account, budget_clock):
+    # Generations of 1 s each on the turn's clock: the orchestrator's round leaves the worker 1.7 s
+    # of the turn's 2.7, time for one round more.
     deps.config = HarnessConfig(time_budgets={"live": 2.7})
     generate = deps.models.generate
 
     async def slow(prompt, **kw):
-        await asyncio.sleep(1.0)
+        budget_clock.advance(1.0)
         return await generate(prompt, **kw)
 
     deps.models.generate = slow
