@@ -77,7 +77,7 @@ KINDS: dict[str, tuple[type[LoopbackPeer], Callable[[LoopbackPeer, float], Model
 async def pair(request: pytest.FixtureRequest) -> AsyncIterator[tuple[LoopbackPeer, ModelAdapter]]:
     peer_cls, make = KINDS[request.param]
     async with peer_cls() as peer:
-        adapter = make(peer, 2.0)
+        adapter = make(peer, 10.0)  # generous: a loaded CI machine once took 2 s to connect on loopback
         yield peer, adapter
         await adapter.aclose()
 
