@@ -45,7 +45,6 @@ class CallService:
         self.default_region = default_region
         self.token_ttl = token_ttl
         self.sessions: dict[str, CallSession] = {}
-        self.locked_after = 3  # failed calls within an hour
 
     # --- The voice webhook -------------------------------------------------------------------
 
@@ -69,11 +68,6 @@ class CallService:
             route.route,
         )
         log.info("voice call classified: route=%s reason=%s", route.route, route.reason)
-        if route.route == "owner" and await self._locked(route):
-            log.warning("owner line locked after repeated failed verifications")
-            await self.deps.db.execute("UPDATE calls SET status = 'refused', end_reason = 'locked' WHERE call_sid = $1",
-                                       call_sid)  # fmt: skip
-            return route, routing.say_and_hang_up(routing.LOCKED_TEXT)
         if route.route == "owner":
             if not inserted:
                 # A retried webhook for a call already answered: same route, a fresh token.
@@ -88,19 +82,6 @@ class CallService:
         if route.route == "blocked":
             return route, routing.say_and_hang_up(routing.BLOCKED_TEXT)
         return route, routing.say_and_hang_up(routing.REFUSED_TEXT)
-
-    async def _locked(self, route: CallRoute) -> bool:
-        """Calls that failed verification in the last hour, for this account: past the limit, the
-        line refuses owner calls for a while (a PIN is guessed one call at a time otherwise)."""
-        failed = await self.deps.db.fetchval(
-            """
-            SELECT count(*) FROM security_events e JOIN calls c ON c.call_sid = e.detail->>'call_sid'
-            WHERE e.kind = 'call-verification-failed' AND c.account_id = $1
-              AND e.created_at > now() - interval '1 hour'
-            """,
-            route.account_id,
-        )
-        return failed >= self.locked_after
 
     async def after_stream(self, call_sid: str) -> str:
         """TwiML once Pepper closed the media socket: an apology if the model failed, else hang up."""
