@@ -654,7 +654,7 @@ class CallSession:
         elif type(event) is AssistantTranscript:
             # Pepper's side too: a model may read a PIN back. Before verification every run of
             # digits is withheld (the digits may be tried only after this line was said).
-            text = withhold_digits(event.text.strip(), only=self._secrets if self.trust == "owner_verified" else None)
+            text = withhold_digits(event.text.strip(), only=None if self.trust == "owner_unverified" else self._secrets)
             if text:
                 interrupted = event.response_id in self._cancelled_responses
                 self._note_transcript("pepper", text, interrupted=interrupted)
@@ -837,7 +837,8 @@ class CallSession:
                 return "locked", PIN_LOCKED_WORDS
             if not pin and not code_waiting:
                 return "no-code", "no code is waiting; use send_code first"
-            self._secrets.add(digits)
+            if digits:
+                self._secrets.add(digits)
             if pin and not locked and await identity.verify_pin(db, account, digits):
                 await self._verified(method, digits)
                 return "verified", method
@@ -849,12 +850,13 @@ class CallSession:
                     return "verified", code_method
             kind = verification.WRONG_PIN if pin and not locked else verification.WRONG_CODE
             call = self.call
-            locked = await verification.record_wrong(db, account, call.caller, call.call_sid, kind, **self._limits())
-            if locked:
+            limits = self._limits()
+            now_locked = await verification.record_wrong(db, account, call.caller, call.call_sid, kind, **limits)
+            if now_locked:
                 log.warning("the PIN path is locked after repeated wrong PINs")
                 self._spawn("notify-owner", self._notify_owner(PIN_LOCKED_NOTICE))
             message = await self._failed_verification()
-            return "wrong", f"{message} {PIN_LOCKED_WORDS[len('Not checked: ') :]}" if locked else message
+            return "wrong", f"{message} {PIN_LOCKED_WORDS[len('Not checked: ') :]}" if now_locked else message
 
     @staticmethod
     def _verdict(verdict: str, detail: str) -> ToolOutcome:
