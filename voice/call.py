@@ -232,6 +232,8 @@ _DIGIT_WORDS = f"(?:{_ONE_DIGIT.pattern})"
 _DIGIT_RUN = re.compile(rf"\b{_DIGIT_WORDS}(?:[\s,.-]*{_DIGIT_WORDS}){{2,}}\b", re.IGNORECASE)
 # Playback is tracked with a Twilio mark at least every 100 ms of audio (and at each response's end).
 MARK_EVERY_BYTES = 100 * media.BYTES_PER_MS
+# Owner notices under way: kept here, not among a call's tasks, so they outlive the call.
+_NOTICES: set[asyncio.Task[None]] = set()
 # Arguments never written to records: a PIN or code the caller gave.
 SECRET_TOOLS = frozenset({"verify_pin", "check_code"})
 
@@ -806,7 +808,7 @@ class CallSession:
         if left > 0:
             return f"That did not match. {left} attempt{'s' if left > 1 else ''} left."
         await record_security_event(self.deps.db, "call-verification-failed", call_sid=self.call.call_sid)
-        self._spawn("notify-owner", self._notify_owner())
+        self._notify_owner_soon(FAILED_NOTICE)
         await self._begin_closing(
             "verification-failed",
             "Tell the caller you could not verify them, so you are ending the call. Say goodbye in one sentence.",
@@ -854,7 +856,7 @@ class CallSession:
             now_locked = await verification.record_wrong(db, account, call.caller, call.call_sid, kind, **limits)
             if now_locked:
                 log.warning("the PIN path is locked after repeated wrong PINs")
-                self._spawn("notify-owner", self._notify_owner(PIN_LOCKED_NOTICE))
+                self._notify_owner_soon(PIN_LOCKED_NOTICE)
             message = await self._failed_verification()
             return "wrong", f"{message} {PIN_LOCKED_WORDS[len('Not checked: ') :]}" if now_locked else message
 
@@ -979,11 +981,21 @@ class CallSession:
         await asyncio.sleep(self.deps.config.closing_grace)
         self._end(reason)
 
-    async def _notify_owner(self, body: str = FAILED_NOTICE) -> None:
+    def _notify_owner_soon(self, body: str) -> None:
+        """Tell the owner, in a task the end of the call does not cancel: a caller who hangs up at
+        once must not stop the notice."""
+        task = asyncio.get_running_loop().create_task(self._notify_owner(body), name="call-notify-owner")
+        _NOTICES.add(task)
+        task.add_done_callback(_NOTICES.discard)
+
+    async def _notify_owner(self, body: str) -> None:
         """A text to the number calling: the owner route admits only a number verified to the account."""
         if self.deps.send_sms is None or not self.call.caller or not self.call.line_number:
             return
-        await self.deps.send_sms(self.call.caller, self.call.line_number, body)
+        try:
+            await self.deps.send_sms(self.call.caller, self.call.line_number, body)
+        except Exception:
+            log.exception("could not text the owner about failed verification on a call")
 
     # --- Records -----------------------------------------------------------------------------
 
