@@ -194,6 +194,7 @@ class OwnerCall:
     handle_id: UUID | None
     caller: str | None
     line_number: str | None
+    attested: bool = False  # the carrier vouched for the number (SHAKEN/STIR A): voice.verification
 
 
 @dataclass
@@ -817,8 +818,8 @@ class CallSession:
 
     def _limits(self) -> dict[str, Any]:
         config = self.deps.config
-        return {"per_source": config.pin_failures_per_source, "per_account": config.pin_failures_per_account,
-                "window": config.verify_window_seconds}  # fmt: skip
+        return {"attested": self.call.attested, "per_source": config.pin_failures_per_source,
+                "per_account": config.pin_failures_per_account, "window": config.verify_window_seconds}  # fmt: skip
 
     async def _attempt(
         self, digits: str, *, pin: bool, code: bool, method: str, code_method: str = ""
@@ -887,7 +888,8 @@ class CallSession:
             if self._codes_sent >= config.codes_per_call:
                 return ToolOutcome.failed("no code was sent: this call has had all the codes it can have")
             claim = await verification.claim_code_send(self.deps.db, self.call.account_id, self.call.caller,
-                                                       self.call.call_sid, per_hour=config.codes_per_hour)  # fmt: skip
+                                                       self.call.call_sid, attested=self.call.attested,
+                                                       per_hour=config.codes_per_hour)  # fmt: skip
             if claim is None:
                 return ToolOutcome.failed("no code was sent: too many codes were texted in the last hour")
             code = f"{secrets.randbelow(10**6):06d}"

@@ -21,6 +21,9 @@ from voice.tokens import consume_token, issue_token
 log = logging.getLogger(__name__)
 
 START_TIMEOUT = 10.0
+# Twilio's StirVerstat on a call whose originating carrier vouched that the caller may use the
+# number (SHAKEN/STIR attestation A; present only on calls that carry a SHAKEN identity, US only).
+ATTESTED = "TN-Validation-Passed-A"
 
 
 class StreamRefused(Exception):
@@ -56,8 +59,8 @@ class CallService:
         )
         inserted = await self.deps.db.fetchval(
             """
-            INSERT INTO calls (call_sid, account_id, line_number, caller, handle_id, route, status)
-            VALUES ($1, $2, $3, $4, $5, $6, CASE WHEN $6 = 'owner' THEN 'ringing' ELSE 'refused' END)
+            INSERT INTO calls (call_sid, account_id, line_number, caller, handle_id, route, status, attested)
+            VALUES ($1, $2, $3, $4, $5, $6, CASE WHEN $6 = 'owner' THEN 'ringing' ELSE 'refused' END, $7)
             ON CONFLICT (call_sid) DO NOTHING RETURNING true
             """,
             call_sid,
@@ -66,6 +69,7 @@ class CallService:
             route.caller,
             route.handle_id,
             route.route,
+            form.get("StirVerstat") == ATTESTED,
         )
         log.info("voice call classified: route=%s reason=%s", route.route, route.reason)
         if route.route == "owner":
@@ -127,11 +131,13 @@ class CallService:
         if not check.ok:
             await self._refuse(f"media-token-{check.problem}", start)
         row = await self.deps.db.fetchrow(
-            "SELECT account_id, handle_id, caller, line_number, route FROM calls WHERE call_sid = $1", start.call_sid
+            "SELECT account_id, handle_id, caller, line_number, route, attested FROM calls WHERE call_sid = $1",
+            start.call_sid,
         )
         if row is None or row["route"] != "owner" or row["account_id"] is None:
             await self._refuse("media-not-an-owner-call", start)
-        return start, OwnerCall(start.call_sid, row["account_id"], row["handle_id"], row["caller"], row["line_number"])
+        return start, OwnerCall(start.call_sid, row["account_id"], row["handle_id"], row["caller"], row["line_number"],
+                                row["attested"])  # fmt: skip
 
     async def _refuse(self, kind: str, start: media.StreamStart | None) -> None:
         log.warning("refused a media stream: reason=%s", kind)

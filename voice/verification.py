@@ -10,6 +10,13 @@
   account's verified number, so a caller who merely spoofs that number never reads it, and the
   real owner keeps a way in. Sends are capped per call and per account per hour.
 
+Every count is kept apart for **attested** calls (the originating carrier vouched that the caller
+may use the number: SHAKEN/STIR attestation A, Twilio's ``StirVerstat`` of
+``TN-Validation-Passed-A``) and the others. Spoofing a number does not get attestation A, so a
+spoofer's failures and code requests lock and use up only the unattested side; the owner calling
+from their own phone (in the US, where carriers sign calls) keeps the PIN and the codes. Where no
+carrier signs calls, every call is unattested and shares one count.
+
 What was tried is never stored, only that a try failed. The per-call side (one check at a time,
 nothing checked once the call is closing) lives in ``voice.call``.
 """
@@ -29,7 +36,14 @@ PIN_LOCKED = "pin-locked"
 
 
 async def pin_locked(
-    db: Any, account_id: UUID, source: str | None, *, per_source: int, per_account: int, window: float
+    db: Any,
+    account_id: UUID,
+    source: str | None,
+    *,
+    attested: bool,
+    per_source: int,
+    per_account: int,
+    window: float,
 ) -> bool:
     """Whether the PIN path is locked for this account or this calling number right now (wrong
     PINs within the last ``window`` seconds)."""
@@ -40,12 +54,14 @@ async def pin_locked(
                 OR count(*) FILTER (WHERE source = $2) >= $3
             FROM call_verification_attempts
             WHERE kind = 'pin-wrong' AND created_at > now() - $5::interval AND (account_id = $1 OR source = $2)
+              AND attested = $6
             """,
             account_id,
             source,
             per_source,
             per_account,
             timedelta(seconds=window),
+            attested,
         )
     )
 
@@ -57,6 +73,7 @@ async def record_wrong(
     call_sid: str,
     kind: str,
     *,
+    attested: bool,
     per_source: int,
     per_account: int,
     window: float,
@@ -66,55 +83,54 @@ async def record_wrong(
     function tells the owner. Calls on other processes wait for each other on the account's row."""
     async with db.transaction() as conn:
         await conn.execute("SELECT 1 FROM accounts WHERE id = $1 FOR NO KEY UPDATE", account_id)
-        await conn.execute(
-            "INSERT INTO call_verification_attempts (account_id, source, call_sid, kind) VALUES ($1, $2, $3, $4)",
-            account_id,
-            source,
-            call_sid,
-            kind,
+        insert = (
+            "INSERT INTO call_verification_attempts (account_id, source, call_sid, kind, attested)"
+            " VALUES ($1, $2, $3, $4, $5)"
         )
+        await conn.execute(insert, account_id, source, call_sid, kind, attested)
         if kind != WRONG_PIN:
             return False
         if not await pin_locked(
-            conn, account_id, source, per_source=per_source, per_account=per_account, window=window
+            conn, account_id, source, attested=attested, per_source=per_source, per_account=per_account, window=window
         ):
             return False
         if await conn.fetchval(
             "SELECT EXISTS (SELECT 1 FROM call_verification_attempts WHERE account_id = $1 AND kind = 'pin-locked'"
-            " AND created_at > now() - $2::interval)",
+            " AND attested = $3 AND created_at > now() - $2::interval)",
             account_id,
             timedelta(seconds=window),
+            attested,
         ):
             return False
-        await conn.execute(
-            "INSERT INTO call_verification_attempts (account_id, source, call_sid, kind) VALUES ($1, $2, $3, $4)",
-            account_id,
-            source,
-            call_sid,
-            PIN_LOCKED,
-        )
-    await record_security_event(db, "call-pin-locked", call_sid=call_sid, account_id=str(account_id))
+        await conn.execute(insert, account_id, source, call_sid, PIN_LOCKED, attested)
+    await record_security_event(
+        db, "call-pin-locked", call_sid=call_sid, account_id=str(account_id), attested=str(attested).lower()
+    )
     return True
 
 
-async def claim_code_send(db: Any, account_id: UUID, source: str | None, call_sid: str, *, per_hour: int) -> int | None:
+async def claim_code_send(
+    db: Any, account_id: UUID, source: str | None, call_sid: str, *, attested: bool, per_hour: int
+) -> int | None:
     """Claim one code send for this account within its hourly cap: the claim's id (give it back
     with :func:`release_code_send` if the text could not be sent), or None when the cap is reached."""
     async with db.transaction() as conn:
         await conn.execute("SELECT 1 FROM accounts WHERE id = $1 FOR NO KEY UPDATE", account_id)
         sent = await conn.fetchval(
             "SELECT count(*) FROM call_verification_attempts WHERE account_id = $1 AND kind = 'code-sent'"
-            " AND created_at > now() - interval '1 hour'",
+            " AND attested = $2 AND created_at > now() - interval '1 hour'",
             account_id,
+            attested,
         )
         if sent >= per_hour:
             return None
         return await conn.fetchval(
-            "INSERT INTO call_verification_attempts (account_id, source, call_sid, kind)"
-            " VALUES ($1, $2, $3, 'code-sent') RETURNING id",
+            "INSERT INTO call_verification_attempts (account_id, source, call_sid, kind, attested)"
+            " VALUES ($1, $2, $3, 'code-sent', $4) RETURNING id",
             account_id,
             source,
             call_sid,
+            attested,
         )
 
 

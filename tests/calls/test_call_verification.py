@@ -101,7 +101,7 @@ async def _settled(phone, session, creates: int) -> None:
 
 async def test_the_pin_lock_counts_per_number_and_per_account_over_a_sliding_hour(db):
     ada = await identity.create_account(db, "Ada")
-    limits = {"per_source": 3, "per_account": 5, "window": 3600.0}
+    limits = {"attested": False, "per_source": 3, "per_account": 5, "window": 3600.0}
 
     async def wrong(source: str, age: timedelta = timedelta(0)) -> None:
         await verification.record_wrong(db, ada.id, source, "CA1", verification.WRONG_PIN, **limits)
@@ -126,6 +126,8 @@ async def test_the_pin_lock_counts_per_number_and_per_account_over_a_sliding_hou
     assert not await locked("+14155550002")  # one from this number, four of five for the account
     await wrong("+14155550002")
     assert await locked("+14155550003")  # five for the account: every number is refused the PIN
+    # Calls the carrier vouched for (attestation A) are counted apart: none of these lock them.
+    assert not await verification.pin_locked(db, ada.id, "+14155550001", **(limits | {"attested": True}))
 
 
 async def test_a_model_reading_the_pin_back_leaves_no_digits_tried_in_the_records(phone):
@@ -200,3 +202,41 @@ async def test_codes_are_capped_per_call_and_per_hour_and_a_wrong_check_burns_th
         await call.hang_up()
     await phone.call_row(answer.call_sid)
     assert len(phone.twilio.sent) == 2
+
+
+async def test_a_spoofer_of_the_owners_number_cannot_lock_out_the_owner_calling_from_their_own_phone(phone):
+    """The spoofer's calls carry no SHAKEN/STIR attestation A; the owner's own phone does. The
+    spoofer locks the PIN and uses up the codes for unattested calls only."""
+    phone.tune(pin_failures_per_source=2)
+    await _wrong_pins_on_a_call(phone, "0000", "1111")  # the spoofer: PIN locked
+    phone.model.script(speak(NOTICE), _many(("send_code", {}), ("send_code", {})), speak("Texted."))
+    answer = await phone.dial_owner()  # the spoofer again: the hour's codes
+    async with phone.caller.media(answer) as call:
+        await phone.until_listening(call)
+        session = phone.model.sessions[-1]
+        await phone.model.respond()
+        await phone.model.wait_for(lambda: len(session.tool_outputs) == 2, within=15)
+        await call.hang_up()
+    await phone.call_row(answer.call_sid)
+    assert len(phone.twilio.sent) == 3  # the lock notice and two codes, all on the owner's phone
+
+    answer = await phone.dial_owner(StirVerstat="TN-Validation-Passed-A")  # the owner, from their phone
+    async with phone.caller.media(answer) as call:
+        await phone.until_listening(call)
+        session = phone.model.sessions[-1]
+        updates = len([e for e in session.events if e["type"] == "session.update"])
+        await call.keypad(PIN + "#")
+        await phone.model.wait_for(lambda: len([e for e in session.events if e["type"] == "session.update"]) > updates)
+        assert "add_todo" in session.tool_names()
+        await call.hang_up()
+    assert (await phone.call_row(answer.call_sid))["verified_by"] == "pin-keypad"
+
+    answer = await phone.dial_owner(StirVerstat="No-TN-Validation")  # the spoofer: still locked
+    async with phone.caller.media(answer) as call:
+        await phone.until_listening(call)
+        session = phone.model.sessions[-1]
+        await call.keypad(PIN + "#")
+        await phone.model.wait_for(lambda: any("cannot be used on calls for now" in x for x in session.notes))
+        assert "add_todo" not in session.tool_names()
+        await call.hang_up()
+    assert (await phone.call_row(answer.call_sid))["verified_by"] is None
