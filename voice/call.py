@@ -54,7 +54,7 @@ from core.tools.gate import Gate
 from core.tools.registry import Tool, ToolContext, ToolOutcome, ToolRegistry
 from core.tools.runner import CallOutcome, run_call
 from core.tools.staging import commit_writes, drop_turn_writes, drop_writes
-from voice import media
+from voice import media, verification
 from voice.engines import RealtimeEngines
 from voice.realtime import (
     AssistantTranscript,
@@ -90,6 +90,16 @@ accounts. They can key in their PIN and then the pound key, say their PIN (pass 
 verify_pin), or ask for a one-time code by text message (send_code, then check_code with the digits
 they read back). Never guess or repeat a PIN or code aloud."""
 
+PIN_LOCKED_WORDS = (
+    "Not checked: the PIN cannot be used on calls for now, after too many wrong tries."
+    " Offer to text a one-time code to the caller's phone instead (send_code)."
+)
+FAILED_NOTICE = "Pepper: someone calling from your number failed to verify and the call was ended."
+PIN_LOCKED_NOTICE = (
+    "Pepper: too many wrong PINs were tried on calls from your number or to your account in the last hour,"
+    " so the PIN is switched off on calls for now. On a call you can still ask for a code texted to this phone."
+)
+
 VERIFIED = """The caller proved who they are: you may use the person's memory and every tool."""
 
 
@@ -108,6 +118,13 @@ class VoiceConfig:
     closing_grace: float = 10.0
     model_reconnects: int = 1
     code_ttl_seconds: float = 300.0
+    # Across calls (voice.verification): wrong PINs within the window that lock the PIN path, per
+    # calling number and per account; code texts per call and per account per window.
+    pin_failures_per_source: int = 5
+    pin_failures_per_account: int = 10
+    codes_per_call: int = 2
+    codes_per_hour: int = 2
+    verify_window_seconds: float = 3600.0
     dtmf_idle_seconds: float = 3.0
     memory_messages: int = 30
 
@@ -177,6 +194,7 @@ class OwnerCall:
     handle_id: UUID | None
     caller: str | None
     line_number: str | None
+    attested: bool = False  # the carrier vouched for the number (SHAKEN/STIR A): voice.verification
 
 
 @dataclass
@@ -215,6 +233,8 @@ _DIGIT_WORDS = f"(?:{_ONE_DIGIT.pattern})"
 _DIGIT_RUN = re.compile(rf"\b{_DIGIT_WORDS}(?:[\s,.-]*{_DIGIT_WORDS}){{2,}}\b", re.IGNORECASE)
 # Playback is tracked with a Twilio mark at least every 100 ms of audio (and at each response's end).
 MARK_EVERY_BYTES = 100 * media.BYTES_PER_MS
+# Owner notices under way: kept here, not among a call's tasks, so they outlive the call.
+_NOTICES: set[asyncio.Task[None]] = set()
 # Arguments never written to records: a PIN or code the caller gave.
 SECRET_TOOLS = frozenset({"verify_pin", "check_code"})
 
@@ -274,8 +294,10 @@ class CallSession:
         self._dtmf: list[str] = []
         self._dtmf_timer: asyncio.TimerHandle | None = None
         self._code: tuple[str, float] | None = None
-        # Digits the caller proved themselves with, and the speech begun after they did: only that
-        # speech keeps its digits in the records, and never these.
+        self._codes_sent = 0
+        self._verify_lock = asyncio.Lock()  # one PIN or code checked at a time
+        # Every PIN or code tried (and the code sent), and the speech begun after verification:
+        # only that speech keeps its digits in the records, and never these.
         self._secrets: set[str] = set()
         self._spoken_verified: set[str] = set()
         self._outcomes: list[CallOutcome] = []
@@ -633,7 +655,9 @@ class CallSession:
                 self._note_transcript("caller", text)
                 self._records.put_nowait(("in", event.item_id, text))
         elif type(event) is AssistantTranscript:
-            text = event.text.strip()
+            # Pepper's side too: a model may read a PIN back. Before verification every run of
+            # digits is withheld (the digits may be tried only after this line was said).
+            text = withhold_digits(event.text.strip(), only=None if self.trust == "owner_unverified" else self._secrets)
             if text:
                 interrupted = event.response_id in self._cancelled_responses
                 self._note_transcript("pepper", text, interrupted=interrupted)
@@ -785,34 +809,99 @@ class CallSession:
         if left > 0:
             return f"That did not match. {left} attempt{'s' if left > 1 else ''} left."
         await record_security_event(self.deps.db, "call-verification-failed", call_sid=self.call.call_sid)
-        self._spawn("notify-owner", self._notify_owner())
+        self._notify_owner_soon(FAILED_NOTICE)
         await self._begin_closing(
             "verification-failed",
             "Tell the caller you could not verify them, so you are ending the call. Say goodbye in one sentence.",
         )
         return "Verification failed too many times; the call is ending."
 
+    def _limits(self) -> dict[str, Any]:
+        config = self.deps.config
+        return {"attested": self.call.attested, "per_source": config.pin_failures_per_source,
+                "per_account": config.pin_failures_per_account, "window": config.verify_window_seconds}  # fmt: skip
+
+    async def _attempt(
+        self, digits: str, *, pin: bool, code: bool, method: str, code_method: str = ""
+    ) -> tuple[str, str]:
+        """Check one PIN (``pin``) and/or the code waiting (``code``), one check at a time per call
+        (concurrent tool calls wait their turn). (verdict, detail): ``verified`` (detail: the method),
+        ``already``, ``refused`` (the call is closing or out of tries: nothing checked), ``locked``
+        (the PIN path is locked across calls: nothing checked), ``no-code``, or ``wrong``."""
+        async with self._verify_lock:
+            if self.trust == "owner_verified":
+                return "already", "The caller is already verified."
+            if self._closing is not None or self.stats.verify_failures >= self.deps.config.max_verify_failures:
+                return "refused", "Not checked: the call is ending."
+            db, account = self.deps.db, self.call.account_id
+            code_waiting = code and self._code is not None
+            locked = pin and await verification.pin_locked(db, account, self.call.caller, **self._limits())
+            if locked and not code_waiting:
+                return "locked", PIN_LOCKED_WORDS
+            if not pin and not code_waiting:
+                return "no-code", "no code is waiting; use send_code first"
+            if digits:
+                self._secrets.add(digits)
+            if pin and not locked and await identity.verify_pin(db, account, digits):
+                await self._verified(method, digits)
+                return "verified", method
+            if code_waiting:
+                matched = self._code_matches(digits)
+                self._code = None  # a code is checked once: right, or burnt
+                if matched:
+                    await self._verified(code_method, digits)
+                    return "verified", code_method
+            kind = verification.WRONG_PIN if pin and not locked else verification.WRONG_CODE
+            call = self.call
+            limits = self._limits()
+            now_locked = await verification.record_wrong(db, account, call.caller, call.call_sid, kind, **limits)
+            if now_locked:
+                log.warning("the PIN path is locked after repeated wrong PINs")
+                self._notify_owner_soon(PIN_LOCKED_NOTICE)
+            message = await self._failed_verification()
+            return "wrong", f"{message} {PIN_LOCKED_WORDS[len('Not checked: ') :]}" if now_locked else message
+
+    @staticmethod
+    def _verdict(verdict: str, detail: str) -> ToolOutcome:
+        if verdict == "verified":
+            what = "Code" if detail.startswith("sms-code") else "PIN"
+            return ToolOutcome.ok(f"{what} correct: the caller is verified. Memory and every tool are now available.")
+        if verdict == "already":
+            return ToolOutcome.ok(detail)
+        return ToolOutcome.failed(detail)
+
     async def _tool_verify_pin(self, ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
-        if self.trust == "owner_verified":
-            return ToolOutcome.ok("The caller is already verified.")
         digits = re.sub(r"\D", "", args["digits"])
-        if await identity.verify_pin(self.deps.db, self.call.account_id, digits):
-            await self._verified("pin-spoken", digits)
-            return ToolOutcome.ok("PIN correct: the caller is verified. Memory and every tool are now available.")
-        return ToolOutcome.failed(await self._failed_verification())
+        return self._verdict(*await self._attempt(digits, pin=True, code=False, method="pin-spoken"))
 
     async def _tool_send_code(self, ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
         if self.trust == "owner_verified":
             return ToolOutcome.ok("The caller is already verified.")
         if self.deps.send_sms is None or not self.call.caller or not self.call.line_number:
             return ToolOutcome.failed("text messages cannot be sent from this line")
-        code = f"{secrets.randbelow(10**6):06d}"
-        try:
-            await self.deps.send_sms(self.call.caller, self.call.line_number, f"Your Pepper call code is {code}.")
-        except Exception:
-            log.exception("sending a one-time call code failed")
-            return ToolOutcome.failed("the text message could not be sent")
-        self._code = (code, time.monotonic() + self.deps.config.code_ttl_seconds)
+        config = self.deps.config
+        async with self._verify_lock:
+            if self.trust == "owner_verified":
+                return ToolOutcome.ok("The caller is already verified.")
+            if self._closing is not None:
+                return ToolOutcome.failed("no code was sent: the call is ending")
+            if self._codes_sent >= config.codes_per_call:
+                return ToolOutcome.failed("no code was sent: this call has had all the codes it can have")
+            claim = await verification.claim_code_send(self.deps.db, self.call.account_id, self.call.caller,
+                                                       self.call.call_sid, attested=self.call.attested,
+                                                       per_hour=config.codes_per_hour)  # fmt: skip
+            if claim is None:
+                return ToolOutcome.failed("no code was sent: too many codes were texted in the last hour")
+            code = f"{secrets.randbelow(10**6):06d}"
+            try:
+                await self.deps.send_sms(self.call.caller, self.call.line_number, f"Your Pepper call code is {code}.")
+            except Exception:
+                log.exception("sending a one-time call code failed")
+                await verification.release_code_send(self.deps.db, claim)
+                return ToolOutcome.failed("the text message could not be sent")
+            self._codes_sent += 1
+            self._secrets.add(code)
+            self._code = (code, time.monotonic() + config.code_ttl_seconds)
         return ToolOutcome.ok("A six-digit code was texted to the caller's phone. Ask them to read it out or key it.")
 
     def _code_matches(self, digits: str) -> bool:
@@ -821,15 +910,8 @@ class CallSession:
         return secrets.compare_digest(digits, self._code[0])
 
     async def _tool_check_code(self, ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
-        if self.trust == "owner_verified":
-            return ToolOutcome.ok("The caller is already verified.")
-        if self._code is None:
-            return ToolOutcome.failed("no code was sent; use send_code first")
         digits = re.sub(r"\D", "", args["digits"])
-        if self._code_matches(digits):
-            await self._verified("sms-code", digits)
-            return ToolOutcome.ok("Code correct: the caller is verified. Memory and every tool are now available.")
-        return ToolOutcome.failed(await self._failed_verification())
+        return self._verdict(*await self._attempt(digits, pin=False, code=True, method="", code_method="sms-code"))
 
     async def _tool_end_call(self, ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
         await self._begin_closing("end-call", None)
@@ -860,17 +942,15 @@ class CallSession:
             self._spawn("dtmf-check", self._check_dtmf(digits))
 
     async def _check_dtmf(self, digits: str) -> None:
-        if self.trust == "owner_verified":
+        verdict, detail = await self._attempt(digits, pin=True, code=True, method="pin-keypad",
+                                              code_method="sms-code-keypad")  # fmt: skip
+        if verdict in ("already", "refused"):
             return
-        ok = await identity.verify_pin(self.deps.db, self.call.account_id, digits)
-        method = "pin-keypad"
-        if not ok and self._code_matches(digits):
-            ok, method = True, "sms-code-keypad"
+        event = {"verified": "verified", "wrong": "wrong digits"}.get(verdict, "not checked")
         self._transcript.append({"at_ms": round((time.monotonic() - self._started) * 1000), "role": "keypad",
-                                 "event": "verified" if ok else "wrong digits"})  # fmt: skip
+                                 "event": event})  # fmt: skip
         conn = self._conn
-        if ok:
-            await self._verified(method, digits)
+        if verdict == "verified":
             self._trust_changed = False
             if conn is not None:
                 with contextlib.suppress(RealtimeDisconnected):
@@ -880,12 +960,13 @@ class CallSession:
                         await conn.create_response("Tell the caller in a few words that they are verified, and ask"
                                                    " how you can help.")  # fmt: skip
             return
-        message = await self._failed_verification()
         if conn is not None and self._closing is None:
+            wrong = verdict == "wrong"
             with contextlib.suppress(RealtimeDisconnected):
-                await conn.add_note(labelled(f"The caller keyed in a wrong PIN. {message}"))
+                await conn.add_note(labelled(f"The caller keyed in {'a wrong' if wrong else 'a'} PIN. {detail}"))
                 if self._active_response is None:
-                    await conn.create_response("Tell the caller the PIN was wrong, in a few words.")
+                    await conn.create_response("Tell the caller the PIN was wrong, in a few words." if wrong
+                                               else "Tell the caller what the note says, in a few words.")  # fmt: skip
 
     async def _begin_closing(self, reason: str, instructions: str | None) -> None:
         if self._closing is not None:
@@ -902,14 +983,21 @@ class CallSession:
         await asyncio.sleep(self.deps.config.closing_grace)
         self._end(reason)
 
-    async def _notify_owner(self) -> None:
+    def _notify_owner_soon(self, body: str) -> None:
+        """Tell the owner, in a task the end of the call does not cancel: a caller who hangs up at
+        once must not stop the notice."""
+        task = asyncio.get_running_loop().create_task(self._notify_owner(body), name="call-notify-owner")
+        _NOTICES.add(task)
+        task.add_done_callback(_NOTICES.discard)
+
+    async def _notify_owner(self, body: str) -> None:
+        """A text to the number calling: the owner route admits only a number verified to the account."""
         if self.deps.send_sms is None or not self.call.caller or not self.call.line_number:
             return
-        await self.deps.send_sms(
-            self.call.caller,
-            self.call.line_number,
-            "Pepper: someone calling from your number failed to verify and the call was ended.",
-        )
+        try:
+            await self.deps.send_sms(self.call.caller, self.call.line_number, body)
+        except Exception:
+            log.exception("could not text the owner about failed verification on a call")
 
     # --- Records -----------------------------------------------------------------------------
 

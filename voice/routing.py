@@ -27,7 +27,6 @@ BLOCKED_TEXT = "Sorry, this number can't take your call. Goodbye."
 ANSWERING_UNAVAILABLE_TEXT = (
     "Hello. The answering service for this number is not available yet. Please try again later. Goodbye."
 )
-LOCKED_TEXT = "Sorry, there have been too many failed attempts to unlock this line. Please try again later."
 APOLOGY_TEXT = "Sorry, I lost the connection on my side and have to end the call. Please call again."
 
 

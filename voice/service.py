@@ -21,6 +21,9 @@ from voice.tokens import consume_token, issue_token
 log = logging.getLogger(__name__)
 
 START_TIMEOUT = 10.0
+# Twilio's StirVerstat on a call whose originating carrier vouched that the caller may use the
+# number (SHAKEN/STIR attestation A; present only on calls that carry a SHAKEN identity, US only).
+ATTESTED = "TN-Validation-Passed-A"
 
 
 class StreamRefused(Exception):
@@ -45,7 +48,6 @@ class CallService:
         self.default_region = default_region
         self.token_ttl = token_ttl
         self.sessions: dict[str, CallSession] = {}
-        self.locked_after = 3  # failed calls within an hour
 
     # --- The voice webhook -------------------------------------------------------------------
 
@@ -57,8 +59,8 @@ class CallService:
         )
         inserted = await self.deps.db.fetchval(
             """
-            INSERT INTO calls (call_sid, account_id, line_number, caller, handle_id, route, status)
-            VALUES ($1, $2, $3, $4, $5, $6, CASE WHEN $6 = 'owner' THEN 'ringing' ELSE 'refused' END)
+            INSERT INTO calls (call_sid, account_id, line_number, caller, handle_id, route, status, attested)
+            VALUES ($1, $2, $3, $4, $5, $6, CASE WHEN $6 = 'owner' THEN 'ringing' ELSE 'refused' END, $7)
             ON CONFLICT (call_sid) DO NOTHING RETURNING true
             """,
             call_sid,
@@ -67,13 +69,9 @@ class CallService:
             route.caller,
             route.handle_id,
             route.route,
+            form.get("StirVerstat") == ATTESTED,
         )
         log.info("voice call classified: route=%s reason=%s", route.route, route.reason)
-        if route.route == "owner" and await self._locked(route):
-            log.warning("owner line locked after repeated failed verifications")
-            await self.deps.db.execute("UPDATE calls SET status = 'refused', end_reason = 'locked' WHERE call_sid = $1",
-                                       call_sid)  # fmt: skip
-            return route, routing.say_and_hang_up(routing.LOCKED_TEXT)
         if route.route == "owner":
             if not inserted:
                 # A retried webhook for a call already answered: same route, a fresh token.
@@ -88,19 +86,6 @@ class CallService:
         if route.route == "blocked":
             return route, routing.say_and_hang_up(routing.BLOCKED_TEXT)
         return route, routing.say_and_hang_up(routing.REFUSED_TEXT)
-
-    async def _locked(self, route: CallRoute) -> bool:
-        """Calls that failed verification in the last hour, for this account: past the limit, the
-        line refuses owner calls for a while (a PIN is guessed one call at a time otherwise)."""
-        failed = await self.deps.db.fetchval(
-            """
-            SELECT count(*) FROM security_events e JOIN calls c ON c.call_sid = e.detail->>'call_sid'
-            WHERE e.kind = 'call-verification-failed' AND c.account_id = $1
-              AND e.created_at > now() - interval '1 hour'
-            """,
-            route.account_id,
-        )
-        return failed >= self.locked_after
 
     async def after_stream(self, call_sid: str) -> str:
         """TwiML once Pepper closed the media socket: an apology if the model failed, else hang up."""
@@ -146,11 +131,13 @@ class CallService:
         if not check.ok:
             await self._refuse(f"media-token-{check.problem}", start)
         row = await self.deps.db.fetchrow(
-            "SELECT account_id, handle_id, caller, line_number, route FROM calls WHERE call_sid = $1", start.call_sid
+            "SELECT account_id, handle_id, caller, line_number, route, attested FROM calls WHERE call_sid = $1",
+            start.call_sid,
         )
         if row is None or row["route"] != "owner" or row["account_id"] is None:
             await self._refuse("media-not-an-owner-call", start)
-        return start, OwnerCall(start.call_sid, row["account_id"], row["handle_id"], row["caller"], row["line_number"])
+        return start, OwnerCall(start.call_sid, row["account_id"], row["handle_id"], row["caller"], row["line_number"],
+                                row["attested"])  # fmt: skip
 
     async def _refuse(self, kind: str, start: media.StreamStart | None) -> None:
         log.warning("refused a media stream: reason=%s", kind)

@@ -377,22 +377,3 @@ async def test_hang_up_records_the_transcript_and_a_summary_in_the_one_conversat
     assert "caller" in roles and "pepper" in roles
     bodies = [r["body"] for r in await phone.db.fetch("SELECT body FROM messages ORDER BY id")]
     assert "hello pepper" in bodies and "Hello Ada." in bodies
-
-
-async def test_after_repeated_failed_calls_the_owner_line_refuses_for_a_while(phone):
-    for n in range(3):
-        sid = f"CA{n:032d}"
-        await phone.db.execute(
-            "INSERT INTO calls (call_sid, account_id, route, status) VALUES ($1, $2, 'owner', 'completed')",
-            sid,
-            phone.account_id,
-        )
-        await phone.db.execute(
-            "INSERT INTO security_events (kind, detail) VALUES ('call-verification-failed',"
-            " jsonb_build_object('call_sid', $1::text))",
-            sid,
-        )
-    answer = await phone.caller.dial(from_="+14155552671", to="+14155550100")
-    assert not answer.connected
-    assert "too many" in answer.says[0]
-    assert await phone.db.fetchval("SELECT count(*) FROM call_stream_tokens") == 0
