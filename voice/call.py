@@ -432,6 +432,13 @@ class CallSession:
             with contextlib.suppress(Exception):
                 await self._conn_stack.aclose()
         if self.end_reason != "hangup":
+            # Twilio asks for the after-stream TwiML the instant the socket closes, and that answer
+            # depends on the end reason (an apology when the model failed): stored first.
+            try:
+                await self.deps.db.execute("UPDATE calls SET end_reason = $2 WHERE call_sid = $1",
+                                           self.call.call_sid, self.end_reason)  # fmt: skip
+            except Exception:
+                log.exception("could not record why a call ended before hanging up")
             with contextlib.suppress(Exception):
                 await self.link.close(1000)
         self._records.put_nowait(None)
