@@ -289,6 +289,7 @@ class CallSession:
         self._write_summaries: dict[int, str] = {}
         self._tool_tasks: dict[str, list[asyncio.Task[CallOutcome]]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._resolving: set[asyncio.Task[Any]] = set()  # commits the caller heard confirmed
         self._closing: str | None = None
         self._dtmf: list[str] = []
         self._dtmf_timer: asyncio.TimerHandle | None = None
@@ -405,6 +406,7 @@ class CallSession:
 
     def _task_done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
+        self._resolving.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("call task %s failed", task.get_name(), exc_info=task.exception())
             self._end("error")
@@ -439,7 +441,9 @@ class CallSession:
 
     async def _shutdown(self, recorder: asyncio.Task[Any]) -> None:
         for task in list(self._tasks):
-            if task is not recorder:
+            # A commit under way (its mark came back: the caller heard the confirmation) finishes
+            # and is recorded; everything else stops.
+            if task is not recorder and task not in self._resolving:
                 task.cancel()
         if self._dtmf_timer is not None:
             self._dtmf_timer.cancel()
@@ -547,7 +551,7 @@ class CallSession:
         elif mark.kind == "notice":
             self.listening = True
         elif mark.kind == "commit":
-            self._spawn("commit", self._resolve_writes(list(mark.write_ids), commit=True))
+            self._resolving.add(self._spawn("commit", self._resolve_writes(list(mark.write_ids), commit=True)))
         elif mark.kind == "bye":
             self._end(self._closing or "end-call")
 

@@ -1,0 +1,80 @@
+"""Writes on a call, where the model runs tools while it talks: a staged write is saved only after
+the caller heard the response asked to confirm it, and the per-turn limits hold when tool calls
+run at once."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+from phone_support import PIN, speech, until
+
+from core.tools.registry import ToolRegistry
+from core.tools.starter import starter_registry
+from voice.testing.realtime_peer import ScriptedResponse, speak, tone
+
+
+async def _verify_by_keypad(phone, call) -> None:
+    session = phone.model.sessions[-1]
+    updates = len([e for e in session.events if e["type"] == "session.update"])
+    await call.keypad(PIN + "#")
+    await phone.model.wait_for(lambda: len([e for e in session.events if e["type"] == "session.update"]) > updates)
+
+
+async def test_a_staged_write_is_not_saved_by_a_response_the_model_began_while_its_tool_ran(phone):
+    """The tool result comes while the model is already saying something else ("Mm-hm, one
+    moment."): the request to confirm waits for that response to end, and only the mark after the
+    confirming response saves the write."""
+    todo = await phone.db.fetchval(
+        "INSERT INTO todos (account_id, title) VALUES ($1, 'call the plumber') RETURNING id", phone.account_id
+    )
+    entered, release = asyncio.Event(), asyncio.Event()
+    tools = starter_registry().all()
+    real = next(t for t in tools if t.name == "complete_todo")
+
+    async def held(ctx, args):
+        entered.set()
+        await release.wait()
+        return await real.handler(ctx, args)
+
+    phone.calls.deps.registry = ToolRegistry(
+        dataclasses.replace(t, handler=held) if t.name == "complete_todo" else t for t in tools
+    )
+    confirmation = tone(600, hz=880)  # what the confirming response sounds like, told apart from the rest
+    phone.model.script(
+        speak("You're verified."),
+        ScriptedResponse(calls=(("complete_todo", {"id": todo}),), ms=0),
+        speak("Mm-hm, one moment.", ms=1500),
+        speak("Done, I ticked off call the plumber.", audio=confirmation),
+    )
+    phone.model.hear("tick off the plumber")
+    answer = await phone.dial_owner()
+    async with phone.caller.media(answer) as call:
+        await phone.until_listening(call)
+        await _verify_by_keypad(phone, call)
+        session = phone.model.sessions[0]
+        await phone.model.wait_for(lambda: len(session.response_creates) >= 2)  # "You're verified."
+        call.say(speech("todo"))
+        await asyncio.wait_for(entered.wait(), 15)
+        # The model begins a response of its own while the tool runs, and is still in it when the
+        # tool's result comes.
+        phone.model.pace = 0.1
+        creates = len(session.response_creates)
+        heard = call.received_media_bytes
+        await phone.model.respond(0)
+        await call.wait(lambda: call.received_media_bytes > heard, what="the model's own response to play")
+        release.set()
+        await phone.model.wait_for(lambda: session.tool_outputs, within=15)
+        phone.model.pace = 0.01
+        done_at = await until(
+            lambda: phone.db.fetchval("SELECT done_at FROM todos WHERE id = $1", todo), 15, "the write to be saved"
+        )
+        assert done_at is not None
+        # Saved only once the caller heard the confirming response, the one asked for after the
+        # tool result (sent once the model's own response had ended).
+        assert confirmation[:1600] in bytes(call.heard)
+        assert len(session.response_creates) == creates + 1
+        await call.hang_up()
+    row = await phone.call_row(answer.call_sid)
+    assert f"saved: todo #{todo} marked done" in row["summary"]
+    assert await phone.db.fetchval("SELECT status FROM staged_writes") == "committed"
