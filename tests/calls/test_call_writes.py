@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from datetime import UTC, datetime
 
 from phone_support import PIN, speech, until
 
+from core.scheduling.schedule import parse_schedule
+from core.scheduling.tasks import create_task
 from core.tools.registry import ToolRegistry
 from core.tools.starter import starter_registry
 from voice.testing.realtime_peer import ScriptedResponse, speak, tone
@@ -72,9 +75,43 @@ async def test_a_staged_write_is_not_saved_by_a_response_the_model_began_while_i
         assert done_at is not None
         # Saved only once the caller heard the confirming response, the one asked for after the
         # tool result (sent once the model's own response had ended).
-        assert confirmation[:1600] in bytes(call.heard)
+        heard_the_confirmation = confirmation[:1600] in bytes(call.heard)
+        assert heard_the_confirmation
         assert len(session.response_creates) == creates + 1
         await call.hang_up()
     row = await phone.call_row(answer.call_sid)
     assert f"saved: todo #{todo} marked done" in row["summary"]
     assert await phone.db.fetchval("SELECT status FROM staged_writes") == "committed"
+
+
+async def test_four_cancellations_at_once_on_a_call_still_stop_at_two_without_the_bulk_flag(phone):
+    """A fooled model asks to cancel four tasks in one response, one call each and no ``bulk``:
+    the call runs tool calls at once, and the two-per-turn speed bump still holds."""
+    now = datetime.now(UTC)
+    ids = []
+    async with phone.db.transaction() as conn:
+        for i in range(4):
+            task = await create_task(conn, phone.account_id, title=f"task {i}", prompt="p",
+                                     schedule=parse_schedule("mornings", now=now, timezone="UTC"), now=now)  # fmt: skip
+            ids.append(task.id)
+    phone.model.script(
+        speak("You're verified."),
+        ScriptedResponse(calls=tuple(("cancel_tasks", {"ids": [i]}) for i in ids), ms=0),
+        speak("I cancelled two of them; the others need you to confirm."),
+    )
+    phone.model.hear("turn them all off")
+    answer = await phone.dial_owner()
+    async with phone.caller.media(answer) as call:
+        await phone.until_listening(call)
+        await _verify_by_keypad(phone, call)
+        session = phone.model.sessions[0]
+        await phone.model.wait_for(lambda: len(session.response_creates) >= 2)
+        call.say(speech("todo"))
+        await phone.model.wait_for(lambda: len(session.tool_outputs) == 4, within=15)
+        outputs = [o["output"] for o in session.tool_outputs]
+        await call.hang_up()
+    assert await phone.db.fetchval("SELECT count(*) FROM scheduled_tasks WHERE status = 'cancelled'") == 2
+    assert await phone.db.fetchval("SELECT count(*) FROM scheduled_tasks WHERE status = 'active'") == 2
+    refused = [o for o in outputs if "needs bulk=true" in o]
+    assert len(refused) == 2 and all("Nothing was cancelled" in o for o in refused)
+    await phone.call_row(answer.call_sid)
