@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from phone_support import NOTICE
+from phone_support import LINE, NOTICE, OWNER
 
 from voice.testing.realtime_peer import speak
 
@@ -53,3 +53,30 @@ async def test_the_after_stream_request_the_instant_pepper_hangs_up_hears_the_ap
             assert "<Say>Sorry, I lost the connection" in twiml and "<Hangup" in twiml
     row = await phone.call_row(answer.call_sid)
     assert row["end_reason"] == "model-failed"
+
+
+async def test_a_replayed_voice_webhook_for_an_ended_call_gets_no_stream(phone):
+    """Someone who captured a signed voice webhook replays it once the call is over: the same
+    form, so the same valid signature. No fresh stream token comes back."""
+    answer = await phone.dial_owner()
+    async with phone.caller.media(answer) as call:
+        await phone.until_listening(call)
+        await call.hang_up()
+    await phone.call_row(answer.call_sid)
+    replay = await phone.caller.dial(from_=OWNER, to=LINE, call_sid=answer.call_sid)
+    assert replay.status == 200 and not replay.connected
+    assert "<Hangup" in replay.twiml and "call_token" not in replay.twiml
+    assert await phone.db.fetchval("SELECT count(*) FROM call_stream_tokens") == 1
+    assert await phone.db.fetchval("SELECT kind FROM security_events") == "voice-webhook-call-over"
+
+
+async def test_a_stream_for_a_call_that_already_ended_is_refused(phone):
+    """A stream token issued for a call that ended before its stream came (the status callback
+    said so) admits nothing."""
+    answer = await phone.dial_owner()
+    assert await phone.caller.status(answer.call_sid, "completed") in (200, 204)
+    async with phone.caller.media(answer) as call:
+        await call.wait(lambda: call.closed.is_set(), within=5, what="the socket to close")
+        assert call.close_code == 1008
+    assert await phone.db.fetchval("SELECT kind FROM security_events") == "media-call-over"
+    assert not phone.model.sessions  # no model session was opened for it
