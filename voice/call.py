@@ -15,8 +15,9 @@ What a call session promises:
   that takes longer than ``filler_after`` seconds makes the caller hear a short filler.
 * **Barge-in.** When the model reports the caller speaking over Pepper: Twilio ``clear``, cancel
   the response, truncate the assistant item to what was played (tracked with marks).
-* **Staged writes** wait for the mark after the sentence that confirms them; a barge-in or a
-  hang-up before it drops them, and the model is told.
+* **Staged writes** wait for the mark after the response asked for after their tool result (sent
+  once no other response runs), and only if that response spoke; a barge-in, a hang-up or a model
+  drop before it drops them, and the model is told.
 * **End.** Caller hang-up (``stop``, socket closed, status callback), the ``end_call`` tool after
   its goodbye was played, the maximum duration, repeated verification failures, or a model that
   cannot be reconnected. The transcript (both sides, tool calls) lands in the person's one
