@@ -604,9 +604,7 @@ class CallSession:
         # results, so nothing will confirm them.
         dropped, self._unconfirmed = self._unconfirmed, []
         if not await self._open_model():
-            if dropped:
-                await self._resolve_writes(dropped, commit=False)
-            return False
+            return False  # the call ends; its end drops every write still staged
         self.stats.model_reconnects += 1
         assert self._conn is not None
         said = "\n".join(f"{e['role']}: {e['text']}" for e in self._transcript if "text" in e)[-4000:]

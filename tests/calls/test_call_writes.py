@@ -115,3 +115,43 @@ async def test_four_cancellations_at_once_on_a_call_still_stop_at_two_without_th
     refused = [o for o in outputs if "needs bulk=true" in o]
     assert len(refused) == 2 and all("Nothing was cancelled" in o for o in refused)
     await phone.call_row(answer.call_sid)
+
+
+async def test_a_write_whose_confirmation_was_cut_by_a_model_drop_is_not_saved_by_the_apology(phone):
+    """The model's socket drops while the confirmation plays; the new socket's apology speaks,
+    but it never confirmed the write (that session never saw the tool result): dropped, and the
+    new session is told."""
+    todo = await phone.db.fetchval(
+        "INSERT INTO todos (account_id, title) VALUES ($1, 'call the plumber') RETURNING id", phone.account_id
+    )
+    phone.model.script(
+        speak("You're verified."),
+        ScriptedResponse(calls=(("complete_todo", {"id": todo}),), ms=0),
+        speak("Done, I ticked off call the plumber.", ms=3000),
+        speak("Sorry, the line dropped for a moment."),
+    )
+    phone.model.hear("tick off the plumber")
+    answer = await phone.dial_owner()
+    async with phone.caller.media(answer) as call:
+        await phone.until_listening(call)
+        await _verify_by_keypad(phone, call)
+        session = phone.model.sessions[0]
+        await phone.model.wait_for(lambda: len(session.response_creates) >= 2)
+        phone.model.pace = 0.1  # the confirmation streams in real time
+        call.say(speech("todo"))
+        await phone.model.wait_for(lambda: session.tool_outputs, within=15)
+        heard = call.received_media_bytes
+        await call.wait(lambda: call.received_media_bytes > heard, what="the confirmation to start")
+        await phone.model.drop(0)
+        phone.model.pace = 0.01
+        await phone.model.wait_for(lambda: len(phone.model.sessions) == 2)
+        second = phone.model.sessions[1]
+        await phone.model.wait_for(lambda: any("NOT saved" in n for n in second.notes))
+        # The apology is spoken; the write is resolved (before the fix: committed on its mark).
+        await until(lambda: phone.db.fetchval("SELECT count(*) FROM messages WHERE body = $1",
+                                              "Sorry, the line dropped for a moment."), 10, "the apology")  # fmt: skip
+        await until(lambda: phone.db.fetchval("SELECT status <> 'staged' FROM staged_writes"), 10, "the write resolved")
+        await call.hang_up()
+    await phone.call_row(answer.call_sid)
+    assert await phone.db.fetchval("SELECT done_at FROM todos WHERE id = $1", todo) is None
+    assert await phone.db.fetchval("SELECT status FROM staged_writes") == "dropped"
