@@ -15,8 +15,9 @@ What a call session promises:
   that takes longer than ``filler_after`` seconds makes the caller hear a short filler.
 * **Barge-in.** When the model reports the caller speaking over Pepper: Twilio ``clear``, cancel
   the response, truncate the assistant item to what was played (tracked with marks).
-* **Staged writes** wait for the mark after the sentence that confirms them; a barge-in or a
-  hang-up before it drops them, and the model is told.
+* **Staged writes** wait for the mark after the response asked for after their tool result (sent
+  once no other response runs), and only if that response spoke; a barge-in, a hang-up or a model
+  drop before it drops them, and the model is told.
 * **End.** Caller hang-up (``stop``, socket closed, status callback), the ``end_call`` tool after
   its goodbye was played, the maximum duration, repeated verification failures, or a model that
   cannot be reconnected. The transcript (both sides, tool calls) lands in the person's one
@@ -34,6 +35,7 @@ import logging
 import re
 import secrets
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -226,6 +228,16 @@ class _Mark:
     cancelled: bool = False
 
 
+@dataclass(slots=True)
+class _Request:
+    """A response Pepper asks the model for: sent once no response runs, and tied to the response
+    created after it (``write_ids``: the staged writes that response must confirm aloud)."""
+
+    instructions: str | None = None
+    write_ids: tuple[int, ...] = ()
+    notice: bool = False
+
+
 _DIGIT_VALUES = {w: str(n) for n, w in enumerate("zero one two three four five six seven eight nine".split())}
 _DIGIT_VALUES["oh"] = "0"
 _ONE_DIGIT = re.compile("|".join((*_DIGIT_VALUES, r"\d")), re.IGNORECASE)
@@ -269,6 +281,7 @@ class CallSession:
         self.listening = False
         self.end_reason: str | None = None
         self._ended = asyncio.Event()
+        self._end_stored = False  # the end reason is in the calls row (see ``ended``)
         self._sid = start.stream_sid
         self.model: RealtimeModel | None = deps.model  # the line's engine, looked up in run()
         self._conn: RealtimeConnection | None = None
@@ -284,12 +297,20 @@ class CallSession:
         self._cancelled_responses: set[str] = set()
         self._response_audio: dict[str, int] = {}
         self._notice_response: str | None = None
-        self._notice_requested = False
+        # Responses asked for: waiting for the running one to end, sent (not yet created), and
+        # the created ones with what they answer. The model refuses a response.create while
+        # another response runs, so one is sent only when none does.
+        self._pending: deque[_Request] = deque()
+        self._requested: _Request | None = None
+        self._tied: dict[str, _Request] = {}
+        self._last_tied: str | None = None
+        self._carried: dict[str, tuple[int, ...]] = {}  # response id -> writes its tools' results carry on
         self._unconfirmed: list[int] = []
         self._dropped_notes: list[str] = []
         self._write_summaries: dict[int, str] = {}
         self._tool_tasks: dict[str, list[asyncio.Task[CallOutcome]]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._resolving: set[asyncio.Task[Any]] = set()  # commits the caller heard confirmed
         self._closing: str | None = None
         self._dtmf: list[str] = []
         self._dtmf_timer: asyncio.TimerHandle | None = None
@@ -387,7 +408,9 @@ class CallSession:
 
     @property
     def ended(self) -> bool:
-        return self._ended.is_set()
+        """The call is over and its socket may be closed: at once after a hang-up, else once the end
+        reason is stored (Twilio asks for the after-stream TwiML the moment the socket closes)."""
+        return self._ended.is_set() and (self._end_stored or self.end_reason == "hangup")
 
     def hang_up(self, reason: str = "hangup") -> None:
         """End the call from outside (the caller hung up, the status callback said so)."""
@@ -406,6 +429,7 @@ class CallSession:
 
     def _task_done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
+        self._resolving.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("call task %s failed", task.get_name(), exc_info=task.exception())
             self._end("error")
@@ -431,10 +455,7 @@ class CallSession:
                 self._spawn("model", self._model_loop())
                 self._spawn("deadline", self._deadline())
                 self._spawn("notice-watch", self._notice_watch())
-                await self._conn.create_response(  # type: ignore[union-attr]
-                    f"Say exactly this, and nothing else: {self.deps.config.notice}"
-                )
-                self._notice_requested = True
+                await self._request_response(_Request(self._notice_instructions(), notice=True))
             await self._ended.wait()
         except RealtimeDisconnected:
             self._end("model-failed")
@@ -443,7 +464,9 @@ class CallSession:
 
     async def _shutdown(self, recorder: asyncio.Task[Any]) -> None:
         for task in list(self._tasks):
-            if task is not recorder:
+            # A commit under way (its mark came back: the caller heard the confirmation) finishes
+            # and is recorded; everything else stops.
+            if task is not recorder and task not in self._resolving:
                 task.cancel()
         if self._dtmf_timer is not None:
             self._dtmf_timer.cancel()
@@ -454,6 +477,14 @@ class CallSession:
             with contextlib.suppress(Exception):
                 await self._conn_stack.aclose()
         if self.end_reason != "hangup":
+            # Twilio asks for the after-stream TwiML the instant the socket closes, and that answer
+            # depends on the end reason (an apology when the model failed): stored first.
+            try:
+                await self.deps.db.execute("UPDATE calls SET end_reason = $2 WHERE call_sid = $1",
+                                           self.call.call_sid, self.end_reason)  # fmt: skip
+            except Exception:
+                log.exception("could not record why a call ended before hanging up")
+            self._end_stored = True
             with contextlib.suppress(Exception):
                 await self.link.close(1000)
         self._records.put_nowait(None)
@@ -543,7 +574,7 @@ class CallSession:
         elif mark.kind == "notice":
             self.listening = True
         elif mark.kind == "commit":
-            self._spawn("commit", self._resolve_writes(list(mark.write_ids), commit=True))
+            self._resolving.add(self._spawn("commit", self._resolve_writes(list(mark.write_ids), commit=True)))
         elif mark.kind == "bye":
             self._end(self._closing or "end-call")
 
@@ -584,21 +615,56 @@ class CallSession:
             with contextlib.suppress(Exception):
                 await old.aclose()
         self._generation += 1
+        # The old socket's responses, requests and notice mean nothing to the new one.
         self._active_response = None
+        self._notice_response = None
+        self._pending.clear()
+        self._requested, self._last_tied = None, None
+        self._tied.clear()
+        self._carried.clear()
+        # Writes whose confirmation the caller has not heard: the new session never saw their tool
+        # results, so nothing will confirm them.
+        dropped, self._unconfirmed = self._unconfirmed, []
         if not await self._open_model():
-            return False
+            return False  # the call ends; its end drops every write still staged
         self.stats.model_reconnects += 1
         assert self._conn is not None
         said = "\n".join(f"{e['role']}: {e['text']}" for e in self._transcript if "text" in e)[-4000:]
         if said:
             await self._conn.add_note(labelled("The line to the model dropped. The call so far:\n" + said))
-        if not self.listening:
-            await self._conn.create_response(f"Say exactly this, and nothing else: {self.deps.config.notice}")
-        else:
-            await self._conn.create_response(
-                "Apologise in a few words for the short interruption and carry on where you left off."
+        if dropped:
+            await self._resolve_writes(dropped, commit=False, tell_model=True)
+        notice_playing = any(m.kind == "notice" and not m.cancelled for m in self._marks.values())
+        if not self.listening and not notice_playing:
+            # Dropped while the notice played (or before it was asked): the new socket says it.
+            await self._request_response(_Request(self._notice_instructions(), notice=True))
+        elif self.listening:
+            await self._request_response(
+                _Request("Apologise in a few words for the short interruption and carry on where you left off.")
             )
         return True
+
+    def _notice_instructions(self) -> str:
+        return f"Say exactly this, and nothing else: {self.deps.config.notice}"
+
+    async def _request_response(self, request: _Request, *, first: bool = False) -> None:
+        """Ask for a response: now if none runs, else once the running one has ended."""
+        if first:
+            self._pending.appendleft(request)
+        else:
+            self._pending.append(request)
+        await self._pump()
+
+    async def _pump(self) -> None:
+        """Send the next waiting request when no response runs and none was asked for and not yet
+        created. Raises :class:`RealtimeDisconnected` (the model loop reconnects)."""
+        conn = self._conn
+        if conn is None or self._ended.is_set() or self._active_response is not None or self._requested is not None:
+            return
+        if not self._pending:
+            return
+        request = self._requested = self._pending.popleft()
+        await conn.create_response(request.instructions)
 
     def _audio_now(self, event: AudioDelta) -> bool:
         """The model's audio straight to the caller from the adapter's read callback, without
@@ -639,8 +705,12 @@ class CallSession:
             await self._barge_in()
         elif type(event) is ResponseCreated:
             self._active_response = event.response_id
-            if self._notice_requested and self._notice_response is None:
-                self._notice_response = event.response_id
+            request, self._requested = self._requested, None
+            if request is not None:  # the response Pepper asked for (else one the model began itself)
+                self._tied[event.response_id] = request
+                self._last_tied = event.response_id
+                if request.notice:
+                    self._notice_response = event.response_id
         elif type(event) is ResponseDone:
             await self._on_response_done(event)
         elif type(event) is FunctionCall:
@@ -663,36 +733,69 @@ class CallSession:
                 self._note_transcript("pepper", text, interrupted=interrupted)
                 self._records.put_nowait(("out", event.item_id, text + (" [interrupted]" if interrupted else "")))
         elif type(event) is ModelError:
-            if event.code not in ("response_cancel_not_active",):
+            if event.code == "conversation_already_has_active_response":
+                await self._refused_request()
+            elif event.code not in ("response_cancel_not_active",):
                 log.warning("realtime model reported an error: code=%s", event.code)
 
     def _note_transcript(self, role: str, text: str, **extra: Any) -> None:
         self._transcript.append({"at_ms": round((time.monotonic() - self._started) * 1000), "role": role,
                                  "text": text, **extra})  # fmt: skip
 
+    async def _refused_request(self) -> None:
+        """The model refused a response.create because a response it began itself was running (its
+        ``response.created`` came first, and was taken for ours): ask again once that one ends."""
+        request, self._requested = self._requested, None
+        if request is None and self._last_tied is not None:
+            request = self._tied.pop(self._last_tied, None)
+            if request is not None and request.notice:
+                self._notice_response = None
+        self._last_tied = None
+        if request is not None:
+            self._pending.appendleft(request)
+            await self._pump()
+
     async def _on_response_done(self, event: ResponseDone) -> None:
-        if self._active_response == event.response_id:
+        rid = event.response_id
+        if self._active_response == rid:
             self._active_response = None
+        request = self._tied.pop(rid, None)
+        if self._last_tied == rid:
+            self._last_tied = None
         item = self._last_item
         if item is not None and self._sent_bytes.get(item, 0) > self._marked_bytes.get(item, 0):
             self._marked_bytes[item] = self._sent_bytes[item]
             self._send_mark(_Mark("audio", item, self._sent_bytes[item]))
-        if event.response_id == self._notice_response:
+        self._response_ended(event, request)
+        await self._pump()
+
+    def _response_ended(self, event: ResponseDone, request: _Request | None) -> None:
+        rid = event.response_id
+        if rid == self._notice_response:
             if event.status == "completed":
                 self._send_mark(_Mark("notice"))
             else:
                 log.warning("the opening notice response did not complete: status=%s", event.status)
                 self._end("model-failed")
             return
-        if event.response_id in self._tool_tasks:
-            self._spawn("tool-results", self._finish_tools(event.response_id, self._generation))
+        spoke = self._response_audio.get(rid, 0) > 0
+        # A staged write is saved only on the mark after the response asked to confirm it, and only
+        # if that response spoke: the caller heard the confirmation play out.
+        ids = [i for i in (request.write_ids if request is not None else ()) if i in self._unconfirmed]
+        if ids:
+            if event.status == "completed" and spoke:
+                self._unconfirmed = [i for i in self._unconfirmed if i not in ids]
+                self._send_mark(_Mark("commit", write_ids=tuple(ids)))
+            elif event.status == "completed" and rid in self._tool_tasks:
+                self._carried[rid] = tuple(ids)  # said nothing, called tools: the next response confirms
+            else:
+                self._unconfirmed = [i for i in self._unconfirmed if i not in ids]
+                self._spawn("drop", self._resolve_writes(ids, commit=False, tell_model=True))
+        if rid in self._tool_tasks:
+            self._spawn("tool-results", self._finish_tools(rid, self._generation))
             return
         if event.status != "completed":
             return
-        spoke = self._response_audio.get(event.response_id, 0) > 0
-        if spoke and self._unconfirmed:
-            ids, self._unconfirmed = tuple(self._unconfirmed), []
-            self._send_mark(_Mark("commit", write_ids=ids))
         if self._closing is not None and (spoke or event.function_calls == 0):
             self._send_mark(_Mark("bye"))
 
@@ -764,8 +867,16 @@ class CallSession:
         tasks = self._tool_tasks.pop(response_id, [])
         outcomes = await asyncio.gather(*tasks)
         conn = self._conn
+        staged = [int(o.write["id"]) for o in outcomes if o.write is not None and o.write.get("staged")]
         if conn is None or generation != self._generation or self._ended.is_set():
-            return  # the model session was replaced; its call ids mean nothing to the new one
+            # The model session was replaced; its call ids mean nothing to the new one, which will
+            # never confirm these writes.
+            stale = [i for i in staged if i in self._unconfirmed]
+            if stale and not self._ended.is_set():
+                self._unconfirmed = [i for i in self._unconfirmed if i not in stale]
+                await self._resolve_writes(stale, commit=False, tell_model=True)
+            return
+        ids = tuple(i for i in (*self._carried.pop(response_id, ()), *staged) if i in self._unconfirmed)
         try:
             for outcome in outcomes:
                 content = outcome.content
@@ -776,7 +887,9 @@ class CallSession:
             if self._trust_changed:
                 self._trust_changed = False
                 await conn.configure(await self._config())
-            await conn.create_response()
+            # Sent once the response running now (if any) has ended; the response created after
+            # it is the one that must confirm these writes.
+            await self._request_response(_Request(write_ids=ids))
         except RealtimeDisconnected:
             pass
 
@@ -789,7 +902,7 @@ class CallSession:
             summaries = ", ".join(self._write_summaries.get(i, "a change") for i in ids)
             with contextlib.suppress(RealtimeDisconnected):
                 await self._conn.add_note(
-                    labelled(f"NOT saved, because the caller interrupted before hearing it confirmed: {summaries}."
+                    labelled(f"NOT saved, because the caller did not hear it confirmed: {summaries}."
                              " Ask again if they still want it.")
                 )  # fmt: skip
 
@@ -977,7 +1090,8 @@ class CallSession:
             with contextlib.suppress(RealtimeDisconnected):
                 if self._active_response is not None:
                     await self._conn.cancel_response()
-                await self._conn.create_response(instructions)
+                # Sent once the cancelled response has ended, before anything else waiting.
+                await self._request_response(_Request(instructions), first=True)
 
     async def _closing_grace(self, reason: str) -> None:
         await asyncio.sleep(self.deps.config.closing_grace)

@@ -72,12 +72,18 @@ class CallService:
             form.get("StirVerstat") == ATTESTED,
         )
         log.info("voice call classified: route=%s reason=%s", route.route, route.reason)
+        if route.route == "owner" and not inserted:
+            # A retried webhook for a call already answered: same route, a fresh token, but only
+            # while no stream has run. A replay once the call streamed or ended gets nothing.
+            existing = await self.deps.db.fetchrow("SELECT route, status, ended_at FROM calls WHERE call_sid = $1",
+                                                   call_sid)  # fmt: skip
+            if existing is None or existing["route"] != "owner":
+                return route, routing.hang_up()
+            if existing["ended_at"] is not None or existing["status"] not in ("ringing", "refused"):
+                log.warning("refused a voice webhook for a call that already streamed or ended")
+                await record_security_event(self.deps.db, "voice-webhook-call-over", call_sid=call_sid)
+                return route, routing.hang_up()
         if route.route == "owner":
-            if not inserted:
-                # A retried webhook for a call already answered: same route, a fresh token.
-                existing = await self.deps.db.fetchval("SELECT route FROM calls WHERE call_sid = $1", call_sid)
-                if existing != "owner":
-                    return route, routing.hang_up()
             token = await issue_token(self.deps.db, call_sid, self.token_ttl)
             return route, routing.connect_stream(stream_url, token, action_url=action_url, name=f"call-{call_sid[-8:]}")
         if route.route == "answering":
@@ -111,8 +117,8 @@ class CallService:
         """Check a new media stream from its first frames (``connected``, ``start``).
 
         Raises :class:`StreamRefused` after recording a security event when the upgrade was not
-        signed over the public URL, the frames are not a stream start, or the one-time token is
-        unknown, expired, reused or belongs to another call.
+        signed over the public URL, the frames are not a stream start, the one-time token is
+        unknown, expired, reused or belongs to another call, or the call already streamed or ended.
         """
         start: media.StreamStart | None = None
         for raw in first_frames:
@@ -131,11 +137,14 @@ class CallService:
         if not check.ok:
             await self._refuse(f"media-token-{check.problem}", start)
         row = await self.deps.db.fetchrow(
-            "SELECT account_id, handle_id, caller, line_number, route, attested FROM calls WHERE call_sid = $1",
+            "SELECT account_id, handle_id, caller, line_number, route, attested, status, ended_at FROM calls"
+            " WHERE call_sid = $1",
             start.call_sid,
         )
         if row is None or row["route"] != "owner" or row["account_id"] is None:
             await self._refuse("media-not-an-owner-call", start)
+        if row["ended_at"] is not None or row["status"] != "ringing":
+            await self._refuse("media-call-over", start)
         return start, OwnerCall(start.call_sid, row["account_id"], row["handle_id"], row["caller"], row["line_number"],
                                 row["attested"])  # fmt: skip
 

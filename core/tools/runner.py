@@ -2,24 +2,42 @@
 
 The model sees a short text; the log gets the full exception. Writes are applied at once or
 staged with the turn, as the tool declares.
+
+Writing calls of one turn run one after another (a per-turn lock from the gate's decision to the
+applied write): a call runs the model's tool calls at once, and a per-turn limit a tool checks
+against what the turn already changed (at most two cancelled tasks without ``bulk``) must see the
+turn's earlier writes, not race them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+import weakref
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, Literal
+from uuid import UUID
 
 from core.models.types import ToolCall, ToolResult
 from core.tools.gate import Gate, GateDecision
-from core.tools.registry import ToolContext, ToolRegistry, check_arguments, transaction
+from core.tools.registry import Tool, ToolContext, ToolRegistry, check_arguments, transaction
 from core.tools.staging import stage_write
 
 log = logging.getLogger(__name__)
 
 CallStatus = Literal["ok", "empty", "failed", "denied", "unknown", "repeat"]
+
+# One lock per running turn for its writing calls; gone once no call holds or waits for it.
+_turn_writes: weakref.WeakValueDictionary[UUID, asyncio.Lock] = weakref.WeakValueDictionary()
+
+
+def _writes_lock(turn_id: UUID) -> asyncio.Lock:
+    lock = _turn_writes.get(turn_id)
+    if lock is None:
+        lock = _turn_writes[turn_id] = asyncio.Lock()
+    return lock
 
 
 @dataclass(frozen=True)
@@ -98,7 +116,14 @@ async def run_call(
     tool = registry.get(call.name)
     if tool is None or (visible is not None and call.name not in visible):
         return CallOutcome(call, "unknown", render_unknown(call.name), call.arguments)
+    turn_id = ctx.session.turn_id
+    if not tool.writes or turn_id is None:
+        return await _run(tool, gate, ctx, call, started)
+    async with _writes_lock(turn_id):
+        return await _run(tool, gate, ctx, call, started)
 
+
+async def _run(tool: Tool, gate: Gate, ctx: ToolContext, call: ToolCall, started: float) -> CallOutcome:
     def done(status: CallStatus, content: str, arguments: dict[str, Any], **kw: Any) -> CallOutcome:
         return CallOutcome(
             call,

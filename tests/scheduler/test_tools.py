@@ -133,3 +133,28 @@ async def test_reminders_are_one_shot_tasks(db, deps, models, account):
     assert "[reminder]" in results[3][2]
     row = await db.fetchrow("SELECT kind, schedule, next_run_at FROM scheduled_tasks")
     assert row["kind"] == "reminder" and row["next_run_at"] == datetime(2025, 6, 3, 7, 0, tzinfo=UTC)
+
+
+async def test_cancellations_run_at_once_in_one_turn_still_stop_at_two(db, deps, account, clock):
+    """A call runs the model's tool calls at once: four single cancellations in one turn, all
+    started together, still cancel two and refuse the rest."""
+    import asyncio
+
+    from core.conversation import conversation_for, start_turn
+    from core.models.types import ToolCall
+    from core.tools.context import SessionContext
+    from core.tools.registry import ToolContext
+    from core.tools.runner import run_call
+
+    ids = await _tasks(db, account, clock, 4)
+    conversation = await conversation_for(db, account.id)
+    turn_id = await start_turn(db, conversation, channel="voice", kind="call")
+    session = SessionContext(kind="call", trust="owner_verified", channel="voice", account_id=account.id,
+                             conversation_id=conversation, turn_id=turn_id, timezone="Europe/Paris")  # fmt: skip
+    ctx = ToolContext(session, db, clock())
+    outcomes = await asyncio.gather(*(
+        run_call(deps.registry, deps.gate, ctx, ToolCall(f"call-{i}", "cancel_tasks", {"ids": [i]})) for i in ids
+    ))  # fmt: skip
+    assert sorted(o.status for o in outcomes) == ["failed", "failed", "ok", "ok"]
+    assert all("needs bulk=true" in o.content for o in outcomes if o.status == "failed")
+    assert await db.fetchval("SELECT count(*) FROM scheduled_tasks WHERE status = 'cancelled'") == 2
