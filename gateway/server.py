@@ -176,16 +176,30 @@ async def check_connection_secrets(db: Database, connectors: Any) -> None:
         log.error("connection secrets: %s of them do not open: %s", len(bad), vault.mismatch_message())
 
 
+def plain_sms(messenger):  # type: ignore[no-untyped-def]
+    """``send_sms(to, from_, body)`` through Twilio with no status callback, or None without Twilio."""
+    if messenger is None:
+        return None
+
+    async def send_sms(to: str, from_: str, body: str) -> None:
+        await messenger.send(to=to, from_=from_, body=body, status_callback=None)
+
+    return send_sms
+
+
+def answering_notifier(settings: Settings, db: Database, messenger):  # type: ignore[no-untyped-def]
+    """The answering service's owner notices, as the turn workers send them."""
+    from answering_service.notify import OwnerNotifier
+
+    return OwnerNotifier(db, send_sms=plain_sms(messenger), send_email=_owner_mail(settings),
+                         public_url=settings.public_url)  # fmt: skip
+
+
 def build_calls(settings: Settings, db: Database, harness, messenger):  # type: ignore[no-untyped-def]
     """Phone calls on the same registry and gate as text; the one-time code goes out by SMS."""
     from answering_service.service import answering_call_service_from_settings
 
-    send_sms = None
-    if messenger is not None:
-
-        async def send_sms(to: str, from_: str, body: str) -> None:
-            await messenger.send(to=to, from_=from_, body=body, status_callback=None)
-
+    send_sms = plain_sms(messenger)
     return answering_call_service_from_settings(
         settings, db, registry=harness.registry, gate=harness.gate, send_sms=send_sms,
         send_email=_owner_mail(settings), connectors=harness.connectors, models=harness.models,

@@ -92,6 +92,9 @@ class TurnWorker:
         self._stopping = asyncio.Event()
         self._conn: asyncpg.Connection | None = None
         self._loop_task: asyncio.Task[None] | None = None
+        self._delivering: asyncio.Task[Any] | None = None
+        self._deliverer: tuple[Any, Any] | None = None
+        self._deliver_again = False
         self.pid = 0  # the backend pid claims are recorded under
 
     async def start(self) -> None:
@@ -133,10 +136,38 @@ class TurnWorker:
                         self._slots.release()
                         break
                     self._start(rows)
+                self._deliver()
             except (OSError, asyncpg.PostgresError):
                 log.warning("turn worker could not reach the database; trying again", exc_info=True)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self._poll)
+
+    def _deliver(self) -> None:
+        """Send what answering calls promised (``answering_service.deliveries``), in one task at a
+        time beside the turns: a wake-up while it runs is picked up by the next pass."""
+        if self._stopping.is_set():
+            return
+        if self._delivering is not None and not self._delivering.done():
+            self._deliver_again = True  # announced while it ran: look once more when it is done
+            return
+        self._deliver_again = False
+        if self._deliverer is None:
+            from gateway.server import answering_notifier, plain_sms
+
+            services = self._services
+            self._deliverer = (answering_notifier(services.settings, services.db, services.messenger),
+                               plain_sms(services.messenger))  # fmt: skip
+        from answering_service.deliveries import deliver_due
+
+        notifier, send_sms = self._deliverer
+        self._delivering = self._services.tasks.spawn(
+            "answering-deliveries", deliver_due(self._services.db, notifier, send_sms), limited=False
+        )
+        self._delivering.add_done_callback(self._delivered)
+
+    def _delivered(self, _: Any) -> None:
+        if self._deliver_again:
+            self._wake.set()
 
     def _start(self, rows: list[Any]) -> None:
         task = self._services.tasks.spawn(f"turn-{rows[0]['channel']}-{rows[0]['id']}", self._answer(rows))
