@@ -20,6 +20,7 @@ from core.tools.starter import starter_registry
 from voice.testing.realtime_peer import ScriptedResponse, call_tool, speak
 
 OTHER = "+14155558888"
+BOB_LINE = "+14155550102"
 BOOKING_TOOLS = {"take_message", "check_availability", "book_appointment", "end_call"}
 
 
@@ -209,6 +210,26 @@ async def test_a_caller_moves_a_booking_by_text(phone):
     # A stranger with no booking still gets nothing from anyone.
     _, other = await phone.caller.post("/twilio/sms", form | {"MessageSid": "SM" + "o" * 32, "From": OTHER})
     assert "moved" not in other and "1)" not in other
+
+
+async def test_a_text_to_another_owners_line_cannot_cancel_or_move_a_booking(phone):
+    from core import identity
+
+    await _booking_on(phone)
+    bob = await identity.create_account(phone.db, "Bob")
+    await identity.assign_line(phone.db, BOB_LINE, "answering", bob.id)
+    await _booked_call(phone, _book(), speak("Booked.", ms=600))
+    form = {"MessageSid": "SM" + "b" * 32, "From": STRANGER, "To": BOB_LINE, "Body": "CANCEL BOOKING"}
+    _, reply = await phone.caller.post("/twilio/sms", form)
+    assert "cancelled" not in reply
+    _, offer = await phone.caller.post("/twilio/sms", form | {"MessageSid": "SM" + "d" * 32, "Body": "MOVE"})
+    assert "1)" not in offer
+    assert await phone.db.fetchval("SELECT status FROM answering_bookings") == "booked"
+    assert await phone.db.fetchval("SELECT offered FROM answering_bookings") is None
+    assert await phone.db.fetchval("SELECT status FROM calendar_events") == "confirmed"
+    # On Ada's own line the same text does cancel it.
+    _, mine = await phone.caller.post("/twilio/sms", form | {"MessageSid": "SM" + "e" * 32, "To": LINE})
+    assert "is cancelled" in mine
 
 
 async def test_booking_respects_the_owners_rules(phone):
