@@ -666,6 +666,7 @@ async def test_a_line_texts_callers_at_most_its_hourly_cap(phone):
     phone.model.script(speak("Hi.", ms=300))
     output = await _book_from(phone, OTHER, "11:00")
     assert "no confirmation text" in output
+
     async def both_notices() -> bool:
         sent = "SELECT count(*) FROM answering_deliveries WHERE kind = 'owner_notice' AND status = 'sent'"
         return await phone.db.fetchval(sent) == 2
