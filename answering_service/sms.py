@@ -8,8 +8,8 @@ Handled here with fixed rules, never by the owner's agent and never by a model:
 * anything else: how to cancel or move.
 
 Only bookings made from that number with the owner of the line that was texted can be touched,
-and each reply changes state once (a retried
-webhook finds the offer used or the booking already cancelled).
+and each reply changes state once (a retried webhook finds the offer used or the booking already
+cancelled).
 """
 
 from __future__ import annotations
