@@ -17,6 +17,10 @@ runs inside the web server instead (one process; tests use it so). The first wor
 runs the scheduler and the memory jobs (``BackgroundJobs``); with no worker processes, the web
 server does.
 
+Turn workers also send what answering calls promised (``answering_service.deliveries``: callers'
+confirmation texts and the owner's notices), recorded with the calls' writes and announced on the
+same ``pepper_turns`` channel, in one task at a time beside the turns.
+
 A claim records the backend pid of the worker's listening connection. When a worker dies, its
 session ends, and any worker finds the messages it held, queues them again and answers them: a
 message whose turn had not started gets its turn; one whose turn was cut short gets the apology
