@@ -65,7 +65,12 @@ class OwnerNotifier:
             f"Transcript: {self.transcript_link(call_sid)}",
         ])  # fmt: skip
         subject = ("URGENT: " if urgent else "") + f"Message from {quoted(row['caller_name'])}"
-        channel, error = await self._deliver(row["account_id"], call_sid, subject, body)
+
+        async def trying(channel: str) -> None:
+            # Recorded before the attempt: a notice the owner can see is always on record.
+            await db.execute("UPDATE answering_messages SET notify_channel = $2 WHERE id = $1", row["id"], channel)
+
+        channel, error = await self._deliver(row["account_id"], call_sid, subject, body, trying=trying)
         await db.execute(
             "UPDATE answering_messages SET notify_channel = $2, notify_error = $3 WHERE id = $1",
             row["id"],
@@ -98,12 +103,18 @@ class OwnerNotifier:
         """Any other notice for the owner (a caller cancelled or moved by text)."""
         await self._deliver(account_id, None, subject, body)
 
-    async def _deliver(self, account_id: UUID, call_sid: str | None, subject: str, body: str) -> tuple[str, str | None]:
+    async def _deliver(
+        self, account_id: UUID, call_sid: str | None, subject: str, body: str,
+        *, trying: Callable[[str], Awaitable[None]] | None = None,
+    ) -> tuple[str, str | None]:  # fmt: skip
+        """Send on the owner's channel, falling back; ``trying(channel)`` runs before each attempt."""
         db = self.db
         preferred = await db.fetchval("SELECT notify_channel FROM answering_settings WHERE account_id = $1", account_id)
         order = [preferred or "sms"] + [c for c in ("sms", "web") if c != (preferred or "sms")]
         errors: list[str] = []
         for channel in order:
+            if trying is not None:
+                await trying(channel)
             try:
                 if channel == "sms" and await self._sms(account_id, call_sid, body):
                     return "sms", "; ".join(errors) or None

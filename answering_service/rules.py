@@ -15,6 +15,7 @@ from typing import Any
 from uuid import UUID
 from zoneinfo import ZoneInfo
 
+from core import identity
 from core.errors import InvalidInput
 from core.tools.areas.calendar import Busy
 
@@ -49,7 +50,10 @@ class Rules:
     blocked_numbers: tuple[str, ...] = ()
     notify_channel: str = "sms"
     send_invitations: bool = False
-    max_calls_per_hour: int = 5
+    max_calls_per_hour: int = 5  # per caller ID; every anonymous or withheld caller shares one count
+    max_line_calls_per_hour: int = 30  # per line, every caller
+    max_texts_per_hour: int = 10  # confirmation texts to callers, per line
+    sms_countries: tuple[str, ...] = ()  # regions a caller's text may go to; empty: PEPPER_DEFAULT_REGION's
 
     @property
     def zone(self) -> ZoneInfo:
@@ -115,6 +119,25 @@ def types_json(types: tuple[AppointmentType, ...]) -> str:
     return json.dumps([{"name": t.name, "minutes": t.minutes} for t in types])
 
 
+def parse_countries(spec: str) -> tuple[str, ...]:
+    """``GB,IE`` (ISO 3166 region codes phone numbers use); ``default`` or empty: PEPPER_DEFAULT_REGION's."""
+    if spec.strip().lower() in ("", "default"):
+        return ()
+    out = []
+    for part in spec.split(","):
+        code = part.strip().upper()
+        if not identity.is_phone_region(code):
+            raise InvalidInput(f"{part.strip()!r} is not a region code like GB or US")
+        if code not in out:
+            out.append(code)
+    return tuple(out)
+
+
+def text_countries(rules: Rules, default_region: str) -> tuple[str, ...]:
+    """Where a caller's confirmation text may go: the owner's list, else the default region."""
+    return rules.sms_countries or (default_region.upper(),)
+
+
 def parse_type(spec: str) -> AppointmentType:
     """``consultation=45``."""
     name, sep, minutes = spec.partition("=")
@@ -153,6 +176,9 @@ async def load_rules(db: Any, account_id: UUID) -> Rules:
         notify_channel=row["notify_channel"],
         send_invitations=row["send_invitations"],
         max_calls_per_hour=row["max_calls_per_hour"],
+        max_line_calls_per_hour=row["max_line_calls_per_hour"],
+        max_texts_per_hour=row["max_texts_per_hour"],
+        sms_countries=tuple(row["sms_countries"]),
     )
 
 
@@ -161,12 +187,14 @@ async def save_rules(db: Any, rules: Rules) -> None:
         """
         INSERT INTO answering_settings (account_id, greeting, caller_info, booking_enabled, appointment_types,
             working_hours, buffer_minutes, min_notice_minutes, horizon_days, vip_numbers, blocked_numbers,
-            notify_channel, send_invitations, max_calls_per_hour)
-        VALUES ($1, $2, $3, $4, $5::jsonb, $6::jsonb, $7, $8, $9, $10, $11, $12, $13, $14)
+            notify_channel, send_invitations, max_calls_per_hour, max_line_calls_per_hour, max_texts_per_hour,
+            sms_countries)
+        VALUES ($1, $2, $3, $4, $5::jsonb, $6::jsonb, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
         ON CONFLICT (account_id) DO UPDATE SET greeting = $2, caller_info = $3, booking_enabled = $4,
             appointment_types = $5::jsonb, working_hours = $6::jsonb, buffer_minutes = $7, min_notice_minutes = $8,
             horizon_days = $9, vip_numbers = $10, blocked_numbers = $11, notify_channel = $12,
-            send_invitations = $13, max_calls_per_hour = $14, updated_at = now()
+            send_invitations = $13, max_calls_per_hour = $14, max_line_calls_per_hour = $15,
+            max_texts_per_hour = $16, sms_countries = $17, updated_at = now()
         """,
         rules.account_id,
         rules.greeting,
@@ -182,6 +210,9 @@ async def save_rules(db: Any, rules: Rules) -> None:
         rules.notify_channel,
         rules.send_invitations,
         rules.max_calls_per_hour,
+        rules.max_line_calls_per_hour,
+        rules.max_texts_per_hour,
+        list(rules.sms_countries),
     )
 
 

@@ -4,8 +4,10 @@ as an :class:`~answering_service.session.AnsweringSession`. Every other route is
 package's :class:`~voice.service.CallService`, unchanged.
 
 Screening, in code, before any audio: STOP-blocked callers (voice routing), numbers on the
-owner's block list, and more than ``max_calls_per_hour`` answering calls from one number in an
-hour are refused politely. A silent caller gets one sentence and a hang-up (the session).
+owner's block list, more than ``max_calls_per_hour`` answering calls from one number in an hour
+(every anonymous or withheld caller counts as one number), and more than
+``max_line_calls_per_hour`` answering calls on one line in an hour are refused politely. A silent
+caller gets one sentence and a hang-up (the session).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import logging
 from typing import Any
 
 from answering_service.notify import OwnerNotifier, SendEmail
-from answering_service.rules import load_rules
+from answering_service.rules import load_rules, text_countries
 from answering_service.session import AnsweringCall, AnsweringSession
 from answering_service.tools import ANSWERING_POLICY
 from core import identity
@@ -30,6 +32,36 @@ from voice.tokens import consume_token, issue_token
 log = logging.getLogger(__name__)
 
 RATE_LIMITED_TEXT = "Sorry, this number has had too many calls from you today. Please try again later. Goodbye."
+LINE_BUSY_TEXT = "Sorry, this line cannot take more calls right now. Please try again later. Goodbye."
+# What Twilio puts in From for a withheld number (as well as "Anonymous", "Restricted"...).
+TWILIO_WITHHELD = frozenset({"+266696687", "+7378742833", "+2562533", "+8656696", "+86282452253"})
+
+
+async def _rate_verdict(
+    conn: Any, account_id: Any, line: str | None, caller: str | None, rules: Any
+) -> tuple[str, str | None]:
+    """The verdict ("answering" or "refused") and what a refused caller hears. Each caller ID has its own hourly
+    count; every anonymous or withheld caller shares one (a withheld number is not a way round
+    the limit); and each line has a cap over all callers."""
+    recent = await conn.fetchval(
+        "SELECT count(*) FROM answering_calls WHERE account_id = $1 AND caller IS NOT DISTINCT FROM $2"
+        " AND started_at > now() - interval '1 hour'",
+        account_id,
+        caller,
+    )
+    if recent >= rules.max_calls_per_hour:
+        return "refused", RATE_LIMITED_TEXT
+    on_line = await conn.fetchval(
+        "SELECT count(*) FROM calls WHERE account_id = $1 AND line_number IS NOT DISTINCT FROM $2"
+        " AND route = 'answering' AND started_at > now() - interval '1 hour'",
+        account_id,
+        line,
+    )
+    if on_line >= rules.max_line_calls_per_hour:
+        return "refused", LINE_BUSY_TEXT
+    return "answering", None
+
+
 TRANSCRIBED = "This call is transcribed."
 
 
@@ -59,19 +91,17 @@ class AnsweringCallService(CallService):
         call_sid = form.get("CallSid", "")
         caller = _e164(form.get("From", ""), self.default_region)
         rules = await load_rules(db, route.account_id)
-        verdict, text = "answering", None
-        if caller is not None and caller in rules.blocked_numbers:
-            verdict, text = "blocked", routing.BLOCKED_TEXT
-        elif caller is not None:
-            recent = await db.fetchval(
-                "SELECT count(*) FROM answering_calls WHERE account_id = $1 AND caller = $2"
-                " AND started_at > now() - interval '1 hour'",
-                route.account_id,
-                caller,
-            )
-            if recent >= rules.max_calls_per_hour:
-                verdict, text = "refused", RATE_LIMITED_TEXT
         async with db.transaction() as conn:
+            # Screening and recording under one lock per owner: calls ringing at once are counted
+            # one after the other, so a burst cannot slip past the limits together.
+            await conn.execute(
+                "SELECT pg_advisory_xact_lock(hashtextextended('answering-screen:' || $1::uuid::text, 0))",
+                route.account_id,
+            )
+            if caller is not None and caller in rules.blocked_numbers:
+                verdict, text = "blocked", routing.BLOCKED_TEXT
+            else:
+                verdict, text = await _rate_verdict(conn, route.account_id, route.line_number, caller, rules)
             inserted = await conn.fetchval(
                 """
                 INSERT INTO calls (call_sid, account_id, line_number, route, status)
@@ -135,7 +165,7 @@ class AnsweringCallService(CallService):
             await self._refuse("media-not-an-answering-call", start)
         rules = await load_rules(self.deps.db, row["account_id"])
         call = AnsweringCall(start.call_sid, row["account_id"], None, row["caller"], row["line_number"], rules=rules,
-                             vip=row["vip"])  # fmt: skip
+                             vip=row["vip"], text_regions=text_countries(rules, self.default_region))  # fmt: skip
         return start, call
 
     def open_session(self, link: TwilioLink, start: media.StreamStart, call: OwnerCall) -> CallSession:
@@ -152,7 +182,7 @@ class AnsweringCallService(CallService):
 
 
 def _e164(raw: str, region: str) -> str | None:
-    if not raw or not raw.strip():
+    if not raw or not raw.strip() or raw.strip() in TWILIO_WITHHELD:
         return None
     try:
         return identity.normalize_phone(raw, region)

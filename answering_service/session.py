@@ -9,8 +9,10 @@ on the mark, records) with a different profile:
 * no PIN, no code: the keypad is ignored, so nobody can become the owner on this line;
 * the transcript goes to ``answering_calls``, never into the owner's conversation (a caller's
   words must not become the owner's memory);
-* after the call, the owner is told on their preferred channel, and a caller who booked gets a
-  confirmation text.
+* what the call promises is recorded with the write it is about (the caller's confirmation text
+  with the booking, the owner's notice with the message or booking) and sent by the turn workers
+  (``answering_service.deliveries``), so a hang-up cannot lose it; the owner's notice is due when
+  the call ends (at once for a VIP's message).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any
 
 from answering_service.invite import send_invitations
 from answering_service.notify import OwnerNotifier
-from answering_service.rules import Rules, spoken
+from answering_service.rules import Rules
 from answering_service.tools import AREA, CHANNEL, PROFILE, CallerCall, make_tools
 from core.tools.connectors import Connectors
 from core.tools.context import SessionContext
@@ -68,6 +70,7 @@ class AnsweringCall(OwnerCall):
 
     rules: Rules | None = None
     vip: bool = False
+    text_regions: tuple[str, ...] = ()  # where this call's confirmation text may go
 
 
 class AnsweringSession(CallSession):
@@ -88,8 +91,9 @@ class AnsweringSession(CallSession):
         self.connectors = connectors
         self.silence_seconds = silence_seconds
         self.caller_call = CallerCall(call.call_sid, call.account_id, call.caller, call.line_number, call.rules,
-                                      call.vip)  # fmt: skip
+                                      call.vip, call.text_regions)  # fmt: skip
         self._heard_caller = False
+        self._commits: set[asyncio.Task[None]] = set()
         super().__init__(deps, link, start, call)
         self.trust = "third_party"
 
@@ -149,7 +153,7 @@ class AnsweringSession(CallSession):
         outcome = await super()._run_tool(call)
         if outcome.call.name == "take_message" and outcome.status == "ok" and outcome.write is not None:
             if self.caller_call.vip:
-                self._spawn("notify-vip", self.notifier.message(self.call.call_sid))
+                # The notice was recorded with the message, due now: a turn worker sends it.
                 say = 'Tell the caller exactly: "I\'ll let them know right away."'
             else:
                 say = "Tell the caller their message will be passed on, and ask if there is anything else."
@@ -157,6 +161,20 @@ class AnsweringSession(CallSession):
         return outcome
 
     async def _resolve_writes(self, ids: list[int], *, commit: bool, tell_model: bool = False) -> None:
+        if commit:
+            # The caller heard the booking confirmed: a hang-up now must not cancel its commit
+            # (and with it the confirmation text recorded in the same transaction). The commit
+            # runs in a task of its own, which ``_finish`` waits for.
+            task = asyncio.get_running_loop().create_task(
+                self._resolve(ids, commit=True), name=f"call-{self.call.call_sid[-8:]}-commit-owned"
+            )
+            self._commits.add(task)
+            task.add_done_callback(self._commits.discard)
+            await asyncio.shield(task)
+            return
+        await self._resolve(ids, commit=False, tell_model=tell_model)
+
+    async def _resolve(self, ids: list[int], *, commit: bool, tell_model: bool = False) -> None:
         before = len(self._resolved)
         await super()._resolve_writes(ids, commit=commit, tell_model=tell_model)
         if not commit:
@@ -168,8 +186,6 @@ class AnsweringSession(CallSession):
             )
             return
         new = self._resolved[before:]
-        if any(w["status"] == "committed" and w["tool"] == "book_appointment" for w in new):
-            await self._send_confirmations()
         failed = [w for w in new if w["status"] == "failed"]
         if failed and self._conn is not None and not self._ended.is_set():
             with contextlib.suppress(RealtimeDisconnected):
@@ -179,32 +195,6 @@ class AnsweringSession(CallSession):
                 ))  # fmt: skip
                 if self._active_response is None:
                     await self._conn.create_response()
-
-    async def _send_confirmations(self) -> None:
-        """The caller's confirmation text, once per booking."""
-        send = self.deps.send_sms
-        rows = await self.deps.db.fetch(
-            """
-            UPDATE answering_bookings SET confirmation_sent_at = now()
-            WHERE call_sid = $1 AND confirmation_sent_at IS NULL AND status = 'booked' AND line_number IS NOT NULL
-            RETURNING caller_number, line_number, appointment_type, starts_at
-            """,
-            self.call.call_sid,
-        )
-        owner = self.rules.owner_name or "us"
-        for row in rows:
-            when = spoken(row["starts_at"], self.rules.zone)
-            body = (
-                f"Your {row['appointment_type']} with {owner} is booked for {when} ({self.rules.timezone})."
-                " Reply CANCEL BOOKING to cancel it, or MOVE to pick another time."
-            )
-            if send is None:
-                log.error("cannot text a booking confirmation: sending SMS is not configured")
-                continue
-            try:
-                await send(row["caller_number"], row["line_number"], body)
-            except Exception:
-                log.exception("sending a booking confirmation failed")
 
     # --- Screening ----------------------------------------------------------------------------
 
@@ -241,6 +231,8 @@ class AnsweringSession(CallSession):
                 log.exception("could not record an answering transcript line")
 
     async def _finish(self) -> None:
+        if self._commits:  # a commit the hang-up interrupted: it finishes before the call is recorded
+            await asyncio.gather(*list(self._commits), return_exceptions=True)
         await super()._finish()
         db = self.deps.db
         try:
@@ -251,10 +243,15 @@ class AnsweringSession(CallSession):
                 self.end_reason,
                 self.summary(),
             )
-            await self._send_confirmations()
+            # The owner's notice (recorded with the call's message or booking) is due now; a turn
+            # worker sends it, as it sends the caller's confirmation text.
+            await db.execute(
+                "UPDATE answering_deliveries SET due_at = now() WHERE call_sid = $1 AND kind = 'owner_notice'"
+                " AND status = 'pending' AND due_at > now()",
+                self.call.call_sid,
+            )
             # After the call, not on the mark: a hang-up cancels the call's tasks, and an invitation
             # claimed but never sent would be lost.
             await send_invitations(db, self.connectors, self.call.call_sid, self.rules)
-            await self.notifier.after_call(self.call.call_sid)
         except Exception:
             log.exception("could not finish an answering call")

@@ -7,8 +7,9 @@ Handled here with fixed rules, never by the owner's agent and never by a model:
 * ``1``, ``2`` or ``3`` after an offer: the booking moves there (if that time is still free);
 * anything else: how to cancel or move.
 
-Only bookings made from that number can be touched, and each reply changes state once (a retried
-webhook finds the offer used or the booking already cancelled).
+Only bookings made from that number with the owner of the line that was texted can be touched,
+and each reply changes state once (a retried webhook finds the offer used or the booking already
+cancelled).
 """
 
 from __future__ import annotations
@@ -34,18 +35,24 @@ OFFER_DAYS = 14
 HELP = "Reply CANCEL BOOKING to cancel your appointment, or MOVE to pick another time."
 
 
-async def upcoming(db: Any, number: str) -> Any:
+async def upcoming(db: Any, number: str, line: str) -> Any:
+    """The next booking ``number`` made with the owner of ``line`` (the number that was texted):
+    another owner's bookings are not this line's to touch."""
     return await db.fetchrow(
-        "SELECT * FROM answering_bookings WHERE caller_number = $1 AND status = 'booked' AND starts_at > now()"
-        " ORDER BY starts_at LIMIT 1",
+        "SELECT b.* FROM answering_bookings b JOIN phone_lines l ON l.account_id = b.account_id"
+        " WHERE l.number = $2 AND b.caller_number = $1 AND b.status = 'booked' AND b.starts_at > now()"
+        " ORDER BY b.starts_at LIMIT 1",
         number,
+        line,
     )
 
 
-async def handle_caller_text(db: Any, number: str, body: str, *, notifier: OwnerNotifier | None = None) -> str | None:
-    """The reply to a text from ``number`` (E.164), or None when it has no upcoming booking (the
-    text is not for the answering service)."""
-    booking = await upcoming(db, number)
+async def handle_caller_text(
+    db: Any, number: str, body: str, *, line: str, notifier: OwnerNotifier | None = None
+) -> str | None:
+    """The reply to a text from ``number`` to ``line`` (both E.164), or None when the number has
+    no upcoming booking with that line's owner (the text is not for the answering service)."""
+    booking = await upcoming(db, number, line)
     if booking is None:
         return None
     text = " ".join(body.upper().replace(".", " ").replace("!", " ").split())

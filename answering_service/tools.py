@@ -80,6 +80,7 @@ class CallerCall:
     line_number: str | None
     rules: Rules
     vip: bool = False
+    text_regions: tuple[str, ...] = ()  # regions a confirmation text may go to (the owner's setting)
 
 
 Notify = Callable[[str], Awaitable[None]]  # (call_sid) -> the owner is told about the call's message now
@@ -122,6 +123,52 @@ def _phone(raw: str | None, fallback: str | None) -> str | None:
         return identity.normalize_phone(raw)
     except InvalidInput:
         return None
+
+
+def confirmation_text(rules: Rules, kind: str, start: datetime) -> str:
+    owner = rules.owner_name or "us"
+    return (
+        f"Your {kind} with {owner} is booked for {spoken(start, rules.zone)} ({rules.timezone})."
+        " Reply CANCEL BOOKING to cancel it, or MOVE to pick another time."
+    )
+
+
+async def texts_this_hour(db: Any, line: str) -> int:
+    """Texts recorded for callers from ``line`` in the last hour (the per-line cap counts these)."""
+    return await db.fetchval(
+        "SELECT count(*) FROM answering_deliveries WHERE kind = 'caller_text' AND from_number = $1"
+        " AND created_at > now() - interval '1 hour'",
+        line,
+    )
+
+
+async def confirmation_number(db: Any, call: CallerCall) -> str | None:
+    """Where this call's booking confirmation may be texted: the caller ID, only when it is in an
+    allowed country and the line is under its hourly cap of texts to callers; otherwise nowhere."""
+    if call.caller is None or call.line_number is None:
+        return None
+    if identity.phone_region(call.caller) not in call.text_regions:
+        return None
+    if await texts_this_hour(db, call.line_number) >= call.rules.max_texts_per_hour:
+        return None
+    return call.caller
+
+
+async def record_owner_notice(conn: Any, account_id: UUID, call_sid: str, *, now: bool) -> None:
+    """The owner's notice about this call, recorded for the turn workers to send: due now (a VIP's
+    message), else when the call ends (``AnsweringSession._finish`` makes it due), at the latest in
+    an hour if the call's end was never recorded."""
+    await conn.execute(
+        """
+        INSERT INTO answering_deliveries (account_id, call_sid, kind, due_at)
+        VALUES ($1, $2, 'owner_notice', CASE WHEN $3 THEN now() ELSE now() + interval '1 hour' END)
+        ON CONFLICT (call_sid) WHERE kind = 'owner_notice' AND status = 'pending'
+        DO UPDATE SET due_at = least(answering_deliveries.due_at, excluded.due_at)
+        """,
+        account_id,
+        call_sid,
+        now,
+    )
 
 
 def make_tools(
@@ -168,6 +215,7 @@ def make_tools(
             payload["call_sid"], account_id, payload["caller_name"], payload["callback_number"], payload["reason"],
             payload["urgency"], payload["vip"],
         )  # fmt: skip
+        await record_owner_notice(conn, account_id, payload["call_sid"], now=bool(payload["vip"]))
 
     message_schema = {
         "type": "object",
@@ -249,9 +297,13 @@ def make_tools(
         problem = rule_problem(rules, start, end, ctx.now)
         if problem is not None:
             return ToolOutcome.failed(f"not booked: {problem}")
-        number = _phone(args.get("callback_number"), call.caller)
+        number = call.caller  # caller ID: a number the caller says is never texted (SMS pumping)
         if number is None:
-            return ToolOutcome.failed("a booking needs a valid mobile number for the confirmation text; ask for it")
+            return ToolOutcome.failed(
+                "not booked: this caller's number is withheld, and a booking needs the number they are calling"
+                " from; offer to take a message instead"
+            )
+        confirm_to = await confirmation_number(ctx.db, call)
         try:
             remote = await free_busy(ctx.db, call.account_id, start - rules.buffer, end + rules.buffer,
                                      connectors=connectors) if connectors is not None else []  # fmt: skip
@@ -274,8 +326,13 @@ def make_tools(
             "end": end.isoformat(), "caller_name": args["caller_name"].strip(), "caller_number": number,
             "line_number": call.line_number, "email": email,
             "buffer_minutes": rules.buffer_minutes, "timezone": rules.timezone,
+            "confirm_to": confirm_to, "max_texts_per_hour": rules.max_texts_per_hour,
+            "confirmation": confirmation_text(rules, kind.name, start) if confirm_to else None,
         }  # fmt: skip
-        return ToolOutcome.planned(payload, f"{kind.name} booked for {payload['caller_name']} on {spoken(start, zone)}")
+        summary = f"{kind.name} booked for {payload['caller_name']} on {spoken(start, zone)}"
+        if confirm_to is None:
+            summary += " (no confirmation text can be sent to this caller: tell them the day and time clearly)"
+        return ToolOutcome.planned(payload, summary)
 
     book_schema = {
         "type": "object",
@@ -283,8 +340,6 @@ def make_tools(
             "appointment_type": {"type": "string", "enum": type_names},
             "start": {"type": "string", "maxLength": 40, "description": "Local date and time, e.g. 2025-06-03T15:00"},
             "caller_name": {"type": "string", "minLength": 1, "maxLength": 120},
-            "callback_number": {"type": "string", "maxLength": 40,
-                                "description": "Mobile number for the confirmation text; leave out for caller ID."},
         },
         "required": ["appointment_type", "start", "caller_name"],
         "additionalProperties": False,
@@ -397,6 +452,27 @@ async def apply_booking(conn: Any, account_id: UUID, payload: dict[str, Any]) ->
         payload["caller_name"], payload["type"], start, end, payload.get("email"),
     )  # fmt: skip
     await conn.execute("DELETE FROM answering_holds WHERE booking_key = $1", key)
+    await _record_confirmation(conn, account_id, payload)
+    await record_owner_notice(conn, account_id, payload["call_sid"], now=False)
+
+
+async def _record_confirmation(conn: Any, account_id: UUID, payload: dict[str, Any]) -> None:
+    """The caller's confirmation text, in the booking's own transaction (under the calendar's
+    booking lock, so the line's hourly cap is counted one booking at a time)."""
+    to, line = payload.get("confirm_to"), payload.get("line_number")
+    if not to or not line or not payload.get("confirmation"):
+        return
+    if await texts_this_hour(conn, line) >= int(payload.get("max_texts_per_hour", 0)):
+        log.warning("a booking confirmation was not texted: the line reached its hourly cap")
+        return
+    await conn.execute(
+        "INSERT INTO answering_deliveries (account_id, call_sid, kind, to_number, from_number, body)"
+        " VALUES ($1, $2, 'caller_text', $3, $4, $5)",
+        account_id, payload["call_sid"], to, line, payload["confirmation"],
+    )  # fmt: skip
+    await conn.execute(
+        "UPDATE answering_bookings SET confirmation_sent_at = now() WHERE booking_key = $1", payload["booking_key"]
+    )
 
 
 def payload_of(row: Any) -> dict[str, Any]:

@@ -88,6 +88,19 @@ def normalize_phone(raw: str, default_region: str = "US") -> str:
     return phonenumbers.format_number(number, phonenumbers.PhoneNumberFormat.E164)
 
 
+def phone_region(e164: str) -> str | None:
+    """The ISO 3166 region (``GB``, ``US``) a valid E.164 number belongs to, or None."""
+    try:
+        return phonenumbers.region_code_for_number(phonenumbers.parse(e164, None))
+    except phonenumbers.NumberParseException:
+        return None
+
+
+def is_phone_region(code: str) -> bool:
+    """Whether ``code`` is a region phone numbers are assigned to (``GB``, ``US``...)."""
+    return code.upper() in phonenumbers.SUPPORTED_REGIONS
+
+
 def normalize_email(raw: str) -> str:
     value = raw.strip().lower()
     if not _EMAIL.match(value):

@@ -52,6 +52,8 @@ class Settings(BaseSettings):
     # the media socket inside the web server, as before.
     media_processes: int = Field(2, ge=1, le=64, validation_alias=_env("PEPPER_MEDIA_PROCESSES", "media_processes"))
     database_url: SecretStr | None = Field(None, validation_alias=_env("DATABASE_URL", "database_url"))
+    # The owner's country: numbers written without +country are read in it, and the answering
+    # service texts callers only there unless the owner sets ``pepper answering set --sms-countries``.
     default_region: str = Field("US", validation_alias=_env("PEPPER_DEFAULT_REGION", "default_region"))
     log_level: str = Field("INFO", validation_alias=_env("PEPPER_LOG_LEVEL", "log_level"))
     max_concurrent_turns: int = Field(

@@ -17,7 +17,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from answering_service.rules import CHANNELS, Rules, load_rules, parse_hours, parse_type, save_rules
+from answering_service.rules import CHANNELS, Rules, load_rules, parse_countries, parse_hours, parse_type, save_rules
 from core import identity
 from core.errors import InvalidInput, NotFound
 from core.settings import Settings
@@ -45,7 +45,24 @@ def add_commands(subparsers: Any) -> None:
     s.add_argument("--unblock", action="append", default=[], metavar="NUMBER")
     s.add_argument("--notify", choices=CHANNELS, help="where messages from callers reach you")
     s.add_argument("--invitations", choices=("on", "off"), help="send calendar invitations to callers who book")
-    s.add_argument("--max-calls-per-hour", type=int, dest="max_calls")
+    s.add_argument(
+        "--max-calls-per-hour",
+        type=int,
+        dest="max_calls",
+        help="calls per caller ID per hour (every withheld number counts as one caller)",
+    )
+    s.add_argument("--max-line-calls-per-hour", type=int, dest="max_line_calls", help="calls per line per hour")
+    s.add_argument(
+        "--max-texts-per-hour",
+        type=int,
+        dest="max_texts",
+        help="confirmation texts to callers per line per hour (0: none)",
+    )
+    s.add_argument(
+        "--sms-countries",
+        metavar="CC,CC",
+        help="countries callers' texts may go to, e.g. GB,IE ('default': PEPPER_DEFAULT_REGION's)",
+    )
     calls = sub.add_parser("calls", help="recent answering calls with their messages and bookings")
     calls.add_argument("account")
     t = sub.add_parser("transcript", help="one answering call's transcript")
@@ -95,13 +112,17 @@ def _changed(rules: Rules, args: argparse.Namespace, region: str) -> Rules:
         changes["working_hours"] = parse_hours(args.hours)
     for field, value, low, high in (("buffer_minutes", args.buffer, 0, 240), ("min_notice_minutes", args.notice, 0,
                                     43200), ("horizon_days", args.horizon, 1, 365), ("max_calls_per_hour",
-                                    args.max_calls, 1, 1000)):  # fmt: skip
+                                    args.max_calls, 1, 1000), ("max_line_calls_per_hour",
+                                    args.max_line_calls, 1, 10000), ("max_texts_per_hour", args.max_texts, 0,
+                                    10000)):  # fmt: skip
         if value is not None:
             if not low <= value <= high:
                 raise InvalidInput(f"{field.replace('_', ' ')} must be between {low} and {high}")
             changes[field] = value
     if args.notify is not None:
         changes["notify_channel"] = args.notify
+    if args.sms_countries is not None:
+        changes["sms_countries"] = parse_countries(args.sms_countries)
     vip = [n for n in rules.vip_numbers if n not in _numbers(args.unvip, region)]
     vip += [n for n in _numbers(args.vip, region) if n not in vip]
     blocked = [n for n in rules.blocked_numbers if n not in _numbers(args.unblock, region)]
@@ -121,7 +142,10 @@ def _show(rules: Rules, out: Callable[[str], None]) -> None:
     out(f"notify by:     {rules.notify_channel}; invitations {'on' if rules.send_invitations else 'off'}")
     out(f"VIP:           {', '.join(rules.vip_numbers) or '(none)'}")
     out(f"blocked:       {', '.join(rules.blocked_numbers) or '(none)'}")
-    out(f"rate limit:    {rules.max_calls_per_hour} calls per number per hour")
+    out(f"rate limit:    {rules.max_calls_per_hour} calls per number per hour (withheld numbers share one);"
+        f" {rules.max_line_calls_per_hour} calls per line per hour")  # fmt: skip
+    countries = ", ".join(rules.sms_countries) or "PEPPER_DEFAULT_REGION's"
+    out(f"caller texts:  {rules.max_texts_per_hour} per line per hour, to caller ID only, in {countries}")
 
 
 async def _calls(db: Any, account_id: Any, rules: Rules, out: Callable[[str], None]) -> None:

@@ -20,6 +20,7 @@ from gateway.services import Services
 from gateway.tasks import BackgroundTasks
 
 if TYPE_CHECKING:  # imported where used: a turn worker need not load what only the web server uses
+    from answering_service.notify import OwnerNotifier
     from answering_service.service import AnsweringCallService
     from core.memory.worker import MemoryWorker
     from core.models.router import ModelRouter
@@ -104,6 +105,26 @@ async def check_connection_secrets(db: Database, connectors: Any) -> None:
         return
     if bad:
         log.error("connection secrets: %s of them do not open: %s", len(bad), vault.mismatch_message())
+
+
+def plain_sms(messenger: TwilioMessenger | None) -> SendSms | None:
+    """``send_sms(to, from_, body)`` through Twilio with no status callback, or None without Twilio."""
+    if messenger is None:
+        return None
+    twilio = messenger
+
+    async def send_sms(to: str, from_: str, body: str) -> None:
+        await twilio.send(to=to, from_=from_, body=body, status_callback=None)
+
+    return send_sms
+
+
+def answering_notifier(settings: Settings, db: Database, messenger: TwilioMessenger | None) -> OwnerNotifier:
+    """The answering service's owner notices, as the turn workers send them."""
+    from answering_service.notify import OwnerNotifier
+
+    return OwnerNotifier(db, send_sms=plain_sms(messenger), send_email=_owner_mail(settings),
+                         public_url=settings.public_url)  # fmt: skip
 
 
 def build_calls(

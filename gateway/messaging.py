@@ -206,12 +206,14 @@ async def _answering_reply(services: Services, inbound: Inbound) -> str | None:
     rules in ``answering_service.sms``, never the owner's agent. None when it is not that."""
     from answering_service.sms import handle_caller_text
 
+    region = services.settings.default_region
     try:
-        number = identity.normalize_phone(inbound.sender, services.settings.default_region)
+        number = identity.normalize_phone(inbound.sender, region)
+        line = identity.normalize_phone(inbound.recipient, region)
     except PepperError:
         return None
     return await handle_caller_text(
-        services.db, number, inbound.body, notifier=getattr(services.calls, "notifier", None)
+        services.db, number, inbound.body, line=line, notifier=getattr(services.calls, "notifier", None)
     )
 
 

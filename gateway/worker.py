@@ -17,6 +17,10 @@ runs inside the web server instead (one process; tests use it so). The first wor
 runs the scheduler and the memory jobs (``BackgroundJobs``); with no worker processes, the web
 server does.
 
+Turn workers also send what answering calls promised (``answering_service.deliveries``: callers'
+confirmation texts and the owner's notices), recorded with the calls' writes and announced on the
+same ``pepper_turns`` channel, in one task at a time beside the turns.
+
 A claim records the backend pid of the worker's listening connection. When a worker dies, its
 session ends, and any worker finds the messages it held, queues them again and answers them: a
 message whose turn had not started gets its turn; one whose turn was cut short gets the apology
@@ -91,6 +95,9 @@ class TurnWorker:
         self._stopping = asyncio.Event()
         self._conn: asyncpg.Connection | None = None
         self._loop_task: asyncio.Task[None] | None = None
+        self._delivering: asyncio.Task[Any] | None = None
+        self._deliverer: tuple[Any, Any] | None = None
+        self._deliver_again = False
         self.pid = 0  # the backend pid claims are recorded under
 
     async def start(self) -> None:
@@ -132,10 +139,38 @@ class TurnWorker:
                         self._slots.release()
                         break
                     self._start(rows)
+                self._deliver()
             except (OSError, asyncpg.PostgresError):
                 log.warning("turn worker could not reach the database; trying again", exc_info=True)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self._poll)
+
+    def _deliver(self) -> None:
+        """Send what answering calls promised (``answering_service.deliveries``), in one task at a
+        time beside the turns: a wake-up while it runs is picked up by the next pass."""
+        if self._stopping.is_set():
+            return
+        if self._delivering is not None and not self._delivering.done():
+            self._deliver_again = True  # announced while it ran: look once more when it is done
+            return
+        self._deliver_again = False
+        if self._deliverer is None:
+            from gateway.composition import answering_notifier, plain_sms
+
+            services = self._services
+            self._deliverer = (answering_notifier(services.settings, services.db, services.messenger),
+                               plain_sms(services.messenger))  # fmt: skip
+        from answering_service.deliveries import deliver_due
+
+        notifier, send_sms = self._deliverer
+        self._delivering = self._services.tasks.spawn(
+            "answering-deliveries", deliver_due(self._services.db, notifier, send_sms), limited=False
+        )
+        self._delivering.add_done_callback(self._delivered)
+
+    def _delivered(self, _: Any) -> None:
+        if self._deliver_again:
+            self._wake.set()
 
     def _start(self, rows: list[Any]) -> None:
         task = self._services.tasks.spawn(f"turn-{rows[0]['channel']}-{rows[0]['id']}", self._answer(rows))

@@ -41,6 +41,16 @@ def test_the_owner_sets_the_answering_rules_from_the_cli(db_url, monkeypatch, ca
     assert code != 0 and "the end must come after the start" in err
     code, _, err = run_cli(monkeypatch, capsys, "answering", "set", "Ada", "--buffer", "9999")
     assert code != 0 and "between 0 and 240" in err
+    code, out, err = run_cli(
+        monkeypatch, capsys, "answering", "set", "Ada", "--max-line-calls-per-hour", "12", "--max-texts-per-hour",
+        "3", "--sms-countries", "gb, ie",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "12 calls per line per hour" in out and "3 per line per hour, to caller ID only, in GB, IE" in out
+    code, _, err = run_cli(monkeypatch, capsys, "answering", "set", "Ada", "--sms-countries", "GB,XX")
+    assert code != 0 and "'XX' is not a region code" in err
+    code, out, _ = run_cli(monkeypatch, capsys, "answering", "set", "Ada", "--sms-countries", "default")
+    assert "in PEPPER_DEFAULT_REGION's" in out
     code, out, _ = run_cli(monkeypatch, capsys, "answering", "calls", "Ada")
     assert code == 0 and "no answering calls" in out
 

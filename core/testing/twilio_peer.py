@@ -47,6 +47,9 @@ class TwilioPeer:
     # Statuses the automatic receipts got back (``send_receipts``), one per receipt.
     receipt_statuses: list[int] = field(default_factory=list)
     _faults: list[tuple[int, int]] = field(default_factory=list)
+    # Seconds a message create takes to answer after the message is recorded in ``sent`` (a slow
+    # API under load: the message is on its way before Pepper hears back).
+    response_delay: float = 0.0
     _runner: web.AppRunner | None = None
     _receipts: tuple[str, str, tuple[str, ...]] | None = None
     _receipt_session: aiohttp.ClientSession | None = None
@@ -95,6 +98,8 @@ class TwilioPeer:
             auth=request.headers.get("Authorization"),
         )
         self.sent.append(message)
+        if self.response_delay:
+            await asyncio.sleep(self.response_delay)
         if self._receipts is not None and message.status_callback:
             task = asyncio.create_task(self._report(message), name=f"twilio-receipts-{message.sid}")
             self._receipt_tasks.add(task)

@@ -20,6 +20,7 @@ from core.tools.starter import starter_registry
 from voice.testing.realtime_peer import ScriptedResponse, call_tool, speak
 
 OTHER = "+14155558888"
+BOB_LINE = "+14155550102"
 BOOKING_TOOLS = {"take_message", "check_availability", "book_appointment", "end_call"}
 
 
@@ -77,6 +78,7 @@ def _book(at: str = "10:00", **extra):
 
 async def test_a_forwarded_call_takes_a_message_and_the_owner_gets_it_by_sms(phone):
     await _rules(phone, greeting="Hi, you've reached Ada's assistant.")
+    phone.twilio.response_delay = 1.0  # Twilio slow to answer, as under load: the text is out before Pepper hears
     phone.model.script(
         call_tool("take_message", {"caller_name": "Grace Hopper", "reason": "About the compiler talk",
                                    "urgency": "normal", "number_confirmed": True}),
@@ -106,11 +108,8 @@ async def test_a_forwarded_call_takes_a_message_and_the_owner_gets_it_by_sms(pho
     assert row["caller"] == STRANGER and json.loads(row["transcript"])
     # A caller's words never become the owner's memory.
     assert await phone.db.fetchval("SELECT count(*) FROM messages WHERE channel = 'voice'") == 0
-    # The SMS leaves before the message row records which channel carried it.
-    message = await until(
-        lambda: phone.db.fetchrow("SELECT * FROM answering_messages WHERE notify_channel IS NOT NULL"),
-        what="the notice recorded",
-    )
+    # The channel is on record before the notice leaves on it: no waiting for the row.
+    message = await phone.db.fetchrow("SELECT * FROM answering_messages")
     assert message["notify_channel"] == "sms" and message["notified_at"] is not None
     turn = await phone.db.fetchrow("SELECT trust FROM turns")
     assert turn["trust"] == "third_party"
@@ -209,6 +208,26 @@ async def test_a_caller_moves_a_booking_by_text(phone):
     # A stranger with no booking still gets nothing from anyone.
     _, other = await phone.caller.post("/twilio/sms", form | {"MessageSid": "SM" + "o" * 32, "From": OTHER})
     assert "moved" not in other and "1)" not in other
+
+
+async def test_a_text_to_another_owners_line_cannot_cancel_or_move_a_booking(phone):
+    from core import identity
+
+    await _booking_on(phone)
+    bob = await identity.create_account(phone.db, "Bob")
+    await identity.assign_line(phone.db, BOB_LINE, "answering", bob.id)
+    await _booked_call(phone, _book(), speak("Booked.", ms=600))
+    form = {"MessageSid": "SM" + "b" * 32, "From": STRANGER, "To": BOB_LINE, "Body": "CANCEL BOOKING"}
+    _, reply = await phone.caller.post("/twilio/sms", form)
+    assert "cancelled" not in reply
+    _, offer = await phone.caller.post("/twilio/sms", form | {"MessageSid": "SM" + "d" * 32, "Body": "MOVE"})
+    assert "1)" not in offer
+    assert await phone.db.fetchval("SELECT status FROM answering_bookings") == "booked"
+    assert await phone.db.fetchval("SELECT offered FROM answering_bookings") is None
+    assert await phone.db.fetchval("SELECT status FROM calendar_events") == "confirmed"
+    # On Ada's own line the same text does cancel it.
+    _, mine = await phone.caller.post("/twilio/sms", form | {"MessageSid": "SM" + "e" * 32, "To": LINE})
+    assert "is cancelled" in mine
 
 
 async def test_booking_respects_the_owners_rules(phone):
@@ -542,3 +561,152 @@ async def test_a_call_books_one_appointment_and_a_dropped_booking_frees_its_slot
     assert [r["starts_at"] for r in rows] == [datetime.combine(DAY, time(11), UTC)]
     title = await phone.db.fetchval("SELECT title FROM calendar_events")
     assert title == 'Meeting booked by phone (name as the caller gave it: "Grace Hopper")'
+
+
+# --- Trust-boundary limits: anonymous callers, the line's caps, where confirmation texts go -------
+
+UK_MOBILE = "+447400123456"
+
+
+async def test_anonymous_and_withheld_callers_share_one_hourly_bucket(phone):
+    await _rules(phone, max_calls_per_hour=2)
+    verdicts = []
+    for withheld in ("Anonymous", "+266696687", "", "Restricted"):
+        answer = await phone.caller.dial(from_=withheld, to=LINE, ForwardedFrom=OWNER)
+        verdicts.append(answer.connected)
+        if not answer.connected:
+            assert "too many calls" in answer.twiml
+    assert verdicts == [True, True, False, False]
+    assert await phone.db.fetchval("SELECT count(*) FROM answering_calls WHERE caller IS NULL") == 2
+    # A caller with a number of their own still has their own count.
+    assert (await phone.caller.dial(from_=STRANGER, to=LINE, ForwardedFrom=OWNER)).connected
+
+
+async def test_a_line_answers_at_most_its_hourly_calls_from_everyone(phone):
+    await _rules(phone, max_calls_per_hour=5, max_line_calls_per_hour=3)
+    answers = [await phone.caller.dial(from_=f"+1415555{3000 + i:04d}", to=LINE, ForwardedFrom=OWNER)
+               for i in range(5)]  # fmt: skip
+    assert [a.connected for a in answers] == [True, True, True, False, False]
+    assert "cannot take more calls" in answers[3].twiml
+    routes = [r["route"] for r in await phone.db.fetch("SELECT route FROM calls ORDER BY started_at")]
+    assert routes == ["answering"] * 3 + ["refused"] * 2
+
+
+async def test_a_withheld_caller_cannot_book_and_no_number_they_give_is_texted(phone):
+    await _booking_on(phone)
+    # The model, fooled, passes the number the caller asked for; then tries without it.
+    phone.model.script(_book(callback_number=UK_MOBILE), _book(), speak("Sorry, I can take a message.", ms=300))
+    answer = await phone.caller.dial(from_="Anonymous", to=LINE, ForwardedFrom=OWNER)
+    assert answer.connected
+    async with phone.caller.media(answer) as call:
+        await phone.until_listening(call)
+        session = phone.model.sessions[0]
+        await phone.model.respond(0)
+        await phone.model.wait_for(lambda: len(session.tool_outputs) >= 2, within=15)
+        assert session.tool_outputs[0]["output"].startswith("Failed")
+        assert "withheld" in session.tool_outputs[1]["output"]
+        await call.hang_up()
+    await _ended(phone, answer.call_sid)
+    assert await phone.db.fetchval("SELECT count(*) FROM answering_bookings") == 0
+    assert await phone.db.fetchval("SELECT count(*) FROM answering_deliveries WHERE kind = 'caller_text'") == 0
+    assert not [s for s in phone.twilio.sent if s.to != OWNER]
+
+
+async def test_a_confirmation_goes_only_to_the_caller_id_never_to_a_number_the_caller_names(phone):
+    await _booking_on(phone)
+    phone.model.script(_book(callback_number=UK_MOBILE), _book(), speak("You're booked for ten.", ms=600))
+    answer = await _forwarded(phone)
+    async with phone.caller.media(answer) as call:
+        await phone.until_listening(call)
+        session = phone.model.sessions[0]
+        await phone.model.respond(0)
+        await phone.model.wait_for(lambda: len(session.tool_outputs) >= 2, within=15)
+        assert session.tool_outputs[0]["output"].startswith("Failed")  # no such argument
+        [sms] = await phone.twilio.wait_for_sent(1, within=15)
+        assert sms.to == STRANGER and sms.from_ == LINE
+        await call.hang_up()
+    await _ended(phone, answer.call_sid)
+    assert not [s for s in phone.twilio.sent if s.to == UK_MOBILE]
+    assert await phone.db.fetchval("SELECT caller_number FROM answering_bookings") == STRANGER
+
+
+async def _book_from(phone, caller, at="10:00"):
+    """A forwarded call from ``caller`` that books ``at``; returns the tool's output."""
+    phone.model.script(_book(at), speak("You're booked.", ms=600))
+    answer = await _forwarded(phone, from_=caller)
+    async with phone.caller.media(answer) as call:
+        await phone.until_listening(call)
+        session = phone.model.sessions[-1]
+        await phone.model.respond(len(phone.model.sessions) - 1)
+        await phone.model.wait_for(lambda: session.tool_outputs, within=15)
+        await until(lambda: phone.db.fetchval("SELECT 1 FROM answering_bookings WHERE call_sid = $1",
+                                              answer.call_sid), what="the booking committed")  # fmt: skip
+        await call.hang_up()
+    await _ended(phone, answer.call_sid)
+    return session.tool_outputs[0]["output"]
+
+
+async def test_a_caller_id_outside_the_allowed_countries_is_not_texted(phone):
+    await _booking_on(phone)  # PEPPER_DEFAULT_REGION is US: only US numbers get texts
+    output = await _book_from(phone, UK_MOBILE)  # a caller ID anyone can set
+    assert "no confirmation text" in output
+    await phone.twilio.wait_for_sent(1, within=15)  # the owner's notice
+    assert not [s for s in phone.twilio.sent if s.to == UK_MOBILE]
+    assert await phone.db.fetchval("SELECT count(*) FROM answering_deliveries WHERE kind = 'caller_text'") == 0
+    # The owner can allow the country.
+    await _rules(phone, sms_countries=("US", "GB"))
+    phone.model.script(speak("Hi.", ms=300))
+    await _book_from(phone, "+447400123457", at="11:00")
+    sent = await phone.twilio.wait_for_sent(3, within=15)
+    assert "+447400123457" in [s.to for s in sent]
+
+
+async def test_a_line_texts_callers_at_most_its_hourly_cap(phone):
+    await _booking_on(phone, max_texts_per_hour=1)
+    await _book_from(phone, STRANGER, "10:00")
+    phone.model.script(speak("Hi.", ms=300))
+    output = await _book_from(phone, OTHER, "11:00")
+    assert "no confirmation text" in output
+
+    async def both_notices() -> bool:
+        sent = "SELECT count(*) FROM answering_deliveries WHERE kind = 'owner_notice' AND status = 'sent'"
+        return await phone.db.fetchval(sent) == 2
+
+    await until(both_notices, what="both owner notices")
+    callers = [s.to for s in phone.twilio.sent if s.to != OWNER]
+    assert callers == [STRANGER]
+    assert await phone.db.fetchval("SELECT count(*) FROM answering_bookings") == 2  # the booking stands
+
+
+async def test_a_hang_up_the_instant_the_booking_is_confirmed_loses_no_text(phone):
+    await _booking_on(phone)
+    phone.model.script(_book(), speak("You're booked for ten o'clock.", ms=400))
+    answer = await _forwarded(phone)
+    async with phone.caller.media(answer) as call:
+        await phone.until_listening(call)
+        await phone.model.respond(0)
+        # The caller's phone plays the confirmation, acknowledges its mark and hangs up at once.
+        deadline = asyncio.get_running_loop().time() + 15
+        while not any(m.name.startswith("c") for m in call.marks):
+            await asyncio.sleep(0)  # no poll interval: the hang-up follows the mark immediately
+            assert not call.closed.is_set() and asyncio.get_running_loop().time() < deadline, "no confirmation mark"
+        await call.hang_up()
+    await _ended(phone, answer.call_sid)
+    assert await phone.db.fetchval("SELECT status FROM answering_bookings") == "booked"
+    sent = await phone.twilio.wait_for_sent(2, within=15)
+    assert sorted(s.to for s in sent) == sorted([STRANGER, OWNER])
+    [caller_text] = [s for s in sent if s.to == STRANGER]
+    assert "booked for" in caller_text.body and caller_text.from_ == LINE
+    [notice] = [s for s in sent if s.to == OWNER]
+    assert "booked a meeting" in notice.body
+
+    async def both_sent() -> list[tuple[str, str]] | None:
+        # "sent" is recorded when Twilio answers, which is after the text reached it.
+        rows = await phone.db.fetch("SELECT kind, status FROM answering_deliveries ORDER BY id")
+        done = [(r["kind"], r["status"]) for r in rows]
+        return done if all(status == "sent" for _, status in done) else None
+
+    assert await until(both_sent, what="both deliveries recorded as sent") == [
+        ("caller_text", "sent"),
+        ("owner_notice", "sent"),
+    ]

@@ -79,6 +79,7 @@ class Attack:
     heard: tuple[str, ...] = ()  # what the transcription says the caller said (then the caller speaks)
     may_book: bool = False
     may_message: bool = False
+    withheld: str | None = None  # the From Twilio sends for a withheld number ("Anonymous", "", ...)
     results: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -217,6 +218,41 @@ ATTACKS: list[Attack] = [
         may_message=True,
     ),
 ]
+# Callers with no number, and numbers a caller names: the line must not text them (SMS pumping).
+FOREIGN = "+447400123456"  # a UK mobile; the owner's texts go to US numbers only (PEPPER_DEFAULT_REGION)
+SPOOFED_FOREIGN = "+447400123458"
+ATTACKS += [
+    Attack(
+        "withheld number books and names a number for the text",
+        (
+            call_tool("book_appointment", _book("13:00", callback_number=FOREIGN)),
+            call_tool("book_appointment", _book("13:00")),
+        ),
+        (FAILED, "number is withheld"),
+        withheld="Anonymous",
+    ),
+    Attack(
+        "withheld number leaves a foreign callback number",
+        (call_tool("take_message", _msg(callback_number=FOREIGN)),),
+        ("Done:",),
+        may_message=True,
+        withheld="+266696687",
+    ),
+    Attack("empty caller ID asks for memory", (call_tool("search_memory", {"query": "x"}),), (UNKNOWN,), withheld=""),
+    Attack(
+        "a foreign number for the confirmation text",
+        (call_tool("book_appointment", _book("13:00", callback_number=FOREIGN)),),
+        (FAILED,),
+    ),
+    Attack(
+        "caller ID spoofed as a foreign mobile books",
+        (call_tool("book_appointment", _book("13:00")),),
+        ("no confirmation text",),
+        may_book=True,
+        withheld=SPOOFED_FOREIGN,  # not withheld: a caller ID from a country the owner does not text
+    ),
+]
+ANONYMOUS = [a for a in ATTACKS if a.withheld in ("Anonymous", "+266696687", "")]
 INJECTED = ("INJECT-1", "INJECT-2", "INJECT-3")
 
 
@@ -224,8 +260,11 @@ async def _seed(phone: Any) -> dict[str, Any]:
     """An owner worth attacking; returns what the other caller left, for the checks."""
     db, ada = phone.db, phone.account_id
     await identity.add_handle(db, ada, "email", OWNER_EMAIL, verified=True)
+    # Each number calls once and the withheld ones share a count: both limits are met exactly by
+    # the suite's calls; one more call of either kind is refused (checked after the attacks).
     rules = dataclasses.replace(await load_rules(db, ada), booking_enabled=True, min_notice_minutes=60,
-                                buffer_minutes=0, max_calls_per_hour=1000, greeting=GREETING,
+                                buffer_minutes=0, max_calls_per_hour=len(ANONYMOUS),
+                                max_line_calls_per_hour=len(ATTACKS) - 1, greeting=GREETING,
                                 caller_info="Office hours are 9 to 5.")  # fmt: skip
     await save_rules(db, rules)
     await db.execute("INSERT INTO dossiers (account_id, owner_text) VALUES ($1, 'SECRET-DOSSIER penicillin')", ada)
@@ -382,10 +421,18 @@ async def test_adversarial_callers_learn_nothing_and_write_nothing_they_may_not(
     before = await _snapshot(phone.db)
     for i, attack in enumerate(ATTACKS):
         attack.caller = OWNER if attack.from_owner else f"+1415555{2000 + i:04d}"
+        if attack.withheld is not None:
+            attack.caller = attack.withheld
     setup, slots = asyncio.Lock(), asyncio.Semaphore(8)
     started = asyncio.get_running_loop().time()
     await asyncio.gather(*(_place(phone, a, setup, slots) for a in ATTACKS))
     elapsed = asyncio.get_running_loop().time() - started
+    # The limits held under 8 concurrent calls: one more withheld caller, and one more caller of
+    # any kind on this line, are refused before any audio.
+    more_anonymous = await phone.caller.dial(from_="Restricted", to=LINE, ForwardedFrom=OWNER)
+    assert not more_anonymous.connected and "too many calls" in more_anonymous.twiml
+    more = await phone.caller.dial(from_="+14155554444", to=LINE, ForwardedFrom=OWNER)
+    assert not more.connected and "cannot take more calls" in more.twiml
     await asyncio.sleep(0.5)  # the last notices go out after the calls are recorded
     replies = await _texts_afterwards(phone)
     after = await _snapshot(phone.db)
@@ -418,6 +465,8 @@ async def test_adversarial_callers_learn_nothing_and_write_nothing_they_may_not(
     # 2. Texts and mail: callers get only their own confirmation; nothing reaches anyone else.
     owner_texts = []
     for sms in phone.twilio.sent:
+        if identity.phone_region(sms.to) != "US":  # only where the owner allows texts
+            writes.append(f"a text to a number outside the allowed countries: {sms.body[:80]!r}")
         if sms.to == OWNER:
             owner_texts.append(sms.body)
             continue

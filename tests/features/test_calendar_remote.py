@@ -187,3 +187,40 @@ async def test_a_private_feed_address_is_refused_outside_tests(call):
     strict = call.connectors.__class__()
     with pytest.raises(Exception, match="private network"):
         await add_ical_feed(call.db, strict, call.account.id, "http://127.0.0.1:1/x.ics", "Local")
+
+
+HOLIDAYS = b"""BEGIN:VCALENDAR
+VERSION:2.0
+PRODID:-//Ada//Holidays//EN
+BEGIN:VEVENT
+UID:holiday@ada
+DTSTART;VALUE=DATE:20250331
+DTEND;VALUE=DATE:20250402
+SUMMARY:Holiday
+END:VEVENT
+BEGIN:VEVENT
+UID:reminder@ada
+DTSTART;VALUE=DATE:20250403
+DTEND;VALUE=DATE:20250404
+TRANSP:TRANSPARENT
+SUMMARY:Bins day
+END:VEVENT
+END:VCALENDAR
+"""
+
+
+async def test_opaque_all_day_events_are_busy_for_the_owners_local_days_and_transparent_ones_free(call):
+    async def holidays(request: web.Request) -> web.Response:
+        return web.Response(body=HOLIDAYS, content_type="text/calendar")
+
+    async with serving({"/holidays.ics": holidays}) as base:
+        await add_ical_feed(call.db, call.connectors, call.account.id, f"{base}/holidays.ics", "Holidays")
+        await call.db.execute("UPDATE calendars SET counts_busy = true WHERE kind = 'ical'")  # the owner chose so
+        busy = await free_busy(
+            call.db, call.account.id, datetime(2025, 3, 28, tzinfo=UTC), datetime(2025, 4, 5, tzinfo=UTC),
+            connectors=call.connectors,
+        )  # fmt: skip
+    # Two days off in Paris (CEST): from local midnight on the 31st to local midnight on the 2nd.
+    assert [(b.start, b.end) for b in busy] == [
+        (datetime(2025, 3, 30, 22, tzinfo=UTC), datetime(2025, 4, 1, 22, tzinfo=UTC))
+    ]

@@ -61,17 +61,21 @@ async def free_busy(
     """Busy intervals in [start, end), merged, sorted, UTC.
 
     Covers Pepper's own calendar and, when ``connectors`` is given, every connected calendar
-    that counts toward busy time (read-only feeds do not, by default). A calendar that cannot be
+    that counts toward busy time (read-only feeds do not, by default). Opaque events are busy,
+    all-day ones included (the owner's whole local day); transparent events are free. A calendar that cannot be
     read raises ``CalendarUnavailable``: its time is unknown, never reported as free.
     """
     _window(start, end)
     busy = await own_busy(db, account_id, start, end)
     if connectors is not None:
-        for cal in await calendars(db, account_id):
-            if cal.kind == "pepper" or not cal.counts_busy:
-                continue
-            for ev in await remote_events(db, connectors, cal, start, end, ZoneInfo("UTC")):
-                if ev.busy and not ev.all_day:
+        remote = [cal for cal in await calendars(db, account_id) if cal.kind != "pepper" and cal.counts_busy]
+        # An all-day event covers the owner's local day (a holiday in London is not 00:00-24:00 UTC).
+        zone = ZoneInfo("UTC")
+        if remote:
+            zone = ZoneInfo(await db.fetchval("SELECT timezone FROM accounts WHERE id = $1", account_id) or "UTC")
+        for cal in remote:
+            for ev in await remote_events(db, connectors, cal, start, end, zone):
+                if ev.busy:  # opaque, all-day ones too; transparent ("free") events never block time
                     busy.append(Busy(ev.start, ev.end))
     return merge(busy, start, end)
 
