@@ -5,7 +5,8 @@
 
 A draft is stored with a card (``draft_cards``) that chat shows for review; ``send_email_draft``
 sends a reviewed one. Every recipient of a real send must be an address Pepper can verify (the
-person's own handles or a contact's addresses), else the tool refuses. In a scheduled run the
+person's own verified handles or a contact's addresses from before this turn, see
+``core.tools.mail``), else the tool refuses. In a scheduled run the
 gate turns a send into a draft, and the result says the mail was not sent.
 """
 
@@ -84,12 +85,13 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
         else:
             from_address = own[0]
         if mode == "send":
-            bad = await unverifiable(ctx.db, account_id, [*to, *cc])
+            bad = await unverifiable(ctx.db, account_id, [*to, *cc], ctx.session.turn_id)
             if bad:
                 return ToolOutcome.failed(
-                    f"refused: {', '.join(bad)} is not an address Pepper can verify (not a contact or one of the "
-                    "person's own addresses). Nothing was sent. Ask the person to confirm the address and add it "
-                    "as a contact, or save a draft instead"
+                    f"refused: {', '.join(bad)} is not an address Pepper can verify (not a contact from before "
+                    "this conversation turn, or one of the person's own verified addresses). Nothing was sent. A "
+                    "contact added or changed now counts only from the next turn: ask the person to confirm the "
+                    "address, or save a draft instead"
                 )
         key = hashlib.sha256(
             json.dumps([str(ctx.session.turn_id), sender, mode, to, cc, subject, body]).encode()
@@ -177,7 +179,9 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
         )
         if row is None or row["status"] != "draft":
             return ToolOutcome.failed(f"there is no unsent draft #{args['draft']}")
-        bad = await unverifiable(ctx.db, ctx.session.account_id, [*row["to_addresses"], *row["cc_addresses"]])
+        bad = await unverifiable(
+            ctx.db, ctx.session.account_id, [*row["to_addresses"], *row["cc_addresses"]], ctx.session.turn_id
+        )
         if bad:
             return ToolOutcome.failed(
                 f"refused: {', '.join(bad)} is not an address Pepper can verify. Nothing was sent; add it as a "
