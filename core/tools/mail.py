@@ -28,7 +28,11 @@ log = logging.getLogger(__name__)
 
 
 class MailError(PepperError):
+    """A send that failed. ``maybe_sent``: the server may have taken the mail before the failure
+    (the connection broke or timed out after it was opened); otherwise it surely did not."""
+
     code = "mail-failed"
+    maybe_sent = False
 
 
 def clean_addresses(raw: Iterable[str]) -> list[str]:
@@ -133,4 +137,6 @@ async def send_smtp(connectors: Connectors, message: EmailMessage) -> None:
         ) from exc
     except (aiosmtplib.SMTPException, OSError) as exc:
         log.warning("smtp send failed: error=%s", type(exc).__name__)
-        raise MailError("the mail server could not be reached", retryable=True) from exc
+        error = MailError("the mail server could not be reached", retryable=True)
+        error.maybe_sent = not isinstance(exc, (aiosmtplib.SMTPConnectError, ConnectionRefusedError))
+        raise error from exc

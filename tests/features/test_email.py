@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import email
 import email.policy
@@ -199,3 +200,53 @@ async def test_an_unverified_own_address_is_not_verifiable(mailer, smtp):
     assert smtp.received == []
     await set_handle_verified(mailer.db, "email", "ada.backup@evil.example", True)
     assert (await mailer("email_from_pepper", {**MAIL, "to": ["ada.backup@evil.example"]})).status == "ok"
+
+
+# --- the outbox: a record commits before the mail leaves -----------------------------------------
+
+
+async def test_a_send_whose_record_cannot_commit_does_not_go_out(mailer, smtp):
+    await mailer("add_contact", {"name": "Bob", "emails": ["bob@example.org"]}, delivered=True)
+    # The store refuses the commit itself (a deferred check fails at COMMIT).
+    await mailer.db.execute(
+        """
+        CREATE FUNCTION refuse_commit() RETURNS trigger LANGUAGE plpgsql AS
+        $$ BEGIN RAISE EXCEPTION 'commit refused by the test'; END $$;
+        CREATE CONSTRAINT TRIGGER refuse_commit AFTER INSERT ON email_messages
+            DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION refuse_commit();
+        """
+    )
+    out = await mailer("email_from_pepper", MAIL)
+    assert out.status == "failed"
+    # Never a mail that went out with no record of it: here neither.
+    assert smtp.received == [] and await mailer.db.fetchval("SELECT count(*) FROM email_messages") == 0
+
+
+async def test_a_send_cut_off_after_the_mail_was_handed_over_is_kept_as_failed(mailer):
+    """A server that takes the whole mail and drops the connection instead of answering: the mail
+    may have gone, so its record stays, with the Message-ID it was sent under."""
+    got: list[bytes] = []
+
+    async def mute_after_data(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"220 test ESMTP\r\n")
+        while line := await reader.readline():
+            if line.upper().startswith(b"DATA"):
+                writer.write(b"354 go on\r\n")
+                got.append(await reader.readuntil(b"\r\n.\r\n"))
+                break  # no answer: the connection just ends
+            writer.write(b"250 ok\r\n")
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(mute_after_data, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        await mailer("add_contact", {"name": "Bob", "emails": ["bob@example.org"]}, delivered=True)
+        out = await mailer.using(smtp_port=port)("email_from_pepper", MAIL)
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert out.status == "failed" and len(got) == 1
+    row = await mailer.db.fetchrow("SELECT status, message_id, to_addresses FROM email_messages")
+    assert row["status"] == "failed" and row["to_addresses"] == ["bob@example.org"]
+    assert row["message_id"] and row["message_id"].encode() in got[0]
