@@ -53,8 +53,10 @@ class Stack:
     async def post(self, form: dict) -> tuple[int, str]:
         return await self.mailgun.post(self.local, form, session=self.session)
 
-    async def settle(self) -> None:
-        for _ in range(500):
+    async def settle(self, within: float = 30.0) -> None:
+        """Wait until every turn finished (bounded for a loaded machine, as ``SmtpCapture.wait_for``)."""
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
             running = await self.db.fetchval("SELECT count(*) FROM turns WHERE status IN ('running', 'replied')")
             waiting = await self.db.fetchval("SELECT count(*) FROM messages WHERE handling IN ('queued', 'running')")
             if not running and not waiting and not self.services.tasks.pending:  # type: ignore[attr-defined]
@@ -203,9 +205,10 @@ async def test_a_texted_follow_up_to_an_emailed_question_is_the_same_conversatio
     await stack.settle()
     form = stack.twilio.inbound_message(sender=ADA_PHONE, to=PEPPER_NUMBER, body="can you move it to 3pm?")
     assert (await stack.twilio.post_form(stack.local, PUBLIC, "/twilio/sms", form, session=stack.session))[0] == 200
-    for _ in range(200):
-        if stack.twilio.sent:
-            break
+    # The reply is recorded after Twilio took it: wait for the record, not just the send.
+    deadline = time.monotonic() + 30
+    while await count(stack.db, "messages WHERE channel = 'sms' AND direction = 'outbound'") == 0:
+        assert time.monotonic() < deadline, "the SMS reply was never recorded"
         await asyncio.sleep(0.02)
     [sms] = stack.twilio.sent
     assert sms.body == "Moved to 3pm."
