@@ -2,7 +2,8 @@
 
 One inbound mail: check the signature (hex HMAC-SHA256 of ``timestamp + token`` under the webhook
 signing key) and the timestamp's age -> parse the form -> the sender must have proved the From
-address (the provider's DKIM or SPF verdict, aligned with the From domain) and it must be a
+address (Mailgun's own DKIM or SPF verdict fields, aligned with the From domain; headers the
+sender wrote never count, and a mail without the provider's verdict is refused) and it must be a
 verified email handle -> in one transaction, claim the token (a reused token is refused) and
 record the message as queued, keyed by its ``Message-Id`` (a duplicate starts no second turn)
 -> 200 -> a turn worker (``gateway.worker``) runs the turn on channel ``email`` -> reply by SMTP,
@@ -173,26 +174,90 @@ def _domain(address: str) -> str:
     return address.rsplit("@", 1)[-1].lower().strip(".") if "@" in address else ""
 
 
-def _aligned(a: str, b: str) -> bool:
-    """Relaxed alignment: the same domain, or one a subdomain of the other."""
-    return bool(a and b) and (a == b or a.endswith("." + b) or b.endswith("." + a))
+def _aligned(authenticated: str, from_domain: str) -> bool:
+    """Relaxed DMARC alignment, kept on the safe side without a public-suffix list.
 
-
-def sender_authenticated(headers: _Headers, from_address: str, envelope_sender: str) -> bool:
-    """The provider checked the mail really comes from the From domain.
-
-    DKIM passed with a signing domain (``d=``) aligned with the From domain, or SPF passed for an
-    envelope sender aligned with it. Anything else (no verdict, fail, softfail) is unproven.
+    The authenticated domain is the From domain, a parent of it or a subdomain of it, and the
+    shorter of the two has at least two labels (a bare top-level domain never aligns). Two
+    siblings (``a.example.org`` and ``b.example.org``) do not align: DMARC would allow them through
+    their organisational domain, but telling ``example.org`` from ``co.uk`` needs the suffix list.
     """
+    a, f = authenticated.lower().strip("."), from_domain.lower().strip(".")
+    if not a or not f:
+        return False
+    if a == f:
+        return True
+    shorter, longer = (a, f) if len(a) < len(f) else (f, a)
+    return "." in shorter and longer.endswith("." + shorter)
+
+
+def _form_values(form: Any, name: str, *, exact: bool = False) -> list[str]:
+    """Every value the form carries under ``name`` (any letter case unless ``exact``)."""
+    keys = [name] if exact else [k for k in form if k.lower() == name.lower()]
+    values: list[str] = []
+    for key in keys:
+        if key in form:
+            values += [str(v) for v in (form.getlist(key) if hasattr(form, "getlist") else [form[key]])]
+    return values
+
+
+def provider_field(form: Any, name: str) -> str | None:
+    """The value Mailgun itself posted for its header ``name``, lower-cased; ``None`` when absent or unclear.
+
+    Mailgun prepends its verdict headers to the mail and posts each as a form field. A mail whose
+    sender wrote the same header carries it twice: the form then holds two fields, or the
+    header list (``message-headers``) two entries, and which one is Mailgun's cannot be told.
+    That is no verdict, as is a header list that disagrees with the field.
+    """
+    values = [v.strip() for v in _form_values(form, name)]
+    listed = [v.strip() for v in _Headers(form).all(name)]
+    if len(values) != 1 or len(listed) > 1 or (listed and listed[0] != values[0]):
+        return None
+    return values[0].lower()
+
+
+def _signing_domain(form: Any) -> str | None:
+    """The ``d=`` of the mail's only DKIM signature; ``None`` when it has none or several.
+
+    Mailgun's form names no verified signing domain, only one verdict for the whole mail. With
+    one signature that verdict is about it; with several, a forged signature for the From domain
+    could sit next to a valid one for another domain, so none of them proves the From domain.
+    """
+    signatures = _Headers(form).all("DKIM-Signature") or _form_values(form, "DKIM-Signature")
+    if len(signatures) != 1:
+        return None
+    domains = []
+    for tag in signatures[0].replace("\r", " ").replace("\n", " ").replace("\t", " ").split(";"):
+        name, _, value = tag.strip().partition("=")
+        if name.strip().lower() == "d":
+            domains.append(value.strip().lower())
+    return domains[0] if len(domains) == 1 and domains[0] else None
+
+
+def sender_problem(form: Any, from_address: str) -> str | None:
+    """Why the From address is not proven, or ``None`` when it is (see ``sender_authenticated``)."""
+    dkim, spf = provider_field(form, "X-Mailgun-Dkim-Check-Result"), provider_field(form, "X-Mailgun-Spf")
+    if dkim is None and spf is None:
+        return "the provider reported no DKIM or SPF verdict"
     from_domain = _domain(from_address)
-    if headers.get("X-Mailgun-Dkim-Check-Result").lower() == "pass":
-        for signature in headers.all("DKIM-Signature") or [headers.get("DKIM-Signature")]:
-            for tag in signature.replace("\r", " ").replace("\n", " ").split(";"):
-                name, _, value = tag.strip().partition("=")
-                if name.strip().lower() == "d" and _aligned(value.strip().lower(), from_domain):
-                    return True
-    spf = headers.get("X-Mailgun-Spf").lower()
-    return spf == "pass" and _aligned(_domain(envelope_sender), from_domain)
+    if dkim == "pass" and _aligned(_signing_domain(form) or "", from_domain):
+        return None
+    envelope = _form_values(form, "sender", exact=True)
+    if spf == "pass" and len(envelope) == 1 and _aligned(_domain(envelope[0].strip()), from_domain):
+        return None
+    return "neither DKIM nor SPF passed for the From domain"
+
+
+def sender_authenticated(form: Any, from_address: str) -> bool:
+    """The provider checked that the mail really comes from the From domain.
+
+    Only Mailgun's own fields count (``provider_field``): DKIM passed and the mail's one signature
+    is for a domain aligned with the From domain, or SPF passed for the envelope sender Mailgun saw
+    in the SMTP chat (the ``sender`` field) and that domain is aligned with the From domain.
+    Headers in the mail (``Authentication-Results``, ``Received-SPF``, a second verdict header, a
+    DKIM signature next to another one) never count, and no verdict is no proof.
+    """
+    return sender_problem(form, from_address) is None
 
 
 def _automatic(headers: _Headers, from_address: str) -> bool:
@@ -321,10 +386,10 @@ async def email_webhook() -> Response:
             refusal = (403, "token already used", "email-token-reused")
         elif mail is None:
             refusal = (406, problem, None)
-        elif settings.email_require_sender_auth and not sender_authenticated(
-            _Headers(form), mail.sender, form.get("sender") or ""
-        ):
-            refusal = (406, "the sender's address is not authenticated (DKIM/SPF)", "email-sender-unauthenticated")
+        elif settings.email_require_sender_auth and (unproven := sender_problem(form, mail.sender)) is not None:
+            refusal = (
+                406, f"the sender's address is not authenticated (DKIM/SPF): {unproven}", "email-sender-unauthenticated"
+            )  # fmt: skip
         else:
             handle = await identity.find_handle(conn, "email", mail.sender)
             if handle is None or not handle.verified:

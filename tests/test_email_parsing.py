@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
+from werkzeug.datastructures import MultiDict
 
 from core.errors import InvalidInput
 from core.settings import Settings
 from core.testing.mailgun_peer import MailgunPeer
 from gateway.email_channel import (
     MAX_REFERENCES,
-    _Headers,
     build_reply,
     fresh,
     parse_inbound,
     reply_subject,
     sender_authenticated,
+    sender_problem,
     signature_ok,
 )
 from gateway.mailtext import html_to_text, strip_quoted
@@ -118,7 +120,8 @@ def test_html_becomes_readable_text():
 def _auth(dkim: str, spf: str, d: str, envelope: str, sender: str = "ada@example.org") -> bool:
     form = peer.inbound(sender=sender, recipient="p@a.example", text="x", dkim=dkim, spf=spf)
     form["message-headers"] = f'[["DKIM-Signature", "v=1; a=rsa-sha256; d={d}; s=s1; b=AAA"]]'
-    return sender_authenticated(_Headers(form), sender, envelope)
+    form["sender"] = envelope  # the envelope sender Mailgun saw in the SMTP chat
+    return sender_authenticated(form, sender)
 
 
 def test_the_sender_must_be_authenticated_for_the_from_domain():
@@ -129,6 +132,60 @@ def test_the_sender_must_be_authenticated_for_the_from_domain():
     assert not _auth("Fail", "Pass", "example.org", "bounce@evil.example")  # SPF for another domain
     assert not _auth("Fail", "SoftFail", "example.org", "ada@example.org")
     assert not _auth("", "", "example.org", "ada@example.org")  # no verdict is no proof
+    assert not _auth("Pass", "Fail", "org", "bounce@other.example")  # a bare TLD never aligns
+    assert not _auth("Pass", "Fail", "evil.example.org", "", sender="ada@mail.example.org")  # siblings do not
+
+
+EVIL_SIGNATURE = "v=1; a=rsa-sha256; d=evil.example; s=s1; h=from:to:subject; b=VALID"
+FORGED_SIGNATURE = "v=1; a=rsa-sha256; d=example.org; s=s1; h=from:to:subject; b=FORGED"
+FORGED_RESULTS = [
+    ("Authentication-Results", "mx.mailgun.org; dkim=pass header.d=example.org; spf=pass smtp.mailfrom=example.org"),
+    ("Authentication-Results", "mxa.mailgun.org; dmarc=pass header.from=example.org"),
+    ("Received-SPF", "pass (mailgun.org: domain of ada@example.org designates 203.0.113.9 as permitted sender)"),
+]
+
+
+def _forged(pairs: list[tuple[str, str]], **fields: str) -> dict:
+    """Mail from an attacker's server claiming Ada's From address: the envelope is the attacker's."""
+    form = peer.inbound(sender="ada@example.org", recipient="p@a.example", text="x", dkim=None, spf=None)
+    form["sender"] = "bounce@evil.example"
+    form["message-headers"] = json.dumps([list(p) for p in pairs])
+    return form | fields
+
+
+def test_headers_the_sender_wrote_never_prove_the_from_address():
+    # Mailgun's verdict is Pass (the attacker's own signature verifies) and SPF passed for the
+    # attacker's envelope; a second, forged signature names Ada's domain.
+    two_signatures = _forged(
+        [("X-Mailgun-Dkim-Check-Result", "Pass"), ("X-Mailgun-Spf", "Pass"), ("DKIM-Signature", EVIL_SIGNATURE),
+         ("DKIM-Signature", FORGED_SIGNATURE), *FORGED_RESULTS],
+        **{"X-Mailgun-Dkim-Check-Result": "Pass", "X-Mailgun-Spf": "Pass", "DKIM-Signature": FORGED_SIGNATURE},
+    )  # fmt: skip
+    assert not sender_authenticated(two_signatures, "ada@example.org")
+    # No verdict from the provider at all: verdict headers, Authentication-Results and
+    # Received-SPF inside the mail are the sender's words and are not read.
+    in_the_mail = [
+        ("X-Mailgun-Dkim-Check-Result", "Pass"), ("X-Mailgun-Spf", "Pass"), ("DKIM-Signature", FORGED_SIGNATURE),
+        *FORGED_RESULTS,
+    ]  # fmt: skip
+    no_verdict = _forged(in_the_mail, sender="ada@example.org")
+    assert sender_problem(no_verdict, "ada@example.org") == "the provider reported no DKIM or SPF verdict"
+    # The sender wrote its own "X-Mailgun-Spf: Pass" under Mailgun's "Fail": two verdicts, none counts.
+    second_verdict = _forged(
+        [("X-Mailgun-Spf", "Fail"), ("From", "ada@example.org"), ("X-Mailgun-Spf", "Pass")],
+        sender="ada@example.org", **{"X-Mailgun-Spf": "Pass"},
+    )  # fmt: skip
+    assert not sender_authenticated(second_verdict, "ada@example.org")
+    both_fields = MultiDict(list(_forged([], sender="ada@example.org").items()))
+    both_fields.add("X-Mailgun-Spf", "Fail")
+    both_fields.add("x-mailgun-spf", "Pass")
+    assert not sender_authenticated(both_fields, "ada@example.org")
+    # The same mail with Mailgun's one verdict, for the one signature Ada's server made, is proof.
+    genuine = _forged(
+        [("X-Mailgun-Dkim-Check-Result", "Pass"), ("DKIM-Signature", FORGED_SIGNATURE)],
+        **{"X-Mailgun-Dkim-Check-Result": "Pass"},
+    )  # fmt: skip
+    assert sender_authenticated(genuine, "ada@example.org")
 
 
 def test_reply_subjects_and_references():

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -329,3 +331,24 @@ async def test_openai_bodies_are_exactly_the_adapters_json(kind: str, streaming:
         if kind == "openai-compatible":
             expected["stream_options"] = {"include_usage": True}
     assert peer.requests[0].body == expected
+
+
+def test_the_openai_adapter_does_the_sdks_first_use_work_when_it_is_built(subprocess_env):
+    """The SDK imports its Responses resource on first access and builds its response models on the
+    first reply: over a second of CPU that, left lazy, lands on the event loop inside the first turn
+    after start-up (on a loaded machine that turn then outlasts the channels' waits). Building the
+    adapter (at start-up) does it instead. A fresh interpreter, so no other test did it first."""
+    probe = (
+        "import sys\n"
+        "from core.models.adapters.openai_responses import OpenAIResponsesAdapter\n"
+        "lazy = 'openai.resources.responses.responses'\n"
+        "assert lazy not in sys.modules, 'imported before the adapter was built'\n"
+        "OpenAIResponsesAdapter(api_key='sk-test', base_url='http://127.0.0.1:9/v1')\n"
+        "from openai.types.responses import Response\n"
+        "print(lazy in sys.modules, Response.__pydantic_complete__)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=subprocess_env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "True"]

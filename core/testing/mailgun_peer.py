@@ -7,7 +7,10 @@
 
 The signature is hex HMAC-SHA256 over ``timestamp + token`` under the webhook signing key
 (``wire-protocols.md`` §9.1). By default the form carries passing DKIM and SPF verdicts aligned
-with the From domain, as Mailgun reports them for genuine mail.
+with the From domain, as Mailgun reports them for genuine mail: its own headers first in
+``message-headers`` (``X-Mailgun-Dkim-Check-Result``, ``X-Mailgun-Spf``, ``X-Envelope-From``, its
+``Received``), then the sender's, and each header also as a form field of its own. An empty
+verdict leaves that header out, as Mailgun does (no DKIM verdict for an unsigned mail).
 """
 
 from __future__ import annotations
@@ -54,8 +57,8 @@ class MailgunPeer:
         in_reply_to: str | None = None,
         references: str | None = None,
         sender_name: str = "",
-        dkim: str = "Pass",
-        spf: str = "Pass",
+        dkim: str | None = "Pass",
+        spf: str | None = "Pass",
         headers: list[tuple[str, str]] | None = None,
         signed: bool = True,
     ) -> dict[str, Any]:
@@ -63,14 +66,19 @@ class MailgunPeer:
         domain = sender.rsplit("@", 1)[-1]
         from_header = f"{sender_name} <{sender}>" if sender_name else sender
         message_id = message_id or new_message_id(domain)
+        verdicts = [
+            (name, value) for name, value in (("X-Mailgun-Dkim-Check-Result", dkim), ("X-Mailgun-Spf", spf)) if value
+        ]
         pairs: list[tuple[str, str]] = [
+            *verdicts,
+            ("X-Mailgun-Incoming", "Yes"),
+            ("X-Envelope-From", f"<{sender}>"),
+            ("Received", f"from mail.{domain} by mxa.mailgun.org with ESMTP"),
             ("From", from_header),
             ("To", recipient),
             ("Subject", subject),
             ("Message-Id", message_id),
             ("DKIM-Signature", f"v=1; a=rsa-sha256; c=relaxed/relaxed; d={domain}; s=s1; h=from:to:subject; b=AAAA"),
-            ("X-Mailgun-Spf", spf),
-            ("X-Mailgun-Dkim-Check-Result", dkim),
         ]
         if in_reply_to:
             pairs.append(("In-Reply-To", in_reply_to))
@@ -83,8 +91,7 @@ class MailgunPeer:
             "from": from_header,
             "subject": subject,
             "Message-Id": message_id,
-            "X-Mailgun-Spf": spf,
-            "X-Mailgun-Dkim-Check-Result": dkim,
+            **dict(verdicts),
             "message-headers": json.dumps([list(p) for p in pairs]),
         }
         if in_reply_to:

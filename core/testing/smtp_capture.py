@@ -67,8 +67,12 @@ class SmtpCapture:
     async def __aexit__(self, *exc: object) -> None:
         await asyncio.to_thread(self._controller.stop)
 
-    async def wait_for(self, count: int, within: float = 5.0) -> list[CapturedMail]:
-        """The first ``count`` messages, once that many arrived (``AssertionError`` after ``within`` s)."""
+    async def wait_for(self, count: int, within: float = 30.0) -> list[CapturedMail]:
+        """The first ``count`` messages, once that many arrived (``AssertionError`` after ``within`` s).
+
+        The bound is for a machine under load: a turn's model calls and durable commits, a second
+        on an idle machine, can take many times that when other work shares the cores and disk.
+        """
         try:
             async with asyncio.timeout(within):
                 while True:

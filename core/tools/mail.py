@@ -1,8 +1,12 @@
 """Outgoing mail shared by the email and calendar areas: who may receive, and Pepper's SMTP account.
 
 Recipient rule: every address of a real send must be one Pepper can verify, meaning one of the
-person's own email handles or an address on one of their contacts. Anything else is refused by
-the caller, never guessed or corrected.
+person's own *verified* email handles or an address on one of their contacts as the contacts
+stood before the current turn. Contact writes are staged (they commit when the reply that reports
+them is delivered), and an address a contact write of the current turn names does not count even
+once committed (a call commits its writes as the caller hears them): a model talked into adding
+or changing a contact cannot send to it in the same turn. Anything else is refused by the caller,
+never guessed or corrected.
 """
 
 from __future__ import annotations
@@ -24,7 +28,11 @@ log = logging.getLogger(__name__)
 
 
 class MailError(PepperError):
+    """A send that failed. ``maybe_sent``: the server may have taken the mail before the failure
+    (the connection broke or timed out after it was opened); otherwise it surely did not."""
+
     code = "mail-failed"
+    maybe_sent = False
 
 
 def clean_addresses(raw: Iterable[str]) -> list[str]:
@@ -50,18 +58,30 @@ async def owner_emails(db: Any, account_id: UUID) -> list[str]:
     return [r["value"] for r in rows]
 
 
-async def unverifiable(db: Any, account_id: UUID, addresses: Sequence[str]) -> list[str]:
-    """The addresses that are neither the person's own handles nor on one of their contacts."""
+CONTACT_WRITES = ("add_contact", "update_contact")
+
+
+async def unverifiable(db: Any, account_id: UUID, addresses: Sequence[str], turn_id: UUID | None) -> list[str]:
+    """The addresses that are neither the person's verified handles nor on one of their contacts.
+
+    ``turn_id`` is the turn asking: an address that one of its own contact writes names (staged,
+    committed or not) is not verifiable in it.
+    """
     if not addresses:
         return []
     rows = await db.fetch(
         """
         SELECT a FROM unnest($2::text[]) AS a
-        WHERE NOT EXISTS (SELECT 1 FROM handles h WHERE h.account_id = $1 AND h.kind = 'email' AND h.value = a)
-          AND NOT EXISTS (SELECT 1 FROM contacts c WHERE c.account_id = $1 AND a = ANY(c.emails))
+        WHERE NOT EXISTS (SELECT 1 FROM handles h WHERE h.account_id = $1 AND h.kind = 'email' AND h.value = a
+                          AND h.verified_at IS NOT NULL)
+          AND (NOT EXISTS (SELECT 1 FROM contacts c WHERE c.account_id = $1 AND a = ANY(c.emails))
+               OR EXISTS (SELECT 1 FROM staged_writes s WHERE s.turn_id = $3 AND s.tool = ANY($4::text[])
+                          AND s.payload -> 'emails' ? a))
         """,
         account_id,
         list(addresses),
+        turn_id,
+        list(CONTACT_WRITES),
     )
     bad = {r["a"] for r in rows}
     return [a for a in addresses if a in bad]
@@ -117,4 +137,6 @@ async def send_smtp(connectors: Connectors, message: EmailMessage) -> None:
         ) from exc
     except (aiosmtplib.SMTPException, OSError) as exc:
         log.warning("smtp send failed: error=%s", type(exc).__name__)
-        raise MailError("the mail server could not be reached", retryable=True) from exc
+        error = MailError("the mail server could not be reached", retryable=True)
+        error.maybe_sent = not isinstance(exc, (aiosmtplib.SMTPConnectError, ConnectionRefusedError))
+        raise error from exc

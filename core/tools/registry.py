@@ -168,6 +168,9 @@ class ToolContext:
 Handler = Callable[[ToolContext, dict[str, Any]], Awaitable[ToolOutcome]]
 # Applies a planned write for an account inside the caller's transaction.
 Applier = Callable[[Any, UUID, dict[str, Any]], Awaitable[None]]
+# Does what a write promised outside the store (sends the mail) once its apply committed, on the
+# database itself, never inside a transaction: it records its own result.
+AfterCommit = Callable[[Any, UUID, dict[str, Any]], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -181,6 +184,10 @@ class Tool:
     needs_connection: str | None = None
     staged: bool = False
     apply: Applier | None = None
+    # Outside effects of an immediate write (``AfterCommit``): ``apply`` commits a record of what
+    # is about to happen (an outbox row), then this runs and records how it went; if it raises, the
+    # call fails with the error.
+    after_commit: AfterCommit | None = None
     # Arguments a scheduled run (no person present) forces, e.g. (("mode", "draft"),): the gate
     # rewrites the call and the result tells the model what changed.
     scheduled: tuple[tuple[str, Any], ...] = ()
@@ -190,6 +197,8 @@ class Tool:
             raise ValueError(f"tool {self.name} writes but has no apply step")
         if self.staged and not self.writes:
             raise ValueError(f"tool {self.name} is staged but does not write")
+        if self.after_commit is not None and (self.staged or not self.writes):
+            raise ValueError(f"tool {self.name}: only an immediate write has an after-commit step")
         if self.parameters.get("type") != "object":
             raise ValueError(f"tool {self.name}: parameters must be a JSON Schema object")
         for key, _ in self.scheduled:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 from uuid import UUID
 
+from core.errors import PepperError
 from core.models.types import ToolCall, ToolResult
 from core.tools.gate import Gate, GateDecision
 from core.tools.registry import Tool, ToolContext, ToolRegistry, check_arguments, transaction
@@ -168,8 +169,16 @@ async def _run(tool: Tool, gate: Gate, ctx: ToolContext, call: ToolCall, started
             content = f"Done: {outcome.write.summary}. It is saved when your reply is delivered."
             write = {"summary": outcome.write.summary, "staged": True, "id": write_id}
         else:
-            async with transaction(ctx.db, wait_for_disk=not ctx.flushed_later) as conn:
+            # With an after-commit step the record of what is about to happen must be on disk first.
+            durable = tool.after_commit is not None or not ctx.flushed_later
+            async with transaction(ctx.db, wait_for_disk=durable) as conn:
                 await tool.apply(conn, ctx.session.account_id, outcome.write.payload)  # type: ignore[misc]
+            if tool.after_commit is not None:
+                try:
+                    await tool.after_commit(ctx.db, ctx.session.account_id, outcome.write.payload)
+                except PepperError as exc:
+                    log.warning("tool write's outside effect failed: tool=%s code=%s", tool.name, exc.code)
+                    return done("failed", render_failed(exc.message), args, gate=decision)
             content = f"Done: {outcome.write.summary}."
             write = {"summary": outcome.write.summary, "staged": False}
     except Exception as exc:

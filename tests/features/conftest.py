@@ -15,7 +15,7 @@ from core.conversation import start_turn
 from core.identity import Account, add_handle, create_account
 from core.models.types import ToolCall
 from core.store import Database
-from core.tools import SessionContext, ToolContext, default_gate, run_call
+from core.tools import SessionContext, ToolContext, commit_turn_writes, default_gate, run_call
 from core.tools.connectors import Connectors, account_connections
 from core.tools.runner import CallOutcome
 from core.tools.starter import starter_registry
@@ -52,13 +52,18 @@ class Caller:
         )  # type: ignore[arg-type]
 
     async def __call__(
-        self, name: str, args: dict[str, Any], *, kind: str | None = None, session: Any = None
-    ) -> CallOutcome:
+        self, name: str, args: dict[str, Any], *, kind: str | None = None, session: Any = None,
+        delivered: bool = False,
+    ) -> CallOutcome:  # fmt: skip
+        """One call; ``delivered``: then the turn's reply reached the person, so its staged writes commit."""
         self.calls += 1
         session = session or await self.session(kind)
         registry = starter_registry(self.connectors)
         ctx = ToolContext(session, self.db, self.now)
-        return await run_call(registry, default_gate(), ctx, ToolCall(f"c{self.calls}", name, args))
+        outcome = await run_call(registry, default_gate(), ctx, ToolCall(f"c{self.calls}", name, args))
+        if delivered:
+            await commit_turn_writes(self.db, registry, session.turn_id)
+        return outcome
 
     def using(self, **changes: Any) -> Caller:
         return replace(self, connectors=replace(self.connectors, **changes))

@@ -146,7 +146,9 @@ async def test_invitations_go_only_to_verifiable_addresses_with_the_owner_copied
         )
         assert refused.status == "failed" and "stranger@else.test" in refused.content
         assert await call.db.fetchval("SELECT count(*) FROM calendar_events") == 0
-        assert (await caller("add_contact", {"name": "Bob", "emails": ["bob@example.org"]})).status == "ok"
+        assert (
+            await caller("add_contact", {"name": "Bob", "emails": ["bob@example.org"]}, delivered=True)
+        ).status == "ok"
         made = await caller(
             "create_event", {"title": "Lunch", "start": "2025-04-03T12:00", "attendees": ["Bob@Example.org"]}
         )
@@ -161,7 +163,7 @@ async def test_invitations_go_only_to_verifiable_addresses_with_the_owner_copied
 async def test_scheduled_run_adds_the_event_but_sends_no_invitations(call):
     async with SmtpPeer() as smtp:
         caller = call.using(smtp_host="127.0.0.1", smtp_port=smtp.port, smtp_security="none", smtp_from="pepper@p.test")
-        await caller("add_contact", {"name": "Bob", "emails": ["bob@example.org"]})
+        await caller("add_contact", {"name": "Bob", "emails": ["bob@example.org"]}, delivered=True)
         out = await caller(
             "create_event",
             {
@@ -181,7 +183,7 @@ async def test_scheduled_run_adds_the_event_but_sends_no_invitations(call):
 
 
 async def test_scheduled_run_cannot_change_an_event_with_other_attendees(call):
-    await call("add_contact", {"name": "Bob", "emails": ["bob@example.org"]})
+    await call("add_contact", {"name": "Bob", "emails": ["bob@example.org"]}, delivered=True)
     await call(
         "create_event",
         {"title": "1:1", "start": "2025-04-03T15:00", "attendees": ["bob@example.org"], "send_invitations": False},

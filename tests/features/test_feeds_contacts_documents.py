@@ -95,17 +95,19 @@ async def test_a_failing_feed_is_reported_not_empty(call, feed_server):
 
 async def test_contacts_add_find_update_remove(call):
     assert (
-        await call("add_contact", {"name": "Bob Stone", "emails": ["bob@x.org"], "phones": ["+1 415 555 0100"]})
+        await call(
+            "add_contact", {"name": "Bob Stone", "emails": ["bob@x.org"], "phones": ["+1 415 555 0100"]}, delivered=True
+        )
     ).status == "ok"
     dup = await call("add_contact", {"name": "Robert", "emails": ["BOB@x.org"]})
     assert dup.status == "failed" and "Bob Stone" in dup.content
     found = await call("find_contacts", {"query": "stone"})
     assert "bob@x.org" in found.content and "+14155550100" in found.content
     cid = int(re.search(r"#(\d+)", found.content).group(1))
-    await call("update_contact", {"id": cid, "emails": ["bob@work.org"]})
+    await call("update_contact", {"id": cid, "emails": ["bob@work.org"]}, delivered=True)
     assert "bob@work.org" in (await call("find_contacts", {"query": "work.org"})).content
     assert (await call("add_contact", {"name": "X", "emails": ["nope"]})).status == "failed"
-    await call("remove_contact", {"id": cid})
+    await call("remove_contact", {"id": cid}, delivered=True)
     assert (await call("find_contacts", {})).status == "empty"
 
 

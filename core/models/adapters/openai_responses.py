@@ -151,6 +151,12 @@ class OpenAIResponsesAdapter(ModelAdapter):
 
     def __init__(self, *, api_key: str, base_url: str | None = None, timeout: float = 120.0) -> None:
         self._client = openai.AsyncOpenAI(api_key=api_key, base_url=base_url, max_retries=0, timeout=timeout)
+        # The SDK imports its Responses resource on first access and builds the response models on
+        # the first reply: well over a second of CPU, which would land on the event loop inside the
+        # first turn after start-up (stalling every webhook meanwhile, and on a loaded machine
+        # making that turn several times slower). Pay it here, while the server starts.
+        _ = self._client.responses
+        openai.types.responses.Response.model_rebuild()
 
     async def _generate(self, prompt: Prompt, options: CallOptions) -> Generation:
         response = await self._client.responses.create(**sdk_arguments(_params(prompt, options)))

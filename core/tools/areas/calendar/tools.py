@@ -122,7 +122,7 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
         if ctx.session.kind == "scheduled":
             invite = False  # the gate already forced this; a tool that trusts only the gate is one bug away
         if invite:
-            bad = await unverifiable(ctx.db, account_id, attendees)
+            bad = await unverifiable(ctx.db, account_id, attendees, ctx.session.turn_id)
             if bad:
                 return ToolOutcome.failed(
                     f"cannot invite {', '.join(bad)}: not an address Pepper can verify (not a contact or the "
@@ -232,7 +232,7 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
             return others, []
         if not connectors.smtp_configured:
             return [], others
-        bad = await unverifiable(ctx.db, ctx.session.account_id, others)
+        bad = await unverifiable(ctx.db, ctx.session.account_id, others, ctx.session.turn_id)
         return [a for a in others if a not in bad], bad
 
     # --- move and cancel -----------------------------------------------------------------------

@@ -1,4 +1,8 @@
-"""Feature area: contacts. A contact's addresses are what email and invitations may go to."""
+"""Feature area: contacts. A contact's addresses are what email and invitations may go to.
+
+So every contact write is staged: it commits when the reply that reports it is delivered, and an
+address it names is not verifiable for mail in the turn that wrote it (``core.tools.mail``).
+"""
 
 from __future__ import annotations
 
@@ -159,6 +163,7 @@ TOOLS: tuple[Tool, ...] = (
         apply=_apply_add,
         area=AREA,
         writes=True,
+        staged=True,
     ),
     Tool(
         name="find_contacts",
@@ -186,6 +191,7 @@ TOOLS: tuple[Tool, ...] = (
         apply=_apply_update,
         area=AREA,
         writes=True,
+        staged=True,
     ),
     Tool(
         name="remove_contact",
@@ -200,5 +206,6 @@ TOOLS: tuple[Tool, ...] = (
         apply=_apply_remove,
         area=AREA,
         writes=True,
+        staged=True,
     ),
 )

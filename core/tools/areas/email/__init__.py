@@ -5,7 +5,8 @@
 
 A draft is stored with a card (``draft_cards``) that chat shows for review; ``send_email_draft``
 sends a reviewed one. Every recipient of a real send must be an address Pepper can verify (the
-person's own handles or a contact's addresses), else the tool refuses. In a scheduled run the
+person's own verified handles or a contact's addresses from before this turn, see
+``core.tools.mail``), else the tool refuses. In a scheduled run the
 gate turns a send into a draft, and the result says the mail was not sent.
 """
 
@@ -51,6 +52,28 @@ def _card(row_id: int, sender: str, from_address: str, to: list[str], cc: list[s
     }
 
 
+def _payload(row: Any) -> dict[str, Any]:
+    return {
+        "sender": row["sender"], "from": row["from_address"], "to": list(row["to_addresses"]),
+        "cc": list(row["cc_addresses"]), "subject": row["subject"], "body": row["body"], "remote_id": row["remote_id"],
+    }  # fmt: skip
+
+
+def _card_json(row_id: int, p: dict[str, Any]) -> str:
+    return json.dumps(_card(row_id, p["sender"], p["from"], p["to"], p["cc"], p["subject"], p["body"]))
+
+
+def _message(p: dict[str, Any]) -> Any:
+    return build_message(
+        from_address=p["from"], from_name="Pepper" if p["sender"] == "pepper" else "", to=p["to"], cc=p["cc"],
+        subject=p["subject"], body=p["body"],
+    )  # fmt: skip
+
+
+def _raw(message: Any) -> str:
+    return base64.urlsafe_b64encode(message.as_bytes()).decode()
+
+
 def _who(sender: str, from_address: str) -> str:
     return f"Pepper ({from_address})" if sender == "pepper" else f"the person's Gmail ({from_address})"
 
@@ -84,12 +107,13 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
         else:
             from_address = own[0]
         if mode == "send":
-            bad = await unverifiable(ctx.db, account_id, [*to, *cc])
+            bad = await unverifiable(ctx.db, account_id, [*to, *cc], ctx.session.turn_id)
             if bad:
                 return ToolOutcome.failed(
-                    f"refused: {', '.join(bad)} is not an address Pepper can verify (not a contact or one of the "
-                    "person's own addresses). Nothing was sent. Ask the person to confirm the address and add it "
-                    "as a contact, or save a draft instead"
+                    f"refused: {', '.join(bad)} is not an address Pepper can verify (not a contact from before "
+                    "this conversation turn, or one of the person's own verified addresses). Nothing was sent. A "
+                    "contact added or changed now counts only from the next turn: ask the person to confirm the "
+                    "address, or save a draft instead"
                 )
         key = hashlib.sha256(
             json.dumps([str(ctx.session.turn_id), sender, mode, to, cc, subject, body]).encode()
@@ -111,6 +135,8 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
         return ToolOutcome.planned(payload, summary)
 
     async def _apply(conn: Any, account_id: UUID, p: dict[str, Any]) -> None:
+        """The outbox row, committed before anything leaves: a draft, or a send ``queued``."""
+        draft = p["mode"] != "send"
         row_id = await conn.fetchval(
             """
             INSERT INTO email_messages (account_id, sender, from_address, to_addresses, cc_addresses, subject, body,
@@ -120,46 +146,82 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
             RETURNING id
             """,
             account_id, p["sender"], p["from"], p["to"], p["cc"], p["subject"], p["body"],
-            "sent" if p["mode"] == "send" else "draft", p["key"], p["turn_id"],
+            "draft" if draft else "queued", p["key"], p["turn_id"],
         )  # fmt: skip
-        if row_id is None:
-            return  # the same mail was already handled once
-        await _deliver(conn, account_id, row_id, p, draft=p["mode"] != "send")
+        if row_id is not None and draft and p["sender"] == "pepper":
+            await conn.execute(
+                "UPDATE email_messages SET card = $2::jsonb WHERE id = $1", row_id, _card_json(row_id, p)
+            )
 
-    async def _deliver(conn: Any, account_id: UUID, row_id: int, p: dict[str, Any], *, draft: bool) -> None:
-        message = build_message(
-            from_address=p["from"], from_name="Pepper" if p["sender"] == "pepper" else "", to=p["to"], cc=p["cc"],
-            subject=p["subject"], body=p["body"],
+    async def _after(db: Any, account_id: UUID, p: dict[str, Any]) -> None:
+        """After the outbox row committed: make the Gmail draft, or send, then record the result."""
+        row = await db.fetchrow(
+            "SELECT * FROM email_messages WHERE account_id = $1 AND dedupe_key = $2", account_id, p["key"]
+        )
+        if row is None:
+            return
+        if row["status"] == "draft" and row["card"] is None:
+            await _gmail_draft(db, account_id, row)
+        elif row["status"] == "queued":
+            await _send(db, account_id, row, back_to_draft=False)
+
+    async def _gmail_draft(db: Any, account_id: UUID, row: Any) -> None:
+        p = _payload(row)
+        try:
+            made = await _gmail(db, account_id, "/gmail/v1/users/me/drafts", {"message": {"raw": _raw(_message(p))}})
+        except PepperError:
+            await db.execute("DELETE FROM email_messages WHERE id = $1 AND status = 'draft'", row["id"])
+            raise
+        await db.execute(
+            "UPDATE email_messages SET remote_id = $2, card = $3::jsonb WHERE id = $1",
+            row["id"], made.get("id"), _card_json(row["id"], p),
         )  # fmt: skip
+
+    async def _send(db: Any, account_id: UUID, row: Any, *, back_to_draft: bool) -> None:
+        """Claim a queued mail, send it, record the result. A failed send that surely did not leave
+        goes back to what it was (a draft to review, or nothing); one that may have left stays
+        ``failed``, with its Message-ID, as the record of it."""
+        p = _payload(row)
+        message = _message(p)
+        claimed = await db.fetchval(
+            "UPDATE email_messages SET status = 'sending', message_id = $2 WHERE id = $1 AND status = 'queued'"
+            " RETURNING id",
+            row["id"], message["Message-ID"],
+        )  # fmt: skip
+        if claimed is None:
+            return  # another call took it
         remote_id = None
-        if p["sender"] == "gmail":
-            connection_id = await google_connection(conn, account_id, GMAIL_COMPOSE)
-            if connection_id is None:
-                raise PepperError("Gmail is not connected")
-            client = GoogleClient(conn, connectors, connection_id)
-            raw = base64.urlsafe_b64encode(message.as_bytes()).decode()
-            if draft and p.get("remote_id") is None:
-                made = await client.call("POST", "/gmail/v1/users/me/drafts", body={"message": {"raw": raw}})
-                remote_id = made.get("id")
-            elif p.get("remote_id"):
-                made = await client.call("POST", "/gmail/v1/users/me/drafts/send", body={"id": p["remote_id"]})
+        try:
+            if p["sender"] == "gmail":
+                if p.get("remote_id"):
+                    made = await _gmail(db, account_id, "/gmail/v1/users/me/drafts/send", {"id": p["remote_id"]})
+                else:
+                    made = await _gmail(db, account_id, "/gmail/v1/users/me/messages/send", {"raw": _raw(message)})
                 remote_id = made.get("id")
             else:
-                made = await client.call("POST", "/gmail/v1/users/me/messages/send", body={"raw": raw})
-                remote_id = made.get("id")
-        elif not draft:
-            await send_smtp(connectors, message)
-        card = None
-        if draft:
-            card = json.dumps(_card(row_id, p["sender"], p["from"], p["to"], p["cc"], p["subject"], p["body"]))
-        await conn.execute(
-            """
-            UPDATE email_messages SET remote_id = coalesce($2, remote_id), message_id = $3, card = $4::jsonb,
-                   sent_at = CASE WHEN $5 THEN now() END, status = CASE WHEN $5 THEN 'sent' ELSE 'draft' END
-            WHERE id = $1
-            """,
-            row_id, remote_id, None if draft else message["Message-ID"], card, not draft,
+                await send_smtp(connectors, message)
+        except Exception as exc:
+            if getattr(exc, "maybe_sent", not isinstance(exc, PepperError)):
+                await db.execute("UPDATE email_messages SET status = 'failed' WHERE id = $1", row["id"])
+            elif back_to_draft:
+                await db.execute(
+                    "UPDATE email_messages SET status = 'draft', message_id = NULL, card = $2::jsonb WHERE id = $1",
+                    row["id"], _card_json(row["id"], p),
+                )  # fmt: skip
+            else:
+                await db.execute("DELETE FROM email_messages WHERE id = $1", row["id"])
+            raise
+        await db.execute(
+            "UPDATE email_messages SET status = 'sent', sent_at = now(), remote_id = coalesce($2, remote_id)"
+            " WHERE id = $1",
+            row["id"], remote_id,
         )  # fmt: skip
+
+    async def _gmail(db: Any, account_id: UUID, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        connection_id = await google_connection(db, account_id, GMAIL_COMPOSE)
+        if connection_id is None:
+            raise PepperError("Gmail is not connected")
+        return await GoogleClient(db, connectors, connection_id).call("POST", path, body=body)
 
     async def _plan_pepper(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
         if not connectors.smtp_configured:
@@ -177,7 +239,9 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
         )
         if row is None or row["status"] != "draft":
             return ToolOutcome.failed(f"there is no unsent draft #{args['draft']}")
-        bad = await unverifiable(ctx.db, ctx.session.account_id, [*row["to_addresses"], *row["cc_addresses"]])
+        bad = await unverifiable(
+            ctx.db, ctx.session.account_id, [*row["to_addresses"], *row["cc_addresses"]], ctx.session.turn_id
+        )
         if bad:
             return ToolOutcome.failed(
                 f"refused: {', '.join(bad)} is not an address Pepper can verify. Nothing was sent; add it as a "
@@ -187,20 +251,21 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
         return ToolOutcome.planned({"draft": row["id"]}, f"draft #{row['id']} sent from {who}")
 
     async def _apply_send_draft(conn: Any, account_id: UUID, p: dict[str, Any]) -> None:
-        row = await conn.fetchrow(
-            "SELECT * FROM email_messages WHERE id = $1 AND account_id = $2 AND status = 'draft' FOR UPDATE",
+        """Queue the reviewed draft (its card goes); ``_after_send_draft`` sends it."""
+        await conn.execute(
+            "UPDATE email_messages SET status = 'queued', card = NULL WHERE id = $1 AND account_id = $2"
+            " AND status = 'draft'",
+            p["draft"], account_id,
+        )  # fmt: skip
+
+    async def _after_send_draft(db: Any, account_id: UUID, p: dict[str, Any]) -> None:
+        row = await db.fetchrow(
+            "SELECT * FROM email_messages WHERE id = $1 AND account_id = $2 AND status = 'queued'",
             p["draft"],
             account_id,
         )
-        if row is None:
-            return  # sent or discarded meanwhile
-        payload = {
-            "sender": row["sender"], "from": row["from_address"], "to": list(row["to_addresses"]),
-            "cc": list(row["cc_addresses"]), "subject": row["subject"], "body": row["body"],
-            "remote_id": row["remote_id"],
-        }  # fmt: skip
-        await _deliver(conn, account_id, row["id"], payload, draft=False)
-        await conn.execute("UPDATE email_messages SET card = NULL WHERE id = $1", row["id"])
+        if row is not None:  # else sent or discarded meanwhile
+            await _send(db, account_id, row, back_to_draft=True)
 
     addresses = {"type": "array", "items": {"type": "string"}, "minItems": 1}
     base = {
@@ -224,6 +289,7 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
             },
             handler=_plan_pepper,
             apply=_apply,
+            after_commit=_after,
             area=AREA,
             writes=True,
             needs_connection="pepper_mail",
@@ -243,6 +309,7 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
             },
             handler=_plan_gmail,
             apply=_apply,
+            after_commit=_after,
             area=AREA,
             writes=True,
             needs_connection="gmail",
@@ -259,6 +326,7 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
             },
             handler=_plan_send_draft,
             apply=_apply_send_draft,
+            after_commit=_after_send_draft,
             area=AREA,
             writes=True,
         ),
