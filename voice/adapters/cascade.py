@@ -6,8 +6,9 @@ What the connection promises, mirroring a realtime model with server-side turn d
 
 * **Turns.** Silero VAD (pipecat's bundled model, 8 kHz) reports speech start and stop as
   :class:`SpeechStarted` / :class:`SpeechStopped` (the session's barge-in runs on the first). At a
-  stop the turn's audio (with 0.5 s of lead-in) is transcribed, reported as a
-  :class:`UserTranscript`, added to the context, and a response starts.
+  stop the turn's audio, with 1.5 s of audio before the VAD's decision (:data:`LEAD_IN_SECS`),
+  is transcribed, reported as a :class:`UserTranscript`, added to the context, and a response
+  starts.
 * **Responses.** The text model streams through :class:`~core.models.types.ModelService`; each
   finished sentence is synthesised at once and sent as mu-law :class:`AudioDelta` chunks of 100 ms,
   so the caller hears the first sentence while the model is still writing the rest. Tool calls
@@ -72,7 +73,14 @@ log = logging.getLogger(__name__)
 
 RATE = 8000
 CHUNK_BYTES = 800  # 100 ms of mu-law: one session mark per chunk
-LEAD_IN_FRAMES = 25  # 20 ms frames kept before the VAD says "speaking" (it needs 0.2 s to decide)
+# Audio kept from before the VAD says "speaking" (never from before the previous turn ended). The
+# VAD decides 0.5-0.7 s into an utterance at a quiet caller's level (``start_secs`` of confident
+# speech, once its smoothed volume has risen past ``min_volume``), and up to 1.2 s in when a short
+# first word stands alone ("Hi, is this Pepper?"). A shorter lead-in cuts the first word, and
+# Whisper, unsure of the clipped start, may fall back to a higher temperature: slower (about twice)
+# and wrong ("Paris today" -> "Pakistan, eh?"). Whisper pads every turn to 30 s, so the extra
+# second of quiet costs it nothing.
+LEAD_IN_SECS = 1.5
 OPENING = "[The call has just connected.]"
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
@@ -266,7 +274,8 @@ class CascadeConnection:
         self._vad = silero_vad(engine.turn_detection)
         self._talking = (VADState.SPEAKING, VADState.STOPPING)
         self._vad_state = VADState.QUIET
-        self._lead_in: deque[bytes] = deque(maxlen=LEAD_IN_FRAMES)
+        self._lead_in = bytearray()  # the latest audio before speech, up to the engine's lead-in
+        self._lead_in_bytes = 2 * round(RATE * engine.lead_in_secs)
         self._speech = bytearray()
         self._speech_item: str | None = None
         self._received_ms = 0
@@ -322,15 +331,18 @@ class CascadeConnection:
         if state in talking:
             if before not in talking:
                 self._speech_item = self._next("item_user")
-                self._speech = bytearray(b"".join(self._lead_in))
-                self._emit(SpeechStarted(self._speech_item, max(0, self._received_ms - 20 * len(self._lead_in))))
+                self._speech = bytearray(self._lead_in)
+                self._emit(SpeechStarted(self._speech_item, max(0, self._received_ms - len(self._lead_in) // 16)))
             self._speech += pcm
         elif before in talking:
             item, audio = self._speech_item or self._next("item_user"), bytes(self._speech)
             self._speech, self._speech_item = bytearray(), None
+            self._lead_in.clear()  # the next turn's lead-in starts after this one: no word heard twice
             self._emit(SpeechStopped(item))
             self._turns = self._spawn("turn", self._turn(self._turns, item, audio, time.perf_counter()))
-        self._lead_in.append(pcm)
+        self._lead_in += pcm
+        if len(self._lead_in) > self._lead_in_bytes:
+            del self._lead_in[: len(self._lead_in) - self._lead_in_bytes]
 
     async def _turn(self, previous: asyncio.Task[None] | None, item: str, audio: bytes, stopped: float) -> None:
         if previous is not None:
@@ -510,6 +522,8 @@ class CascadeModel:
     ``models`` is Pepper's model service (the router); ``tier`` the tier calls use. ``stt`` and
     ``tts`` default to the local models (loaded once per process on the first call). With a
     provider's ``tts``, piper is loaded too and speaks any sentence the provider fails on.
+    ``lead_in_secs`` is the audio kept from before the VAD's start of speech (the benchmark's
+    baseline runs a shorter one).
     """
 
     name = "cascade"
@@ -523,6 +537,7 @@ class CascadeModel:
         tts: TextToSpeech | None = None,
         turn_detection: TurnDetection | None = None,
         max_output_tokens: int = 400,
+        lead_in_secs: float = LEAD_IN_SECS,
     ):
         self.models = models
         self.tier = tier
@@ -532,6 +547,7 @@ class CascadeModel:
         self._fallback: TextToSpeech | None = None
         self.turn_detection = turn_detection or TurnDetection()
         self.max_output_tokens = max_output_tokens
+        self.lead_in_secs = lead_in_secs
         self.timings = TurnTimings()
 
     async def _speech(self) -> tuple[SpeechToText, TextToSpeech]:
