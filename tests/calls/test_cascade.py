@@ -380,7 +380,9 @@ async def _transcripts(conn: Any, events: AsyncIterator[Any], audio: bytes, turn
 
 async def test_a_quiet_callers_first_words_reach_the_transcript(speech_models):
     """Piper lines at a quiet caller's level (-41 dBFS), on which Silero decides 0.5-1.2 s into the
-    utterance: every word said comes back, the first one too (Whisper hears each whole file so)."""
+    utterance: every word said comes back, the first one too (Whisper hears each whole file so).
+    And a loud line (espeak-ng), on which it decides 0.36 s in: the second of quiet before it is
+    not handed to Whisper, which then hears "Paris today" as "Pakistanade"."""
     from core.testing.scripted import ScriptedModels, reply
     from voice.adapters.cascade import CascadeModel
     from voice.realtime import SessionConfig
@@ -393,10 +395,10 @@ async def test_a_quiet_callers_first_words_reach_the_transcript(speech_models):
         for name in quiet_lines():
             turn = b"\xff" * 8000 + (QUIET_CALLER / f"{name}.ulaw").read_bytes() + b"\xff" * 5600
             [heard[name]] = await _transcripts(conn, events, turn, 1)
-    wrong = {
-        name: heard[name] for name, said in quiet_lines().items() if words_in_order(heard[name]) != words_in_order(said)
-    }
+        [loud] = await _transcripts(conn, events, b"\xff" * 8000 + speech("weather") + b"\xff" * 5600, 1)
+    wrong = {name: text for name, text in heard.items() if words_in_order(text) != words_in_order(quiet_lines()[name])}
     assert not wrong, f"misheard: {wrong}"
+    assert {"weather", "paris", "today"} <= words(loud), loud
 
 
 async def test_the_lead_in_never_reaches_back_into_the_previous_turn(speech_models):
