@@ -8,12 +8,17 @@ en_US-joe-medium), on this machine's CPU.
   synthesises it with the same piper and converts it to 8 kHz mu-law. Beside it, piper alone from
   the line above: the difference is what the SDK, the websocket and the peer add (real Deepgram
   streams audio while it synthesises; the peer sends once piper is done).
-* Turn: a :class:`~voice.adapters.cascade.CascadeConnection` fed the utterance and 0.6 s of quiet
-  in 20 ms frames; its own timings (``CascadeModel.timings``) from the frame that ends the turn
-  (the VAD's 0.5 s of quiet are algorithmic, not counted) to the transcript and to the first reply
-  audio, with a scripted text model on the loopback
-  OpenAI peer (router, adapter, SDK, HTTP). Baseline from the same run: the text model's round
-  trip alone, so the difference is what STT and TTS add.
+* Turn: caller stops -> first reply audio, the figure a caller feels. A
+  :class:`~voice.adapters.cascade.CascadeConnection` is fed, in real time (a 20 ms frame every
+  20 ms, as Twilio sends them), 1 s of quiet, one line of the quiet caller's word-accuracy set
+  (``tests/calls/data/quiet_caller``, the lines the tests check word for word), and quiet until the
+  reply's first audio; the clock starts on the frame on which the VAD ends the turn (its
+  ``stop_secs`` of quiet after the caller's last sound are a setting, not counted). The text model
+  is scripted on the loopback OpenAI peer (router, adapter, SDK, HTTP); the reply's first sentence
+  is synthesised by piper. Baseline in the same run, turn for turn: the same engine with the old
+  0.5 s lead-in (untrimmed), which cuts a quiet caller's first word; beside each, how many lines came back word
+  for word and how many turns Whisper decoded again at a higher temperature. The text model's round
+  trip alone is printed too.
 
     PYTHONPATH=. .venv/bin/python bench/cascade.py [--turns 20]
 """
@@ -23,7 +28,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import json
 import os
+import re
 import statistics
 import time
 from pathlib import Path
@@ -34,11 +41,14 @@ from core.models.router import OPENAI, ModelChoice, ModelRouter, Tier
 from core.models.types import ChatMessage, Prompt
 from core.testing.figures import p99
 from core.testing.peers import OpenAIPeer, Reply
-from voice.adapters.cascade import CascadeModel, local_speech
+from voice.adapters.cascade import LEAD_IN_SECS, CascadeModel, local_speech
 from voice.codec import audioop
-from voice.realtime import ResponseDone, SessionConfig
+from voice.realtime import AudioDelta, ResponseDone, SessionConfig, UserTranscript
 
-UTTERANCE = Path(__file__).resolve().parents[1] / "voice" / "testing" / "data" / "weather.ulaw"
+ROOT = Path(__file__).resolve().parents[1]
+UTTERANCE = ROOT / "voice" / "testing" / "data" / "weather.ulaw"
+QUIET_CALLER = ROOT / "tests" / "calls" / "data" / "quiet_caller"
+OLD_LEAD_IN = 0.5
 REPLY = "Tomorrow will be warm and sunny in Paris."
 
 
@@ -81,17 +91,29 @@ async def main(turns: int) -> None:
                 pass
             model_alone.append(time.perf_counter() - t)
 
-        engine = CascadeModel(router)
-        frames = [utterance[i : i + 160] for i in range(0, len(utterance), 160)] + [b"\xff" * 160] * 30
-        for _ in range(turns):
+        lines = json.loads((QUIET_CALLER / "lines.json").read_text())
+        engines = {  # the old behaviour: 0.5 s of lead-in, all of it to Whisper
+            LEAD_IN_SECS: CascadeModel(router),
+            OLD_LEAD_IN: CascadeModel(router, lead_in_secs=OLD_LEAD_IN, pad_secs=None),
+        }
+        turn_times: dict[float, list[float]] = {lead: [] for lead in engines}
+        to_transcript: dict[float, list[float]] = {lead: [] for lead in engines}
+        word_for_word: dict[float, int] = dict.fromkeys(engines, 0)
+        fallbacks: dict[float, int] = dict.fromkeys(engines, 0)
+        names = list(lines)
+        for engine in engines.values():  # one turn each first, untimed: the VAD's session opens
             peer.script(Reply(text=REPLY))
-            async with engine.connect() as conn:
-                await conn.configure(SessionConfig("Be brief.", ()))
-                for frame in frames:
-                    await conn.append_audio(base64.b64encode(frame).decode())
-                async for event in conn.events():
-                    if type(event) is ResponseDone:
-                        break
+            await _turn(engine, (QUIET_CALLER / f"{names[0]}.ulaw").read_bytes())
+        for n in range(turns):
+            name = names[n % len(names)]
+            for lead, engine in engines.items():  # turn for turn, so both see the same load
+                peer.script(Reply(text=REPLY))
+                before = speech.stt.fallbacks
+                heard, stt_seconds, seconds = await _turn(engine, (QUIET_CALLER / f"{name}.ulaw").read_bytes())
+                to_transcript[lead].append(stt_seconds)
+                fallbacks[lead] += speech.stt.fallbacks - before
+                word_for_word[lead] += _words(heard) == _words(lines[name])
+                turn_times[lead].append(seconds)
         await router.aclose()
 
     print(f"\n{turns} turns, this machine (load average {os.getloadavg()[0]:.1f}):")
@@ -99,12 +121,49 @@ async def main(turns: int) -> None:
     _line("TTS, one sentence to 8 kHz mu-law", tts, f"baseline: the sentence lasts {audio_seconds:.2f} s")
     _line("TTS via Deepgram, first audio", deepgram_first, "")
     _line("TTS via Deepgram, all audio", deepgram_all, "baseline: piper alone, the TTS line above")
-    timings = engine.timings
-    _line("turn end -> transcript (in a call)", timings.stt, "")
-    _line("transcript -> first reply audio", timings.first_audio, "(the text model, then TTS of sentence 1)")
-    turn = [a + b for a, b in zip(timings.stt, timings.first_audio, strict=True)]
-    _line("turn end -> first reply audio", turn, "")
+    for lead, label in (
+        (LEAD_IN_SECS, "caller stops -> first reply audio"),
+        (OLD_LEAD_IN, "  baseline: 0.5 s lead-in"),
+    ):
+        beside = f"lead-in {lead:.1f} s: {word_for_word[lead]}/{turns} lines word for word, "
+        _line(label, turn_times[lead], beside + f"{fallbacks[lead]} temperature fallbacks")
+        _line("    of which turn end -> transcript", to_transcript[lead], "")
     _line("  baseline: the text model alone", model_alone, "(loopback peer, streamed)")
+
+
+async def _turn(engine: CascadeModel, utterance: bytes) -> tuple[str, float, float]:
+    """One turn fed in real time: what Whisper heard, turn end -> transcript and -> first reply
+    audio (seconds)."""
+    quiet = b"\xff" * 160
+    frames = [quiet] * 50 + [utterance[i : i + 160] for i in range(0, len(utterance), 160)]
+    heard = ""
+    async with engine.connect() as conn:
+        await conn.configure(SessionConfig("Be brief.", ()))
+
+        async def feed() -> None:
+            clock = time.perf_counter()
+            for n, frame in enumerate(frames + [quiet] * 500):  # then quiet, as a caller's line is
+                await conn.append_audio(base64.b64encode(frame).decode())
+                await asyncio.sleep(max(0.0, clock + 0.02 * (n + 1) - time.perf_counter()))
+
+        feeding = asyncio.create_task(feed())
+        try:
+            async for event in conn.events():
+                if type(event) is UserTranscript:
+                    heard = event.text
+                elif type(event) is AudioDelta:
+                    break
+                elif type(event) is ResponseDone:
+                    raise RuntimeError("the reply had no audio")
+        finally:
+            feeding.cancel()
+            await asyncio.gather(feeding, return_exceptions=True)
+    stt = engine.timings.stt[-1]
+    return heard, stt, stt + engine.timings.first_audio[-1]
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"[a-z0-9']+", text.lower())
 
 
 async def _deepgram(speech: Any, turns: int) -> tuple[list[float], list[float]]:

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -349,3 +351,83 @@ async def test_deepgram_speech_to_text_through_the_sdk_and_a_failed_turn_leaves_
 def _frames(mulaw: bytes, quiet_ms: int = 700) -> list[bytes]:
     audio = mulaw + b"\xff" * (quiet_ms * 8)
     return [audio[i : i + 160] for i in range(0, len(audio), 160)]
+
+
+# --- Word accuracy: a quiet caller's first words ------------------------------------------------
+
+QUIET_CALLER = Path(__file__).resolve().parent / "data" / "quiet_caller"  # scripts/quiet-caller-fixtures
+
+
+def quiet_lines() -> dict[str, str]:
+    return json.loads((QUIET_CALLER / "lines.json").read_text())
+
+
+async def _transcripts(conn: Any, events: AsyncIterator[Any], audio: bytes, turns: int) -> list[str]:
+    """Feed ``audio`` in 20 ms frames and read the ``turns`` transcripts it makes (bounded)."""
+    from voice.realtime import UserTranscript
+
+    for at in range(0, len(audio), 160):
+        await conn.append_audio(base64.b64encode(audio[at : at + 160]).decode())
+    heard: list[str] = []
+    async with asyncio.timeout(60):
+        async for event in events:
+            if type(event) is UserTranscript:
+                heard.append(event.text)
+                if len(heard) == turns:
+                    return heard
+    raise AssertionError("the events ended")
+
+
+async def test_a_quiet_callers_first_words_reach_the_transcript(speech_models):
+    """Piper lines at a quiet caller's level (-41 dBFS), on which Silero decides 0.5-1.2 s into the
+    utterance: every word said comes back, the first one too (Whisper hears each whole file so).
+    And a loud line (espeak-ng), on which it decides 0.36 s in: the second of quiet before it is
+    not handed to Whisper, which then hears "Paris today" as "Pakistanade"."""
+    from core.testing.scripted import ScriptedModels, reply
+    from voice.adapters.cascade import CascadeModel
+    from voice.realtime import SessionConfig
+
+    engine = CascadeModel(ScriptedModels(default=reply("")))  # no reply: nothing to synthesise
+    heard: dict[str, str] = {}
+    async with engine.connect() as conn:
+        await conn.configure(SessionConfig("Be brief.", ()))
+        events = conn.events()
+        for name in quiet_lines():
+            turn = b"\xff" * 8000 + (QUIET_CALLER / f"{name}.ulaw").read_bytes() + b"\xff" * 5600
+            [heard[name]] = await _transcripts(conn, events, turn, 1)
+        [loud] = await _transcripts(conn, events, b"\xff" * 8000 + speech("weather") + b"\xff" * 5600, 1)
+    wrong = {name: text for name, text in heard.items() if words_in_order(text) != words_in_order(quiet_lines()[name])}
+    assert not wrong, f"misheard: {wrong}"
+    assert {"weather", "paris", "today"} <= words(loud), loud
+
+
+async def test_the_lead_in_never_reaches_back_into_the_previous_turn(speech_models):
+    """Two turns with only the VAD's half second of quiet between them: no audio of the first turn
+    is transcribed again as the second's lead-in, and each transcript has its own words."""
+    from core.testing.scripted import ScriptedModels, reply
+    from voice.adapters.cascade import CascadeModel
+    from voice.realtime import SessionConfig
+
+    class Recording:  # the local Whisper, keeping what it was given
+        def __init__(self) -> None:
+            self.turns: list[bytes] = []
+
+        async def transcribe(self, pcm: bytes) -> str:
+            self.turns.append(pcm)
+            return await speech_models.stt.transcribe(pcm)
+
+    stt = Recording()
+    first, second = (QUIET_CALLER / "train.ulaw").read_bytes(), (QUIET_CALLER / "sister.ulaw").read_bytes()
+    engine = CascadeModel(ScriptedModels(default=reply("")), stt=stt)
+    turns = b"\xff" * 8000 + first + b"\xff" * 4400 + second + b"\xff" * 5600
+    async with engine.connect() as conn:
+        await conn.configure(SessionConfig("Be brief.", ()))
+        heard = await _transcripts(conn, conn.events(), turns, 2)
+    assert len(stt.turns) == 2
+    assert sum(len(pcm) // 2 for pcm in stt.turns) <= len(turns)  # no sample went to Whisper twice
+    assert words_in_order(heard[0]) == words_in_order(quiet_lines()["train"])
+    assert words_in_order(heard[1]) == words_in_order(quiet_lines()["sister"])
+
+
+def words_in_order(text: str) -> list[str]:
+    return re.findall(r"[a-z0-9']+", text.lower())

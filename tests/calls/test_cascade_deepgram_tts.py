@@ -7,6 +7,7 @@ mu-law Pepper asks for) -> the caller, whose playback is transcribed again with 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -27,7 +28,11 @@ LONG = ("Here is the whole forecast for Paris this week, which will be warm and 
 AFTER = "Yes, it will be sunny."
 
 
+@functools.cache
 def piper_pcm(text: str) -> tuple[bytes, int]:
+    """The peer's voice. Kept per text: the peer says all of a sentence once piper is done (real
+    Deepgram streams as it goes), and on a loaded machine piper takes longer over the long reply
+    than the adapter waits for audio before it gives the sentence to piper (5 s)."""
     tts = local_speech().tts
     return tts.pcm_sync(text), tts.rate
 
@@ -82,6 +87,7 @@ async def test_deepgram_speaks_the_replies_in_mulaw_8k_and_the_key_stays_out_of_
 
 async def test_barge_in_clears_deepgram_and_the_next_reply_comes_over_the_same_socket(line, deepgram):
     deepgram.pace = 0.1  # 100 ms of audio each 100 ms: the long reply is still being made when cut
+    await asyncio.to_thread(piper_pcm, LONG)  # made before the call: the peer sends it at once
     line.model.script(Reply(text=NOTICE), Reply(text=LONG), Reply(text=AFTER))
     answer = await line.caller.dial(from_=OWNER, to=LINE)
     async with line.caller.media(answer) as call:

@@ -377,3 +377,56 @@ async def test_a_tool_response_for_an_unknown_call_is_refused():
             with pytest.raises(RealtimeDisconnected):
                 await conn.append_audio(base64.b64encode(b"\xff" * 160).decode())
         await model.aclose()
+
+
+async def test_a_new_configuration_right_after_a_turn_resumes_from_the_handle_that_includes_it():
+    """The session reconfigures (a PIN was just verified) after Gemini's ``turnComplete`` but before
+    the resumption handle that includes the turn: the new socket resumes from that handle, so the
+    turn is not lost. (Under load the PIN's check ends in that gap now and then.)"""
+    from voice.realtime import ResponseDone
+
+    async with GeminiLivePeer() as peer:
+        peer.script(speak(NOTICE, ms=300))
+        model = GeminiLive(api_key=peer.api_key, base_url=peer.base_url, ssl_context=peer.client_ssl())
+        async with model.connect() as conn:
+            await conn.configure(SessionConfig("be brief", ()))
+            await conn.create_response("Say the notice.")
+            events = conn.events()
+            async for event in events:  # suspended right after turnComplete: the handle comes next
+                if type(event) is ResponseDone:
+                    break
+            await conn.configure(SessionConfig("be brief", (ToolSpec("add_todo", "a tool", {"type": "object"}),)))
+            reading = asyncio.ensure_future(anext(events, None))  # the socket's next messages are read
+            await peer.wait_for(lambda: len(peer.sessions) == 2 and bool(peer.sessions[1].setup))
+            second = peer.sessions[1]
+            assert second.resumed_from is not None and ("model", NOTICE) in second.context
+            assert "add_todo" in second.tool_names()
+            reading.cancel()
+            await asyncio.gather(reading, return_exceptions=True)
+        await model.aclose()
+
+
+async def test_with_no_handle_after_the_turn_the_new_configuration_still_comes_in(monkeypatch):
+    """If the handle that includes the turn never comes (here: nothing more is read from the
+    socket), the new socket opens anyway after a bounded wait, resuming from the handle before."""
+    import voice.adapters.gemini_live as gemini_live
+    from voice.realtime import ResponseDone
+
+    monkeypatch.setattr(gemini_live, "HANDLE_WAIT_SECONDS", 0.2)
+    async with GeminiLivePeer() as peer:
+        peer.script(speak(NOTICE, ms=300))
+        model = GeminiLive(api_key=peer.api_key, base_url=peer.base_url, ssl_context=peer.client_ssl())
+        async with model.connect() as conn:
+            await conn.configure(SessionConfig("be brief", ()))
+            await conn.create_response("Say the notice.")
+            async for event in conn.events():
+                if type(event) is ResponseDone:
+                    break
+            await conn.configure(SessionConfig("be brief", (ToolSpec("add_todo", "a tool", {"type": "object"}),)))
+            await conn.add_note("The caller keyed in the right PIN.")  # held for the new socket
+            await peer.wait_for(lambda: len(peer.sessions) == 2 and bool(peer.sessions[1].setup))
+            second = peer.sessions[1]
+            assert second.resumed_from is not None
+            assert "add_todo" in second.tool_names()
+            await peer.wait_for(lambda: any("right PIN" in note for note in second.notes()))
+        await model.aclose()

@@ -6,8 +6,10 @@ What the connection promises, mirroring a realtime model with server-side turn d
 
 * **Turns.** Silero VAD (pipecat's bundled model, 8 kHz) reports speech start and stop as
   :class:`SpeechStarted` / :class:`SpeechStopped` (the session's barge-in runs on the first). At a
-  stop the turn's audio (with 0.5 s of lead-in) is transcribed, reported as a
-  :class:`UserTranscript`, added to the context, and a response starts.
+  stop the turn's audio, with up to 1.5 s of audio from before the VAD's decision
+  (:data:`LEAD_IN_SECS`) trimmed to 0.3 s of quiet before the first words (:func:`trim_quiet`),
+  is transcribed, reported as a :class:`UserTranscript`, added to the context, and a response
+  starts.
 * **Responses.** The text model streams through :class:`~core.models.types.ModelService`; each
   finished sentence is synthesised at once and sent as mu-law :class:`AudioDelta` chunks of 100 ms,
   so the caller hears the first sentence while the model is still writing the rest. Tool calls
@@ -72,7 +74,15 @@ log = logging.getLogger(__name__)
 
 RATE = 8000
 CHUNK_BYTES = 800  # 100 ms of mu-law: one session mark per chunk
-LEAD_IN_FRAMES = 25  # 20 ms frames kept before the VAD says "speaking" (it needs 0.2 s to decide)
+# Audio kept from before the VAD says "speaking" (never from before the previous turn ended). The
+# VAD decides 0.5-0.7 s into an utterance at a quiet caller's level (``start_secs`` of confident
+# speech, once its smoothed volume has risen past ``min_volume``), and up to 1.2 s in when a short
+# first word stands alone ("Hi, is this Pepper?"). A shorter lead-in cut the first word (0.5 s did).
+# The quiet before the speech is then trimmed to PAD_SECS: Whisper tiny.en given a second or more
+# of silence before the words mishears them more often and falls back to a higher temperature,
+# slower (two to three times) and wrong ("Paris today" -> "Pakistanade").
+LEAD_IN_SECS = 1.5
+PAD_SECS = 0.3
 OPENING = "[The call has just connected.]"
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
@@ -100,6 +110,7 @@ class WhisperSTT:
         from faster_whisper import WhisperModel
 
         self.model = WhisperModel(str(model_path), device="cpu", compute_type="int8", cpu_threads=cpu_threads)
+        self.fallbacks = 0  # turns Whisper decoded again at a higher temperature (unsure: slower)
 
     def transcribe_sync(self, pcm: bytes, rate: int = RATE) -> str:
         audio = np.frombuffer(pcm, np.int16).astype(np.float32) / 32768.0
@@ -108,7 +119,11 @@ class WhisperSTT:
         segments, _ = self.model.transcribe(
             audio, language="en", beam_size=1, vad_filter=False, condition_on_previous_text=False
         )
-        return " ".join(s.text.strip() for s in segments).strip()
+        done = list(segments)
+        if any(s.temperature > 0 for s in done):
+            self.fallbacks += 1
+            log.debug("whisper fell back to a higher temperature")
+        return " ".join(s.text.strip() for s in done).strip()
 
     async def transcribe(self, pcm: bytes) -> str:
         return await asyncio.to_thread(self.transcribe_sync, pcm)
@@ -139,6 +154,22 @@ class PiperTTS:
             audio = await asyncio.to_thread(self.mulaw_sync, sentence)
             if audio:
                 yield audio
+
+
+QUIET_BELOW_DB = 30.0  # a frame of the lead-in this far below the loudest is quiet before speech
+FRAME_BYTES = 320  # 20 ms of 16-bit PCM at 8 kHz
+
+
+def trim_quiet(lead_in: bytes, started: bytes, pad_secs: float) -> bytes:
+    """``lead_in`` from ``pad_secs`` before its first 20 ms frame within :data:`QUIET_BELOW_DB` of
+    the loudest frame of ``lead_in`` and ``started`` (the audio the VAD started on). On a noisy line
+    nothing is quiet enough and the whole lead-in stays: trimming never cuts speech off."""
+    frames = range(len(lead_in) % FRAME_BYTES, len(lead_in), FRAME_BYTES)
+    levels = [audioop.rms(lead_in[at : at + FRAME_BYTES], 2) for at in frames]
+    loudest = max([audioop.rms(started, 2), *levels]) if started else max(levels, default=0)
+    threshold = loudest / 10 ** (QUIET_BELOW_DB / 20)
+    onset = next((at for at, level in zip(frames, levels, strict=True) if level > threshold), len(lead_in))
+    return lead_in[max(0, onset - 2 * round(RATE * pad_secs)) :]
 
 
 def split_sentences(text: str) -> list[str]:
@@ -266,7 +297,8 @@ class CascadeConnection:
         self._vad = silero_vad(engine.turn_detection)
         self._talking = (VADState.SPEAKING, VADState.STOPPING)
         self._vad_state = VADState.QUIET
-        self._lead_in: deque[bytes] = deque(maxlen=LEAD_IN_FRAMES)
+        self._lead_in = bytearray()  # the latest audio before speech, up to the engine's lead-in
+        self._lead_in_bytes = 2 * round(RATE * engine.lead_in_secs)
         self._speech = bytearray()
         self._speech_item: str | None = None
         self._received_ms = 0
@@ -322,15 +354,21 @@ class CascadeConnection:
         if state in talking:
             if before not in talking:
                 self._speech_item = self._next("item_user")
-                self._speech = bytearray(b"".join(self._lead_in))
-                self._emit(SpeechStarted(self._speech_item, max(0, self._received_ms - 20 * len(self._lead_in))))
+                lead_in = bytes(self._lead_in)
+                if self._engine.pad_secs is not None:
+                    lead_in = trim_quiet(lead_in, pcm, self._engine.pad_secs)
+                self._speech = bytearray(lead_in)
+                self._emit(SpeechStarted(self._speech_item, max(0, self._received_ms - len(lead_in) // 16)))
             self._speech += pcm
         elif before in talking:
             item, audio = self._speech_item or self._next("item_user"), bytes(self._speech)
             self._speech, self._speech_item = bytearray(), None
+            self._lead_in.clear()  # the next turn's lead-in starts after this one: no word heard twice
             self._emit(SpeechStopped(item))
             self._turns = self._spawn("turn", self._turn(self._turns, item, audio, time.perf_counter()))
-        self._lead_in.append(pcm)
+        self._lead_in += pcm
+        if len(self._lead_in) > self._lead_in_bytes:
+            del self._lead_in[: len(self._lead_in) - self._lead_in_bytes]
 
     async def _turn(self, previous: asyncio.Task[None] | None, item: str, audio: bytes, stopped: float) -> None:
         if previous is not None:
@@ -510,6 +548,8 @@ class CascadeModel:
     ``models`` is Pepper's model service (the router); ``tier`` the tier calls use. ``stt`` and
     ``tts`` default to the local models (loaded once per process on the first call). With a
     provider's ``tts``, piper is loaded too and speaks any sentence the provider fails on.
+    ``lead_in_secs`` is the audio kept from before the VAD's start of speech, ``pad_secs`` the quiet
+    left before the words in it (None: all of it; the benchmark's baseline runs the old 0.5 s so).
     """
 
     name = "cascade"
@@ -523,6 +563,8 @@ class CascadeModel:
         tts: TextToSpeech | None = None,
         turn_detection: TurnDetection | None = None,
         max_output_tokens: int = 400,
+        lead_in_secs: float = LEAD_IN_SECS,
+        pad_secs: float | None = PAD_SECS,
     ):
         self.models = models
         self.tier = tier
@@ -532,6 +574,8 @@ class CascadeModel:
         self._fallback: TextToSpeech | None = None
         self.turn_detection = turn_detection or TurnDetection()
         self.max_output_tokens = max_output_tokens
+        self.lead_in_secs = lead_in_secs
+        self.pad_secs = pad_secs
         self.timings = TurnTimings()
 
     async def _speech(self) -> tuple[SpeechToText, TextToSpeech]:

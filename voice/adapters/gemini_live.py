@@ -75,6 +75,7 @@ INPUT_MIME = f"audio/pcm;rate={INPUT_RATE}"
 INSTRUCTION = "[Pepper runtime instruction for your next reply. The caller did not say this.]"
 NOTE = "[Pepper runtime note. The caller did not say this.]"
 HISTORY_CHARS = 4000
+HANDLE_WAIT_SECONDS = 3.0  # after a turn, how long a new configuration waits for the handle that includes it
 _RATE = re.compile(r"rate=(\d+)")
 _FAILURES = (genai_errors.APIError, WebSocketException, OSError, ValueError)
 
@@ -144,6 +145,7 @@ class GeminiLiveConnection:
         self._going_away = False
         self._swap_due = False  # a new configuration waits for the running turn to end
         self._handle_fresh = False  # the handle was issued after the last turn (it includes it)
+        self._handle_wait: asyncio.Task[None] | None = None
         self._deferred: list[tuple[str, tuple[Any, ...]]] = []
         self._closed = False
         self._in = Resampler()
@@ -207,6 +209,9 @@ class GeminiLiveConnection:
 
     async def close(self) -> None:
         self._closed = True
+        if self._handle_wait is not None:
+            self._handle_wait.cancel()
+            await asyncio.gather(self._handle_wait, return_exceptions=True)
         if self._manager is not None:
             await self._close_socket(self._manager)
 
@@ -215,7 +220,9 @@ class GeminiLiveConnection:
     async def configure(self, config: SessionConfig) -> None:
         """The first call opens the socket. Later calls open a new one resuming the conversation;
         while a turn is being generated that waits for its end (replacing the socket would cut
-        it), and notes and response requests made meanwhile follow the new socket."""
+        it), and notes and response requests made meanwhile follow the new socket. Just after a
+        turn, before Gemini's handle that includes it, it waits for that handle (resuming from the
+        one before would lose the turn), at most :data:`HANDLE_WAIT_SECONDS`."""
         first = self._config is None
         self._config = config
         if first:
@@ -223,19 +230,36 @@ class GeminiLiveConnection:
             self._ready.set()
         elif self._response is not None:
             self._swap_due = True
+        elif self._handle is not None and not self._handle_fresh:
+            self._swap_due = True
+            if self._handle_wait is None or self._handle_wait.done():
+                self._handle_wait = asyncio.get_running_loop().create_task(self._swap_without_new_handle())
         else:
             await self._swap(config)
+
+    async def _swap_without_new_handle(self) -> None:
+        await asyncio.sleep(HANDLE_WAIT_SECONDS)
+        if self._swap_due and self._response is None and not self._closed:
+            log.warning("Gemini Live sent no resumption handle after the turn; resuming from the one before")
+            try:
+                await self._swap_now()
+            except RealtimeError:
+                log.warning("Gemini Live session could not be replaced", exc_info=True)
 
     async def _swap_when_idle(self) -> None:
         if not (self._going_away or self._swap_due) or self._response is not None or self._config is None:
             return
         if self._handle is None or self._handle_fresh:
-            self._swap_due = False
-            await self._swap(self._config)
-            deferred, self._deferred = self._deferred, []
-            for method, args in deferred:
-                await getattr(self, method)(*args)
+            await self._swap_now()
         # else: Gemini sends a handle that includes the turn just after it ends; wait for it
+
+    async def _swap_now(self) -> None:
+        assert self._config is not None
+        self._swap_due = False
+        await self._swap(self._config)
+        deferred, self._deferred = self._deferred, []
+        for method, args in deferred:
+            await getattr(self, method)(*args)
 
     def _defer(self, method: str, *args: Any) -> bool:
         if self._swap_due:
