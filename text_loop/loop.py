@@ -43,6 +43,7 @@ def budget_clock() -> float:
     """The clock a turn's time budget runs on (monotonic seconds); tests move a fake one."""
     return time.monotonic()
 
+
 NO_MODEL_REPLY = (
     "I can't answer yet: no AI model is configured for Pepper. "
     "Whoever runs this Pepper can set one up (run `pepper doctor` to see what is missing)."

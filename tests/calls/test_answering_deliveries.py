@@ -11,7 +11,7 @@ from answering_service.notify import OwnerNotifier
 from core import identity
 from core.settings import Settings
 from core.testing.twilio_peer import TwilioPeer
-from gateway.server import plain_sms
+from gateway.composition import plain_sms
 from gateway.twilio_client import TwilioMessenger
 
 CALLER = "+14155559999"
