@@ -45,6 +45,12 @@ def _parser() -> argparse.ArgumentParser:
     create.add_argument("name")
     create.add_argument("--timezone", default="UTC", help="IANA zone, e.g. Europe/Paris")
     account.add_parser("list", help="list accounts")
+    rename = account.add_parser("rename", help="give an account another name")
+    rename.add_argument("account", help="account id or unique name")
+    rename.add_argument("new_name")
+    delete = account.add_parser("delete", help="delete an account and everything Pepper holds about the person")
+    delete.add_argument("account", help="account id or unique name")
+    delete.add_argument("--yes", action="store_true", help="do not ask to type the name to confirm")
     show = account.add_parser("show", help="an account with its handles and lines")
     show.add_argument("account", help="account id or unique name")
 
@@ -132,8 +138,19 @@ async def _admin(args: argparse.Namespace, settings: Settings, db: Database, out
     region = settings.default_region
     if args.command == "account":
         if args.action == "create":
-            account = await identity.create_account(db, args.name, timezone=args.timezone)
-            out(f"created account {account.id} ({account.name}, {account.timezone})")
+            await _create_account(args, db, out)
+        elif args.action == "rename":
+            account = await identity.get_account(db, args.account)
+            if await identity.accounts_named(db, args.new_name) and args.new_name.strip() != account.name:
+                raise CommandError(f"another account is already named {args.new_name.strip()!r}; nothing changed")
+            renamed = await identity.rename_account(db, account.id, args.new_name)
+            out(f"renamed account {account.id} from {account.name!r} to {renamed.name!r}")
+        elif args.action == "delete":
+            account = await identity.get_account(db, args.account)
+            if not args.yes:
+                _confirm_deletion(account.name)
+            await identity.delete_account(db, account.id)
+            out(f"deleted account {account.id} ({account.name}) and everything Pepper held about them")
         elif args.action == "list":
             for account in await identity.list_accounts(db):
                 pin = "PIN set" if account.has_pin else "no PIN"
@@ -149,6 +166,8 @@ async def _admin(args: argparse.Namespace, settings: Settings, db: Database, out
     elif args.command == "handle":
         if args.action == "add":
             account = await identity.get_account(db, args.account)
+            if await _handle_already_there(args, account, db, region, out):
+                return
             h = await identity.add_handle(
                 db, account.id, args.kind, args.value, verified=args.verified, default_region=region
             )
@@ -176,6 +195,44 @@ async def _admin(args: argparse.Namespace, settings: Settings, db: Database, out
             for line in await identity.list_lines(db):
                 engine = line.voice_engine or f"{resolve_engine(settings)} (default)"
                 out(f"{line.number}  {line.kind:<9}  {accounts.get(line.account_id, line.account_id)}  {engine}")
+
+
+async def _create_account(args: argparse.Namespace, db: Database, out: Callable[[str], None]) -> None:
+    """Create an account, or find the one already of that name (so a setup script can run twice)."""
+    existing = await identity.accounts_named(db, args.name)
+    if len(existing) > 1:
+        raise CommandError(f"{len(existing)} accounts are named {args.name.strip()!r}; nothing changed")
+    if existing:
+        account = existing[0]
+        note = "" if account.timezone == args.timezone else f"; its time zone stays {account.timezone}"
+        out(f"account {account.id} ({account.name}) already exists; nothing changed{note}")
+        return
+    account = await identity.create_account(db, args.name, timezone=args.timezone)
+    out(f"created account {account.id} ({account.name}, {account.timezone})")
+
+
+async def _handle_already_there(
+    args: argparse.Namespace, account: identity.Account, db: Database, region: str, out: Callable[[str], None]
+) -> bool:
+    """True (with a note) when this handle is already this account's; on another account, an error."""
+    found = await identity.find_handle(db, args.kind, args.value, default_region=region)
+    if found is None:
+        return False
+    if found.account_id != account.id:
+        raise CommandError(f"that {args.kind} handle already belongs to another account; nothing changed")
+    if args.verified and not found.verified:
+        await identity.set_handle_verified(db, args.kind, found.value, True, default_region=region)
+        out(f"{found.kind} {found.value} was already on {account.name}; now verified")
+    else:
+        out(f"{found.kind} {found.value} is already on {account.name}; nothing changed")
+    return True
+
+
+def _confirm_deletion(name: str) -> None:
+    print(f"This deletes {name!r} and everything Pepper holds about them. Type the name to confirm: ",
+          end="", file=sys.stderr, flush=True)  # fmt: skip
+    if sys.stdin.readline().strip() != name:
+        raise CommandError("the name typed does not match; nothing deleted (--yes deletes without asking)")
 
 
 async def _set_line_engine(
