@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import difflib
 import getpass
 import logging
+import re
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from pydantic import ValidationError
 
 from core import identity
 from core.errors import PepperError
-from core.settings import VOICE_ENGINES, Settings, load_settings
+from core.settings import VOICE_ENGINES, Settings, config_warnings, load_settings
 from core.store import Database, open_store
 
 log = logging.getLogger("pepper")
@@ -29,8 +31,21 @@ class CommandError(PepperError):
     code = "command-error"
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage mistakes follow the rule of every other mistake: one line and status 1."""
+
+    def error(self, message: str) -> NoReturn:
+        found = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if found:
+            choices = re.findall(r"'([^']*)'", found[2])
+            close = difflib.get_close_matches(found[1], choices, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; choose from {', '.join(choices)}"
+            message = f"{message[: found.start()]}invalid choice {found[1]!r}{hint}"
+        self.exit(1, f"pepper: error: {message} (see {self.prog} --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pepper", description="Pepper, a voice-first personal assistant.")
+    parser = _Parser(prog="pepper", description="Pepper, a voice-first personal assistant.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = sub.add_parser("serve", help="run the server (embedded Postgres unless DATABASE_URL is set)")
@@ -118,11 +133,14 @@ def _settings(args: argparse.Namespace) -> Settings:
         if value is not None:
             overrides[name] = value
     try:
-        return load_settings(**overrides)
+        settings = load_settings(**overrides)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "settings"
         raise CommandError(f"bad setting {where}: {first['msg']}") from None
+    for warning in config_warnings():
+        print(f"pepper: warning: {warning}", file=sys.stderr)
+    return settings
 
 
 def _read_pin() -> str:
