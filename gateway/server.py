@@ -21,6 +21,7 @@ from core.store import CONNECTION_LIMIT_SQL, SERVING_POOL_SIZE, Database, open_s
 from gateway.app import ACK_POOL_SIZE, asgi_app, create_app
 from gateway.media_procs import POOL_SIZE as MEDIA_POOL_SIZE
 from gateway.media_procs import MediaProcesses, bind_shared
+from gateway.port_lock import hold_media_port
 from gateway.services import Services
 from gateway.tasks import BackgroundTasks
 from gateway.worker import ChildProcesses, TurnProcesses, turn_pool_size
@@ -407,6 +408,7 @@ async def serve(settings: Settings, *, stop: asyncio.Event | None = None) -> Non
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
 
+    media_port_lock = hold_media_port(settings.media_port, settings.data_dir)  # noqa: F841 (held until return)
     sock = bind_listener(settings.host, settings.port)
     port = sock.getsockname()[1]
     handed_over = False
