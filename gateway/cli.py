@@ -23,6 +23,7 @@ from core import identity
 from core.errors import PepperError
 from core.settings import VOICE_ENGINES, Settings, config_warnings, load_settings
 from core.store import Database, open_store
+from gateway.logs import setup_logging
 
 log = logging.getLogger("pepper")
 
@@ -138,6 +139,10 @@ def _settings(args: argparse.Namespace) -> Settings:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "settings"
         raise CommandError(f"bad setting {where}: {first['msg']}") from None
+    serving = getattr(args, "command", None) == "serve"
+    # The server logs at PEPPER_LOG_LEVEL; an admin command at WARNING unless it is set.
+    level = settings.log_level if serving or "log_level" in settings.model_fields_set else "WARNING"
+    setup_logging(level, settings.log_format, process="web" if serving else "cli")
     for warning in config_warnings():
         print(f"pepper: warning: {warning}", file=sys.stderr)
     return settings
@@ -335,11 +340,8 @@ async def _run(args: argparse.Namespace, out: Callable[[str], None]) -> int:
 
 def main(argv: Sequence[str] | None = None, *, out: Callable[[str], None] = print) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.command == "serve" else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    # Until the settings are read (then ``_settings`` sets PEPPER_LOG_LEVEL and PEPPER_LOG_FORMAT).
+    setup_logging("WARNING", process="web" if args.command == "serve" else "cli")
     try:
         if args.command == "serve":
             # libuv's event loop: measurably less CPU per request in the web server (bench/sms_webhook.py).
