@@ -118,6 +118,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "gateway.cli_memory",
     "gateway.cli_answering",
     "gateway.cli_connect",
+    "gateway.cli_setup",
 )
 
 
@@ -305,7 +306,20 @@ async def _replay(args: argparse.Namespace, settings: Settings, db: Database, ou
         out(line)
 
 
+async def _doctor(settings: Settings, out: Callable[[str], None]) -> int:
+    from gateway.app import create_app, served_paths
+    from gateway.doctor import diagnose, render
+
+    report = await diagnose(settings, served_paths(create_app(settings, None)))
+    out(render(report))
+    return 0 if report.can_serve else 1
+
+
 async def _run(args: argparse.Namespace, out: Callable[[str], None]) -> int:
+    if args.command == "setup":
+        from gateway.cli_setup import setup
+
+        return await setup(args, out, _settings, lambda settings: _doctor(settings, out))
     settings = _settings(args)
     if args.command == "serve":
         from gateway.server import serve
@@ -313,12 +327,7 @@ async def _run(args: argparse.Namespace, out: Callable[[str], None]) -> int:
         await serve(settings)
         return 0
     if args.command == "doctor":
-        from gateway.app import create_app, served_paths
-        from gateway.doctor import diagnose, render
-
-        report = await diagnose(settings, served_paths(create_app(settings, None)))
-        out(render(report))
-        return 0 if report.can_serve else 1
+        return await _doctor(settings, out)
     if args.command == "chat":
         import os
 
