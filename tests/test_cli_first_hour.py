@@ -22,7 +22,7 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 
 def first_setup_block() -> str:
     text = README.read_text()
-    found = re.search(r"A first setup:\s*```sh\n(.*?)```", text, re.S)
+    found = re.search(r"A first setup\b.*?```sh\n(.*?)```", text, re.S)
     assert found, "the README has no first-setup block"
     return found[1]
 
