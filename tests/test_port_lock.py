@@ -25,7 +25,11 @@ def test_a_second_hold_on_a_port_is_refused_and_names_the_holder(tmp_path):
     assert refused.value.message.endswith("stop it or set PEPPER_MEDIA_PORT to another")
     PortLock(8124, tmp_path / "second", folder=tmp_path).release()  # another port is free
     held.release()
-    PortLock(8123, tmp_path / "second", folder=tmp_path).release()
+    assert not (tmp_path / "media-port-8123.lock").exists()  # a clean stop leaves no file behind
+    again = PortLock(8123, tmp_path / "second", folder=tmp_path)
+    with pytest.raises(MediaPortBusy, match="data dir " + str(tmp_path / "second")):
+        PortLock(8123, tmp_path / "third", folder=tmp_path)
+    again.release()
 
 
 def test_a_crashed_holder_leaves_no_stale_lock(tmp_path):
