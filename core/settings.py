@@ -351,6 +351,8 @@ def load_settings(**overrides: Any) -> Settings:
     path = _config_file()
     if path is not None:
         _read_toml(path)  # a syntax error, named with its file and line
+        if "config_file" not in overrides:  # found in the working directory, not named: say which
+            overrides = {**overrides, "config_file": path.resolve()}
     try:
         return Settings(**overrides)
     except SettingsError as exc:

@@ -42,6 +42,7 @@ def test_interactive_setup_through_stdin_twice(db_url, monkeypatch, capsys):
     assert "created the account of Ada Lovelace" in out and "PIN set for Ada Lovelace" in out
     assert out.rstrip().endswith("ready to serve")
     config = Path("pepper.toml")
+    assert f"config file                           {config.resolve()}" in out  # doctor finds what setup wrote
     assert stat.S_IMODE(config.stat().st_mode) == 0o600
     table = tomllib.loads(config.read_text())
     assert table["anthropic_api_key"] == "sk-ant-very-secret"
