@@ -9,7 +9,9 @@ are lines, each tied to the account it serves.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import itertools
 import re
 from dataclasses import dataclass
 from datetime import datetime
@@ -283,7 +285,37 @@ def hash_pin(pin: str) -> str:
     return _hasher.hash(pin)
 
 
+# PINs people pick most often that the repeat and sequence rules below do not already catch
+# (published analyses of leaked PIN sets: dates, keypad columns and patterns, pairs).
+COMMON_PINS: frozenset[str] = frozenset(
+    """1212 1004 2000 2001 1010 6969 1122 1313 2580 0852 1998 1999 2020 2021 2022 2023 2024 2025 1969
+    5683 1066 1221 2112 4545 7007 0007 1357 8520 1230 0101 0911 9111 1984 1990 1991 1992 2525
+    123123 112233 121212 696969 159753 159357 147258 258369 789456 520520 131313 102030 111222
+    123321 101010 007007 000123""".split()
+)
+
+
+def weak_pin_reason(pin: str, phones: list[str] | tuple[str, ...] = ()) -> str | None:
+    """Why this PIN is too easy to guess, or None. ``phones``: the owner's numbers (E.164)."""
+    if len(set(pin)) == 1:
+        return "a PIN of one repeated digit is too easy to guess"
+    steps = {(int(b) - int(a)) % 10 for a, b in itertools.pairwise(pin)}
+    if steps in ({1}, {9}):
+        return "a PIN of ascending or descending digits is too easy to guess"
+    if pin in COMMON_PINS:
+        return "that PIN is one of the most common PINs; choose another"
+    if any(phone.endswith(pin) for phone in phones):
+        return "a PIN must not be the last digits of the owner's phone number"
+    return None
+
+
 async def set_pin(db: Executor, account_id: UUID, pin: str) -> None:
+    if not PIN_PATTERN.match(pin):
+        raise InvalidInput("a PIN is 4 to 12 digits")
+    rows = await db.fetch("SELECT value FROM handles WHERE account_id = $1 AND kind = 'phone'", account_id)
+    reason = weak_pin_reason(pin, [r["value"] for r in rows])
+    if reason is not None:
+        raise InvalidInput(f"{reason}; nothing changed")
     status = await db.execute(
         "UPDATE accounts SET pin_hash = $2, updated_at = now() WHERE id = $1",
         account_id,
@@ -374,3 +406,57 @@ async def personal_line(db: Executor, account_id: UUID) -> PhoneLine | None:
 async def list_lines(db: Executor) -> list[PhoneLine]:
     rows = await db.fetch("SELECT * FROM phone_lines ORDER BY kind, number")
     return [_line(r) for r in rows]
+
+
+async def accounts_named(db: Executor, name: str) -> list[Account]:
+    """Every account with exactly this name (trimmed), oldest first."""
+    rows = await db.fetch("SELECT * FROM accounts WHERE name = $1 ORDER BY created_at", name.strip())
+    return [_account(r) for r in rows]
+
+
+async def rename_account(db: Executor, account_id: UUID, new_name: str) -> Account:
+    if not new_name.strip():
+        raise InvalidInput("an account needs a name")
+    row = await db.fetchrow(
+        "UPDATE accounts SET name = $2, updated_at = now() WHERE id = $1 RETURNING *", account_id, new_name.strip()
+    )
+    if row is None:
+        raise NotFound(f"no account {account_id}")
+    return _account(row)
+
+
+async def delete_account(db: Executor, account_id: UUID) -> None:
+    """Remove a person and everything Pepper holds about them, in one transaction.
+
+    Every table with an account (or conversation, handle, call) reference cascades from
+    ``accounts``; the two that name a call only by its SID (the stream tokens, the refusal records)
+    are cleared here from the person's calls first.
+    """
+    async with _transaction(db) as conn:
+        sids = [
+            r["call_sid"]
+            for r in await conn.fetch(
+                "SELECT call_sid FROM calls WHERE account_id = $1"
+                " UNION SELECT call_sid FROM answering_calls WHERE account_id = $1",
+                account_id,
+            )
+        ]
+        await conn.execute("DELETE FROM call_stream_tokens WHERE call_sid = ANY($1::text[])", sids)
+        await conn.execute("DELETE FROM security_events WHERE detail->>'call_sid' = ANY($1::text[])", sids)
+        status = await conn.execute("DELETE FROM accounts WHERE id = $1", account_id)
+        if status.endswith(" 0"):
+            raise NotFound(f"no account {account_id}")
+
+
+@contextlib.asynccontextmanager
+async def _transaction(db: Executor) -> Any:
+    """A transaction on ``db``: a Database, a pool or a connection."""
+    if isinstance(db, asyncpg.Connection):
+        async with db.transaction():
+            yield db
+    elif isinstance(db, asyncpg.Pool):
+        async with db.acquire() as conn, conn.transaction():
+            yield conn
+    else:
+        async with db.transaction() as conn:
+            yield conn

@@ -11,15 +11,21 @@ file are the field names below (``public_url = "https://..."``).
 
 from __future__ import annotations
 
+import difflib
+import json
 import os
+import re
+import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    SettingsError,
     TomlConfigSettingsSource,
 )
 
@@ -55,7 +61,11 @@ class Settings(BaseSettings):
     # The owner's country: numbers written without +country are read in it, and the answering
     # service texts callers only there unless the owner sets ``pepper answering set --sms-countries``.
     default_region: str = Field("US", validation_alias=_env("PEPPER_DEFAULT_REGION", "default_region"))
-    log_level: str = Field("INFO", validation_alias=_env("PEPPER_LOG_LEVEL", "log_level"))
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = Field(
+        "INFO", validation_alias=_env("PEPPER_LOG_LEVEL", "log_level")
+    )
+    # "text": one line per record; "json": one JSON object per line, for a log collector.
+    log_format: Literal["text", "json"] = Field("text", validation_alias=_env("PEPPER_LOG_FORMAT", "log_format"))
     max_concurrent_turns: int = Field(
         8, ge=1, validation_alias=_env("PEPPER_MAX_CONCURRENT_TURNS", "max_concurrent_turns")
     )
@@ -217,6 +227,11 @@ class Settings(BaseSettings):
         60.0, ge=0, validation_alias=_env("PEPPER_MEMORY_JOBS_INTERVAL", "memory_jobs_interval")
     )
 
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper(cls, value: Any) -> Any:
+        return value.strip().upper() if isinstance(value, str) else value
+
     @field_validator("data_dir", mode="after")
     @classmethod
     def _expand(cls, value: Path) -> Path:
@@ -270,17 +285,6 @@ class Settings(BaseSettings):
         return out
 
 
-def environment_names() -> tuple[str, ...]:
-    """Every environment variable a setting reads (``PEPPER_*`` and the provider SDKs' own)."""
-    names: list[str] = []
-    for field in Settings.model_fields.values():
-        alias = field.validation_alias
-        for choice in alias.choices if isinstance(alias, AliasChoices) else ():
-            if isinstance(choice, str) and choice.isupper() and choice not in names:
-                names.append(choice)
-    return tuple(names)
-
-
 def _config_file() -> Path | None:
     # The one place outside start-up that reads the environment: it decides which file the
     # settings come from, before the settings exist.
@@ -294,6 +298,110 @@ def _config_file() -> Path | None:
     return local if local.is_file() else None
 
 
+# PEPPER_ variables that are not settings: read by one command, or by the test suite.
+OTHER_PEPPER_VARIABLES = frozenset({"PEPPER_TOKEN", "PEPPER_CALDAV_PASSWORD", "PEPPER_TEST_DATABASE_URL"})
+
+
+def setting_names() -> tuple[frozenset[str], frozenset[str]]:
+    """(environment variable names, TOML keys) that Settings reads."""
+    env: set[str] = set()
+    keys: set[str] = set()
+    for name, field in Settings.model_fields.items():
+        keys.add(name)
+        alias = field.validation_alias
+        for choice in alias.choices if isinstance(alias, AliasChoices) else ():
+            if isinstance(choice, str) and choice != name:
+                env.add(choice)
+    return frozenset(env), frozenset(keys)
+
+
+def _nearest(name: str, names: frozenset[str]) -> str:
+    close = difflib.get_close_matches(name, sorted(names), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def config_warnings(environ: Mapping[str, str] | None = None) -> list[str]:
+    """One line per setting Pepper does not know: a ``PEPPER_*`` variable or a key of the TOML file
+    (each a likely misspelling, otherwise silently ignored), with the nearest valid name."""
+    environ = os.environ if environ is None else environ
+    env_names, keys = setting_names()
+    found: list[str] = []
+    for name in sorted(environ):
+        if name.startswith("PEPPER_") and name not in env_names and name not in OTHER_PEPPER_VARIABLES:
+            found.append(f"unknown setting {name} in the environment (ignored){_nearest(name, env_names)}")
+    path = _config_file()
+    if path is not None:
+        for key in sorted(_read_toml(path)):
+            if key not in keys and key not in env_names:
+                found.append(f"unknown key {key!r} in {path} (ignored){_nearest(key, keys)}")
+    return found
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+
+
 def load_settings(**overrides: Any) -> Settings:
-    """Read settings once; raises ``pydantic.ValidationError`` on bad values."""
-    return Settings(**overrides)
+    """Read settings once. Every mistake is a ``ConfigError`` of one line naming the variable, or the
+    file and key (never the value: it may be a secret)."""
+    path = _config_file()
+    if path is not None:
+        _read_toml(path)  # a syntax error, named with its file and line
+        if "config_file" not in overrides:  # found in the working directory, not named: say which
+            overrides = {**overrides, "config_file": path.resolve()}
+    try:
+        return Settings(**overrides)
+    except SettingsError as exc:
+        raise ConfigError(_settings_error(exc)) from None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = [str(p) for p in first["loc"]]
+        raise ConfigError(f"bad setting {_where(loc, path, overrides)}: {first['msg']}") from None
+
+
+def _where(loc: list[str], path: Path | None, overrides: Mapping[str, Any]) -> str:
+    """The variable, or the file and key, a bad value came from (pydantic names the first alias)."""
+    if not loc:
+        return "settings"
+    field = next(
+        (
+            name
+            for name, info in Settings.model_fields.items()
+            if loc[0] == name
+            or (isinstance(info.validation_alias, AliasChoices) and loc[0] in info.validation_alias.choices)
+        ),
+        None,
+    )
+    if field is None or field in overrides:
+        return ".".join(loc)
+    alias = Settings.model_fields[field].validation_alias
+    names = [c for c in alias.choices if isinstance(c, str)] if isinstance(alias, AliasChoices) else [field]
+    in_env = [n for n in names if n != field and n in os.environ]
+    if in_env:
+        return ".".join([in_env[0], *loc[1:]])
+    if path is not None:
+        table = _read_toml(path)
+        key = next((n for n in names if n in table), field)
+        return f"{'.'.join([key, *loc[1:]])} in {path}"
+    return ".".join(loc)
+
+
+def _settings_error(exc: SettingsError) -> str:
+    """pydantic-settings could not decode a complex value (JSON in a variable): say where and why."""
+    found = re.search(r'field "(\w+)"', str(exc))
+    field = Settings.model_fields.get(found[1]) if found else None
+    alias = field.validation_alias if field is not None else None
+    for name in alias.choices if isinstance(alias, AliasChoices) else ():
+        if isinstance(name, str) and name in os.environ:
+            try:
+                json.loads(os.environ[name])
+            except json.JSONDecodeError as decode:
+                return f"{name} is not valid JSON: {decode.msg} (line {decode.lineno}, column {decode.colno})"
+            return f"{name} could not be read: {exc}"
+    return f"a setting could not be read: {exc}"

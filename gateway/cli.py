@@ -9,18 +9,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import difflib
 import getpass
 import logging
+import re
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from pydantic import ValidationError
 
 from core import identity
 from core.errors import PepperError
-from core.settings import VOICE_ENGINES, Settings, load_settings
+from core.settings import VOICE_ENGINES, Settings, config_warnings, load_settings
 from core.store import Database, open_store
+from gateway.logs import setup_logging
 
 log = logging.getLogger("pepper")
 
@@ -29,8 +32,21 @@ class CommandError(PepperError):
     code = "command-error"
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage mistakes follow the rule of every other mistake: one line and status 1."""
+
+    def error(self, message: str) -> NoReturn:
+        found = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if found:
+            choices = re.findall(r"'([^']*)'", found[2])
+            close = difflib.get_close_matches(found[1], choices, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; choose from {', '.join(choices)}"
+            message = f"{message[: found.start()]}invalid choice {found[1]!r}{hint}"
+        self.exit(1, f"pepper: error: {message} (see {self.prog} --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pepper", description="Pepper, a voice-first personal assistant.")
+    parser = _Parser(prog="pepper", description="Pepper, a voice-first personal assistant.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = sub.add_parser("serve", help="run the server (embedded Postgres unless DATABASE_URL is set)")
@@ -45,6 +61,12 @@ def _parser() -> argparse.ArgumentParser:
     create.add_argument("name")
     create.add_argument("--timezone", default="UTC", help="IANA zone, e.g. Europe/Paris")
     account.add_parser("list", help="list accounts")
+    rename = account.add_parser("rename", help="give an account another name")
+    rename.add_argument("account", help="account id or unique name")
+    rename.add_argument("new_name")
+    delete = account.add_parser("delete", help="delete an account and everything Pepper holds about the person")
+    delete.add_argument("account", help="account id or unique name")
+    delete.add_argument("--yes", action="store_true", help="do not ask to type the name to confirm")
     show = account.add_parser("show", help="an account with its handles and lines")
     show.add_argument("account", help="account id or unique name")
 
@@ -96,6 +118,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "gateway.cli_memory",
     "gateway.cli_answering",
     "gateway.cli_connect",
+    "gateway.cli_setup",
 )
 
 
@@ -112,11 +135,18 @@ def _settings(args: argparse.Namespace) -> Settings:
         if value is not None:
             overrides[name] = value
     try:
-        return load_settings(**overrides)
+        settings = load_settings(**overrides)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "settings"
         raise CommandError(f"bad setting {where}: {first['msg']}") from None
+    serving = getattr(args, "command", None) == "serve"
+    # The server logs at PEPPER_LOG_LEVEL; an admin command at WARNING unless it is set.
+    level = settings.log_level if serving or "log_level" in settings.model_fields_set else "WARNING"
+    setup_logging(level, settings.log_format, process="web" if serving else "cli")
+    for warning in config_warnings():
+        print(f"pepper: warning: {warning}", file=sys.stderr)
+    return settings
 
 
 def _read_pin() -> str:
@@ -132,8 +162,19 @@ async def _admin(args: argparse.Namespace, settings: Settings, db: Database, out
     region = settings.default_region
     if args.command == "account":
         if args.action == "create":
-            account = await identity.create_account(db, args.name, timezone=args.timezone)
-            out(f"created account {account.id} ({account.name}, {account.timezone})")
+            await _create_account(args, db, out)
+        elif args.action == "rename":
+            account = await identity.get_account(db, args.account)
+            if await identity.accounts_named(db, args.new_name) and args.new_name.strip() != account.name:
+                raise CommandError(f"another account is already named {args.new_name.strip()!r}; nothing changed")
+            renamed = await identity.rename_account(db, account.id, args.new_name)
+            out(f"renamed account {account.id} from {account.name!r} to {renamed.name!r}")
+        elif args.action == "delete":
+            account = await identity.get_account(db, args.account)
+            if not args.yes:
+                _confirm_deletion(account.name)
+            await identity.delete_account(db, account.id)
+            out(f"deleted account {account.id} ({account.name}) and everything Pepper held about them")
         elif args.action == "list":
             for account in await identity.list_accounts(db):
                 pin = "PIN set" if account.has_pin else "no PIN"
@@ -149,6 +190,8 @@ async def _admin(args: argparse.Namespace, settings: Settings, db: Database, out
     elif args.command == "handle":
         if args.action == "add":
             account = await identity.get_account(db, args.account)
+            if await _handle_already_there(args, account, db, region, out):
+                return
             h = await identity.add_handle(
                 db, account.id, args.kind, args.value, verified=args.verified, default_region=region
             )
@@ -176,6 +219,44 @@ async def _admin(args: argparse.Namespace, settings: Settings, db: Database, out
             for line in await identity.list_lines(db):
                 engine = line.voice_engine or f"{resolve_engine(settings)} (default)"
                 out(f"{line.number}  {line.kind:<9}  {accounts.get(line.account_id, line.account_id)}  {engine}")
+
+
+async def _create_account(args: argparse.Namespace, db: Database, out: Callable[[str], None]) -> None:
+    """Create an account, or find the one already of that name (so a setup script can run twice)."""
+    existing = await identity.accounts_named(db, args.name)
+    if len(existing) > 1:
+        raise CommandError(f"{len(existing)} accounts are named {args.name.strip()!r}; nothing changed")
+    if existing:
+        account = existing[0]
+        note = "" if account.timezone == args.timezone else f"; its time zone stays {account.timezone}"
+        out(f"account {account.id} ({account.name}) already exists; nothing changed{note}")
+        return
+    account = await identity.create_account(db, args.name, timezone=args.timezone)
+    out(f"created account {account.id} ({account.name}, {account.timezone})")
+
+
+async def _handle_already_there(
+    args: argparse.Namespace, account: identity.Account, db: Database, region: str, out: Callable[[str], None]
+) -> bool:
+    """True (with a note) when this handle is already this account's; on another account, an error."""
+    found = await identity.find_handle(db, args.kind, args.value, default_region=region)
+    if found is None:
+        return False
+    if found.account_id != account.id:
+        raise CommandError(f"that {args.kind} handle already belongs to another account; nothing changed")
+    if args.verified and not found.verified:
+        await identity.set_handle_verified(db, args.kind, found.value, True, default_region=region)
+        out(f"{found.kind} {found.value} was already on {account.name}; now verified")
+    else:
+        out(f"{found.kind} {found.value} is already on {account.name}; nothing changed")
+    return True
+
+
+def _confirm_deletion(name: str) -> None:
+    print(f"This deletes {name!r} and everything Pepper holds about them. Type the name to confirm: ",
+          end="", file=sys.stderr, flush=True)  # fmt: skip
+    if sys.stdin.readline().strip() != name:
+        raise CommandError("the name typed does not match; nothing deleted (--yes deletes without asking)")
 
 
 async def _set_line_engine(
@@ -225,7 +306,20 @@ async def _replay(args: argparse.Namespace, settings: Settings, db: Database, ou
         out(line)
 
 
+async def _doctor(settings: Settings, out: Callable[[str], None]) -> int:
+    from gateway.app import create_app, served_paths
+    from gateway.doctor import diagnose, render
+
+    report = await diagnose(settings, served_paths(create_app(settings, None)))
+    out(render(report))
+    return 0 if report.can_serve else 1
+
+
 async def _run(args: argparse.Namespace, out: Callable[[str], None]) -> int:
+    if args.command == "setup":
+        from gateway.cli_setup import setup
+
+        return await setup(args, out, _settings, lambda settings: _doctor(settings, out))
     settings = _settings(args)
     if args.command == "serve":
         from gateway.server import serve
@@ -233,12 +327,7 @@ async def _run(args: argparse.Namespace, out: Callable[[str], None]) -> int:
         await serve(settings)
         return 0
     if args.command == "doctor":
-        from gateway.app import create_app, served_paths
-        from gateway.doctor import diagnose, render
-
-        report = await diagnose(settings, served_paths(create_app(settings, None)))
-        out(render(report))
-        return 0 if report.can_serve else 1
+        return await _doctor(settings, out)
     if args.command == "chat":
         import os
 
@@ -260,11 +349,8 @@ async def _run(args: argparse.Namespace, out: Callable[[str], None]) -> int:
 
 def main(argv: Sequence[str] | None = None, *, out: Callable[[str], None] = print) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.command == "serve" else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    # Until the settings are read (then ``_settings`` sets PEPPER_LOG_LEVEL and PEPPER_LOG_FORMAT).
+    setup_logging("WARNING", process="web" if args.command == "serve" else "cli")
     try:
         if args.command == "serve":
             # libuv's event loop: measurably less CPU per request in the web server (bench/sms_webhook.py).

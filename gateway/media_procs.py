@@ -55,10 +55,9 @@ class MediaProcesses(ChildProcesses):
 
 def media_process_main(settings: Settings, index: int) -> None:
     """Entry point of one media process (at the web server's priority: calls are latency work)."""
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format=f"%(asctime)s %(levelname)s media-{index} %(name)s: %(message)s",
-    )
+    from gateway.logs import setup_logging
+
+    setup_logging(settings.log_level, settings.log_format, process=f"media-{index}")
     import uvloop  # as the web server: less CPU per frame relayed
 
     with contextlib.suppress(KeyboardInterrupt):

@@ -20,6 +20,7 @@ from gateway.children import ChildProcesses
 from gateway.composition import build_calls, check_connection_secrets, freeze_startup_objects, start_memory, turn_parts
 from gateway.media_procs import POOL_SIZE as MEDIA_POOL_SIZE
 from gateway.media_procs import MediaProcesses
+from gateway.port_lock import hold_media_port
 from gateway.sockets import bind_listener, bind_shared
 from gateway.worker import TurnProcesses, turn_pool_size
 
@@ -245,6 +246,7 @@ async def serve(settings: Settings, *, stop: asyncio.Event | None = None) -> Non
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
 
+    media_port_lock = hold_media_port(settings.media_port, settings.data_dir)  # noqa: F841 (held until return)
     sock = bind_listener(settings.host, settings.port)
     port = sock.getsockname()[1]
     handed_over = False

@@ -19,8 +19,9 @@ from core.errors import ConfigError, PepperError
 from core.settings import Settings
 
 log = logging.getLogger(__name__)
-# The SDK logs request bodies (numbers, message text) at INFO: keep them out of our logs.
-logging.getLogger("twilio.http_client").setLevel(logging.WARNING)
+# The SDK logs request bodies (numbers, message text) at INFO, the async client as
+# "twilio.async_http_client": keep every twilio logger out of our logs (gateway.logs does too).
+logging.getLogger("twilio").setLevel(logging.WARNING)
 
 # Twilio error codes meaning the recipient has opted out (or is otherwise unreachable for good).
 OPTED_OUT_CODES = {21610}

@@ -251,10 +251,9 @@ class BackgroundJobs:
 
 def worker_process_main(settings: Settings, index: int) -> None:
     """Entry point of one worker process."""
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format=f"%(asctime)s %(levelname)s turns-{index} %(name)s: %(message)s",
-    )
+    from gateway.logs import setup_logging
+
+    setup_logging(settings.log_level, settings.log_format, process=f"turns-{index}")
     # Turn workers yield the CPU to the web server (``PEPPER_TURN_WORKER_NICE``): acknowledgements
     # first, turns with what is left. Relative to the server: a server already niced stays ahead.
     with contextlib.suppress(OSError):

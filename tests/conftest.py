@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from core.settings import environment_names
+from core.settings import setting_names
 from core.store import Database
 from core.store.embedded import EmbeddedPostgres, wheel_bin_dir
 from core.testing.postgres import DatabaseFactory, test_server
@@ -18,7 +18,7 @@ from core.testing.scripted import ScriptedModels
 # Settings a developer's shell may carry must not leak into tests: every variable a setting reads,
 # and any other PEPPER_ one (the test suite's own PEPPER_TEST_* excepted).
 def _settings_environment() -> set[str]:
-    names = set(environment_names())
+    names = set(setting_names()[0])
     names |= {n for n in os.environ if n.startswith("PEPPER_") and not n.startswith("PEPPER_TEST_")}
     return names
 

@@ -255,9 +255,28 @@ def _cron(expr: str) -> Schedule:
     from croniter import croniter
 
     expr = " ".join(expr.split())
-    if len(expr.split()) != 5 or not croniter.is_valid(expr):
-        raise ScheduleError(f"not a cron expression with five fields: {expr!r}")
+    fields = expr.split()
+    if len(fields) != 5:
+        raise ScheduleError(
+            f"a cron expression has five fields (minute hour day month weekday); {expr!r} has {len(fields)}"
+        )
+    if not croniter.is_valid(expr):
+        for i, (name, allowed) in enumerate(_CRON_FIELDS):
+            alone = ["*"] * 5
+            alone[i] = fields[i]
+            if not croniter.is_valid(" ".join(alone)):
+                raise ScheduleError(f"in cron {expr!r}, {fields[i]!r} is not a valid {name} ({allowed})")
+        raise ScheduleError(f"not a valid cron expression: {expr!r}")
     return Schedule("cron", expr=expr)
+
+
+_CRON_FIELDS = (
+    ("minute", "0-59"),
+    ("hour", "0-23"),
+    ("day of the month", "1-31"),
+    ("month", "1-12 or jan-dec"),
+    ("day of the week", "0-6 or sun-sat"),
+)
 
 
 def stable_offset(task_id: int, schedule: Schedule) -> int:
@@ -274,7 +293,7 @@ def stable_offset(task_id: int, schedule: Schedule) -> int:
 # --- the words people write --------------------------------------------------------------
 
 _TIME = re.compile(r"^(\d{1,2})(?::(\d{2}))?\s*(am|pm)?$")
-_RELATIVE = re.compile(r"^in\s+(\d+)\s*(minutes?|mins?|m|hours?|hrs?|h|days?|d)$")
+_RELATIVE = re.compile(r"^in\s+([+-]?\d+)\s*(minutes?|mins?|m|hours?|hrs?|h|days?|d)$")
 _SUN = re.compile(
     r"^(?:(\d+)\s*(?:minutes?|mins?|m)\s+(before|after)\s+)?(sunrise|sunset)"
     r"(?:\s*([+-])\s*(\d+)\s*(?:minutes?|mins?|m)?)?$"
@@ -350,9 +369,11 @@ def parse_schedule(text: str, *, now: datetime, timezone: str) -> Schedule:
     if m:
         amount, unit = int(m.group(1)), m.group(2)[0]
         if amount <= 0:
-            raise ScheduleError("a reminder needs a time in the future")
+            raise ScheduleError(f"{raw!r} is not in the future; write a positive amount, e.g. 'in 20 minutes'")
         delta = {"m": timedelta(minutes=amount), "h": timedelta(hours=amount), "d": timedelta(days=amount)}[unit]
         return Schedule("once", moment=(now + delta).astimezone(UTC).replace(microsecond=0))
+    if words.startswith("in "):
+        raise ScheduleError(f"{raw!r}: write 'in', a whole number and minutes, hours or days, e.g. 'in 20 minutes'")
     if words.startswith(("once at ", "once on ", "at ", "on ")) and re.search(r"\d{4}-\d{2}-\d{2}", words):
         stamp = re.sub(r"^(once\s+)?(at|on)\s+", "", words)
         try:

@@ -326,6 +326,21 @@ async def test_pepper_connect_caldav_checks_the_password_then_tools_list_its_eve
     assert code == 0 and "does not open with the configured key" in out
 
 
+async def test_pepper_connect_caldav_with_a_url_that_is_not_http_says_so(db: Database, db_url: str, capsys):
+    await identity.create_account(db, "Ada")
+    env = {"DATABASE_URL": db_url, "PEPPER_SECRET_KEY": generate_key(), "PEPPER_CALDAV_PASSWORD": "pw"}
+    for url, says in (
+        ("ftp://dav.example.org/cal/", "this one starts with ftp://"),
+        ("dav.example.org/cal/", "this one has no scheme"),
+        ("https:///cal/", "this one names no server"),
+    ):
+        code, _ = await asyncio.to_thread(cli, env, "connect", "caldav", "--account", "Ada", url, "--username", "ada")
+        err = capsys.readouterr().err
+        assert code == 1 and err.startswith("pepper: error: a CalDAV URL starts with https://") and says in err, err
+        assert "did not answer" not in err
+    assert await db.fetchval("SELECT count(*) FROM connections") == 0
+
+
 async def test_pepper_connect_ics_fetches_the_feed_once_and_refuses_what_is_not_one(
     db: Database, db_url: str, capsys, private_hosts
 ):

@@ -56,6 +56,12 @@ def test_people_write_schedules_in_words(text, described):
         ("someday at 9", "not a day"),
         ("daily at 25:00", "not a time of day"),
         ("cron * * *", "five fields"),
+        ("cron 99 8 * * 1", "'99' is not a valid minute"),
+        ("cron 0 8 * 13 1", "'13' is not a valid month"),
+        ("cron 0 8 * * funday", "'funday' is not a valid day of the week"),
+        ("in -5 minutes", "not in the future"),
+        ("in 0 hours", "not in the future"),
+        ("in five minutes", "a whole number"),
         ("once at 2025-13-01 09:00", "not a date"),
     ],
 )

@@ -9,7 +9,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import quote, urljoin
+from urllib.parse import quote, urljoin, urlsplit
 
 import httpx
 
@@ -40,6 +40,17 @@ def _stamp(value: datetime) -> str:
 class CalDAVClient:
     def __init__(self, connectors: Connectors, url: str, username: str | None, password: str | None):
         self.connectors = connectors
+        parts = urlsplit(url.strip())
+        if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+            if parts.scheme.lower() in ("http", "https"):
+                found = "names no server"
+            else:
+                found = f"starts with {parts.scheme}://" if parts.scheme else "has no scheme"
+            raise CalendarUnavailable(
+                f"a CalDAV URL starts with https:// (or http://) and names a server; this one {found}",
+                code="caldav-bad-url",
+                retryable=False,
+            )
         self.url = url if url.endswith("/") else url + "/"
         self.auth = httpx.BasicAuth(username, password or "") if username else None
 
