@@ -16,6 +16,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from core.models.types import ChatMessage
+from core.untrusted import neutralise_labels
 
 LABEL = "[Pepper runtime note. The user did not write this.]"
 
@@ -65,8 +66,9 @@ def clock_line(now: datetime, timezone: str) -> str:
 
 
 def newest_message(text: str, now: datetime, timezone: str) -> ChatMessage:
-    """The person's message with the clock appended under a label."""
-    return ChatMessage("user", f"{text}\n\n{clock_line(now, timezone)}")
+    """The person's message with the clock appended under a label. Anything in it that could pass
+    for the label is neutralised first: only the harness starts a message with it."""
+    return ChatMessage("user", f"{neutralise_labels(text)}\n\n{clock_line(now, timezone)}")
 
 
 def canonical_arguments(arguments: dict[str, Any]) -> str:

@@ -54,6 +54,7 @@ from core.tools.gate import Gate
 from core.tools.registry import Tool, ToolContext, ToolOutcome, ToolRegistry
 from core.tools.runner import CallOutcome, run_call
 from core.tools.staging import commit_writes, drop_turn_writes, drop_writes
+from core.untrusted import neutralise_labels
 from voice import media
 from voice.engines import RealtimeEngines
 from voice.realtime import (
@@ -567,7 +568,9 @@ class CallSession:
             return False
         self.stats.model_reconnects += 1
         assert self._conn is not None
-        said = "\n".join(f"{e['role']}: {e['text']}" for e in self._transcript if "text" in e)[-4000:]
+        said = "\n".join(f"{e['role']}: {neutralise_labels(e['text'])}" for e in self._transcript if "text" in e)[
+            -4000:
+        ]
         if said:
             await self._conn.add_note(labelled("The line to the model dropped. The call so far:\n" + said))
         if not self.listening:

@@ -23,6 +23,7 @@ from core.conversation import Message, _message
 from core.memory.config import MemoryConfig
 from core.memory.exchanges import render_exchanges, split_exchanges
 from core.memory.periods import Period, label, local_date, local_midnight
+from core.untrusted import neutralise_labels
 
 NO_MEMORY = "Memory: not available in this session."
 
@@ -168,7 +169,10 @@ def render_memory(view: MemoryView, timezone: str, config: MemoryConfig) -> str:
         ("Daily summaries", view.days),
     ):
         if summaries:
-            parts.append(f"{title}:\n" + "\n\n".join(f"{label(s.period, s.starts_on)}:\n{s.body}" for s in summaries))
+            parts.append(
+                f"{title}:\n"
+                + "\n\n".join(f"{label(s.period, s.starts_on)}:\n{neutralise_labels(s.body)}" for s in summaries)
+            )
     if view.messages:
         lines = render_exchanges(
             split_exchanges(view.messages, config.exchange_gap),

@@ -24,6 +24,7 @@ from core.memory.config import MemoryConfig
 from core.memory.periods import label
 from core.models.types import ChatMessage, ModelService, Prompt
 from core.tools.registry import transaction
+from core.untrusted import neutralise_labels
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +95,7 @@ def prompt_text(halves: DossierHalves) -> str:
         parts.append("Written by the person:\n" + halves.owner_text.strip())
     if halves.model_half:
         parts.append("Noted by Pepper:\n" + halves.model_half)
-    return "\n\n".join(parts)
+    return neutralise_labels("\n\n".join(parts))
 
 
 async def dossier_text(db: Any, account_id: UUID) -> str:
@@ -191,6 +192,7 @@ async def rewrite_model_half(
         "Recent summaries:\n" + ("\n\n".join(f"{label(s['period'], s['starts_on'])}:\n{s['body']}" for s in shown)
                                  or "(none)"),
     ]  # fmt: skip
+    parts = [neutralise_labels(p) for p in parts]
     conversation_key = str(await db.fetchval("SELECT id FROM conversations WHERE account_id = $1", account_id))
     prompt = Prompt(
         REWRITE_INSTRUCTIONS.format(limit=config.dossier_max_chars),

@@ -12,6 +12,8 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 from zoneinfo import ZoneInfo
 
+from core.untrusted import neutralise_labels
+
 
 class MessageLike(Protocol):
     created_at: datetime
@@ -81,6 +83,6 @@ def render_exchanges(
         for m in exchange.messages:
             who = "Person" if m.direction == "inbound" else "Pepper"
             whole = keep_whole_after is not None and m.created_at >= keep_whole_after
-            body = _trim(m.body, None if whole else trim)
+            body = _trim(neutralise_labels(m.body), None if whole else trim)
             lines.append(f"[{m.created_at.astimezone(zone):%H:%M} {m.channel}] {who}: {body}")
     return lines

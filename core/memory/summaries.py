@@ -19,6 +19,7 @@ from core.memory.periods import Period, label, period_end, span
 from core.memory.records import period_records, render_records
 from core.models.types import ChatMessage, ModelService, Prompt
 from core.tools.registry import transaction
+from core.untrusted import neutralise_labels
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ class SummaryResult:
 
 def summary_prompt(period: Period, start: date, records_text: str, timezone: str, *, max_tokens: int) -> Prompt:
     system = SUMMARY_INSTRUCTIONS.format(length=LENGTHS[period])
-    user = f"Summarise {label(period, start)} ({timezone}). The record:\n\n{records_text}"
+    user = f"Summarise {label(period, start)} ({timezone}). The record:\n\n{neutralise_labels(records_text)}"
     return Prompt(system, (ChatMessage("user", user),), max_output_tokens=max_tokens, temperature=0.2)
 
 

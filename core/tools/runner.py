@@ -16,6 +16,7 @@ from core.models.types import ToolCall, ToolResult
 from core.tools.gate import Gate, GateDecision
 from core.tools.registry import ToolContext, ToolRegistry, check_arguments, transaction
 from core.tools.staging import stage_write
+from core.untrusted import neutralise_labels
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +104,8 @@ async def run_call(
         return CallOutcome(
             call,
             status,
-            content,
+            # A result may hold someone else's words (a mail, a caller's message): never the label.
+            neutralise_labels(content),
             arguments,
             writes=tool.writes,
             duration_ms=(time.perf_counter() - started) * 1000,
