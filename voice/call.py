@@ -44,7 +44,14 @@ from uuid import UUID
 from zoneinfo import ZoneInfo
 
 from core import identity
-from core.conversation import conversation_for, record_inbound, record_outbound, start_turn, update_turn
+from core.conversation import (
+    UNVERIFIED_CALLER,
+    conversation_for,
+    record_inbound,
+    record_outbound,
+    start_turn,
+    update_turn,
+)
 from core.models.types import ToolCall
 from core.security import record_security_event
 from core.settings import Settings
@@ -926,9 +933,11 @@ class CallSession:
             direction, item_id, text = entry
             try:
                 if direction == "in":
+                    # Speech begun before the caller proved who they are is an unverified caller's.
+                    author = None if item_id in self._spoken_verified else UNVERIFIED_CALLER
                     await record_inbound(db, self.call.account_id, "voice", text,
                                          provider_message_id=f"{self.call.call_sid}:{item_id}",
-                                         handle_id=self.call.handle_id)  # fmt: skip
+                                         handle_id=self.call.handle_id, author=author)  # fmt: skip
                 else:
                     assert self._conversation_id is not None
                     await record_outbound(db, self._conversation_id, "voice", text, turn_id=self._turn_id)
