@@ -482,3 +482,57 @@ async def test_what_a_caller_said_before_proving_who_they_are_is_never_remembere
                            ToolCall("s", "search_memory", {"query": '"Evil Bank"'}))  # fmt: skip
     assert 'a caller who had not proved they are the person said: "' in found.content
     assert "the person wrote" not in found.content
+
+
+async def test_a_verified_call_sees_the_same_tools_and_memory_block_as_a_text_turn_of_the_same_person(phone_mail):
+    """After the PIN a call is the person's session like any text turn: the same connected tools
+    (Pepper's mail, their Gmail) and the same memory block (summaries, uncovered messages, today's),
+    built once in core."""
+    import dataclasses
+    from datetime import timedelta
+
+    from core.memory.block import NO_MEMORY
+    from core.testing.scripted import ScriptedModels, reply
+    from core.tools.connectors import GOOGLE_SCOPES
+    from text_loop.turn import run_turn
+
+    phone, db, ada = phone_mail, phone_mail.db, phone_mail.account_id
+    await db.execute("UPDATE accounts SET timezone = 'Europe/Paris' WHERE id = $1", ada)
+    await db.execute("INSERT INTO handles (account_id, kind, value, verified_at) VALUES ($1, 'email', $2, now())",
+                     ada, "ada@lovelace.example")  # fmt: skip
+    await db.execute("INSERT INTO connections (account_id, provider, scopes) VALUES ($1, 'google', $2)", ada,
+                     list(GOOGLE_SCOPES["gmail"]))  # fmt: skip
+    await db.execute("INSERT INTO dossiers (account_id, owner_text) VALUES ($1, 'Allergic to penicillin.')", ada)
+    yesterday = datetime.now(UTC) - timedelta(days=2)
+    await db.execute(
+        "INSERT INTO memory_summaries (account_id, period, starts_on, ends_on, covers_from, covers_until, body,"
+        " messages, turns) VALUES ($1, 'day', $2, $2, $3, $4, 'Ada planned the trip to Turin.', 3, 1)",
+        ada, yesterday.date(), yesterday - timedelta(hours=12), yesterday + timedelta(hours=12),
+    )  # fmt: skip
+    await record_inbound(db, ada, "sms", "The plumber comes on Thursday")
+    for i in range(40):  # more than the 30 raw messages the call used to read
+        await record_inbound(db, ada, "email", f"Old note number {i}")
+
+    models = ScriptedModels(default=reply("ok"))
+    harness = dataclasses.replace(phone.services.harness, models=models, skills=None)
+    await run_turn(harness, ada, "sms", "hi")
+    text_turn = models.prompts[0]
+    text_tools = {t.name for t in text_turn.tools}
+    assert {"email_from_pepper", "email_from_my_gmail"} <= text_tools
+    assert "Turin" in text_turn.system_dynamic and text_turn.system_dynamic != NO_MEMORY
+
+    phone.model.script(speak("You're verified."))
+    answer = await phone.dial_owner()
+    async with phone.caller.media(answer) as call:
+        await phone.until_listening(call)
+        await _verify_by_keypad(phone, call)
+        session = phone.model.sessions[0]
+        call_tools = _tools(session)
+        instructions = session.config["instructions"]
+        await call.hang_up()
+    assert call_tools - {"end_call"} == text_tools
+    # The very same memory block (the call's own words so far are the model's already, as a text
+    # turn's own message is).
+    assert instructions.endswith("\n\n" + text_turn.system_dynamic)
+    assert "Ada planned the trip to Turin." in instructions and "Old note number 0" in instructions
+    assert "Allergic to penicillin." in instructions and "Allergic to penicillin." in text_turn.system_stable
