@@ -303,6 +303,7 @@ class CallSession:
         self._resolved: list[dict[str, Any]] = []
         self._trust_changed = False
         self._connections: frozenset[str] = frozenset()  # the person's, read once they proved who they are
+        self._call_trust: dict[str, str] = {}  # the session's trust when each tool call ran
 
     # --- The call's own controls, as tools through the same gate --------------------------------
 
@@ -736,6 +737,7 @@ class CallSession:
             if not work.done():
                 work.cancel()
         self._outcomes.append(outcome)
+        self._call_trust[call.id] = ctx.session.trust  # whose words its arguments are (core.memory.records)
         if outcome.write is not None and outcome.write.get("staged"):
             self._unconfirmed.append(int(outcome.write["id"]))
             self._write_summaries[int(outcome.write["id"])] = str(outcome.write.get("summary", ""))
@@ -967,7 +969,7 @@ class CallSession:
     def _call_records(self) -> list[dict[str, Any]]:
         records = []
         for outcome in self._outcomes:
-            record = outcome.as_record()
+            record = outcome.as_record() | {"trust": self._call_trust.get(outcome.call.id, self.trust)}
             if outcome.call.name in SECRET_TOOLS:
                 record["arguments"] = {"digits": "[withheld]"}
                 record.pop("gated_arguments", None)

@@ -51,7 +51,14 @@ class PeriodRecords:
     @property
     def callers(self) -> bool:
         """Whether the records hold words of someone other than the person."""
-        return any(m.author is not None for m in self.messages) or any(_stranger(t) is not None for t in self.turns)
+        return any(m.author is not None for m in self.messages) or any(
+            _stranger(t) is not None or any(_stranger_call(c) for c in t.tool_calls) for t in self.turns
+        )
+
+
+def _stranger_call(call: Any) -> bool:
+    """A tool call made before the caller proved who they are (in a call verified later)."""
+    return isinstance(call, dict) and str(call.get("trust")) in STRANGERS
 
 
 def _stranger(turn: TurnRecord) -> str | None:
@@ -127,7 +134,8 @@ def render_records(records: PeriodRecords, timezone: str, config: MemoryConfig) 
         for c in calls:
             args = _short(json.dumps(c.get("arguments", {}), sort_keys=True, default=str), TOOL_ARGS_CHARS)
             result = _short(c.get("content", ""), TOOL_RESULT_CHARS)
-            if stranger is None:
+            # A call made before the caller proved who they are, in a call verified later.
+            if stranger is None and not _stranger_call(c):
                 turn_lines.append(f"  - {c.get('name')}({args}) -> {c.get('status')}: {result}")
             else:
                 # The arguments (and a result echoing them) are a caller's words: quoted data.
