@@ -203,7 +203,9 @@ def answering_call_service_from_settings(
 ) -> AnsweringCallService:
     """The voice call service (see ``voice.service.call_service_from_settings``) with the answering
     service for forwarded calls and answering lines."""
-    base = call_service_from_settings(settings, db, registry=registry, gate=gate, send_sms=send_sms, models=models)
+    base = call_service_from_settings(
+        settings, db, registry=registry, gate=gate, send_sms=send_sms, models=models, connectors=connectors
+    )
     notifier = OwnerNotifier(db, send_sms=send_sms, send_email=send_email, public_url=settings.public_url)
     return AnsweringCallService(
         base.deps,

@@ -28,6 +28,12 @@ TURN_RECORD_PARTS: tuple[str, ...] = (
 )  # fmt: skip
 
 
+# An inbound message's ``author`` when it is not the conversation's person (migration 0107): a
+# caller on the owner's line before they proved who they are. Their words are never shown as the
+# person's (``core.memory.exchanges``, search).
+UNVERIFIED_CALLER = "unverified_caller"
+
+
 @dataclass(frozen=True)
 class Message:
     id: int
@@ -38,12 +44,13 @@ class Message:
     provider_message_id: str | None
     turn_id: UUID | None
     created_at: datetime
+    author: str | None = None  # None: the person (inbound) or Pepper (outbound); else UNVERIFIED_CALLER
 
 
 def _message(row: Any) -> Message:
     return Message(
         row["id"], row["conversation_id"], row["channel"], row["direction"], row["body"],
-        row["provider_message_id"], row["turn_id"], row["created_at"],
+        row["provider_message_id"], row["turn_id"], row["created_at"], row.get("author"),
     )  # fmt: skip
 
 
@@ -64,21 +71,26 @@ async def record_inbound(
     handle_id: UUID | None = None,
     handling: str | None = None,
     meta: dict[str, Any] | None = None,
+    author: str | None = None,
 ) -> tuple[Message, bool]:
     """Record a message from the person; return it and whether this call created it.
 
     A second delivery with the same ``(channel, provider_message_id)`` returns the first
     message and ``False``: the caller must not start another turn for it. ``handling`` is
     ``queued`` for a message that needs a turn (see :func:`claim_turn`), ``skipped`` for one
-    that does not; ``meta`` keeps channel details a reply needs.
+    that does not; ``meta`` keeps channel details a reply needs. ``author``: ``UNVERIFIED_CALLER``
+    for words of a caller who has not proved they are the person.
     """
     if channel not in MESSAGE_CHANNELS:
         raise InvalidInput(f"unknown channel {channel!r}")
+    if author not in (None, UNVERIFIED_CALLER):
+        raise InvalidInput(f"unknown message author {author!r}")
     # One statement, one round trip: this is on the path of every webhook's acknowledgement.
     row = await db.fetchrow(
         """
-        INSERT INTO messages (conversation_id, handle_id, channel, direction, provider_message_id, body, handling, meta)
-        SELECT c.id, $2, $3, 'inbound', $4, $5, $6, $7::jsonb FROM conversations c WHERE c.account_id = $1
+        INSERT INTO messages
+            (conversation_id, handle_id, channel, direction, provider_message_id, body, handling, meta, author)
+        SELECT c.id, $2, $3, 'inbound', $4, $5, $6, $7::jsonb, $8 FROM conversations c WHERE c.account_id = $1
         ON CONFLICT (channel, provider_message_id) DO NOTHING
         RETURNING *
         """,
@@ -89,6 +101,7 @@ async def record_inbound(
         body,
         handling,
         json.dumps(meta or {}),
+        author,
     )
     if row is not None:
         return _message(row), True

@@ -16,6 +16,8 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from core.models.types import ChatMessage
+from core.owner_context import dossier_section
+from core.untrusted import neutralise_labels
 
 LABEL = "[Pepper runtime note. The user did not write this.]"
 
@@ -55,7 +57,7 @@ def skills_block(skills: Sequence[tuple[str, str]]) -> str:
 def stable_prefix(*, persona: str, rules: str, skills: Sequence[tuple[str, str]], dossier: str) -> str:
     """The cacheable part. Must not contain the time, ids, or anything that varies per turn."""
     parts = [persona.strip(), rules.strip(), skills_block(skills)]
-    parts.append("About the person (the dossier):\n" + dossier if dossier else "About the person: nothing noted yet.")
+    parts.append(dossier_section(dossier))
     return "\n\n".join(parts)
 
 
@@ -65,8 +67,9 @@ def clock_line(now: datetime, timezone: str) -> str:
 
 
 def newest_message(text: str, now: datetime, timezone: str) -> ChatMessage:
-    """The person's message with the clock appended under a label."""
-    return ChatMessage("user", f"{text}\n\n{clock_line(now, timezone)}")
+    """The person's message with the clock appended under a label. Anything in it that could pass
+    for the label is neutralised first: only the harness starts a message with it."""
+    return ChatMessage("user", f"{neutralise_labels(text)}\n\n{clock_line(now, timezone)}")
 
 
 def canonical_arguments(arguments: dict[str, Any]) -> str:

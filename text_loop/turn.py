@@ -17,10 +17,10 @@ from typing import Any
 from uuid import UUID
 
 from core.conversation import PromptPart, PromptRecord, open_turn, update_turn
-from core.memory import NO_MEMORY, MemoryConfig, build_memory_block
-from core.memory.dossier import MAX_NOTES_IN_PROMPT, dossier_halves, dossier_select, prompt_text
+from core.memory import MemoryConfig
 from core.models.types import ModelService, ToolCall
-from core.tools.connectors import Connectors, connection_names, connections_select
+from core.owner_context import context_reads, owner_context, session_tools
+from core.tools.connectors import Connectors
 from core.tools.context import SessionContext, SessionKind, Trust
 from core.tools.gate import Gate, default_gate
 from core.tools.registry import ToolContext, ToolRegistry, connection
@@ -165,12 +165,11 @@ async def run_turn(
     try:
         catalog = deps.skills if trust != "third_party" else None
         # The reads that come before the first model call ride on the statement that opens the turn.
-        reads = {
-            "connections": connections_select(deps.connectors) if connections is None else None,
-            "dossier": dossier_select(MAX_NOTES_IN_PROMPT) if personal else None,
-            "skills": USER_SKILLS_SELECT if catalog and trust == "owner_verified" else None,
-        }
-        wanted = [name for name, expression in reads.items() if expression is not None]
+        # The owner context (``core.owner_context``, as a verified call builds it) and the skills.
+        reads = context_reads(deps.connectors, personal=personal, connections=connections is None)
+        if catalog and trust == "owner_verified":
+            reads["skills"] = USER_SKILLS_SELECT
+        wanted = list(reads)
         async with connection(db, stateless=True) as conn:
             opened = await open_turn(
                 conn, account_id, channel=channel, kind=kind, inbound_message_ids=inbound_message_ids,
@@ -178,26 +177,23 @@ async def run_turn(
             )  # fmt: skip
             turn_id, conversation_id, timezone = opened.turn_id, opened.conversation_id, opened.timezone
             got = dict(zip(wanted, opened.extra, strict=True))
-            if connections is None:
-                # The person's connected accounts decide which tools exist for this turn.
-                connections = connection_names(got["connections"])
-            session = SessionContext(kind, trust, channel, account_id, conversation_id, turn_id, timezone, connections)
-            dossier = prompt_text(dossier_halves(got["dossier"])) if "dossier" in got else ""
+            # The person's connected accounts decide which tools exist for this turn.
+            context = await owner_context(
+                conn, account_id, conversation_id, timezone, now, got, personal=personal, memory=deps.memory,
+                connections=connections, exclude_message_ids=inbound_message_ids,
+            )  # fmt: skip
+            session = SessionContext(
+                kind, trust, channel, account_id, conversation_id, turn_id, timezone, context.connections
+            )
+            dossier, memory = context.dossier, context.memory
             own_skills = skill_sources(got["skills"]) if "skills" in got else []
-            if personal:
-                memory = await build_memory_block(
-                    conn, account_id, conversation_id, timezone, now,
-                    config=deps.memory, exclude_message_ids=inbound_message_ids,
-                )  # fmt: skip
-            else:
-                memory = NO_MEMORY
     except Exception as exc:
         if turn_id is not None:
             await _failed(deps, turn_id, exc)  # after the connection went back to the pool
         raise
     wrote = False  # whether a call of this turn (a worker's included) wrote or staged anything
     try:
-        tools = deps.registry.visible(session, deps.gate.hides)
+        tools = session_tools(deps.registry, deps.gate, session)
         messages = [newest_message(text, now, timezone)]
 
         def open_round(names: frozenset[str], intercept: Interceptor | None) -> AbstractAsyncContextManager[Executor]:

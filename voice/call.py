@@ -43,19 +43,28 @@ from datetime import UTC, datetime
 from importlib import resources
 from typing import Any, Protocol
 from uuid import UUID
-from zoneinfo import ZoneInfo
 
 from core import identity
-from core.conversation import conversation_for, record_inbound, record_outbound, start_turn, update_turn
+from core.conversation import (
+    UNVERIFIED_CALLER,
+    conversation_for,
+    record_inbound,
+    record_outbound,
+    start_turn,
+    update_turn,
+)
+from core.memory import MemoryConfig
 from core.models.types import ToolCall
+from core.owner_context import dossier_section, load_owner_context, session_tools
 from core.security import record_security_event
 from core.settings import Settings
-from core.tools.areas.dossier import dossier_text
+from core.tools.connectors import Connectors
 from core.tools.context import SessionContext
 from core.tools.gate import Gate
 from core.tools.registry import Tool, ToolContext, ToolOutcome, ToolRegistry
 from core.tools.runner import CallOutcome, run_call
 from core.tools.staging import commit_writes, drop_turn_writes, drop_writes
+from core.untrusted import neutralise_labels
 from voice import media, verification
 from voice.engines import RealtimeEngines
 from voice.realtime import (
@@ -128,7 +137,6 @@ class VoiceConfig:
     codes_per_hour: int = 2
     verify_window_seconds: float = 3600.0
     dtmf_idle_seconds: float = 3.0
-    memory_messages: int = 30
 
     @classmethod
     def from_settings(cls, settings: Settings) -> VoiceConfig:
@@ -153,6 +161,10 @@ class VoiceDeps:
     clock: Callable[[], datetime] = lambda: datetime.now(UTC)
     filler: bytes = field(default_factory=_load_filler)
     engines: RealtimeEngines | None = None  # per-line engines; ``model`` is the default one
+    # Outside services configured on this server: with the person's connections they decide the
+    # connected tools of a verified call, as of a text turn (``core.owner_context``).
+    connectors: Connectors | None = None
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
     # The backend pid of this process's call-control session (``voice.control``), recorded on each
     # call it holds so a status callback elsewhere reaches it; None when nothing listens.
     holder: int | None = None
@@ -333,6 +345,8 @@ class CallSession:
         self._timezone = "UTC"
         self._resolved: list[dict[str, Any]] = []
         self._trust_changed = False
+        self._connections: frozenset[str] = frozenset()  # the person's, read once they proved who they are
+        self._call_trust: dict[str, str] = {}  # the session's trust when each tool call ran
 
     # --- The call's own controls, as tools through the same gate --------------------------------
 
@@ -365,11 +379,12 @@ class CallSession:
             conversation_id=self._conversation_id,
             turn_id=self._turn_id,
             timezone=self._timezone,
+            connections=self._connections,
         )
 
     def visible_tools(self) -> list[Tool]:
         session = self._session()
-        shown = self._registry.visible(session, hidden=self.deps.gate.hides)
+        shown = session_tools(self._registry, self.deps.gate, session)
         if self.trust == "owner_verified":
             shown = [t for t in shown if t.name not in ("verify_pin", "send_code", "check_code")]
         return shown
@@ -377,27 +392,21 @@ class CallSession:
     async def _instructions(self) -> str:
         if self.trust != "owner_verified":
             return f"{PERSONA}\n\n{RESTRICTED}"
+        # The owner's context as a text turn gets it: connections (so the connected tools), the
+        # dossier and the memory block, built in core (``core.owner_context``). The call's own lines
+        # are left out of the block, as a text turn's own messages are: the model has them already.
+        assert self._conversation_id is not None
         db = self.deps.db
-        dossier = await dossier_text(db, self.call.account_id)
-        rows = await db.fetch(
-            """
-            SELECT * FROM (SELECT created_at, channel, direction, body, id FROM messages
-                           WHERE conversation_id = $1 ORDER BY created_at DESC, id DESC LIMIT $2) m
-            ORDER BY created_at, id
-            """,
-            self._conversation_id,
-            self.deps.config.memory_messages,
-        )
-        zone = ZoneInfo(self._timezone)
-        memory = "\n".join(
-            f"[{r['created_at'].astimezone(zone):%Y-%m-%d %H:%M} {r['channel']}]"
-            f" {'Person' if r['direction'] == 'inbound' else 'Pepper'}: {r['body']}"
-            for r in rows
-        )
-        parts = [PERSONA, VERIFIED]
-        parts.append("About the person (the dossier):\n" + dossier if dossier else "About the person: nothing noted.")
-        parts.append("Memory: recent messages, oldest first.\n" + memory if memory else "Memory: nothing yet.")
-        return "\n\n".join(parts)
+        own = await db.fetch(
+            "SELECT id FROM messages WHERE conversation_id = $1 AND (turn_id = $2 OR provider_message_id LIKE $3)",
+            self._conversation_id, self._turn_id, f"{self.call.call_sid}:%",
+        )  # fmt: skip
+        context = await load_owner_context(
+            db, self.call.account_id, self._conversation_id, self._timezone, self.deps.clock(),
+            connectors=self.deps.connectors, memory=self.deps.memory, exclude_message_ids=[r["id"] for r in own],
+        )  # fmt: skip
+        self._connections = context.connections
+        return "\n\n".join([PERSONA, VERIFIED, dossier_section(context.dossier), context.memory])
 
     async def _config(self) -> SessionConfig:
         return SessionConfig(
@@ -629,7 +638,9 @@ class CallSession:
             return False  # the call ends; its end drops every write still staged
         self.stats.model_reconnects += 1
         assert self._conn is not None
-        said = "\n".join(f"{e['role']}: {e['text']}" for e in self._transcript if "text" in e)[-4000:]
+        said = "\n".join(f"{e['role']}: {neutralise_labels(e['text'])}" for e in self._transcript if "text" in e)[
+            -4000:
+        ]
         if said:
             await self._conn.add_note(labelled("The line to the model dropped. The call so far:\n" + said))
         if dropped:
@@ -853,6 +864,7 @@ class CallSession:
             if not work.done():
                 work.cancel()
         self._outcomes.append(outcome)
+        self._call_trust[call.id] = ctx.session.trust  # whose words its arguments are (core.memory.records)
         if outcome.write is not None and outcome.write.get("staged"):
             self._unconfirmed.append(int(outcome.write["id"]))
             self._write_summaries[int(outcome.write["id"])] = str(outcome.write.get("summary", ""))
@@ -1125,9 +1137,11 @@ class CallSession:
             direction, item_id, text = entry
             try:
                 if direction == "in":
+                    # Speech begun before the caller proved who they are is an unverified caller's.
+                    author = None if item_id in self._spoken_verified else UNVERIFIED_CALLER
                     await record_inbound(db, self.call.account_id, "voice", text,
                                          provider_message_id=f"{self.call.call_sid}:{item_id}",
-                                         handle_id=self.call.handle_id)  # fmt: skip
+                                         handle_id=self.call.handle_id, author=author)  # fmt: skip
                 else:
                     assert self._conversation_id is not None
                     await record_outbound(db, self._conversation_id, "voice", text, turn_id=self._turn_id)
@@ -1157,7 +1171,7 @@ class CallSession:
     def _call_records(self) -> list[dict[str, Any]]:
         records = []
         for outcome in self._outcomes:
-            record = outcome.as_record()
+            record = outcome.as_record() | {"trust": self._call_trust.get(outcome.call.id, self.trust)}
             if outcome.call.name in SECRET_TOOLS:
                 record["arguments"] = {"digits": "[withheld]"}
                 record.pop("gated_arguments", None)

@@ -196,7 +196,7 @@ class CallService:
 
 
 def call_service_from_settings(
-    settings: Any, db: Any, *, registry: Any, gate: Any, send_sms: Any, models: Any = None
+    settings: Any, db: Any, *, registry: Any, gate: Any, send_sms: Any, models: Any = None, connectors: Any = None
 ) -> CallService:
     """The call service with the configured realtime engine (none without its key: calls apologise);
     a line that names another engine gets it, built on its first call. ``models`` is the text model
@@ -208,7 +208,7 @@ def call_service_from_settings(
     engines = RealtimeEngines(settings, models=models)
     deps = VoiceDeps(
         db=db, model=engines.get(settings.voice_engine), registry=registry, gate=gate,
-        config=VoiceConfig.from_settings(settings), send_sms=send_sms, engines=engines,
+        config=VoiceConfig.from_settings(settings), send_sms=send_sms, engines=engines, connectors=connectors,
     )  # fmt: skip
     return CallService(
         deps,

@@ -20,10 +20,11 @@ from typing import Any
 from uuid import UUID
 
 from core.errors import InvalidInput, NotFound, PepperError
+from core.memory.block import summary_heading
 from core.memory.config import MemoryConfig
-from core.memory.periods import label
 from core.models.types import ChatMessage, ModelService, Prompt
 from core.tools.registry import transaction
+from core.untrusted import neutralise_labels
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +95,7 @@ def prompt_text(halves: DossierHalves) -> str:
         parts.append("Written by the person:\n" + halves.owner_text.strip())
     if halves.model_half:
         parts.append("Noted by Pepper:\n" + halves.model_half)
-    return "\n\n".join(parts)
+    return neutralise_labels("\n\n".join(parts))
 
 
 async def dossier_text(db: Any, account_id: UUID) -> str:
@@ -168,7 +169,7 @@ async def rewrite_model_half(
     )
     summaries = await db.fetch(
         """
-        SELECT period, starts_on, body, created_at FROM memory_summaries
+        SELECT period, starts_on, body, created_at, callers FROM memory_summaries
         WHERE account_id = $1 AND period IN ('week', 'day') AND covers_until <= $2
           AND covers_from >= $2 - make_interval(days => 7 * $3)
         ORDER BY covers_from, period DESC
@@ -188,9 +189,11 @@ async def rewrite_model_half(
         "The person's half (context only):\n" + (halves.owner_text.strip() or "(empty)"),
         "Pepper's current half:\n" + (halves.model_text.strip() or "(empty)"),
         "New notes since the last rewrite:\n" + ("\n".join(f"- {b}" for _, b in halves.notes) or "(none)"),
-        "Recent summaries:\n" + ("\n\n".join(f"{label(s['period'], s['starts_on'])}:\n{s['body']}" for s in shown)
-                                 or "(none)"),
+        "Recent summaries:\n" + ("\n\n".join(
+            f"{summary_heading(s['period'], s['starts_on'], s['callers'])}\n{s['body']}" for s in shown
+        ) or "(none)"),
     ]  # fmt: skip
+    parts = [neutralise_labels(p) for p in parts]
     conversation_key = str(await db.fetchval("SELECT id FROM conversations WHERE account_id = $1", account_id))
     prompt = Prompt(
         REWRITE_INSTRUCTIONS.format(limit=config.dossier_max_chars),

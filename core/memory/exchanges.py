@@ -12,6 +12,11 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 from zoneinfo import ZoneInfo
 
+from core.untrusted import neutralise_labels, quoted
+
+# Words of a caller who never proved they are the person (``core.conversation.UNVERIFIED_CALLER``).
+UNVERIFIED_WHO = "A caller who had not proved they are the person (their words, quoted; not the person's)"
+
 
 class MessageLike(Protocol):
     created_at: datetime
@@ -79,8 +84,11 @@ def render_exchanges(
             when += f"-{end:%H:%M}"
         lines.append(f"Exchange, {when} ({', '.join(exchange.channels)}):")
         for m in exchange.messages:
-            who = "Person" if m.direction == "inbound" else "Pepper"
             whole = keep_whole_after is not None and m.created_at >= keep_whole_after
-            body = _trim(m.body, None if whole else trim)
+            body = _trim(neutralise_labels(m.body), None if whole else trim)
+            if m.direction == "inbound" and getattr(m, "author", None) is not None:
+                who, body = UNVERIFIED_WHO, quoted(body)
+            else:
+                who = "Person" if m.direction == "inbound" else "Pepper"
             lines.append(f"[{m.created_at.astimezone(zone):%H:%M} {m.channel}] {who}: {body}")
     return lines

@@ -17,9 +17,15 @@ from zoneinfo import ZoneInfo
 from core.conversation import Message, _message
 from core.memory.config import MemoryConfig
 from core.memory.exchanges import render_exchanges, split_exchanges
+from core.untrusted import CALLER_LABEL, quoted
 
 TOOL_RESULT_CHARS = 300
 TOOL_ARGS_CHARS = 200
+# Turns of someone other than the person: what their tool calls carry is a caller's words.
+STRANGERS = {
+    "third_party": "the answering service, with a caller who is not the person",
+    "owner_unverified": "a caller who had not proved they are the person",
+}
 
 
 @dataclass(frozen=True)
@@ -30,6 +36,7 @@ class TurnRecord:
     started_at: datetime
     tool_calls: tuple[dict[str, Any], ...]
     reply: str | None
+    trust: str | None = None  # the session's at the end of the turn; None for an unfinished one
 
 
 @dataclass(frozen=True)
@@ -40,6 +47,24 @@ class PeriodRecords:
     @property
     def empty(self) -> bool:
         return not self.messages and not self.turns
+
+    @property
+    def callers(self) -> bool:
+        """Whether the records hold words of someone other than the person."""
+        return any(m.author is not None for m in self.messages) or any(
+            _stranger(t) is not None or any(_stranger_call(c) for c in t.tool_calls) for t in self.turns
+        )
+
+
+def _stranger_call(call: Any) -> bool:
+    """A tool call made before the caller proved who they are (in a call verified later)."""
+    return isinstance(call, dict) and str(call.get("trust")) in STRANGERS
+
+
+def _stranger(turn: TurnRecord) -> str | None:
+    """Who the turn's tool calls speak for when it is not the person; None for the person."""
+    trust = turn.trust or ("owner_unverified" if turn.kind == "call" else "")  # an unfinished call: unproven
+    return STRANGERS.get(trust)
 
 
 async def period_records(db: Any, conversation_id: UUID, start: datetime, until: datetime) -> PeriodRecords:
@@ -52,7 +77,8 @@ async def period_records(db: Any, conversation_id: UUID, start: datetime, until:
         until,
     )
     turns = await db.fetch(
-        "SELECT id, kind, channel, started_at, tool_calls, reply FROM turns"
+        "SELECT id, kind, channel, started_at, tool_calls, reply, trust, session->>'channel' AS session_channel"
+        " FROM turns"
         " WHERE conversation_id = $1 AND started_at >= $2 AND started_at < $3 AND kind <> 'replay'"
         " ORDER BY started_at, id",
         conversation_id,
@@ -63,7 +89,13 @@ async def period_records(db: Any, conversation_id: UUID, start: datetime, until:
         tuple(_message(r) for r in messages),
         tuple(
             TurnRecord(
-                r["id"], r["kind"], r["channel"], r["started_at"], tuple(_json(r["tool_calls"]) or ()), r["reply"]
+                r["id"],
+                r["kind"],
+                r["session_channel"] or r["channel"],
+                r["started_at"],
+                tuple(_json(r["tool_calls"]) or ()),
+                r["reply"],
+                r["trust"],
             )
             for r in turns
         ),
@@ -95,12 +127,22 @@ def render_records(records: PeriodRecords, timezone: str, config: MemoryConfig) 
         if not calls and not silent_run:
             continue
         what = "scheduled run" if turn.kind == "scheduled" else f"{turn.kind} turn on {turn.channel}"
+        stranger = _stranger(turn)
+        if stranger is not None:
+            what += f" ({stranger})"
         turn_lines.append(f"{turn.started_at.astimezone(zone):%a %H:%M} {what}:")
         for c in calls:
             args = _short(json.dumps(c.get("arguments", {}), sort_keys=True, default=str), TOOL_ARGS_CHARS)
-            turn_lines.append(
-                f"  - {c.get('name')}({args}) -> {c.get('status')}: {_short(c.get('content', ''), TOOL_RESULT_CHARS)}"
-            )
+            result = _short(c.get("content", ""), TOOL_RESULT_CHARS)
+            # A call made before the caller proved who they are, in a call verified later.
+            if stranger is None and not _stranger_call(c):
+                turn_lines.append(f"  - {c.get('name')}({args}) -> {c.get('status')}: {result}")
+            else:
+                # The arguments (and a result echoing them) are a caller's words: quoted data.
+                turn_lines.append(
+                    f"  - {_short(str(c.get('name')), 60)} -> {c.get('status')}. {CALLER_LABEL}"
+                    f" arguments {quoted(args)}; result {quoted(result)}"
+                )
         if silent_run:
             turn_lines.append(f"  reply (not sent as a message): {_short(turn.reply or '', 1_000)}")
     exchanges = split_exchanges(records.messages, config.exchange_gap)

@@ -45,6 +45,7 @@ class SearchHit:
     snippet: str
     match: str
     distance: float | None = None
+    author: str | None = None  # a message's when not the person's or Pepper's (``core.conversation.UNVERIFIED_CALLER``)
 
 
 def quoted_phrases(query: str) -> list[str]:
@@ -101,7 +102,7 @@ class BuiltinMemorySearch:
         """Messages (not from scheduled runs) that contain ``phrase`` as written, newest first."""
         rows = await db.fetch(
             r"""
-            SELECT m.id, m.channel, m.direction, m.body, m.created_at FROM messages m
+            SELECT m.id, m.channel, m.direction, m.author, m.body, m.created_at FROM messages m
             JOIN conversations c ON c.id = m.conversation_id
             LEFT JOIN turns t ON t.id = m.turn_id
             WHERE c.account_id = $1
@@ -122,8 +123,9 @@ class BuiltinMemorySearch:
             at = max(at, 0)
             snippet = _window(r["body"], at, at + len(phrase))
             hit = SearchHit(
-                "message", r["id"], r["created_at"], r["channel"], r["direction"], None, None, snippet, "words"
-            )
+                "message", r["id"], r["created_at"], r["channel"], r["direction"], None, None, snippet, "words",
+                author=r["author"],
+            )  # fmt: skip
             out.append(hit)
         return out
 
@@ -150,7 +152,7 @@ class BuiltinMemorySearch:
             snippet = _window(r["text"], r["chunk_start"], r["chunk_end"])
             hit = SearchHit(
                 source, source_id, r["created_at"], r["channel"], r["direction"], r["title"], r["kind"],
-                snippet, "meaning", float(r["distance"]),
+                snippet, "meaning", float(r["distance"]), r["author"],
             )  # fmt: skip
             out.append(hit)
         return out[:limit]
@@ -177,7 +179,7 @@ class BuiltinMemorySearch:
                     FROM memory_index WHERE {where} AND {person_filter(account_id)} AND account_id = $1
                     ORDER BY {cast} <=> $2::real[]::vector LIMIT $3
                 )
-                SELECT n.*, m.channel, m.direction, coalesce(m.body, d.title || E'\n' || d.body) AS text,
+                SELECT n.*, m.channel, m.direction, m.author, coalesce(m.body, d.title || E'\n' || d.body) AS text,
                        coalesce(m.created_at, d.created_at) AS created_at, d.title, d.kind
                 FROM nearest n
                 LEFT JOIN messages m ON m.id = n.message_id

@@ -25,6 +25,7 @@ from core.models.types import ToolCall, ToolResult
 from core.tools.gate import Gate, GateDecision
 from core.tools.registry import Tool, ToolContext, ToolRegistry, check_arguments, transaction
 from core.tools.staging import stage_write
+from core.untrusted import neutralise_labels
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +130,8 @@ async def _run(tool: Tool, gate: Gate, ctx: ToolContext, call: ToolCall, started
         return CallOutcome(
             call,
             status,
-            content,
+            # A result may hold someone else's words (a mail, a caller's message): never the label.
+            neutralise_labels(content),
             arguments,
             writes=tool.writes,
             duration_ms=(time.perf_counter() - started) * 1000,

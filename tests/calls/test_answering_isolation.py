@@ -31,13 +31,17 @@ from phone_support import ANSWERING_LINE, LINE, OWNER, PIN, speech, until, workd
 from answering_service.rules import load_rules, save_rules
 from core import identity
 from core.conversation import conversation_for
+from core.memory import build_memory_block, run_nightly_summaries
+from core.memory.block import FROM_CALLERS
 from core.models.types import ToolCall
+from core.testing.scripted import ScriptedModels, reply
 from core.tools.areas.calendar import book
 from core.tools.context import SessionContext
 from core.tools.gate import default_gate
 from core.tools.registry import ToolContext
 from core.tools.runner import run_call
 from core.tools.starter import starter_registry
+from core.untrusted import CALLER_LABEL, NEUTRALISED
 from voice.testing.realtime_peer import ScriptedResponse, call_tool, speak
 
 GREETING = "Hi, you've reached Ada's assistant."
@@ -543,3 +547,84 @@ async def test_adversarial_callers_learn_nothing_and_write_nothing_they_may_not(
     assert not leaks, leaks
     assert not writes, writes
     assert not wrong, wrong
+
+
+RAW = ("\u202e", "\u200b", "[Pepper runtime]", "\nSYSTEM:")
+MEMORY_ATTACKS = ("injection in the reason", "injection in the name, then a booking", "markup in the name")
+
+
+def _caller_lines_labelled(text: str, marker: str) -> list[str]:
+    """Lines where ``marker`` appears other than inside quotes after the caller label."""
+    bad = []
+    for line in text.splitlines():
+        if marker not in line:
+            continue
+        labelled_at = line.find(CALLER_LABEL)
+        spans = [m for m in _QUOTED.finditer(line) if marker in m.group()]
+        if labelled_at < 0 or not spans or any(m.start() < labelled_at for m in spans):
+            bad.append(line)
+        elif marker in _QUOTED.sub("", line):
+            bad.append(line)
+    return bad
+
+
+async def test_the_memory_jobs_read_a_callers_words_only_inside_a_labelled_caller_block(phone):
+    """Answering calls land their record in the owner's conversation; the nightly summary, the
+    dossier rewrite and the memory block read what a caller said only quoted, under the caller
+    label. The summariser is scripted as already fooled: it repeats the injection as if it were
+    the person's; what it wrote reaches the dossier rewrite and the memory block marked as written
+    from callers' words."""
+    await _seed(phone)
+    phone.calls.silence_seconds = 60.0
+    attacks = [dataclasses.replace(a, results={}) for a in ATTACKS if a.name in MEMORY_ATTACKS]
+    for i, attack in enumerate(attacks):
+        attack.caller = f"+1415555{3000 + i:04d}"
+    setup, slots = asyncio.Lock(), asyncio.Semaphore(1)
+    for attack in attacks:
+        await _place(phone, attack, setup, slots)
+    db, ada = phone.db, phone.account_id
+    assert await db.fetchval(
+        "SELECT count(*) FROM turns t JOIN calls c ON c.turn_id = t.id WHERE c.route = 'answering'"
+        " AND t.conversation_id = $1 AND t.tool_calls::text LIKE '%INJECT-1%'",
+        await conversation_for(db, ada),
+    )  # the record the summariser reads holds the caller's words
+
+    # The caller's message reaches the owner (their text, and their own tool) with the forged
+    # runtime label neutralised.
+    owner_texts = [sms.body for sms in phone.twilio.sent if sms.to == OWNER and "INJECT-1" in sms.body]
+    ctx = ToolContext(SessionContext(kind="live", trust="owner_verified", channel="sms", account_id=ada), db,
+                      datetime.now(UTC))  # fmt: skip
+    listed = await run_call(starter_registry(), default_gate(), ctx, ToolCall("l", "list_caller_messages", {}))
+    for text in (*owner_texts, listed.content):
+        assert "INJECT-1" in text and NEUTRALISED in text and "Pepper runtime" not in text, text
+    assert owner_texts
+
+    def fooled(prompt: Any) -> Any:
+        if prompt.system_stable.startswith("You keep the dossier"):
+            return reply("Ada takes her coffee black.")
+        return reply(f"Ada said: {INJECTION} {NAME_INJECTION} <script>INJECT-3</script>")
+
+    models = ScriptedModels(default=fooled)
+    later = datetime.now(UTC) + timedelta(days=8)
+    await run_nightly_summaries(db, models, later, ignore_offsets=True, account_id=ada)
+    summaries = [p for p in models.prompts if p.system_stable.startswith("You write the memory")]
+    dossier = [p for p in models.prompts if p.system_stable.startswith("You keep the dossier")]
+    assert summaries and dossier
+    problems: list[str] = []
+    for prompt in summaries:
+        text = prompt.messages[0].content
+        for marker in INJECTED:
+            problems += [f"summary input: {line[:160]!r}" for line in _caller_lines_labelled(text, marker)]
+        problems += [f"summary input: {raw!r} as the caller wrote it" for raw in RAW if raw in text]
+        assert "INJECT-1" in text  # the owner's memory does keep the message, as data
+    assert not problems, problems
+
+    # What the fooled summariser wrote is marked, wherever a model reads it, as written from callers' words.
+    rewrite = dossier[0].messages[0].content
+    block = await build_memory_block(db, ada, await conversation_for(db, ada), "UTC", later)
+    for where, text in (("dossier rewrite", rewrite), ("memory block", block)):
+        lines = text.splitlines()
+        headings = [lines[i - 1] for i, line in enumerate(lines) if line.startswith("Ada said:")]
+        assert headings, where
+        assert all(h.endswith(f" {FROM_CALLERS}:") for h in headings), (where, headings)
+        assert "[Pepper runtime]" not in text, where

@@ -50,6 +50,7 @@ from google.genai import errors as genai_errors
 from google.genai import types as gt
 from websockets.exceptions import WebSocketException
 
+from core.untrusted import neutralise_labels
 from voice.codec import audioop
 from voice.realtime import (
     AssistantTranscript,
@@ -203,7 +204,7 @@ class GeminiLiveConnection:
                 await self._open(config, None)
             self._going_away = False
             if handle is None and self._history:
-                said = "\n".join(self._history)[-HISTORY_CHARS:]
+                said = neutralise_labels("\n".join(self._history)[-HISTORY_CHARS:])
                 await self._send_turn(f"{NOTE}\nThe call so far:\n{said}", complete=False)
             log.info("Gemini Live session replaced: resumed=%s", handle is not None)
 

@@ -13,6 +13,7 @@ from zoneinfo import ZoneInfo
 
 from core.memory.search import MEMORY_SEARCH, SearchHit
 from core.tools.registry import Tool, ToolContext, ToolOutcome
+from core.untrusted import quoted
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +23,9 @@ def render_hit(hit: SearchHit, timezone: str) -> str:
     stamp = f"{when:%Y-%m-%d %H:%M}"
     if hit.source == "document":
         return f"- {stamp}, {hit.kind or 'document'} Pepper wrote, {hit.title!r}: {hit.snippet}"
+    if hit.direction == "inbound" and hit.author is not None:
+        # A caller who never proved they are the person: their words, quoted, never the person's.
+        return f"- {stamp}, {hit.channel}, a caller who had not proved they are the person said: {quoted(hit.snippet)}"
     who = "the person wrote" if hit.direction == "inbound" else "Pepper wrote"
     return f"- {stamp}, {hit.channel}, {who}: {hit.snippet}"
 
