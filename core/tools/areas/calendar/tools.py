@@ -38,7 +38,7 @@ from core.tools.areas.calendar.store import ensure_pepper_calendar, insert_event
 from core.tools.connectors import Connectors
 from core.tools.google_api import GoogleClient
 from core.tools.mail import build_message, clean_addresses, owner_emails, send_smtp, unverifiable
-from core.tools.registry import Tool, ToolContext, ToolOutcome
+from core.tools.registry import Narrowing, Tool, ToolContext, ToolOutcome
 
 log = logging.getLogger(__name__)
 
@@ -450,6 +450,7 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
             area=AREA,
             writes=True,
             scheduled=(("send_invitations", False),),
+            narrowing=(("attendees", Narrowing.fewer()),),
         ),
         Tool(
             name="move_event",
