@@ -338,6 +338,37 @@ async def test_receipts_for_every_part_arriving_at_once_settle_the_turn(stack: S
     assert {r["delivery_status"] for r in statuses} <= {"sent", "delivered"}
 
 
+async def test_the_first_parts_receipt_does_not_settle_a_reply_whose_later_part_fails(stack: Stack):
+    """Twilio reports part 1 delivered while part 2 is still being sent, and part 2 then fails:
+    the staged write is dropped, as the person did not get the whole reply."""
+    todo = await stack.db.fetchval(
+        "INSERT INTO todos (account_id, title) VALUES ($1, 'pay the gas bill') RETURNING id", stack.account_id
+    )
+    sentence = "The gas bill is paid and this answer goes on for quite a while. "
+    stack.model.script(reply_tools(("complete_todo", {"id": todo})), reply_text(sentence * 60))
+    stack.twilio.hold_sends(after=1)
+    await stack.text("I paid the gas bill")
+    [first] = await stack.twilio.wait_for_sent(1)
+    for _ in range(500):  # until part 1's sid is recorded
+        if await count(stack.db, "messages WHERE provider_message_id = $1", first.sid):
+            break
+        await asyncio.sleep(0.01)
+    else:
+        raise AssertionError("part 1 was never recorded")
+    for status in ("sent", "delivered"):
+        assert (await stack.twilio.send_status(stack.local, PUBLIC, first, status))[0] == 204
+    assert await stack.db.fetchval("SELECT status FROM turns") != "delivered"
+    assert await stack.db.fetchval("SELECT done_at FROM todos WHERE id = $1", todo) is None
+    stack.twilio.fail_next(400, 30003)
+    stack.twilio.release_sends()
+    await stack.settle()
+    assert await stack.db.fetchval("SELECT status FROM turns") == "failed"
+    assert await stack.db.fetchval("SELECT done_at FROM todos WHERE id = $1", todo) is None
+    statuses = await stack.db.fetch("SELECT delivery_status FROM messages WHERE direction = 'outbound' ORDER BY id")
+    assert [r["delivery_status"] for r in statuses][:2] == ["delivered", "failed"]
+    assert {r["delivery_status"] for r in statuses[1:]} == {"failed"}  # the unsent rest too
+
+
 async def test_a_model_failure_still_answers_with_an_apology(stack: Stack):
     stack.model.script(fault(500), fault(500), fault(500), fault(500))
     await stack.text("are you there?")
