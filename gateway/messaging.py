@@ -29,7 +29,7 @@ from core.conversation import (
 from core.errors import PepperError
 from core.security import record_security_event
 from core.store.database import NO_FLUSH
-from gateway.segments import split_message
+from gateway.segments import UNSENT, split_message
 from gateway.services import Services
 from gateway.signatures import public_request_url, twilio_signature_ok
 from gateway.turns import answer_message, report_delivery
@@ -51,7 +51,6 @@ UNKNOWN_SENDER_TEXT = "Sorry, this number only answers the people it works for."
 # A part counts as delivered once Twilio reports it sent (handed to the carrier: not every carrier
 # confirms delivery), delivered or read (WhatsApp); a turn's reply is delivered when every part is.
 DELIVERED = frozenset({"sent", "delivered", "read"})
-UNSENT = "sending"  # a part recorded before it goes out
 NOT_DELIVERED = frozenset({"failed", "undelivered", "canceled"})
 SETTLED = frozenset({"delivered", "failed"})  # turn statuses a receipt no longer changes
 SETTLED_SQL = ", ".join(f"'{status}'" for status in sorted(SETTLED))

@@ -24,7 +24,7 @@ from core import identity
 from core.conversation import conversation_for
 from core.errors import PepperError
 from core.settings import Settings
-from gateway.segments import split_message
+from gateway.segments import UNSENT, split_message
 from gateway.signatures import public_request_url
 from gateway.webhooks import MESSAGE_STATUS
 from text_loop import HarnessDeps
@@ -96,28 +96,42 @@ class GatewayDeliverer:
         callback = public_request_url(self.settings, MESSAGE_STATUS.path)
         conversation_id = await conversation_for(db, request.account_id)
         first_sid: str | None = None
-        for part in split_message(request.body):
+        parts = split_message(request.body)
+        # Every part recorded before the first goes out (as ``gateway.messaging.send_reply`` does):
+        # a receipt for part 1 then sees the rest unsent and does not settle the run's turn.
+        ids = await db.fetchval(
+            """
+            WITH parts AS (
+                INSERT INTO messages (conversation_id, handle_id, channel, direction, body, turn_id, delivery_status)
+                SELECT $1, $2, $3, 'outbound', part, $4, $5 FROM unnest($6::text[]) WITH ORDINALITY AS p(part, n)
+                ORDER BY n
+                RETURNING id
+            )
+            SELECT array_agg(id ORDER BY id) FROM parts
+            """,
+            conversation_id,
+            handle["id"],
+            request.channel,
+            request.turn_id,
+            UNSENT,
+            parts,
+        )
+        for index, (part, message_id) in enumerate(zip(parts, ids, strict=True)):
             try:
                 sid = await self.messenger.send(
                     to=prefix + handle["value"], from_=prefix + line, body=part, status_callback=callback
                 )
             except PepperError as exc:
                 log.error("sending a scheduled %s message failed: %s", request.channel, exc.code)
+                await db.execute(
+                    "UPDATE messages SET delivery_status = 'failed' WHERE id = ANY($1::bigint[])", ids[index:]
+                )
                 return DeliveryResult("failed", exc.code)
             first_sid = first_sid or sid
             await db.execute(
-                """
-                INSERT INTO messages (conversation_id, handle_id, channel, direction,
-                                      provider_message_id, body, turn_id, delivery_status)
-                VALUES ($1, $2, $3, 'outbound', $4, $5, $6, 'queued')
-                ON CONFLICT (channel, provider_message_id) DO NOTHING
-                """,
-                conversation_id,
-                handle["id"],
-                request.channel,
+                "UPDATE messages SET provider_message_id = $2, delivery_status = 'queued' WHERE id = $1",
+                message_id,
                 sid,
-                part,
-                request.turn_id,
             )
         return DeliveryResult("queued", "", first_sid)
 

@@ -6,6 +6,9 @@ import re
 
 # Twilio accepts up to 1,600 characters per SMS/WhatsApp body and joins the carrier segments itself.
 MESSAGE_LIMIT = 1600
+# The delivery status of a part recorded before it goes out: the parts of one reply are all
+# recorded first, so a receipt for part 1 cannot settle a turn whose later parts are unsent.
+UNSENT = "sending"
 _SENTENCE_END = re.compile(r"(?<=[.!?…])\s+")
 
 
