@@ -12,7 +12,7 @@ from urllib.parse import urlencode
 import aiohttp
 import pytest
 
-from core import identity
+from core import identity, security
 from core.conversation import conversation_for, record_outbound, start_turn, update_turn
 from core.settings import Settings
 from core.store import Database
@@ -114,6 +114,28 @@ async def test_forged_unsigned_and_wrong_url_signatures_are_refused_and_nothing_
     assert await count(stack.db, "messages") == 0
     assert await count(stack.db, "security_events WHERE kind = 'twilio-signature-invalid'") == 5
     assert stack.model.requests == [] and stack.twilio.sent == []
+
+
+async def test_a_flood_of_forged_webhooks_records_a_bounded_number_of_events(stack: Stack):
+    form = stack.twilio.inbound_message(sender=OWNER, to=PEPPER_NUMBER, body="hi")
+    forged = TwilioPeer(auth_token="not-the-token").sign(PUBLIC + "/twilio/sms", form)
+    statuses = await asyncio.gather(
+        *(
+            stack.twilio.post_form(stack.local, PUBLIC, "/twilio/sms", form, signature=forged, session=stack.session)
+            for _ in range(200)
+        )
+    )
+    assert {status for status, _ in statuses} == {403}  # every one refused
+    assert 0 < await count(stack.db, "security_events") <= 30  # not one row each (30 a minute per kind)
+
+
+def test_events_over_the_limit_are_counted_on_the_next_one_recorded():
+    now = [0.0]
+    limiter = security.EventLimiter(per_window=2, window=60, clock=lambda: now[0])
+    assert [limiter.admit("forged") for _ in range(5)] == [(True, 0), (True, 0), (False, 0), (False, 0), (False, 0)]
+    assert limiter.admit("other") == (True, 0)  # per kind
+    now[0] = 61.0
+    assert limiter.admit("forged") == (True, 3) and limiter.admit("forged") == (True, 0)
 
 
 async def test_malformed_and_oversized_webhooks_get_a_clear_4xx(stack: Stack):
