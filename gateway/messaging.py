@@ -246,29 +246,47 @@ async def send_reply(
         await report_delivery(services, turn_id, ok=False, detail={"reason": "twilio-not-configured"})
         return
     callback = public_request_url(services.settings, MESSAGE_STATUS.path)
-    # Every part is recorded before the first goes out, so a receipt for part 1 (which may come
-    # back before part 2 is even sent) sees parts still unsent and settles nothing: the turn is
-    # delivered only on the receipts of every part.
-    recorded = [
-        await record_outbound(db, conversation_id, inbound.channel, part, turn_id=turn_id, delivery_status=UNSENT)
-        for part in parts
-    ]
-    for index, (part, message) in enumerate(zip(parts, recorded, strict=True)):
+    # A reply in parts has every part recorded before the first goes out, so a receipt for part 1
+    # (which may come back before part 2 is even sent) sees parts still unsent and settles nothing:
+    # the turn is delivered only on the receipts of every part. A reply in one message (the common
+    # case) is recorded once it is sent, in one statement.
+    recorded = (
+        [
+            await record_outbound(db, conversation_id, inbound.channel, part, turn_id=turn_id, delivery_status=UNSENT)
+            for part in parts
+        ]
+        if len(parts) > 1
+        else []
+    )
+    for index, part in enumerate(parts):
         try:
             sid = await services.messenger.send(
                 to=inbound.sender, from_=inbound.recipient, body=part, status_callback=callback
             )
         except PepperError as exc:
             log.error("sending a %s reply failed: %s", inbound.channel, exc.code)
-            await db.execute(
-                "UPDATE messages SET delivery_status = 'failed' WHERE id = ANY($1::bigint[])",
-                [m.id for m in recorded[index:]],
-            )
+            if recorded:  # this part and the ones after it never went out
+                await db.execute(
+                    "UPDATE messages SET delivery_status = 'failed' WHERE id = ANY($1::bigint[])",
+                    [m.id for m in recorded[index:]],
+                )
+            else:
+                await record_outbound(
+                    db, conversation_id, inbound.channel, part, turn_id=turn_id, delivery_status="failed"
+                )
             await report_delivery(services, turn_id, ok=False, detail={"reason": "send-failed", "code": exc.code})
             return
-        await db.execute(
-            "UPDATE messages SET provider_message_id = $2, delivery_status = 'queued' WHERE id = $1", message.id, sid
-        )
+        if recorded:
+            await db.execute(
+                "UPDATE messages SET provider_message_id = $2, delivery_status = 'queued' WHERE id = $1",
+                recorded[index].id,
+                sid,
+            )
+        else:
+            await record_outbound(
+                db, conversation_id, inbound.channel, part, turn_id=turn_id, provider_message_id=sid,
+                delivery_status="queued",
+            )  # fmt: skip
 
 
 @blueprint.post(MESSAGE_STATUS.path)
