@@ -305,6 +305,58 @@ async def record_sent_once(
     return bool(recorded)
 
 
+# The delivery status of a part recorded before it goes out: the parts of one reply are all
+# recorded first, so a receipt for part 1 cannot settle a turn whose later parts are unsent.
+UNSENT = "sending"
+
+
+async def record_unsent_parts(
+    db: Executor,
+    conversation_id: UUID,
+    channel: str,
+    parts: list[str],
+    *,
+    handle_id: UUID | None = None,
+    turn_id: UUID | None = None,
+) -> list[int]:
+    """Record every part of a message in parts as not yet sent, in order, before the first goes out:
+    a receipt for part 1 then sees the rest unsent and settles nothing. Return their ids."""
+    if channel not in MESSAGE_CHANNELS:
+        raise InvalidInput(f"unknown channel {channel!r}")
+    ids = await db.fetchval(
+        """
+        WITH parts AS (
+            INSERT INTO messages (conversation_id, handle_id, channel, direction, body, turn_id, delivery_status)
+            SELECT $1, $2, $3, 'outbound', part, $4, $6 FROM unnest($5::text[]) WITH ORDINALITY AS p(part, n)
+            ORDER BY n
+            RETURNING id
+        )
+        SELECT array_agg(id ORDER BY id) FROM parts
+        """,
+        conversation_id,
+        handle_id,
+        channel,
+        turn_id,
+        parts,
+        UNSENT,
+    )
+    return list(ids or [])
+
+
+async def mark_part_sent(db: Executor, message_id: int, provider_message_id: str) -> None:
+    """A part recorded by :func:`record_unsent_parts` (or as ``sending``) went out with this provider id."""
+    await db.execute(
+        "UPDATE messages SET provider_message_id = $2, delivery_status = 'queued' WHERE id = $1",
+        message_id,
+        provider_message_id,
+    )
+
+
+async def mark_parts_failed(db: Executor, message_ids: list[int]) -> None:
+    """Parts that never went out (the send of one of them failed)."""
+    await db.execute("UPDATE messages SET delivery_status = 'failed' WHERE id = ANY($1::bigint[])", message_ids)
+
+
 async def was_sent(db: Executor, channel: str, provider_message_id: str) -> bool:
     """Whether the message with this provider id went out (a re-run after a crash must not resend)."""
     sent = await db.fetchval(

@@ -36,6 +36,12 @@ def generate_key() -> str:
     return Fernet.generate_key().decode()
 
 
+def check_keys(text: str, where: str) -> int:
+    """How many Fernet keys ``text`` holds; raises ``ConfigError`` naming ``where`` when it holds
+    none or one is malformed (what ``pepper doctor`` checks before anything is sealed)."""
+    return len(_parse_keys(text, where))
+
+
 def _parse_keys(text: str, where: str) -> list[Fernet]:
     keys = [k.strip() for k in text.replace("\n", ",").split(",") if k.strip()]
     if not keys:

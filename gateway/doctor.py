@@ -10,10 +10,11 @@ from email.utils import parseaddr
 
 from pydantic import SecretStr
 
+from core.errors import ConfigError
 from core.models.router import KEY_NAMES, configured_providers, describe_tiers, tiers_from_settings
 from core.settings import DEFAULT_TWILIO_API_URL, Settings
 from core.store import StoreReport, inspect_store
-from core.vault import KEY_FILE_NAME
+from core.vault import KEY_FILE_NAME, check_keys
 from gateway.webhooks import WEBHOOKS, public_url_for
 
 OK, MISSING, BAD = "ok", "missing", "problem"
@@ -184,12 +185,7 @@ def _email(report: Report, settings: Settings) -> None:
 
 
 def _connections(report: Report, settings: Settings) -> None:
-    key = (
-        "PEPPER_SECRET_KEY"
-        if _set(settings.secret_key)
-        else f"{settings.data_dir / KEY_FILE_NAME} (back it up with the database)"
-    )
-    report.add("connection secrets", OK, f"sealed with the key in {key}")
+    _secret_key(report, settings)
     missing = [name for name, value in (
         ("PEPPER_GOOGLE_CLIENT_ID", settings.google_client_id),
         ("PEPPER_GOOGLE_CLIENT_SECRET", settings.google_client_secret),
@@ -199,6 +195,32 @@ def _connections(report: Report, settings: Settings) -> None:
         report.add("connect: Google", MISSING, f"set {', '.join(missing)} to connect Google Calendar and Gmail")
     else:
         report.add("connect: Google", OK, f"client {settings.google_client_id}; redirect URI listed below")
+
+
+def _secret_key(report: Report, settings: Settings) -> None:
+    """The key connection secrets are sealed with, parsed as the vault will (never shown)."""
+    area = "connection secrets"
+    if settings.secret_key is not None and settings.secret_key.get_secret_value().strip():
+        where, text = "PEPPER_SECRET_KEY", settings.secret_key.get_secret_value()
+    else:
+        key_file = settings.data_dir / KEY_FILE_NAME
+        where = f"the key file {key_file}"
+        try:
+            text = key_file.read_text(encoding="ascii")
+        except FileNotFoundError:
+            report.add(area, OK, f"a key is made in {key_file} when the first secret is sealed (back it up)")
+            return
+        except (OSError, UnicodeDecodeError) as exc:
+            report.add(area, BAD, f"cannot read {where}: {getattr(exc, 'strerror', None) or exc}")
+            return
+    try:
+        count = check_keys(text, where)
+    except ConfigError as exc:
+        report.add(area, BAD, f"{exc.message}; make one as docs/connections.md says, or fix the value")
+        return
+    extra = f" (and {count - 1} older key{'s' if count > 2 else ''} that still open)" if count > 1 else ""
+    backup = "" if where == "PEPPER_SECRET_KEY" else " (back it up with the database)"
+    report.add(area, OK, f"sealed with the key in {where}{extra}{backup}")
 
 
 def render(report: Report) -> str:

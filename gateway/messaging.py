@@ -3,8 +3,9 @@
 One inbound message: check the signature -> resolve the sender to an account -> record the message
 as queued (idempotent on ``MessageSid``) -> acknowledge with empty TwiML. A turn worker
 (``gateway.worker``) then claims it, runs the turn and sends the reply through the REST API with
-a status callback -> ``sent``/``delivered`` commits the turn's staged writes,
-``failed``/``undelivered`` drops them.
+a status callback. A reply too long for one message goes out in parts, all recorded before the
+first is sent: once every part is ``sent``, ``delivered`` or ``read``, the turn's staged writes
+commit; a ``failed``, ``undelivered`` or ``canceled`` part drops them.
 """
 
 from __future__ import annotations
@@ -20,8 +21,11 @@ from twilio.twiml.messaging_response import MessagingResponse
 
 from core import identity
 from core.conversation import (
+    UNSENT,
     announce_message,
     conversation_for,
+    mark_part_sent,
+    mark_parts_failed,
     record_inbound,
     record_outbound,
 )
@@ -47,6 +51,8 @@ HELP_TEXT = (
 )
 UNKNOWN_SENDER_TEXT = "Sorry, this number only answers the people it works for."
 
+# A part counts as delivered once Twilio reports it sent (handed to the carrier: not every carrier
+# confirms delivery), delivered or read (WhatsApp); a turn's reply is delivered when every part is.
 DELIVERED = frozenset({"sent", "delivered", "read"})
 NOT_DELIVERED = frozenset({"failed", "undelivered", "canceled"})
 SETTLED = frozenset({"delivered", "failed"})  # turn statuses a receipt no longer changes
@@ -245,20 +251,40 @@ async def send_reply(
         await report_delivery(services, turn_id, ok=False, detail={"reason": "twilio-not-configured"})
         return
     callback = public_request_url(services.settings, MESSAGE_STATUS.path)
-    for part in parts:
+    # A reply in parts has every part recorded before the first goes out, so a receipt for part 1
+    # (which may come back before part 2 is even sent) sees parts still unsent and settles nothing:
+    # the turn is delivered only on the receipts of every part. A reply in one message (the common
+    # case) is recorded once it is sent, in one statement.
+    recorded = (
+        [
+            await record_outbound(db, conversation_id, inbound.channel, part, turn_id=turn_id, delivery_status=UNSENT)
+            for part in parts
+        ]
+        if len(parts) > 1
+        else []
+    )
+    for index, part in enumerate(parts):
         try:
             sid = await services.messenger.send(
                 to=inbound.sender, from_=inbound.recipient, body=part, status_callback=callback
             )
         except PepperError as exc:
             log.error("sending a %s reply failed: %s", inbound.channel, exc.code)
-            await record_outbound(db, conversation_id, inbound.channel, part, turn_id=turn_id, delivery_status="failed")
+            if recorded:  # this part and the ones after it never went out
+                await mark_parts_failed(db, [m.id for m in recorded[index:]])
+            else:
+                await record_outbound(
+                    db, conversation_id, inbound.channel, part, turn_id=turn_id, delivery_status="failed"
+                )
             await report_delivery(services, turn_id, ok=False, detail={"reason": "send-failed", "code": exc.code})
             return
-        await record_outbound(
-            db, conversation_id, inbound.channel, part, turn_id=turn_id, provider_message_id=sid,
-            delivery_status="queued",
-        )  # fmt: skip
+        if recorded:
+            await mark_part_sent(db, recorded[index].id, sid)
+        else:
+            await record_outbound(
+                db, conversation_id, inbound.channel, part, turn_id=turn_id, provider_message_id=sid,
+                delivery_status="queued",
+            )  # fmt: skip
 
 
 @blueprint.post(MESSAGE_STATUS.path)

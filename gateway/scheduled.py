@@ -21,7 +21,14 @@ from email.utils import formataddr, formatdate, make_msgid
 from typing import Any
 
 from core import identity
-from core.conversation import conversation_for, record_sent_once, was_sent
+from core.conversation import (
+    conversation_for,
+    mark_part_sent,
+    mark_parts_failed,
+    record_sent_once,
+    record_unsent_parts,
+    was_sent,
+)
 from core.errors import PepperError
 from core.settings import Settings
 from gateway.segments import split_message
@@ -77,19 +84,23 @@ class GatewayDeliverer:
         callback = public_request_url(self.settings, MESSAGE_STATUS.path)
         conversation_id = await conversation_for(db, request.account_id)
         first_sid: str | None = None
-        for part in split_message(request.body):
+        parts = split_message(request.body)
+        # Every part recorded before the first goes out (as ``gateway.messaging.send_reply`` does):
+        # a receipt for part 1 then sees the rest unsent and does not settle the run's turn.
+        ids = await record_unsent_parts(
+            db, conversation_id, request.channel, parts, handle_id=handle.id, turn_id=request.turn_id
+        )
+        for index, (part, message_id) in enumerate(zip(parts, ids, strict=True)):
             try:
                 sid = await self.messenger.send(
                     to=prefix + handle.value, from_=prefix + line.number, body=part, status_callback=callback
                 )
             except PepperError as exc:
                 log.error("sending a scheduled %s message failed: %s", request.channel, exc.code)
+                await mark_parts_failed(db, ids[index:])
                 return DeliveryResult("failed", exc.code)
             first_sid = first_sid or sid
-            await record_sent_once(
-                db, conversation_id, request.channel, part, provider_message_id=sid, delivery_status="queued",
-                handle_id=handle.id, turn_id=request.turn_id,
-            )  # fmt: skip
+            await mark_part_sent(db, message_id, sid)
         return DeliveryResult("queued", "", first_sid)
 
     async def _email(self, request: DeliveryRequest) -> DeliveryResult:

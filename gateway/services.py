@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from core.access import LoginThrottle
 from core.settings import Settings
 from gateway.tasks import BackgroundTasks
 
@@ -28,3 +29,5 @@ class Services:
     # Where webhooks record messages: sessions that announce after the commit (see
     # ``core.conversation.ANNOUNCE_LATER``); opened when the app starts serving.
     ack_db: Any = None
+    # Failed web sign-ins per login and per address (``/chat/login``).
+    login_throttle: LoginThrottle = field(default_factory=LoginThrottle)

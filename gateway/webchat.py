@@ -100,7 +100,16 @@ async def login() -> Response:
         return _json_error(403, "cross-origin", "sign in from Pepper's own page")
     form = await request.form
     services = _services()
-    account_id = await access.check_web_login(services.db, form.get("login", ""), form.get("password", ""))
+    login_name = form.get("login", "")
+    with services.login_throttle.attempt(login_name, request.remote_addr or "") as attempt:
+        if attempt is None:
+            log.warning("web sign-in throttled")
+            response = _json_error(429, "throttled", "too many failed sign-ins; try again in a few minutes")
+            response.headers["Retry-After"] = str(int(services.login_throttle.window))
+            return response
+        account_id = await access.check_web_login(services.db, login_name, form.get("password", ""))
+        if account_id is not None:
+            attempt.succeeded()
     if account_id is None:
         log.info("web sign-in refused")
         return redirect("/chat?error=1")

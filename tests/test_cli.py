@@ -92,6 +92,36 @@ def test_doctor_on_a_bare_setup_lists_what_is_missing(tmp_path, monkeypatch, cap
     assert not (tmp_path / "data" / "postgres").exists()  # doctor changes nothing
 
 
+def test_doctor_parses_the_secret_key_and_fails_on_a_malformed_one(tmp_path, monkeypatch, capsys):
+    from core.vault import generate_key
+
+    monkeypatch.setenv("PEPPER_DATA_DIR", str(tmp_path / "data"))
+    for bad, problem in (
+        ("not-a-fernet-key-at-all", "PEPPER_SECRET_KEY is not a Fernet key"),
+        (f"{generate_key()},short", "PEPPER_SECRET_KEY is not a Fernet key"),
+        (" , ", "PEPPER_SECRET_KEY holds no key"),
+    ):
+        monkeypatch.setenv("PEPPER_SECRET_KEY", bad)
+        code, out, _ = run_cli(monkeypatch, capsys, "doctor")
+        line = next(ln for ln in out.splitlines() if "connection secrets" in ln)
+        assert code == 1 and "FAIL" in line and problem in line, out
+        assert "not-a-fernet-key" not in out and "short" not in line
+    monkeypatch.setenv("PEPPER_SECRET_KEY", "  ")  # blank: the key file, as the vault does
+    code, out, _ = run_cli(monkeypatch, capsys, "doctor")
+    assert code == 0 and "when the first secret is sealed" in out
+    new, old = generate_key(), generate_key()
+    monkeypatch.setenv("PEPPER_SECRET_KEY", f"{new},{old}")
+    code, out, _ = run_cli(monkeypatch, capsys, "doctor")
+    assert code == 0 and "sealed with the key in PEPPER_SECRET_KEY (and 1 older key that still open)" in out
+    assert new not in out and old not in out
+    # A damaged key file is found too.
+    monkeypatch.delenv("PEPPER_SECRET_KEY")
+    (tmp_path / "data").mkdir(exist_ok=True)
+    (tmp_path / "data" / "secret.key").write_text("garbage\n")
+    code, out, _ = run_cli(monkeypatch, capsys, "doctor")
+    assert code == 1 and "secret.key is not a Fernet key" in out
+
+
 def test_doctor_on_a_configured_setup_gives_the_webhook_urls(db_url, monkeypatch, capsys):
     monkeypatch.setenv("DATABASE_URL", db_url)
     monkeypatch.setenv("PEPPER_PUBLIC_URL", "https://pepper.example.org/")

@@ -12,7 +12,7 @@ from urllib.parse import urlencode
 import aiohttp
 import pytest
 
-from core import identity
+from core import identity, security
 from core.conversation import conversation_for, record_outbound, start_turn, update_turn
 from core.settings import Settings
 from core.store import Database
@@ -114,6 +114,28 @@ async def test_forged_unsigned_and_wrong_url_signatures_are_refused_and_nothing_
     assert await count(stack.db, "messages") == 0
     assert await count(stack.db, "security_events WHERE kind = 'twilio-signature-invalid'") == 5
     assert stack.model.requests == [] and stack.twilio.sent == []
+
+
+async def test_a_flood_of_forged_webhooks_records_a_bounded_number_of_events(stack: Stack):
+    form = stack.twilio.inbound_message(sender=OWNER, to=PEPPER_NUMBER, body="hi")
+    forged = TwilioPeer(auth_token="not-the-token").sign(PUBLIC + "/twilio/sms", form)
+    statuses = await asyncio.gather(
+        *(
+            stack.twilio.post_form(stack.local, PUBLIC, "/twilio/sms", form, signature=forged, session=stack.session)
+            for _ in range(200)
+        )
+    )
+    assert {status for status, _ in statuses} == {403}  # every one refused
+    assert 0 < await count(stack.db, "security_events") <= 30  # not one row each (30 a minute per kind)
+
+
+def test_events_over_the_limit_are_counted_on_the_next_one_recorded():
+    now = [0.0]
+    limiter = security.EventLimiter(per_window=2, window=60, clock=lambda: now[0])
+    assert [limiter.admit("forged") for _ in range(5)] == [(True, 0), (True, 0), (False, 0), (False, 0), (False, 0)]
+    assert limiter.admit("other") == (True, 0)  # per kind
+    now[0] = 61.0
+    assert limiter.admit("forged") == (True, 3) and limiter.admit("forged") == (True, 0)
 
 
 async def test_malformed_and_oversized_webhooks_get_a_clear_4xx(stack: Stack):
@@ -336,6 +358,37 @@ async def test_receipts_for_every_part_arriving_at_once_settle_the_turn(stack: S
     assert await stack.db.fetchval("SELECT done_at FROM todos WHERE id = $1", todo) is not None
     statuses = await stack.db.fetch("SELECT delivery_status FROM messages WHERE direction = 'outbound'")
     assert {r["delivery_status"] for r in statuses} <= {"sent", "delivered"}
+
+
+async def test_the_first_parts_receipt_does_not_settle_a_reply_whose_later_part_fails(stack: Stack):
+    """Twilio reports part 1 delivered while part 2 is still being sent, and part 2 then fails:
+    the staged write is dropped, as the person did not get the whole reply."""
+    todo = await stack.db.fetchval(
+        "INSERT INTO todos (account_id, title) VALUES ($1, 'pay the gas bill') RETURNING id", stack.account_id
+    )
+    sentence = "The gas bill is paid and this answer goes on for quite a while. "
+    stack.model.script(reply_tools(("complete_todo", {"id": todo})), reply_text(sentence * 60))
+    stack.twilio.hold_sends(after=1)
+    await stack.text("I paid the gas bill")
+    [first] = await stack.twilio.wait_for_sent(1)
+    for _ in range(500):  # until part 1's sid is recorded
+        if await count(stack.db, "messages WHERE provider_message_id = $1", first.sid):
+            break
+        await asyncio.sleep(0.01)
+    else:
+        raise AssertionError("part 1 was never recorded")
+    for status in ("sent", "delivered"):
+        assert (await stack.twilio.send_status(stack.local, PUBLIC, first, status))[0] == 204
+    assert await stack.db.fetchval("SELECT status FROM turns") != "delivered"
+    assert await stack.db.fetchval("SELECT done_at FROM todos WHERE id = $1", todo) is None
+    stack.twilio.fail_next(400, 30003)
+    stack.twilio.release_sends()
+    await stack.settle()
+    assert await stack.db.fetchval("SELECT status FROM turns") == "failed"
+    assert await stack.db.fetchval("SELECT done_at FROM todos WHERE id = $1", todo) is None
+    statuses = await stack.db.fetch("SELECT delivery_status FROM messages WHERE direction = 'outbound' ORDER BY id")
+    assert [r["delivery_status"] for r in statuses][:2] == ["delivered", "failed"]
+    assert {r["delivery_status"] for r in statuses[1:]} == {"failed"}  # the unsent rest too
 
 
 async def test_a_model_failure_still_answers_with_an_apology(stack: Stack):

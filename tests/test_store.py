@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pwd
+import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -12,7 +15,7 @@ import pytest
 
 from core.errors import DatabaseUnavailable, MissingPgvector
 from core.store.database import Database, connect, redact_dsn
-from core.store.embedded import SERVER_SETTINGS, EmbeddedPostgres
+from core.store.embedded import SERVER_SETTINGS, EmbeddedPostgres, wheel_bin_dir
 from core.store.migrations import Migration, apply_migrations, load_migrations, pending_migrations
 from core.testing.postgres import DatabaseFactory
 from core.tools.registry import connection
@@ -222,5 +225,100 @@ def test_an_interrupted_initdb_does_not_block_the_next_start(tmp_path: Path):
     try:
         assert pg.is_running()
         assert not (tmp_path / "postgres.init").exists()
+    finally:
+        pg.stop()
+
+
+async def _login_as(dsn: str, role: str) -> bool:
+    """Whether a connection as ``role`` through the embedded server's socket is let in."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(dsn)
+    try:
+        conn = await asyncpg.connect(dsn.replace(f"{parts.username}@", f"{role}@", 1))
+    except (asyncpg.InvalidAuthorizationSpecificationError, asyncpg.InvalidPasswordError):
+        return False
+    await conn.close()
+    return True
+
+
+def _as_other_user(pg: EmbeddedPostgres) -> subprocess.CompletedProcess:
+    """Another local account (``nobody``) trying the superuser through the socket with psql."""
+    psql = str(wheel_bin_dir() / "psql")
+    return subprocess.run(
+        [psql, "-h", str(pg.socket_dir), "-U", "postgres", "-d", "postgres", "-c", "SELECT 1", "-w"],
+        user="nobody", capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("long_path", [False, True], ids=["short", "long"])
+def test_only_peppers_own_user_reaches_the_embedded_postgres(tmp_path: Path, long_path: bool):
+    data_dir = tmp_path / ("d" * 90 if long_path else "data")
+    data_dir.mkdir()
+    pg = EmbeddedPostgres(data_dir)
+    dsn = pg.start()
+    try:
+        sock = pg.socket_dir
+        assert (sock / ".s.PGSQL.5432").exists()
+        info = sock.lstat()
+        server_uid = pwd.getpwnam("embedded_postgres").pw_uid if os.geteuid() == 0 else os.geteuid()
+        assert stat.S_IMODE(info.st_mode) == 0o700 and info.st_uid == server_uid
+        if not long_path:
+            assert sock.parent == data_dir
+
+        async def roles() -> None:
+            conn = await asyncpg.connect(dsn)
+            try:
+                await conn.execute("CREATE ROLE mallory LOGIN")
+                assert {r["auth_method"] for r in await conn.fetch("SELECT auth_method FROM pg_hba_file_rules")} == {
+                    "peer"
+                }
+            finally:
+                await conn.close()
+            # Reaching the socket is not enough to pick a role: only the mapped one is let in.
+            assert await _login_as(dsn, "mallory") is False
+            assert await _login_as(dsn, "postgres") is True
+
+        asyncio.run(roles())
+        if os.geteuid() == 0:
+            other = _as_other_user(pg)
+            assert other.returncode != 0, other.stdout
+    finally:
+        pg.stop()
+
+
+def test_a_data_dir_made_with_trust_and_left_running_is_upgraded(tmp_path: Path):
+    pg = EmbeddedPostgres(tmp_path)
+    dsn = pg.start()
+
+    async def keep(sql: str) -> None:
+        conn = await asyncpg.connect(dsn)
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    asyncio.run(keep("CREATE TABLE kept (v int); INSERT INTO kept VALUES (7); CREATE ROLE mallory LOGIN"))
+    pg.stop()
+    # What an older Pepper left: trust authentication, its socket in the cluster folder, and the
+    # server still running after that Pepper died.
+    (pg.pgdata / "pg_hba.conf").write_text("local all all trust\n")
+    pg._run("pg_ctl", "-D", str(pg.pgdata), "-w", "-t", "60", "-l", str(pg.pgdata / "server.log"),
+            "-o", f"-h '' -k {pg.pgdata}", "start")  # fmt: skip
+    old = f"postgresql://mallory@/postgres?host={pg.pgdata}"
+    assert asyncio.run(_login_as(old, "mallory")) is True  # the hole, before the upgrade
+    try:
+        dsn = pg.start()
+
+        async def after() -> int:
+            assert await _login_as(dsn, "mallory") is False
+            conn = await asyncpg.connect(dsn)
+            try:
+                return await conn.fetchval("SELECT v FROM kept")
+            finally:
+                await conn.close()
+
+        assert asyncio.run(after()) == 7
+        assert not (pg.pgdata / ".s.PGSQL.5432").exists()
     finally:
         pg.stop()

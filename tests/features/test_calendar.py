@@ -182,6 +182,29 @@ async def test_scheduled_run_adds_the_event_but_sends_no_invitations(call):
         assert await call.db.fetchval("SELECT count(*) FROM calendar_events") == 1
 
 
+async def test_a_scheduled_run_stores_no_attendees_from_what_it_read(call):
+    # A scheduled run read an emailed invitation and, fooled, copies its addresses onto the event.
+    await call("add_contact", {"name": "Bob", "emails": ["bob@example.org"]})
+    out = await call(
+        "create_event",
+        {"title": "Vendor sync", "start": "2025-04-03T15:00", "attendees": ["mallory@evil.example", "bob@example.org"]},
+        kind="scheduled",
+    )
+    assert out.status == "ok", out.content
+    assert "NOT added as attendees" in out.content and "mallory@evil.example" in out.content
+    assert await call.db.fetchval("SELECT attendees FROM calendar_events WHERE title = 'Vendor sync'") == "[]"
+    # So a later live change has nobody to tell.
+    [ref] = refs((await call("list_events", {"start": "2025-04-03T00:00", "days": 1})).content)
+    moved = await call("move_event", {"event": ref, "new_start": "2025-04-03T16:00"})
+    assert moved.status == "ok" and "mallory" not in moved.content and "bob@" not in moved.content
+    # A live turn still adds attendees.
+    live = await call(
+        "create_event",
+        {"title": "1:1", "start": "2025-04-04T15:00", "attendees": ["bob@example.org"], "send_invitations": False},
+    )
+    assert live.status == "ok" and "bob@example.org listed as attendees" in live.content
+
+
 async def test_scheduled_run_cannot_change_an_event_with_other_attendees(call):
     await call("add_contact", {"name": "Bob", "emails": ["bob@example.org"]}, delivered=True)
     await call(

@@ -115,6 +115,8 @@ async def test_google_calendar_events_invitations_and_scheduled_rules(gcal, goog
     )
     assert quiet.status == "ok" and "NO invitations" in quiet.content
     assert [e["sendUpdates"] for e in google.events.values()] == ["all", "none"]
+    # The scheduled run's event carries no attendees: a later live change would notify them.
+    assert [e.get("attendees") for e in google.events.values()] == [[{"email": "bob@example.org"}], []]
     listed = await gcal("list_events", {"start": "2025-03-28T00:00", "days": 1})
     sync, _plan = refs(listed.content)
     refused = await gcal("move_event", {"event": sync, "new_start": "2025-03-28T11:00"}, kind="scheduled")

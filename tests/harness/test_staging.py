@@ -115,6 +115,18 @@ async def test_after_a_crash_writes_commit_only_where_delivery_is_on_record(db, 
         await db.fetchval("SELECT count(*) FROM staged_writes WHERE turn_id = $1 AND status = 'staged'", young.turn_id)
         == 2
     )
+    # A long reply whose first part went out before the crash, the second not: not delivered.
+    half_todo = await _todo(db, account, "d")
+    half = await _staged_turn(deps, models, account, half_todo, "note d")
+    for status in ("sent", "sending"):
+        await record_outbound(db, conversation, "sms", "part", turn_id=half.turn_id, delivery_status=status)
+    await db.execute("UPDATE turns SET started_at = now() - interval '1 hour' WHERE id = $1", half.turn_id)
+    assert await recover_unresolved(db, deps.registry, grace=timedelta(minutes=10)) == {
+        "committed": 0,
+        "dropped": 2,
+        "failed": 0,
+    }
+    assert not await _done(db, half_todo)
     # Running it again changes nothing.
     assert await recover_unresolved(db, deps.registry, grace=timedelta(minutes=10)) == {
         "committed": 0,

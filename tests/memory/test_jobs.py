@@ -148,3 +148,15 @@ async def test_the_worker_ticks_in_a_named_task_and_stops(db, ada, peer_router) 
     assert worker.ticks >= 2
     assert not any(t.get_name() == "pepper-memory-jobs" for t in asyncio.all_tasks())
     assert await db.fetchval("SELECT count(*) FROM memory_index") == 1
+
+
+async def test_the_tick_prunes_old_security_events(db, ada, peer_router) -> None:
+    _peer, router = peer_router
+    for age in (timedelta(days=200), timedelta(days=91), timedelta(days=89), timedelta(hours=1)):
+        await db.execute(
+            "INSERT INTO security_events (kind, detail, created_at) VALUES ('twilio-signature-invalid', '{}', $1)",
+            NOW - age,
+        )
+    await memory_jobs_tick(db, router, NOW, config=CONFIG)
+    kept = await db.fetch("SELECT created_at FROM security_events ORDER BY created_at")
+    assert [NOW - r["created_at"] for r in kept] == [timedelta(days=89), timedelta(hours=1)]

@@ -357,3 +357,41 @@ async def test_a_run_waits_for_the_persons_message_turn_and_their_texts_wait_for
     [receipt] = await _receipts(db, task.id)
     assert (receipt["status"], receipt["attempts"]) == ("ran", 1)
     assert [r["id"] for r in await claim_turn(db, 2)] == [meanwhile.id]
+
+
+async def test_a_long_scheduled_text_is_recorded_whole_before_its_first_part_goes_out(db, account, clock):
+    """So Twilio's receipt for part 1, arriving while part 2 is being sent, cannot settle the run."""
+    import asyncio
+
+    from core.identity import add_handle, assign_line
+    from core.settings import Settings
+    from core.testing.twilio_peer import TwilioPeer
+    from gateway.scheduled import GatewayDeliverer
+    from gateway.twilio_client import TwilioMessenger
+    from text_loop.scheduler import DeliveryRequest
+
+    await add_handle(db, account.id, "phone", "+14155552671", verified=True)
+    await assign_line(db, "+14155550100", "personal", account.id)
+    async with TwilioPeer(auth_token="token") as twilio:
+        settings = Settings(
+            twilio_account_sid=twilio.account_sid, twilio_auth_token="token", twilio_api_url=twilio.api_url,
+            public_url="https://pepper.example.org",
+        )  # fmt: skip
+        messenger = TwilioMessenger(settings)
+        try:
+            twilio.hold_sends(after=1)
+            body = "This briefing goes on and on about the day ahead. " * 70
+            request = DeliveryRequest("brief-1", account.id, "sms", body, 1, clock())
+            delivery = asyncio.create_task(GatewayDeliverer(settings, db, messenger).deliver(request))
+            await twilio.wait_for_sent(1)
+            rows = await db.fetch("SELECT delivery_status FROM messages WHERE direction = 'outbound' ORDER BY id")
+            assert len(rows) >= 3 and rows[0]["delivery_status"] in ("sending", "queued")
+            assert {r["delivery_status"] for r in rows[1:]} == {"sending"}
+            twilio.fail_next(400, 30003)
+            twilio.release_sends()
+            result = await asyncio.wait_for(delivery, 30)
+        finally:
+            await messenger.close()
+    assert result.status == "failed"
+    statuses = [r["delivery_status"] for r in await db.fetch("SELECT delivery_status FROM messages ORDER BY id")]
+    assert statuses[0] == "queued" and set(statuses[1:]) == {"failed"}

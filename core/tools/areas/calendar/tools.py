@@ -3,7 +3,9 @@
 Rules in code for scheduled runs (no person present):
 
 * ``create_event`` may add events but sends no invitations (the gate forces
-  ``send_invitations=false``; the handler enforces it again);
+  ``send_invitations=false``; the handler enforces it again) and stores no other attendees: the
+  addresses may come from what the run read, and a later change would notify them. Attendees are
+  added only in a live turn;
 * ``move_event`` and ``cancel_event`` refuse an event with other attendees.
 
 In any session, invitations go only to addresses Pepper can verify (the person's own handles or
@@ -36,7 +38,7 @@ from core.tools.areas.calendar.store import ensure_pepper_calendar, insert_event
 from core.tools.connectors import Connectors
 from core.tools.google_api import GoogleClient
 from core.tools.mail import build_message, clean_addresses, owner_emails, send_smtp, unverifiable
-from core.tools.registry import Tool, ToolContext, ToolOutcome
+from core.tools.registry import Narrowing, Tool, ToolContext, ToolOutcome
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +120,12 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
             return ToolOutcome.failed(exc.message)
         own = await mine(ctx.db, account_id)
         attendees = [a for a in attendees if a not in own]
+        left_off: list[str] = []
+        if ctx.session.kind == "scheduled":
+            # No person is present: the addresses may come from what the run read (an emailed
+            # invitation). Stored on the event, a later live change of a Google event would notify
+            # them, so a scheduled run stores none; a live turn adds them.
+            left_off, attendees = attendees, []
         invite = bool(attendees) and args.get("send_invitations", True)
         if ctx.session.kind == "scheduled":
             invite = False  # the gate already forced this; a tool that trusts only the gate is one bug away
@@ -155,6 +163,11 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
                 f"; invitations sent to {', '.join(attendees)}"
                 if invite
                 else f"; {', '.join(attendees)} listed as attendees but NO invitations were sent"
+            )
+        if left_off:
+            summary += (
+                f"; {', '.join(left_off)} NOT added as attendees and NO invitations were sent: a scheduled run "
+                "creates events without other attendees (add them in a conversation with the person)"
             )
         return ToolOutcome.planned(payload, summary)
 
@@ -437,6 +450,7 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
             area=AREA,
             writes=True,
             scheduled=(("send_invitations", False),),
+            narrowing=(("attendees", Narrowing.fewer()),),
         ),
         Tool(
             name="move_event",

@@ -23,7 +23,7 @@ from core.errors import InvalidInput, PepperError
 from core.tools.connectors import GMAIL_COMPOSE, Connectors
 from core.tools.google_api import GoogleClient, google_connection
 from core.tools.mail import build_message, clean_addresses, owner_emails, send_smtp, unverifiable
-from core.tools.registry import Tool, ToolContext, ToolOutcome
+from core.tools.registry import Narrowing, Tool, ToolContext, ToolOutcome
 
 log = logging.getLogger(__name__)
 
@@ -294,6 +294,7 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
             writes=True,
             needs_connection="pepper_mail",
             scheduled=(("mode", "draft"),),
+            narrowing=(("to", Narrowing.fewer()), ("cc", Narrowing.fewer())),
         ),
         Tool(
             name="email_from_my_gmail",
@@ -314,6 +315,7 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
             writes=True,
             needs_connection="gmail",
             scheduled=(("mode", "draft"),),
+            narrowing=(("to", Narrowing.fewer()), ("cc", Narrowing.fewer())),
         ),
         Tool(
             name="send_email_draft",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
-from core.tools.registry import Tool, ToolContext, ToolOutcome
+from core.tools.registry import Narrowing, Tool, ToolContext, ToolOutcome
 
 
 async def _plan_add(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
@@ -114,6 +114,7 @@ TOOLS: tuple[Tool, ...] = (
         },
         handler=_search,
         area="notes",
+        narrowing=(("limit", Narrowing.lower()),),
     ),
     Tool(
         name="write_document",
