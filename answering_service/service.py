@@ -98,6 +98,7 @@ class AnsweringCallService(CallService):
                 "SELECT pg_advisory_xact_lock(hashtextextended('answering-screen:' || $1::uuid::text, 0))",
                 route.account_id,
             )
+            text: str | None
             if caller is not None and caller in rules.blocked_numbers:
                 verdict, text = "blocked", routing.BLOCKED_TEXT
             else:

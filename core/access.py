@@ -20,7 +20,7 @@ from argon2 import PasswordHasher
 
 from core import identity
 from core.errors import InvalidInput, NotFound
-from core.identity import Executor
+from core.store.queries import Queries
 
 SESSION_LIFETIME = timedelta(days=14)
 MIN_PASSWORD_LENGTH = 10
@@ -44,7 +44,7 @@ def token_hash(token: str) -> bytes:
     return _digest(token)
 
 
-async def set_web_password(db: Executor, account_id: UUID, login: str, password: str) -> identity.Handle:
+async def set_web_password(db: Queries, account_id: UUID, login: str, password: str) -> identity.Handle:
     """Give the account a web login (a verified ``web`` handle) with this password."""
     if len(password) < MIN_PASSWORD_LENGTH:
         raise InvalidInput(f"a password needs at least {MIN_PASSWORD_LENGTH} characters")
@@ -66,7 +66,7 @@ async def set_web_password(db: Executor, account_id: UUID, login: str, password:
     return handle
 
 
-async def check_web_login(db: Executor, login: str, password: str) -> UUID | None:
+async def check_web_login(db: Queries, login: str, password: str) -> UUID | None:
     """The account for a correct login and password; None otherwise (in constant-ish time).
 
     The argon2 check runs on the bounded argon2 threads (``identity.argon2_verify``), never on
@@ -149,7 +149,7 @@ class LoginAttempt:
         self.ok = True
 
 
-async def create_session(db: Executor, account_id: UUID) -> tuple[str, WebSession]:
+async def create_session(db: Queries, account_id: UUID) -> tuple[str, WebSession]:
     """A new browser session: (cookie token, session)."""
     token, csrf = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
     await db.execute(
@@ -162,7 +162,7 @@ async def create_session(db: Executor, account_id: UUID) -> tuple[str, WebSessio
     return token, WebSession(account_id, csrf)
 
 
-async def session_for(db: Executor, token: str | None) -> WebSession | None:
+async def session_for(db: Queries, token: str | None) -> WebSession | None:
     if not token:
         return None
     row = await db.fetchrow(
@@ -172,12 +172,12 @@ async def session_for(db: Executor, token: str | None) -> WebSession | None:
     return WebSession(row["account_id"], row["csrf_token"]) if row else None
 
 
-async def end_session(db: Executor, token: str | None) -> None:
+async def end_session(db: Queries, token: str | None) -> None:
     if token:
         await db.execute("DELETE FROM web_sessions WHERE token_hash = $1", _digest(token))
 
 
-async def create_api_token(db: Executor, account_id: UUID, name: str) -> str:
+async def create_api_token(db: Queries, account_id: UUID, name: str) -> str:
     token = "pep_" + secrets.token_urlsafe(32)
     try:
         await db.execute(
@@ -191,7 +191,7 @@ async def create_api_token(db: Executor, account_id: UUID, name: str) -> str:
     return token
 
 
-async def account_for_token(db: Executor, token: str | None) -> UUID | None:
+async def account_for_token(db: Queries, token: str | None) -> UUID | None:
     if not token:
         return None
     return await db.fetchval(
@@ -199,6 +199,6 @@ async def account_for_token(db: Executor, token: str | None) -> UUID | None:
     )
 
 
-async def revoke_api_tokens(db: Executor, account_id: UUID) -> int:
+async def revoke_api_tokens(db: Queries, account_id: UUID) -> int:
     status = await db.execute("DELETE FROM api_tokens WHERE account_id = $1", account_id)
     return int(status.split()[-1])

@@ -15,8 +15,8 @@ from typing import Any
 from uuid import UUID
 
 from core.errors import InvalidInput, NotFound
-from core.identity import Executor
 from core.store.database import NO_FLUSH
+from core.store.queries import Queries
 
 MESSAGE_CHANNELS: tuple[str, ...] = ("sms", "whatsapp", "voice", "web", "email", "cli", "answering")
 TURN_KINDS: tuple[str, ...] = ("live", "scheduled", "room", "call", "replay")
@@ -54,7 +54,7 @@ def _message(row: Any) -> Message:
     )  # fmt: skip
 
 
-async def conversation_for(db: Executor, account_id: UUID) -> UUID:
+async def conversation_for(db: Queries, account_id: UUID) -> UUID:
     conversation_id = await db.fetchval("SELECT id FROM conversations WHERE account_id = $1", account_id)
     if conversation_id is None:
         raise NotFound(f"no conversation for account {account_id}")
@@ -62,7 +62,7 @@ async def conversation_for(db: Executor, account_id: UUID) -> UUID:
 
 
 async def record_inbound(
-    db: Executor,
+    db: Queries,
     account_id: UUID,
     channel: str,
     body: str,
@@ -122,7 +122,7 @@ async def record_inbound(
 ANNOUNCE_LATER = {"pepper.announce": "later"}
 
 
-async def announce_message(db: Executor, message: Message, *, queued: bool = False) -> None:
+async def announce_message(db: Queries, message: Message, *, queued: bool = False) -> None:
     """The announcements the message triggers skip in ``ANNOUNCE_LATER`` sessions (and for replies,
     :func:`record_outbound`): to open chats (``pepper_messages``) and, for a queued one, to the turn
     workers (``pepper_turns``)."""
@@ -141,7 +141,7 @@ async def announce_message(db: Executor, message: Message, *, queued: bool = Fal
 BURST_LIMIT = 20
 
 
-async def claim_turn(db: Executor, worker: int, *, burst: int = BURST_LIMIT) -> list[Any]:
+async def claim_turn(db: Queries, worker: int, *, burst: int = BURST_LIMIT) -> list[Any]:
     """Take the next turn's messages for answering: none when there is nothing to answer.
 
     The oldest queued inbound message of a conversation that no turn is answering, with the texts
@@ -169,14 +169,14 @@ async def claim_turn(db: Executor, worker: int, *, burst: int = BURST_LIMIT) -> 
     return list(rows)
 
 
-async def hold_for_scheduled_turn(db: Executor, conversation_id: UUID, *, lease: timedelta) -> bool:
+async def hold_for_scheduled_turn(db: Queries, conversation_id: UUID, *, lease: timedelta) -> bool:
     """Take the conversation for a scheduled turn, as a claim takes it for a message turn: False
     while a message turn (or another scheduled turn) is answering it. Until :func:`release_hold`,
     or until ``lease`` passes without :func:`extend_hold`, its messages wait (migration 0103)."""
     return bool(await db.fetchval("SELECT pepper_hold_conversation($1, $2::interval)", conversation_id, lease))
 
 
-async def extend_hold(db: Executor, conversation_id: UUID, *, lease: timedelta) -> None:
+async def extend_hold(db: Queries, conversation_id: UUID, *, lease: timedelta) -> None:
     await db.execute(
         "UPDATE conversations SET held_until = now() + $2::interval WHERE id = $1 AND held_until IS NOT NULL",
         conversation_id,
@@ -184,7 +184,7 @@ async def extend_hold(db: Executor, conversation_id: UUID, *, lease: timedelta) 
     )
 
 
-async def release_hold(db: Executor, conversation_id: UUID) -> None:
+async def release_hold(db: Queries, conversation_id: UUID) -> None:
     """End the hold; turn workers are woken if messages waited for it."""
     await db.execute(
         """
@@ -197,7 +197,7 @@ async def release_hold(db: Executor, conversation_id: UUID) -> None:
     )
 
 
-async def release_orphans(db: Executor, *, stale: timedelta, expire_after: timedelta) -> None:
+async def release_orphans(db: Queries, *, stale: timedelta, expire_after: timedelta) -> None:
     """Queue again the messages whose worker died mid-turn; expire those too old to answer.
 
     A claim names the worker's session; a session that no longer exists means its worker is
@@ -222,7 +222,7 @@ async def release_orphans(db: Executor, *, stale: timedelta, expire_after: timed
 
 
 async def finish_handling(
-    db: Executor, message_ids: Sequence[int], *, handling: str = "done", durable: bool = False
+    db: Queries, message_ids: Sequence[int], *, handling: str = "done", durable: bool = False
 ) -> None:
     """Claimed messages are answered (``done``) or needed no turn after all (``skipped``).
 
@@ -243,7 +243,7 @@ async def finish_handling(
 
 
 async def record_outbound(
-    db: Executor,
+    db: Queries,
     conversation_id: UUID,
     channel: str,
     body: str,
@@ -271,7 +271,7 @@ async def record_outbound(
 
 
 async def record_sent_once(
-    db: Executor,
+    db: Queries,
     conversation_id: UUID,
     channel: str,
     body: str,
@@ -311,7 +311,7 @@ UNSENT = "sending"
 
 
 async def record_unsent_parts(
-    db: Executor,
+    db: Queries,
     conversation_id: UUID,
     channel: str,
     parts: list[str],
@@ -343,7 +343,7 @@ async def record_unsent_parts(
     return list(ids or [])
 
 
-async def mark_part_sent(db: Executor, message_id: int, provider_message_id: str) -> None:
+async def mark_part_sent(db: Queries, message_id: int, provider_message_id: str) -> None:
     """A part recorded by :func:`record_unsent_parts` (or as ``sending``) went out with this provider id."""
     await db.execute(
         "UPDATE messages SET provider_message_id = $2, delivery_status = 'queued' WHERE id = $1",
@@ -352,12 +352,12 @@ async def mark_part_sent(db: Executor, message_id: int, provider_message_id: str
     )
 
 
-async def mark_parts_failed(db: Executor, message_ids: list[int]) -> None:
+async def mark_parts_failed(db: Queries, message_ids: list[int]) -> None:
     """Parts that never went out (the send of one of them failed)."""
     await db.execute("UPDATE messages SET delivery_status = 'failed' WHERE id = ANY($1::bigint[])", message_ids)
 
 
-async def was_sent(db: Executor, channel: str, provider_message_id: str) -> bool:
+async def was_sent(db: Queries, channel: str, provider_message_id: str) -> bool:
     """Whether the message with this provider id went out (a re-run after a crash must not resend)."""
     sent = await db.fetchval(
         "SELECT true FROM messages WHERE channel = $1 AND provider_message_id = $2 AND delivery_status = 'sent'",
@@ -367,7 +367,7 @@ async def was_sent(db: Executor, channel: str, provider_message_id: str) -> bool
     return bool(sent)
 
 
-async def recent_messages(db: Executor, conversation_id: UUID, limit: int = 50) -> list[Message]:
+async def recent_messages(db: Queries, conversation_id: UUID, limit: int = 50) -> list[Message]:
     rows = await db.fetch(
         """
         SELECT * FROM (
@@ -380,7 +380,7 @@ async def recent_messages(db: Executor, conversation_id: UUID, limit: int = 50) 
     return [_message(r) for r in rows]
 
 
-async def start_turn(db: Executor, conversation_id: UUID, *, channel: str, kind: str = "live") -> UUID:
+async def start_turn(db: Queries, conversation_id: UUID, *, channel: str, kind: str = "live") -> UUID:
     if kind not in TURN_KINDS:
         raise InvalidInput(f"unknown turn kind {kind!r}")
     return await db.fetchval(
@@ -400,7 +400,7 @@ class OpenedTurn:
 
 
 async def open_turn(
-    db: Executor,
+    db: Queries,
     account_id: UUID,
     *,
     channel: str,
@@ -479,7 +479,7 @@ class PromptRecord:
 
 
 async def update_turn(
-    db: Executor,
+    db: Queries,
     turn_id: UUID,
     *,
     wait_for_disk: bool = True,

@@ -16,7 +16,7 @@ import itertools
 import re
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, cast
 from uuid import UUID
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -27,6 +27,7 @@ from argon2.exceptions import InvalidHashError, VerificationError
 
 from core.errors import InvalidInput, NotFound
 from core.settings import VOICE_ENGINES
+from core.store.queries import Queries
 
 HandleKind = Literal["phone", "email", "web"]
 Channel = Literal["sms", "whatsapp", "voice", "email"]
@@ -65,9 +66,6 @@ async def argon2_verify(stored: str, secret: str) -> bool:
 async def argon2_hash(secret: str) -> str:
     """An argon2id hash of ``secret``, computed on the bounded argon2 threads."""
     return await asyncio.get_running_loop().run_in_executor(_argon2_pool, _hasher.hash, secret)
-
-
-Executor = asyncpg.Connection | asyncpg.Pool | Any  # anything with fetchrow/fetch/execute
 
 
 @dataclass(frozen=True)
@@ -154,7 +152,7 @@ def _handle(row: asyncpg.Record) -> Handle:
     return Handle(row["id"], row["account_id"], row["kind"], row["value"], row["verified_at"] is not None)
 
 
-async def create_account(db: Executor, name: str, *, timezone: str = "UTC") -> Account:
+async def create_account(db: Queries, name: str, *, timezone: str = "UTC") -> Account:
     if not name.strip():
         raise InvalidInput("an account needs a name")
     try:
@@ -176,7 +174,7 @@ async def create_account(db: Executor, name: str, *, timezone: str = "UTC") -> A
     return _account(row)
 
 
-async def get_account(db: Executor, ref: UUID | str) -> Account:
+async def get_account(db: Queries, ref: UUID | str) -> Account:
     """An account by id, or by exact name when the name is unique."""
     row = None
     try:
@@ -191,12 +189,12 @@ async def get_account(db: Executor, ref: UUID | str) -> Account:
     return _account(row)
 
 
-async def list_accounts(db: Executor) -> list[Account]:
+async def list_accounts(db: Queries) -> list[Account]:
     return [_account(r) for r in await db.fetch("SELECT * FROM accounts ORDER BY created_at")]
 
 
 async def add_handle(
-    db: Executor,
+    db: Queries,
     account_id: UUID,
     kind: str,
     raw_value: str,
@@ -225,7 +223,7 @@ async def add_handle(
 
 
 async def set_handle_verified(
-    db: Executor, kind: str, raw_value: str, verified: bool = True, *, default_region: str = "US"
+    db: Queries, kind: str, raw_value: str, verified: bool = True, *, default_region: str = "US"
 ) -> Handle:
     value = normalize_handle(kind, raw_value, default_region)
     row = await db.fetchrow(
@@ -242,7 +240,7 @@ async def set_handle_verified(
     return _handle(row)
 
 
-async def find_handle(db: Executor, kind: str, raw_value: str, *, default_region: str = "US") -> Handle | None:
+async def find_handle(db: Queries, kind: str, raw_value: str, *, default_region: str = "US") -> Handle | None:
     """The handle for a sender, or None when it belongs to no account (or does not parse)."""
     try:
         value = normalize_handle(kind, raw_value, default_region)
@@ -252,12 +250,12 @@ async def find_handle(db: Executor, kind: str, raw_value: str, *, default_region
     return _handle(row) if row else None
 
 
-async def list_handles(db: Executor, account_id: UUID) -> list[Handle]:
+async def list_handles(db: Queries, account_id: UUID) -> list[Handle]:
     rows = await db.fetch("SELECT * FROM handles WHERE account_id = $1 ORDER BY created_at", account_id)
     return [_handle(r) for r in rows]
 
 
-async def first_verified_handle(db: Executor, account_id: UUID, kind: HandleKind) -> Handle | None:
+async def first_verified_handle(db: Queries, account_id: UUID, kind: HandleKind) -> Handle | None:
     """The account's oldest verified handle of ``kind``: where Pepper reaches the person unasked
     (a scheduled run's result), or None."""
     row = await db.fetchrow(
@@ -272,7 +270,7 @@ async def first_verified_handle(db: Executor, account_id: UUID, kind: HandleKind
 
 
 async def set_consent(
-    db: Executor, handle_id: UUID, channels: tuple[str, ...] | list[str], *, opted_out: bool, source: str
+    db: Queries, handle_id: UUID, channels: tuple[str, ...] | list[str], *, opted_out: bool, source: str
 ) -> None:
     """Record an opt-out (STOP) or opt-in (START) for each channel given."""
     for channel in channels:
@@ -292,7 +290,7 @@ async def set_consent(
     )
 
 
-async def is_blocked(db: Executor, handle_id: UUID, channel: str) -> bool:
+async def is_blocked(db: Queries, handle_id: UUID, channel: str) -> bool:
     """True when the person behind this handle opted out of this channel. Fails toward blocked."""
     if channel not in CONSENT_CHANNELS:
         return True
@@ -332,7 +330,7 @@ def weak_pin_reason(pin: str, phones: list[str] | tuple[str, ...] = ()) -> str |
     return None
 
 
-async def set_pin(db: Executor, account_id: UUID, pin: str) -> None:
+async def set_pin(db: Queries, account_id: UUID, pin: str) -> None:
     if not PIN_PATTERN.match(pin):
         raise InvalidInput("a PIN is 4 to 12 digits")
     rows = await db.fetch("SELECT value FROM handles WHERE account_id = $1 AND kind = 'phone'", account_id)
@@ -348,7 +346,7 @@ async def set_pin(db: Executor, account_id: UUID, pin: str) -> None:
         raise NotFound(f"no account {account_id}")
 
 
-async def verify_pin(db: Executor, account_id: UUID, pin: str) -> bool:
+async def verify_pin(db: Queries, account_id: UUID, pin: str) -> bool:
     """Constant-time check of a spoken or keyed PIN; False when no PIN is set."""
     stored = await db.fetchval("SELECT pin_hash FROM accounts WHERE id = $1", account_id)
     if stored is None or not PIN_PATTERN.match(pin):
@@ -357,7 +355,7 @@ async def verify_pin(db: Executor, account_id: UUID, pin: str) -> bool:
 
 
 async def assign_line(
-    db: Executor,
+    db: Queries,
     raw_number: str,
     kind: str,
     account_id: UUID,
@@ -391,9 +389,7 @@ def _line(row: Any) -> PhoneLine:
     return PhoneLine(row["number"], row["kind"], row["account_id"], row["label"], row["voice_engine"])
 
 
-async def set_line_engine(
-    db: Executor, raw_number: str, engine: str | None, *, default_region: str = "US"
-) -> PhoneLine:
+async def set_line_engine(db: Queries, raw_number: str, engine: str | None, *, default_region: str = "US") -> PhoneLine:
     """Which realtime engine calls on this line run on; ``None`` goes back to the setting."""
     if engine is not None and engine not in VOICE_ENGINES:
         raise InvalidInput(f"a voice engine is one of {', '.join(VOICE_ENGINES)}")
@@ -404,7 +400,7 @@ async def set_line_engine(
     return _line(row)
 
 
-async def find_line(db: Executor, raw_number: str, *, default_region: str = "US") -> PhoneLine | None:
+async def find_line(db: Queries, raw_number: str, *, default_region: str = "US") -> PhoneLine | None:
     try:
         number = normalize_phone(raw_number, default_region)
     except InvalidInput:
@@ -413,7 +409,7 @@ async def find_line(db: Executor, raw_number: str, *, default_region: str = "US"
     return _line(row) if row else None
 
 
-async def personal_line(db: Executor, account_id: UUID) -> PhoneLine | None:
+async def personal_line(db: Queries, account_id: UUID) -> PhoneLine | None:
     """The account's (oldest) personal line: the number Pepper texts and calls the person from."""
     row = await db.fetchrow(
         "SELECT * FROM phone_lines WHERE account_id = $1 AND kind = 'personal' ORDER BY created_at LIMIT 1",
@@ -422,18 +418,18 @@ async def personal_line(db: Executor, account_id: UUID) -> PhoneLine | None:
     return _line(row) if row else None
 
 
-async def list_lines(db: Executor) -> list[PhoneLine]:
+async def list_lines(db: Queries) -> list[PhoneLine]:
     rows = await db.fetch("SELECT * FROM phone_lines ORDER BY kind, number")
     return [_line(r) for r in rows]
 
 
-async def accounts_named(db: Executor, name: str) -> list[Account]:
+async def accounts_named(db: Queries, name: str) -> list[Account]:
     """Every account with exactly this name (trimmed), oldest first."""
     rows = await db.fetch("SELECT * FROM accounts WHERE name = $1 ORDER BY created_at", name.strip())
     return [_account(r) for r in rows]
 
 
-async def rename_account(db: Executor, account_id: UUID, new_name: str) -> Account:
+async def rename_account(db: Queries, account_id: UUID, new_name: str) -> Account:
     if not new_name.strip():
         raise InvalidInput("an account needs a name")
     row = await db.fetchrow(
@@ -444,7 +440,7 @@ async def rename_account(db: Executor, account_id: UUID, new_name: str) -> Accou
     return _account(row)
 
 
-async def delete_account(db: Executor, account_id: UUID) -> None:
+async def delete_account(db: Queries, account_id: UUID) -> None:
     """Remove a person and everything Pepper holds about them, in one transaction.
 
     Every table with an account (or conversation, handle, call) reference cascades from
@@ -468,7 +464,7 @@ async def delete_account(db: Executor, account_id: UUID) -> None:
 
 
 @contextlib.asynccontextmanager
-async def _transaction(db: Executor) -> Any:
+async def _transaction(db: Queries) -> Any:
     """A transaction on ``db``: a Database, a pool or a connection."""
     if isinstance(db, asyncpg.Connection):
         async with db.transaction():
@@ -477,5 +473,5 @@ async def _transaction(db: Executor) -> Any:
         async with db.acquire() as conn, conn.transaction():
             yield conn
     else:
-        async with db.transaction() as conn:
+        async with cast(Any, db).transaction() as conn:  # a core.store.Database
             yield conn

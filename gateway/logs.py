@@ -62,11 +62,11 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, ensure_ascii=False)
 
 
-class _PepperHandler(logging.StreamHandler):  # type: ignore[type-arg]
+class _PepperHandler(logging.StreamHandler):  # type: ignore[type-arg,unused-ignore]
     """Writes to the process's stderr of the moment; marks the handler this module installed,
     so a second call replaces it."""
 
-    @property  # type: ignore[override]
+    @property  # type: ignore[override,unused-ignore]
     def stream(self) -> Any:
         return sys.stderr
 
@@ -103,7 +103,7 @@ def _loguru_sink(message: Any) -> None:
     exc_info = (exception.type, exception.value, exception.traceback) if exception else None
     logger.handle(
         logger.makeRecord(
-            logger.name, level, record["file"].path, record["line"], record["message"], None, exc_info,
+            logger.name, level, record["file"].path, record["line"], record["message"], (), exc_info,
             func=record["function"],
         )
     )  # fmt: skip

@@ -54,9 +54,9 @@ REPEAT_MARK = (
     "[Repeated call: it already ran in this turn with the same arguments and did not run again. Earlier result:]"
 )
 
-Executor = Callable[[ToolCall], Awaitable[CallOutcome]]
+CallRunner = Callable[[ToolCall], Awaitable[CallOutcome]]
 # Opened once per round of tool calls (a live turn holds one store connection for the round).
-ToolRound = Callable[[], AbstractAsyncContextManager[Executor]]
+ToolRound = Callable[[], AbstractAsyncContextManager[CallRunner]]
 # Called after each round of tool calls; returning (status, reply) ends the loop with that reply.
 AfterRound = Callable[[Sequence[CallOutcome]], "tuple[str, str] | None"]
 

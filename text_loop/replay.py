@@ -23,7 +23,7 @@ from core.errors import InvalidInput, NotFound
 from core.models.types import ToolCall
 from core.tools.context import SessionContext
 from core.tools.runner import CallOutcome, render_failed
-from text_loop.loop import Executor, TurnLoop
+from text_loop.loop import CallRunner, TurnLoop
 from text_loop.prompt import canonical_arguments
 from text_loop.records import message_from_record, prompt_record_from_json, tool_spec_from_record
 from text_loop.turn import HarnessDeps, finish_turn
@@ -104,7 +104,7 @@ async def replay_turn(deps: HarnessDeps, turn_id: UUID, *, tier: str | None = No
         )
 
     @asynccontextmanager
-    async def tool_round() -> AsyncIterator[Executor]:
+    async def tool_round() -> AsyncIterator[CallRunner]:
         yield execute
 
     loop = TurnLoop(

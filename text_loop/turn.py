@@ -28,7 +28,7 @@ from core.tools.runner import CallOutcome, run_call
 from core.tools.staging import ResolvedWrite, commit_turn_writes, drop_turn_writes
 from core.tools.starter import starter_registry
 from text_loop.config import HarnessConfig
-from text_loop.loop import Executor, LoopResult, TurnLoop
+from text_loop.loop import CallRunner, LoopResult, TurnLoop
 from text_loop.prompt import PERSONA, RULES, newest_message, stable_prefix
 from text_loop.records import prompt_record
 from text_loop.repair import RepairResult, repair_reply
@@ -196,9 +196,9 @@ async def run_turn(
         tools = session_tools(deps.registry, deps.gate, session)
         messages = [newest_message(text, now, timezone)]
 
-        def open_round(names: frozenset[str], intercept: Interceptor | None) -> AbstractAsyncContextManager[Executor]:
+        def open_round(names: frozenset[str], intercept: Interceptor | None) -> AbstractAsyncContextManager[CallRunner]:
             @asynccontextmanager
-            async def tool_round() -> AsyncIterator[Executor]:
+            async def tool_round() -> AsyncIterator[CallRunner]:
                 # One pool connection for the round's calls, taken when a call first needs it and
                 # given back before an intercepted call (a worker skill runs rounds of its own):
                 # a turn never holds one connection while waiting for another.

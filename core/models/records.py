@@ -11,8 +11,8 @@ from typing import Any
 from uuid import UUID
 
 from core.conversation import update_turn
-from core.identity import Executor
 from core.models.types import Generation
+from core.store.queries import Queries
 
 
 def usage_record(generations: Sequence[Generation]) -> dict[str, Any]:
@@ -39,7 +39,7 @@ def usage_record(generations: Sequence[Generation]) -> dict[str, Any]:
 
 
 async def record_model_use(
-    db: Executor, turn_id: UUID, generations: Sequence[Generation], *, tier: str | None = None
+    db: Queries, turn_id: UUID, generations: Sequence[Generation], *, tier: str | None = None
 ) -> None:
     """Store the model that ran (the last call's), the tier and the usage in the turn record."""
     if not generations:

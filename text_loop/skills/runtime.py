@@ -36,7 +36,7 @@ from core.tools.gate import Gate
 from core.tools.registry import Tool, ToolRegistry, check_arguments
 from core.tools.runner import CallOutcome, render_failed
 from text_loop.config import HarnessConfig
-from text_loop.loop import Executor, LoopResult, TurnLoop
+from text_loop.loop import CallRunner, LoopResult, TurnLoop
 from text_loop.prompt import LABEL
 from text_loop.skills.catalog import SkillCatalog, SkillView, limit_problem
 from text_loop.skills.detector import required_step_flags
@@ -52,7 +52,7 @@ ASK_USER = "ask_user"
 # Opens one round of tool calls: ``open_round(visible tool names, interceptor)``. The interceptor
 # answers calls the registry does not hold (the skill tools); ``None`` lets the registry run it.
 Interceptor = Callable[[ToolCall], Awaitable[CallOutcome | None]]
-OpenRound = Callable[[frozenset[str], Interceptor | None], AbstractAsyncContextManager[Executor]]
+OpenRound = Callable[[frozenset[str], Interceptor | None], AbstractAsyncContextManager[CallRunner]]
 
 HAND_BACK_SPEC = ToolSpec(
     HAND_BACK,
