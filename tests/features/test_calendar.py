@@ -12,7 +12,7 @@ import pytest
 from core.testing.smtp_peer import SmtpPeer
 from core.tools.areas.calendar import Busy, SlotTaken, book, free_busy
 
-from .conftest import OWNER_EMAIL
+from .support import OWNER_EMAIL
 
 
 def refs(text: str) -> list[str]:

@@ -16,7 +16,7 @@ from core.tools.areas.calendar import CalendarUnavailable, add_ical_feed, connec
 from core.tools.connectors import CALENDAR_EVENTS
 from core.tools.google_api import exchange_code
 
-from .conftest import OWNER_EMAIL, serving
+from .support import OWNER_EMAIL, serving
 
 
 def refs(text: str) -> list[str]:

@@ -35,7 +35,7 @@ from gateway import cli_connect
 from gateway.cli import main
 from gateway.server import running_app
 
-from .conftest import Caller, serving
+from .support import Caller, serving
 from .test_calendar_remote import FEED
 
 PASSWORD = "correct horse battery"

@@ -18,7 +18,7 @@ from core.tools.connectors import GMAIL_COMPOSE
 from core.tools.google_api import authorization_url, exchange_code
 from core.tools.starter import starter_registry
 
-from .conftest import OWNER_EMAIL
+from .support import OWNER_EMAIL
 
 MAIL = {"to": ["bob@example.org"], "subject": "Friday", "body": "See you at noon."}
 
