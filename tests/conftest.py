@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +25,26 @@ def _settings_environment() -> set[str]:
 
 
 _PEPPER_ENV = _settings_environment()
+
+
+# What `scripts/test --fast` leaves out (marked `slow`): tests that start `pepper` or other child
+# processes, servers, phone calls or the local speech models, and the few in-process modules that
+# take seconds each. Everything else is unit and in-process work on the test database.
+SLOW_TESTS = (
+    "calls/", "test_cli", "test_gateway_", "test_logs.py", "test_turn_workers.py", "test_store.py",
+    "test_port_lock.py", "test_browser_chat.py", "test_setup.py", "test_config_errors.py", "test_answering_cli.py",
+    "test_deploy_files.py", "scheduler/test_runs.py", "scheduler/test_faults.py", "scheduler/test_cli_tasks.py",
+    "features/test_connect.py", "features/test_calendar", "memory/test_cli_memory.py", "memory/test_search",
+    "skills/test_skills_cli.py", "skills/test_skills_turns.py",
+)  # fmt: skip
+_TESTS_DIR = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        rel = item.path.resolve().relative_to(_TESTS_DIR).as_posix()
+        if rel.startswith(SLOW_TESTS):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(autouse=True)
