@@ -258,3 +258,28 @@ async def test_a_caldav_invitation_whose_mail_fails_leaves_the_event_and_a_clear
     assert "Swim" in listed.content
     row = await call.db.fetchrow("SELECT effect, status, changed_at FROM calendar_outbox")
     assert row["effect"] == "caldav" and row["status"] == "unsent" and row["changed_at"] is not None
+
+
+async def test_a_google_change_refused_after_the_commit_is_recorded_unsent_and_reported(gcal, google):
+    """The change on Google goes out only after its record committed, and Google refusing it is
+    said plainly: nothing changed, the row says unsent."""
+    google.fail_next = 503
+    out = await gcal("create_event", {"title": "Sync", "start": "2025-03-28T09:00", "calendar": "google"})
+    assert out.status == "failed" and "nothing changed: Google Calendar did not take the change" in out.content
+    assert google.events == {}
+    row = await gcal.db.fetchrow("SELECT tool, effect, status, error FROM calendar_outbox")
+    assert (row["tool"], row["effect"], row["status"]) == ("create_event", "google", "unsent") and row["error"]
+
+
+async def test_a_google_change_whose_record_cannot_commit_is_never_asked_of_google(gcal, google):
+    await gcal.db.execute(
+        """
+        CREATE FUNCTION refuse_commit() RETURNS trigger LANGUAGE plpgsql AS
+        $$ BEGIN RAISE EXCEPTION 'commit refused by the test'; END $$;
+        CREATE CONSTRAINT TRIGGER refuse_commit AFTER INSERT ON calendar_outbox
+            DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION refuse_commit();
+        """
+    )
+    out = await gcal("create_event", {"title": "Sync", "start": "2025-03-28T09:00", "calendar": "google"})
+    assert out.status == "failed" and google.events == {}
+    assert await gcal.db.fetchval("SELECT count(*) FROM calendar_outbox") == 0

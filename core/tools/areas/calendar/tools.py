@@ -312,29 +312,37 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
         p, tool = payload["plan"], row["tool"]
         original = datetime.fromisoformat(p["original"]) if p.get("original") else None
         mail = payload.get("mail")
-        if tool == "create_event":
-            cal = await find_calendar(db, account_id, UUID(p["calendar_id"]).hex[:8])
-            client = await caldav_client(db, connectors, cal)
-            await client.put(client.resource_url(payload["uid"], new=True), payload["ical"].encode(), new=True)
-        else:
-            target = await find_event(db, connectors, account_id, f"{p['calendar']}:{p['key']}")
-            d = target.detail
-            url = d["client"].resource_url(d["res"].href)
-            if tool == "move_event":
-                new_start, new_end = datetime.fromisoformat(p["new_start"]), datetime.fromisoformat(p["new_end"])
-                if original is None:
-                    first = ical._instant(d["master"].decoded("DTSTART"), ZoneInfo("UTC"))[0]
-                    delta = timedelta(seconds=p["delta"])
-                    new_start, new_end = first + delta, first + delta + (new_end - new_start)
-                await d["client"].put(url, caldav_shift(d["doc"], original, new_start, new_end), etag=d["res"].etag)
-                mail = await _tell(db, account_id, "REQUEST", p, new_start, new_end, original)
+        try:  # finding the event and working out the change: nothing is asked of the server yet
+            if tool == "create_event":
+                cal = await find_calendar(db, account_id, UUID(p["calendar_id"]).hex[:8])
+                client = await caldav_client(db, connectors, cal)
+                url, etag, new = client.resource_url(payload["uid"], new=True), None, True
+                data: bytes | None = payload["ical"].encode()
             else:
-                if original is not None:
-                    await d["client"].put(url, caldav_cancel_occurrence(d["doc"], original), etag=d["res"].etag)
+                target = await find_event(db, connectors, account_id, f"{p['calendar']}:{p['key']}")
+                d = target.detail
+                client, url, etag, new = d["client"], d["client"].resource_url(d["res"].href), d["res"].etag, False
+                start, end = target.start, target.end
+                if tool == "move_event":
+                    start, end = datetime.fromisoformat(p["new_start"]), datetime.fromisoformat(p["new_end"])
+                    if original is None:
+                        first = ical._instant(d["master"].decoded("DTSTART"), ZoneInfo("UTC"))[0]
+                        delta = timedelta(seconds=p["delta"])
+                        start, end = first + delta, first + delta + (end - start)
+                    data = caldav_shift(d["doc"], original, start, end)
                 else:
-                    await d["client"].delete(url, etag=d["res"].etag)
-                mail = await _tell(db, account_id, "CANCEL", p, target.start, target.end, original)
+                    data = caldav_cancel_occurrence(d["doc"], original) if original is not None else None
+        except Exception as exc:
+            raise _Unchanged(exc) from exc
+        if data is None:
+            await client.delete(url, etag=etag)
+        elif new:
+            await client.put(url, data, new=True)
+        else:
+            await client.put(url, data, etag=etag)
         await db.execute("UPDATE calendar_outbox SET changed_at = now() WHERE id = $1", row["id"])
+        if tool != "create_event":
+            mail = await _tell(db, account_id, "REQUEST" if tool == "move_event" else "CANCEL", p, start, end, original)
         if mail is not None:
             await _send(db, row["id"], mail)
 
@@ -342,7 +350,10 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
         """The change on Google Calendar, which tells attendees itself (``sendUpdates``)."""
         if tool == "create_event":
             start, end = datetime.fromisoformat(p["start"]), datetime.fromisoformat(p["end"])
-            cal = await find_calendar(db, account_id, UUID(p["calendar_id"]).hex[:8])
+            try:
+                cal = await find_calendar(db, account_id, UUID(p["calendar_id"]).hex[:8])
+            except Exception as exc:
+                raise _Unchanged(exc) from exc
             body: dict[str, Any] = {
                 "summary": p["title"],
                 "start": {"dateTime": start.isoformat(), "timeZone": p["tzid"]},
@@ -359,21 +370,24 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
                 "POST", google_path(cal), params={"sendUpdates": "all" if p["invite"] else "none"}, body=body
             )
             return
-        target = await find_event(db, connectors, account_id, f"{p['calendar']}:{p['key']}")
-        client = target.detail["client"]
         updates = {"sendUpdates": "all" if p["notify"] else "none"}
+        try:  # finding the event (and its series): nothing is asked of Google to change yet
+            target = await find_event(db, connectors, account_id, f"{p['calendar']}:{p['key']}")
+            client = target.detail["client"]
+            event_id = p["key"]
+            if tool == "move_event":
+                new_start, new_end = datetime.fromisoformat(p["new_start"]), datetime.fromisoformat(p["new_end"])
+                delta = timedelta(seconds=p["delta"])
+                if p["whole"] and target.detail["item"].get("recurringEventId"):
+                    event_id = target.detail["item"]["recurringEventId"]
+                    master = await client.call("GET", google_path(target.cal, event_id))
+                    first = datetime.fromisoformat(master["start"]["dateTime"].replace("Z", "+00:00"))
+                    new_start, new_end = first + delta, first + delta + (new_end - new_start)
+        except Exception as exc:
+            raise _Unchanged(exc) from exc
         if tool == "cancel_event":
             await client.call("DELETE", google_path(target.cal, p["key"]), params=updates)
             return
-        new_start, new_end = datetime.fromisoformat(p["new_start"]), datetime.fromisoformat(p["new_end"])
-        delta = timedelta(seconds=p["delta"])
-        item = target.detail["item"]
-        event_id = p["key"]
-        if p["whole"] and item.get("recurringEventId"):
-            event_id = item["recurringEventId"]
-            master = await client.call("GET", google_path(target.cal, event_id))
-            first = datetime.fromisoformat(master["start"]["dateTime"].replace("Z", "+00:00"))
-            new_start, new_end = first + delta, first + delta + (new_end - new_start)
         await client.call(
             "PATCH",
             google_path(target.cal, event_id),
@@ -592,6 +606,8 @@ def _told(p: dict[str, Any]) -> str:
 def _may_have_left(exc: BaseException) -> bool:
     """Whether a failed outside effect may still have happened: a mail the server may have taken, a
     request cut off after it was sent. A refusal, or a connection that never opened, surely did not."""
+    if isinstance(exc, _Unchanged):
+        return False
     if isinstance(exc, MailError):
         return exc.maybe_sent
     cause = exc.__cause__
@@ -604,6 +620,8 @@ def _failure(effect: str, payload: dict[str, Any], exc: Exception, *, left: bool
     """What the call says when its outside effect failed: what is saved, what surely did not
     happen, and what may have."""
     p = payload["plan"]
+    if isinstance(exc, _Unchanged):
+        exc = exc.cause
     reason = exc.message if isinstance(exc, PepperError) else f"an internal error ({type(exc).__name__})"
     mail = payload.get("mail") or {}
     to = ", ".join(mail.get("to") or p.get("notify") or p.get("attendees") or ())
@@ -622,6 +640,14 @@ def _failure(effect: str, payload: dict[str, Any], exc: Exception, *, left: bool
             "to check before trying again"
         )
     return f"nothing changed: {calendar} did not take the change ({reason})"
+
+
+class _Unchanged(Exception):
+    """A failure before the change was asked of the remote calendar: surely nothing changed."""
+
+    def __init__(self, cause: Exception):
+        super().__init__(str(cause))
+        self.cause = cause
 
 
 class _Refused(Exception):
