@@ -128,9 +128,11 @@ class AnsweringCallService(CallService):
                 )
         log.info("answering call screened: verdict=%s reason=%s", verdict, route.reason)
         if not inserted:
-            existing = await db.fetchval("SELECT route FROM calls WHERE call_sid = $1", call_sid)
-            if existing != "answering":
-                return route, routing.hang_up()
+            # A retried webhook: a fresh token only while the call still rings (one check with the
+            # owner's calls); a replay once it streamed or ended hangs up.
+            refusal = await self.refuse_retried_webhook(call_sid, "answering")
+            if refusal is not None:
+                return route, refusal
         elif text is not None:
             return dataclasses.replace(route, route=verdict), routing.say_and_hang_up(text)  # type: ignore[arg-type]
         token = await issue_token(db, call_sid, self.token_ttl)
@@ -158,12 +160,13 @@ class AnsweringCallService(CallService):
         if not check.ok:
             await self._refuse(f"media-token-{check.problem}", start)
         row = await self.deps.db.fetchrow(
-            "SELECT c.account_id, c.line_number, a.caller, a.vip FROM calls c"
+            "SELECT c.account_id, c.line_number, c.status, c.ended_at, a.caller, a.vip FROM calls c"
             " JOIN answering_calls a ON a.call_sid = c.call_sid WHERE c.call_sid = $1",
             start.call_sid,
         )
         if row is None:
             await self._refuse("media-not-an-answering-call", start)
+        await self.refuse_call_over(row, start)
         rules = await load_rules(self.deps.db, row["account_id"])
         call = AnsweringCall(start.call_sid, row["account_id"], None, row["caller"], row["line_number"], rules=rules,
                              vip=row["vip"], text_regions=text_countries(rules, self.default_region))  # fmt: skip

@@ -73,16 +73,9 @@ class CallService:
         )
         log.info("voice call classified: route=%s reason=%s", route.route, route.reason)
         if route.route == "owner" and not inserted:
-            # A retried webhook for a call already answered: same route, a fresh token, but only
-            # while no stream has run. A replay once the call streamed or ended gets nothing.
-            existing = await self.deps.db.fetchrow("SELECT route, status, ended_at FROM calls WHERE call_sid = $1",
-                                                   call_sid)  # fmt: skip
-            if existing is None or existing["route"] != "owner":
-                return route, routing.hang_up()
-            if existing["ended_at"] is not None or existing["status"] not in ("ringing", "refused"):
-                log.warning("refused a voice webhook for a call that already streamed or ended")
-                await record_security_event(self.deps.db, "voice-webhook-call-over", call_sid=call_sid)
-                return route, routing.hang_up()
+            refusal = await self.refuse_retried_webhook(call_sid, "owner")
+            if refusal is not None:
+                return route, refusal
         if route.route == "owner":
             token = await issue_token(self.deps.db, call_sid, self.token_ttl)
             return route, routing.connect_stream(stream_url, token, action_url=action_url, name=f"call-{call_sid[-8:]}")
@@ -92,6 +85,20 @@ class CallService:
         if route.route == "blocked":
             return route, routing.say_and_hang_up(routing.BLOCKED_TEXT)
         return route, routing.say_and_hang_up(routing.REFUSED_TEXT)
+
+    async def refuse_retried_webhook(self, call_sid: str, route: str) -> str | None:
+        """A retried webhook for a call already recorded: ``None`` when it may have a fresh token
+        (the call is on ``route`` and still ringing, no stream has run), else the TwiML that hangs
+        up. A replay once the call streamed or ended is a security event."""
+        existing = await self.deps.db.fetchrow("SELECT route, status, ended_at FROM calls WHERE call_sid = $1",
+                                               call_sid)  # fmt: skip
+        if existing is None or existing["route"] != route:
+            return routing.hang_up()
+        if existing["ended_at"] is not None or existing["status"] not in ("ringing", "refused"):
+            log.warning("refused a voice webhook for a call that already streamed or ended")
+            await record_security_event(self.deps.db, "voice-webhook-call-over", call_sid=call_sid)
+            return routing.hang_up()
+        return None
 
     async def after_stream(self, call_sid: str) -> str:
         """TwiML once Pepper closed the media socket: an apology if the model failed, else hang up."""
@@ -143,10 +150,15 @@ class CallService:
         )
         if row is None or row["route"] != "owner" or row["account_id"] is None:
             await self._refuse("media-not-an-owner-call", start)
-        if row["ended_at"] is not None or row["status"] != "ringing":
-            await self._refuse("media-call-over", start)
+        await self.refuse_call_over(row, start)
         return start, OwnerCall(start.call_sid, row["account_id"], row["handle_id"], row["caller"], row["line_number"],
                                 row["attested"])  # fmt: skip
+
+    async def refuse_call_over(self, row: Any, start: media.StreamStart) -> None:
+        """Refuse a stream (after its token was consumed) for a call that already streamed or
+        ended: ``row`` is its ``calls`` row, with ``status`` and ``ended_at``."""
+        if row["ended_at"] is not None or row["status"] != "ringing":
+            await self._refuse("media-call-over", start)
 
     async def _refuse(self, kind: str, start: media.StreamStart | None) -> None:
         log.warning("refused a media stream: reason=%s", kind)

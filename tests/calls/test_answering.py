@@ -710,3 +710,54 @@ async def test_a_hang_up_the_instant_the_booking_is_confirmed_loses_no_text(phon
         ("caller_text", "sent"),
         ("owner_notice", "sent"),
     ]
+
+
+async def test_a_replayed_webhook_for_an_ended_forwarded_call_gets_no_stream(phone):
+    """Someone who captured the signed webhook of a forwarded call replays it once the call is
+    over: the same form, so the same valid signature. No fresh stream token comes back."""
+    answer = await _forwarded(phone)
+    async with phone.caller.media(answer) as call:
+        await phone.until_listening(call)
+        await call.hang_up()
+    await _ended(phone, answer.call_sid)
+    replay = await phone.caller.dial(from_=STRANGER, to=LINE, call_sid=answer.call_sid, ForwardedFrom=OWNER)
+    assert replay.status == 200 and not replay.connected
+    assert "<Hangup" in replay.twiml and "call_token" not in replay.twiml
+    assert await phone.db.fetchval("SELECT count(*) FROM call_stream_tokens") == 1
+    assert await phone.db.fetchval("SELECT kind FROM security_events") == "voice-webhook-call-over"
+
+
+async def test_a_replayed_webhook_for_an_answering_line_call_that_streamed_gets_no_stream(phone):
+    """The same replay on an answering line, while the first stream still runs: a second stream
+    token would let the replayer join the call."""
+    answer = await phone.caller.dial(from_=STRANGER, to=ANSWERING_LINE)
+    assert answer.connected, answer.twiml
+    async with phone.caller.media(answer) as call:
+        await phone.until_listening(call)
+        replay = await phone.caller.dial(from_=STRANGER, to=ANSWERING_LINE, call_sid=answer.call_sid)
+        assert replay.status == 200 and not replay.connected
+        assert "<Hangup" in replay.twiml and "call_token" not in replay.twiml
+        await call.hang_up()
+    assert await phone.db.fetchval("SELECT count(*) FROM call_stream_tokens") == 1
+    assert await phone.db.fetchval("SELECT kind FROM security_events") == "voice-webhook-call-over"
+
+
+async def test_a_retried_webhook_for_a_ringing_forwarded_call_still_gets_a_stream(phone):
+    """Twilio retrying the webhook before any stream ran is not a replay: a fresh token."""
+    answer = await _forwarded(phone)
+    again = await phone.caller.dial(from_=STRANGER, to=LINE, call_sid=answer.call_sid, ForwardedFrom=OWNER)
+    assert again.connected, again.twiml
+    assert await phone.db.fetchval("SELECT count(*) FROM call_stream_tokens") == 2
+    assert await phone.db.fetchval("SELECT count(*) FROM security_events") == 0
+
+
+async def test_a_stream_for_an_answering_call_that_already_ended_is_refused(phone):
+    """A stream token issued for a forwarded call that ended before its stream came (the status
+    callback said so) admits nothing."""
+    answer = await _forwarded(phone)
+    assert await phone.caller.status(answer.call_sid, "completed") in (200, 204)
+    async with phone.caller.media(answer) as call:
+        await call.wait(lambda: call.closed.is_set(), within=5, what="the socket to close")
+        assert call.close_code == 1008
+    assert await phone.db.fetchval("SELECT kind FROM security_events") == "media-call-over"
+    assert not phone.model.sessions  # no model session was opened for it

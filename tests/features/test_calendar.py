@@ -4,6 +4,7 @@ and the scheduled-run rules."""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from datetime import UTC, datetime, timedelta
 
@@ -227,3 +228,106 @@ async def test_scheduled_run_cannot_change_an_event_with_other_attendees(call):
     assert "Thu 03 Apr 2025 15:00-16:00 1:1" in after and "Thu 03 Apr 2025 10:00-11:00 Focus" in after
     live = await call("cancel_event", {"event": one_on_one})
     assert live.status == "ok" and "NOT told" in live.content  # Pepper's mail is not set up here
+
+
+def _mailing(call, port: int):
+    return call.using(smtp_host="127.0.0.1", smtp_port=port, smtp_security="none", smtp_from="pepper@p.test")
+
+
+async def _refuse_commits_on(db, table: str) -> None:
+    """The store refuses the commit itself (a deferred check fails at COMMIT)."""
+    await db.execute(
+        f"""
+        CREATE FUNCTION refuse_commit() RETURNS trigger LANGUAGE plpgsql AS
+        $$ BEGIN RAISE EXCEPTION 'commit refused by the test'; END $$;
+        CREATE CONSTRAINT TRIGGER refuse_commit AFTER INSERT OR UPDATE ON {table}
+            DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION refuse_commit();
+        """
+    )
+
+
+LUNCH = {"title": "Lunch", "start": "2025-04-03T12:00", "attendees": ["bob@example.org"]}
+
+
+async def test_an_invitation_whose_event_cannot_commit_does_not_go_out(call):
+    async with SmtpPeer() as smtp:
+        caller = _mailing(call, smtp.port)
+        await caller("add_contact", {"name": "Bob", "emails": ["bob@example.org"]}, delivered=True)
+        await _refuse_commits_on(call.db, "calendar_events")
+        out = await caller("create_event", LUNCH)
+        assert out.status == "failed"
+        # Never an invitation to an event that is not there.
+        assert smtp.received == [] and await call.db.fetchval("SELECT count(*) FROM calendar_events") == 0
+
+
+async def test_a_cancellation_whose_change_cannot_commit_does_not_go_out(call):
+    async with SmtpPeer() as smtp:
+        caller = _mailing(call, smtp.port)
+        await caller("add_contact", {"name": "Bob", "emails": ["bob@example.org"]}, delivered=True)
+        assert (await caller("create_event", LUNCH)).status == "ok"
+        [ref] = refs((await caller("list_events", {"start": "2025-04-03T00:00", "days": 1})).content)
+        await _refuse_commits_on(call.db, "calendar_events")
+        out = await caller("cancel_event", {"event": ref})
+        assert out.status == "failed"
+        assert len(smtp.received) == 1  # the invitation only: no cancellation of an event that still stands
+        assert await call.db.fetchval("SELECT status FROM calendar_events") == "confirmed"
+
+
+async def test_an_invitation_cut_off_after_the_mail_was_handed_over_is_kept_as_failed(call):
+    """A mail server that takes the whole invitation and drops the connection instead of answering:
+    the event is saved, the mail may have gone, and its record says so with its Message-ID."""
+    got: list[bytes] = []
+
+    async def mute_after_data(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"220 test ESMTP\r\n")
+        while line := await reader.readline():
+            if line.upper().startswith(b"DATA"):
+                writer.write(b"354 go on\r\n")
+                got.append(await reader.readuntil(b"\r\n.\r\n"))
+                break  # no answer: the connection just ends
+            writer.write(b"250 ok\r\n")
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(mute_after_data, "127.0.0.1", 0)
+    try:
+        caller = _mailing(call, server.sockets[0].getsockname()[1])
+        await caller("add_contact", {"name": "Bob", "emails": ["bob@example.org"]}, delivered=True)
+        out = await caller("create_event", LUNCH)
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert out.status == "failed" and len(got) == 1
+    assert "saved" in out.content and "not known whether the mail to bob@example.org went out" in out.content
+    assert await call.db.fetchval("SELECT count(*) FROM calendar_events WHERE title = 'Lunch'") == 1
+    row = await call.db.fetchrow("SELECT tool, effect, status, message_id, payload FROM calendar_outbox")
+    assert (row["tool"], row["effect"], row["status"]) == ("create_event", "mail", "failed")
+    assert row["message_id"] and row["message_id"].encode() in got[0]
+    assert "METHOD:REQUEST" in json.loads(row["payload"])["mail"]["ical"]
+
+
+async def test_an_invitation_the_mail_server_never_took_is_recorded_unsent_and_the_event_stands(call):
+    server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    server.close()
+    await server.wait_closed()  # nothing listens there now: the connection is refused
+    caller = _mailing(call, port)
+    await caller("add_contact", {"name": "Bob", "emails": ["bob@example.org"]}, delivered=True)
+    out = await caller("create_event", LUNCH)
+    assert out.status == "failed"
+    assert "saved in Pepper's calendar" in out.content and "did NOT go out" in out.content
+    assert await call.db.fetchval("SELECT count(*) FROM calendar_events WHERE title = 'Lunch'") == 1
+    assert await call.db.fetchval("SELECT status FROM calendar_outbox") == "unsent"
+
+
+async def test_a_sent_invitation_is_recorded_as_sent(call):
+    async with SmtpPeer() as smtp:
+        caller = _mailing(call, smtp.port)
+        await caller("add_contact", {"name": "Bob", "emails": ["bob@example.org"]}, delivered=True)
+        assert (await caller("create_event", LUNCH)).status == "ok"
+        [ref] = refs((await caller("list_events", {"start": "2025-04-03T00:00", "days": 1})).content)
+        assert (await caller("cancel_event", {"event": ref})).status == "ok"
+        assert len(smtp.received) == 2
+    rows = await call.db.fetch("SELECT tool, status, message_id, done_at FROM calendar_outbox ORDER BY id")
+    assert [(r["tool"], r["status"]) for r in rows] == [("create_event", "sent"), ("cancel_event", "sent")]
+    assert all(r["message_id"] and r["done_at"] for r in rows)

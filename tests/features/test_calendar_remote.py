@@ -3,6 +3,7 @@ and read-only iCalendar feeds served over HTTP."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import uuid
 from datetime import UTC, datetime
@@ -226,3 +227,59 @@ async def test_opaque_all_day_events_are_busy_for_the_owners_local_days_and_tran
     assert [(b.start, b.end) for b in busy] == [
         (datetime(2025, 3, 30, 22, tzinfo=UTC), datetime(2025, 4, 1, 22, tzinfo=UTC))
     ]
+
+
+async def test_a_caldav_change_the_server_never_got_is_recorded_unsent_and_reported(call, radicale):
+    url = radicale.make_calendar("ada", f"cal-{uuid.uuid4().hex[:8]}")
+    await connect_caldav(call.db, call.connectors, call.account.id, url, "ada", "x")
+    await call.db.execute("UPDATE calendars SET remote = 'http://127.0.0.1:9/nothing/' WHERE kind = 'caldav'")
+    out = await call("create_event", {"title": "Swim", "start": "2025-04-01T07:30", "calendar": "caldav"})
+    assert out.status == "failed" and "nothing changed" in out.content
+    row = await call.db.fetchrow("SELECT effect, status, changed_at FROM calendar_outbox")
+    assert (row["effect"], row["status"], row["changed_at"]) == ("caldav", "unsent", None)
+
+
+async def test_a_caldav_invitation_whose_mail_fails_leaves_the_event_and_a_clear_record(call, caldav):
+    """The event reached the CalDAV server, the invitation did not leave: the call says exactly that
+    (not "nothing changed"), and the outbox row records both."""
+    server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    server.close()
+    await server.wait_closed()  # nothing listens there now: the connection is refused
+    caller = call.using(smtp_host="127.0.0.1", smtp_port=port, smtp_security="none", smtp_from="pepper@p.test")
+    await caller("add_contact", {"name": "Bob", "emails": ["bob@example.org"]}, delivered=True)
+    out = await caller(
+        "create_event",
+        {"title": "Swim", "start": "2025-04-01T07:30", "calendar": "caldav", "attendees": ["bob@example.org"]},
+    )
+    assert out.status == "failed"
+    assert "saved on the CalDAV calendar" in out.content and "did NOT go out" in out.content
+    listed = await caller("list_events", {"start": "2025-04-01T00:00", "days": 1})
+    assert "Swim" in listed.content
+    row = await call.db.fetchrow("SELECT effect, status, changed_at FROM calendar_outbox")
+    assert row["effect"] == "caldav" and row["status"] == "unsent" and row["changed_at"] is not None
+
+
+async def test_a_google_change_refused_after_the_commit_is_recorded_unsent_and_reported(gcal, google):
+    """The change on Google goes out only after its record committed, and Google refusing it is
+    said plainly: nothing changed, the row says unsent."""
+    google.fail_next = 503
+    out = await gcal("create_event", {"title": "Sync", "start": "2025-03-28T09:00", "calendar": "google"})
+    assert out.status == "failed" and "nothing changed: Google Calendar did not take the change" in out.content
+    assert google.events == {}
+    row = await gcal.db.fetchrow("SELECT tool, effect, status, error FROM calendar_outbox")
+    assert (row["tool"], row["effect"], row["status"]) == ("create_event", "google", "unsent") and row["error"]
+
+
+async def test_a_google_change_whose_record_cannot_commit_is_never_asked_of_google(gcal, google):
+    await gcal.db.execute(
+        """
+        CREATE FUNCTION refuse_commit() RETURNS trigger LANGUAGE plpgsql AS
+        $$ BEGIN RAISE EXCEPTION 'commit refused by the test'; END $$;
+        CREATE CONSTRAINT TRIGGER refuse_commit AFTER INSERT ON calendar_outbox
+            DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION refuse_commit();
+        """
+    )
+    out = await gcal("create_event", {"title": "Sync", "start": "2025-03-28T09:00", "calendar": "google"})
+    assert out.status == "failed" and google.events == {}
+    assert await gcal.db.fetchval("SELECT count(*) FROM calendar_outbox") == 0

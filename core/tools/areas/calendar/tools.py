@@ -14,11 +14,14 @@ a contact's addresses).
 
 from __future__ import annotations
 
+import json
 import logging
 from datetime import datetime, timedelta
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 from zoneinfo import ZoneInfo
+
+import httpx
 
 from core.errors import InvalidInput, PepperError
 from core.tools.areas.calendar import ical
@@ -37,7 +40,7 @@ from core.tools.areas.calendar.sources import caldav_client, find_calendar, goog
 from core.tools.areas.calendar.store import ensure_pepper_calendar, insert_event
 from core.tools.connectors import Connectors
 from core.tools.google_api import GoogleClient
-from core.tools.mail import build_message, clean_addresses, owner_emails, send_smtp, unverifiable
+from core.tools.mail import MailError, build_message, clean_addresses, owner_emails, send_smtp, unverifiable
 from core.tools.registry import Narrowing, Tool, ToolContext, ToolOutcome
 
 log = logging.getLogger(__name__)
@@ -155,6 +158,7 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
             "attendees": attendees,
             "invite": invite,
             "organizer": organizer,
+            "outbox": uuid4().hex,
         }
         when = f"{_fmt(start, tz)}-{end.astimezone(tz):%H:%M} ({tz.key})"
         summary = f"event {payload['title']!r} created in {cal.name}, {when}" + (", repeating" if rrule else "")
@@ -171,6 +175,81 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
             )
         return ToolOutcome.planned(payload, summary)
 
+    # --- outside effects: an outbox row committed with the change, the effect after the commit ---
+
+    async def _queue(conn: Any, account_id: UUID, tool: str, effect: str, p: dict[str, Any], **extra: Any) -> None:
+        await conn.execute(
+            "INSERT INTO calendar_outbox (account_id, effect_key, tool, effect, payload)"
+            " VALUES ($1, $2, $3, $4, $5::jsonb)",
+            account_id, p["outbox"], tool, effect, json.dumps({"plan": p, **extra}),
+        )  # fmt: skip
+
+    async def _after(db: Any, account_id: UUID, p: dict[str, Any]) -> None:
+        """After the commit: claim the call's outbox row, do what it says, record how it went. A
+        failure that surely did not leave is ``unsent``, one that may have left stays ``failed``;
+        either way the call fails with what happened."""
+        row = await db.fetchrow(
+            "UPDATE calendar_outbox SET status = 'sending' WHERE account_id = $1 AND effect_key = $2"
+            " AND status = 'queued' RETURNING *",
+            account_id, p.get("outbox"),
+        )  # fmt: skip
+        if row is None:
+            return  # nothing to do outside (or another call took it)
+        payload = json.loads(row["payload"]) if isinstance(row["payload"], str) else row["payload"]
+        try:
+            if row["effect"] == "mail":
+                await _send(db, row["id"], payload["mail"])
+            elif row["effect"] == "caldav":
+                await _caldav(db, account_id, row, payload)
+            else:
+                await _google(db, account_id, row["tool"], payload["plan"])
+        except Exception as exc:
+            left = _may_have_left(exc)
+            changed = await db.fetchval(
+                "UPDATE calendar_outbox SET status = $2, error = $3, done_at = now() WHERE id = $1 RETURNING"
+                " changed_at IS NOT NULL",
+                row["id"], "failed" if left else "unsent", getattr(exc, "code", type(exc).__name__),
+            )  # fmt: skip
+            log.warning("calendar outside effect failed: effect=%s may_have_left=%s", row["effect"], left)
+            raise PepperError(_failure(row["effect"], payload, exc, left=left, changed=bool(changed))) from exc
+        await db.execute("UPDATE calendar_outbox SET status = 'sent', done_at = now() WHERE id = $1", row["id"])
+
+    async def _mail_spec(
+        db: Any, account_id: UUID, method: str, vevent: Any, to: list[str], subject: str
+    ) -> dict[str, Any]:
+        """The iMIP mail (an invitation, update or cancellation) as the outbox records it."""
+        cc = (await owner_emails(db, account_id))[:1]
+        return {"method": method, "ical": ical.wrap(vevent, method=method).decode(), "to": to, "cc": cc,
+                "subject": subject}  # fmt: skip
+
+    async def _send(db: Any, row_id: int, mail: dict[str, Any]) -> None:
+        cc = mail["cc"]
+        message = build_message(
+            from_address=connectors.smtp_from or "", from_name="Pepper", to=mail["to"], cc=cc,
+            subject=mail["subject"], body=f"{mail['subject']}\n\nSent by Pepper on behalf of "
+            f"{cc[0] if cc else 'its owner'}.", calendar=mail["ical"].encode(), calendar_method=mail["method"],
+        )  # fmt: skip
+        await db.execute("UPDATE calendar_outbox SET message_id = $2 WHERE id = $1", row_id, message["Message-ID"])
+        await send_smtp(connectors, message)
+
+    async def _tell(
+        db: Any, account_id: UUID, method: str, p: dict[str, Any], start: datetime, end: datetime,
+        original: datetime | None,
+    ) -> dict[str, Any] | None:  # fmt: skip
+        """The update or cancellation mail (iMIP) for Pepper's own and CalDAV calendars, if anyone is told."""
+        if not p["notify"]:
+            return None
+        uid = p.get("uid") or f"{p['key']}@pepper"
+        vevent = ical.build_vevent(
+            uid=uid, title=p["title"], start=start, end=end, tzid="UTC", attendees=[Attendee(a) for a in p["notify"]],
+            organizer=p.get("organizer"), sequence=p.get("sequence", 0) + 1, recurrence_id=original,
+            status="CANCELLED" if method == "CANCEL" else None,
+        )  # fmt: skip
+        word = "Cancelled" if method == "CANCEL" else "Updated"
+        return await _mail_spec(db, account_id, method, vevent, p["notify"], f"{word}: {p['title']}")
+
+    # --- applying (in the runner's transaction) -----------------------------------------------
+
     async def _apply_create(conn: Any, account_id: UUID, p: dict[str, Any]) -> None:
         start, end = datetime.fromisoformat(p["start"]), datetime.fromisoformat(p["end"])
         people = [Attendee(a) for a in p["attendees"]]
@@ -179,6 +258,9 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
             uid=uid, title=p["title"], start=start, end=end, tzid=p["tzid"], rrule=p["rrule"],
             location=p["location"], description=p["description"], attendees=people, organizer=p["organizer"],
         )  # fmt: skip
+        mail = None
+        if p["invite"] and p["kind"] in ("pepper", "caldav"):
+            mail = await _mail_spec(conn, account_id, "REQUEST", vevent, p["attendees"], f"Invitation: {p['title']}")
         if p["kind"] == "pepper":
             cal_id = await ensure_pepper_calendar(conn, account_id)
             await insert_event(
@@ -186,12 +268,92 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
                 location=p["location"], description=p["description"], uid=uid,
                 attendees=[a.as_json() for a in people],
             )  # fmt: skip
+            if mail is not None:
+                await _queue(conn, account_id, "create_event", "mail", p, mail=mail)
         elif p["kind"] == "caldav":
-            cal = await find_calendar(conn, account_id, UUID(p["calendar_id"]).hex[:8])
-            client = await caldav_client(conn, connectors, cal)
-            await client.put(client.resource_url(uid, new=True), ical.wrap(vevent), new=True)
+            await _queue(conn, account_id, "create_event", "caldav", p, uid=uid, ical=ical.wrap(vevent).decode(),
+                         mail=mail)  # fmt: skip
         elif p["kind"] == "google":
-            cal = await find_calendar(conn, account_id, UUID(p["calendar_id"]).hex[:8])
+            await _queue(conn, account_id, "create_event", "google", p)
+
+    async def _apply_move(conn: Any, account_id: UUID, p: dict[str, Any]) -> None:
+        if p["kind"] != "pepper":
+            await _queue(conn, account_id, "move_event", p["kind"], p)
+            return
+        original = datetime.fromisoformat(p["original"]) if p["original"] else None
+        new_start, new_end = datetime.fromisoformat(p["new_start"]), datetime.fromisoformat(p["new_end"])
+        delta = timedelta(seconds=p["delta"])
+        row = await conn.fetchrow("SELECT starts_at, ends_at FROM calendar_events WHERE id = $1", UUID(hex=p["key"]))
+        if original is None and row is not None:  # whole series or single event: shift by the same amount
+            new_start, new_end = row["starts_at"] + delta, row["starts_at"] + delta + (new_end - new_start)
+        await shift_own(conn, account_id, UUID(hex=p["key"]), new_start, new_end, original)
+        mail = await _tell(conn, account_id, "REQUEST", p, new_start, new_end, original)
+        if mail is not None:
+            await _queue(conn, account_id, "move_event", "mail", p, mail=mail)
+
+    async def _apply_cancel(conn: Any, account_id: UUID, p: dict[str, Any]) -> None:
+        if p["kind"] != "pepper":
+            await _queue(conn, account_id, "cancel_event", p["kind"], p)
+            return
+        original = datetime.fromisoformat(p["original"]) if p["original"] else None
+        row = await conn.fetchrow("SELECT starts_at, ends_at FROM calendar_events WHERE id = $1", UUID(hex=p["key"]))
+        await cancel_own(conn, account_id, UUID(hex=p["key"]), original)
+        if row is not None:
+            start = original or row["starts_at"]
+            mail = await _tell(conn, account_id, "CANCEL", p, start, start + (row["ends_at"] - row["starts_at"]),
+                               original)  # fmt: skip
+            if mail is not None:
+                await _queue(conn, account_id, "cancel_event", "mail", p, mail=mail)
+
+    # --- the outside effects (after the commit) -------------------------------------------------
+
+    async def _caldav(db: Any, account_id: UUID, row: Any, payload: dict[str, Any]) -> None:
+        """The change on the CalDAV server, then (its time known) the mail that tells attendees."""
+        p, tool = payload["plan"], row["tool"]
+        original = datetime.fromisoformat(p["original"]) if p.get("original") else None
+        mail = payload.get("mail")
+        try:  # finding the event and working out the change: nothing is asked of the server yet
+            if tool == "create_event":
+                cal = await find_calendar(db, account_id, UUID(p["calendar_id"]).hex[:8])
+                client = await caldav_client(db, connectors, cal)
+                url, etag, new = client.resource_url(payload["uid"], new=True), None, True
+                data: bytes | None = payload["ical"].encode()
+            else:
+                target = await find_event(db, connectors, account_id, f"{p['calendar']}:{p['key']}")
+                d = target.detail
+                client, url, etag, new = d["client"], d["client"].resource_url(d["res"].href), d["res"].etag, False
+                start, end = target.start, target.end
+                if tool == "move_event":
+                    start, end = datetime.fromisoformat(p["new_start"]), datetime.fromisoformat(p["new_end"])
+                    if original is None:
+                        first = ical._instant(d["master"].decoded("DTSTART"), ZoneInfo("UTC"))[0]
+                        delta = timedelta(seconds=p["delta"])
+                        start, end = first + delta, first + delta + (end - start)
+                    data = caldav_shift(d["doc"], original, start, end)
+                else:
+                    data = caldav_cancel_occurrence(d["doc"], original) if original is not None else None
+        except Exception as exc:
+            raise _Unchanged(exc) from exc
+        if data is None:
+            await client.delete(url, etag=etag)
+        elif new:
+            await client.put(url, data, new=True)
+        else:
+            await client.put(url, data, etag=etag)
+        await db.execute("UPDATE calendar_outbox SET changed_at = now() WHERE id = $1", row["id"])
+        if tool != "create_event":
+            mail = await _tell(db, account_id, "REQUEST" if tool == "move_event" else "CANCEL", p, start, end, original)
+        if mail is not None:
+            await _send(db, row["id"], mail)
+
+    async def _google(db: Any, account_id: UUID, tool: str, p: dict[str, Any]) -> None:
+        """The change on Google Calendar, which tells attendees itself (``sendUpdates``)."""
+        if tool == "create_event":
+            start, end = datetime.fromisoformat(p["start"]), datetime.fromisoformat(p["end"])
+            try:
+                cal = await find_calendar(db, account_id, UUID(p["calendar_id"]).hex[:8])
+            except Exception as exc:
+                raise _Unchanged(exc) from exc
             body: dict[str, Any] = {
                 "summary": p["title"],
                 "start": {"dateTime": start.isoformat(), "timeZone": p["tzid"]},
@@ -203,38 +365,37 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
             for key in ("location", "description"):
                 if p[key]:
                     body[key] = p[key]
-            client = GoogleClient(conn, connectors, cal.connection_id)  # type: ignore[arg-type]
+            client = GoogleClient(db, connectors, cal.connection_id)  # type: ignore[arg-type]
             await client.call(
                 "POST", google_path(cal), params={"sendUpdates": "all" if p["invite"] else "none"}, body=body
             )
             return
-        if p["invite"]:
-            await _imip(conn, account_id, "REQUEST", vevent, p["attendees"], f"Invitation: {p['title']}")
-
-    async def _imip(conn: Any, account_id: UUID, method: str, vevent: Any, to: list[str], subject: str) -> None:
-        cc = (await owner_emails(conn, account_id))[:1]
-        message = build_message(
-            from_address=connectors.smtp_from or "", from_name="Pepper", to=to, cc=cc, subject=subject,
-            body=f"{subject}\n\nSent by Pepper on behalf of {cc[0] if cc else 'its owner'}.",
-            calendar=ical.wrap(vevent, method=method), calendar_method=method,
-        )  # fmt: skip
-        await send_smtp(connectors, message)
-
-    async def _tell(
-        conn: Any, account_id: UUID, method: str, p: dict[str, Any], start: datetime, end: datetime,
-        original: datetime | None,
-    ) -> None:  # fmt: skip
-        """Updates or cancellations by mail (iMIP) for Pepper's own and CalDAV calendars."""
-        if not p["notify"]:
+        updates = {"sendUpdates": "all" if p["notify"] else "none"}
+        try:  # finding the event (and its series): nothing is asked of Google to change yet
+            target = await find_event(db, connectors, account_id, f"{p['calendar']}:{p['key']}")
+            client = target.detail["client"]
+            event_id = p["key"]
+            if tool == "move_event":
+                new_start, new_end = datetime.fromisoformat(p["new_start"]), datetime.fromisoformat(p["new_end"])
+                delta = timedelta(seconds=p["delta"])
+                if p["whole"] and target.detail["item"].get("recurringEventId"):
+                    event_id = target.detail["item"]["recurringEventId"]
+                    master = await client.call("GET", google_path(target.cal, event_id))
+                    first = datetime.fromisoformat(master["start"]["dateTime"].replace("Z", "+00:00"))
+                    new_start, new_end = first + delta, first + delta + (new_end - new_start)
+        except Exception as exc:
+            raise _Unchanged(exc) from exc
+        if tool == "cancel_event":
+            await client.call("DELETE", google_path(target.cal, p["key"]), params=updates)
             return
-        uid = p.get("uid") or f"{p['key']}@pepper"
-        vevent = ical.build_vevent(
-            uid=uid, title=p["title"], start=start, end=end, tzid="UTC", attendees=[Attendee(a) for a in p["notify"]],
-            organizer=p.get("organizer"), sequence=p.get("sequence", 0) + 1, recurrence_id=original,
-            status="CANCELLED" if method == "CANCEL" else None,
-        )  # fmt: skip
-        word = "Cancelled" if method == "CANCEL" else "Updated"
-        await _imip(conn, account_id, method, vevent, p["notify"], f"{word}: {p['title']}")
+        await client.call(
+            "PATCH",
+            google_path(target.cal, event_id),
+            params=updates,
+            body={"start": {"dateTime": new_start.isoformat()}, "end": {"dateTime": new_end.isoformat()}},
+        )
+
+    # --- planning move and cancel --------------------------------------------------------------
 
     async def _notifiable(ctx: ToolContext, target: Any, others: list[str]) -> tuple[list[str], list[str]]:
         """(who will be told of a change, who will not). Google tells attendees itself; Pepper's own
@@ -296,50 +457,12 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
             "whole": whole,
             "new_start": new_start.isoformat(),
             "new_end": new_end.isoformat(),
+            "outbox": uuid4().hex,
             **(await _about(ctx, target, others)),
         }
         what = "the whole series" if whole and target.recurring else "it"
         summary = f"{target.title!r} moved ({what}) to {_fmt(new_start, tz)}-{new_end.astimezone(tz):%H:%M} ({tz.key})"
         return ToolOutcome.planned(payload, summary + _told(payload))
-
-    async def _apply_move(conn: Any, account_id: UUID, p: dict[str, Any]) -> None:
-        original = datetime.fromisoformat(p["original"]) if p["original"] else None
-        new_start, new_end = datetime.fromisoformat(p["new_start"]), datetime.fromisoformat(p["new_end"])
-        delta = timedelta(seconds=p["delta"])
-        if p["kind"] == "pepper":
-            row = await conn.fetchrow(
-                "SELECT starts_at, ends_at FROM calendar_events WHERE id = $1", UUID(hex=p["key"])
-            )
-            if original is None and row is not None:  # whole series or single event: shift by the same amount
-                new_start, new_end = row["starts_at"] + delta, row["starts_at"] + delta + (new_end - new_start)
-            await shift_own(conn, account_id, UUID(hex=p["key"]), new_start, new_end, original)
-            await _tell(conn, account_id, "REQUEST", p, new_start, new_end, original)
-            return
-        target = await find_event(conn, connectors, account_id, f"{p['calendar']}:{p['key']}")
-        if p["kind"] == "caldav":
-            d = target.detail
-            if original is None:
-                master = d["master"]
-                first = ical._instant(master.decoded("DTSTART"), ZoneInfo("UTC"))[0]
-                new_start, new_end = first + delta, first + delta + (new_end - new_start)
-            data = caldav_shift(d["doc"], original, new_start, new_end)
-            await d["client"].put(d["client"].resource_url(d["res"].href), data, etag=d["res"].etag)
-            await _tell(conn, account_id, "REQUEST", p, new_start, new_end, original)
-            return
-        item = target.detail["item"]
-        client = target.detail["client"]
-        event_id = p["key"]
-        if p["whole"] and item.get("recurringEventId"):
-            event_id = item["recurringEventId"]
-            master = await client.call("GET", google_path(target.cal, event_id))
-            first = datetime.fromisoformat(master["start"]["dateTime"].replace("Z", "+00:00"))
-            new_start, new_end = first + delta, first + delta + (new_end - new_start)
-        await client.call(
-            "PATCH",
-            google_path(target.cal, event_id),
-            params={"sendUpdates": "all" if p["notify"] else "none"},
-            body={"start": {"dateTime": new_start.isoformat()}, "end": {"dateTime": new_end.isoformat()}},
-        )
 
     async def _plan_cancel(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
         try:
@@ -354,37 +477,13 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
             "calendar": target.cal.ref,
             "key": target.key,
             "original": target.original.isoformat() if target.original and not whole else None,
+            "outbox": uuid4().hex,
             **(await _about(ctx, target, others)),
         }
         what = "the whole series of " if whole and target.recurring else ""
         tz = _tz(ctx, args)
         summary = f"cancelled {what}{target.title!r} ({_fmt(target.start, tz)})"
         return ToolOutcome.planned(payload, summary + _told(payload))
-
-    async def _apply_cancel(conn: Any, account_id: UUID, p: dict[str, Any]) -> None:
-        original = datetime.fromisoformat(p["original"]) if p["original"] else None
-        if p["kind"] == "pepper":
-            row = await conn.fetchrow(
-                "SELECT starts_at, ends_at FROM calendar_events WHERE id = $1", UUID(hex=p["key"])
-            )
-            await cancel_own(conn, account_id, UUID(hex=p["key"]), original)
-            if row is not None:
-                start = original or row["starts_at"]
-                await _tell(conn, account_id, "CANCEL", p, start, start + (row["ends_at"] - row["starts_at"]), original)
-            return
-        target = await find_event(conn, connectors, account_id, f"{p['calendar']}:{p['key']}")
-        if p["kind"] == "caldav":
-            d = target.detail
-            url = d["client"].resource_url(d["res"].href)
-            if original is not None:
-                await d["client"].put(url, caldav_cancel_occurrence(d["doc"], original), etag=d["res"].etag)
-            else:
-                await d["client"].delete(url, etag=d["res"].etag)
-            await _tell(conn, account_id, "CANCEL", p, target.start, target.end, original)
-            return
-        await target.detail["client"].call(
-            "DELETE", google_path(target.cal, p["key"]), params={"sendUpdates": "all" if p["notify"] else "none"}
-        )
 
     when = {
         "type": "string",
@@ -447,6 +546,7 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
             },
             handler=_plan_create,
             apply=_apply_create,
+            after_commit=_after,
             area=AREA,
             writes=True,
             scheduled=(("send_invitations", False),),
@@ -472,6 +572,7 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
             },
             handler=_plan_move,
             apply=_apply_move,
+            after_commit=_after,
             area=AREA,
             writes=True,
         ),
@@ -486,6 +587,7 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
             },
             handler=_plan_cancel,
             apply=_apply_cancel,
+            after_commit=_after,
             area=AREA,
             writes=True,
         ),
@@ -499,6 +601,53 @@ def _told(p: dict[str, Any]) -> str:
     if p["untold"]:
         out += f"; {', '.join(p['untold'])} were NOT told (tell them yourself)"
     return out
+
+
+def _may_have_left(exc: BaseException) -> bool:
+    """Whether a failed outside effect may still have happened: a mail the server may have taken, a
+    request cut off after it was sent. A refusal, or a connection that never opened, surely did not."""
+    if isinstance(exc, _Unchanged):
+        return False
+    if isinstance(exc, MailError):
+        return exc.maybe_sent
+    cause = exc.__cause__
+    if isinstance(cause, httpx.HTTPError):
+        return not isinstance(cause, (httpx.ConnectError, httpx.ConnectTimeout))
+    return not isinstance(exc, PepperError)
+
+
+def _failure(effect: str, payload: dict[str, Any], exc: Exception, *, left: bool, changed: bool) -> str:
+    """What the call says when its outside effect failed: what is saved, what surely did not
+    happen, and what may have."""
+    p = payload["plan"]
+    if isinstance(exc, _Unchanged):
+        exc = exc.cause
+    reason = exc.message if isinstance(exc, PepperError) else f"an internal error ({type(exc).__name__})"
+    mail = payload.get("mail") or {}
+    to = ", ".join(mail.get("to") or p.get("notify") or p.get("attendees") or ())
+    if effect == "mail" or changed:
+        where = "in Pepper's calendar" if effect == "mail" else "on the CalDAV calendar"
+        if left:
+            return (
+                f"the change is saved {where}, but it is not known whether the mail to {to} went out ({reason}): "
+                "check with them before sending it again"
+            )
+        return f"the change is saved {where}, but the mail to {to} did NOT go out ({reason}): tell them yourself"
+    calendar = "Google Calendar" if effect == "google" else "the CalDAV server"
+    if left:
+        return (
+            f"{calendar} did not confirm the change ({reason}): it may or may not have been made, list the events "
+            "to check before trying again"
+        )
+    return f"nothing changed: {calendar} did not take the change ({reason})"
+
+
+class _Unchanged(Exception):
+    """A failure before the change was asked of the remote calendar: surely nothing changed."""
+
+    def __init__(self, cause: Exception):
+        super().__init__(str(cause))
+        self.cause = cause
 
 
 class _Refused(Exception):
