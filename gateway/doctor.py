@@ -13,6 +13,7 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from email.utils import parseaddr
+from types import SimpleNamespace
 from typing import Any
 
 from pydantic import SecretStr
@@ -162,14 +163,16 @@ async def diagnose(settings: Settings, served_paths: set[str]) -> Report:
 def _voice(report: Report, settings: Settings) -> None:
     """What the server will do with calls: the same decision ``voice.engines`` makes when it builds
     the default engine (a missing key means every call on it apologises and hangs up)."""
-    from core.models.router import ModelRouter
     from voice.engines import engine_available, engine_unready, resolve_engine
 
     area, engine = "phone calls: voice engine", resolve_engine(settings)
     if not engine_available(engine):
         report.add(area, BAD, f"PEPPER_VOICE_ENGINE={engine} is not part of this build")
         return
-    unready = engine_unready(settings, engine, ModelRouter.from_settings(settings))
+    # The server's router has one adapter per configured provider (ModelRouter.from_settings);
+    # the same names stand in for it here, without building SDK clients that would need closing.
+    models = SimpleNamespace(adapters=configured_providers(settings))
+    unready = engine_unready(settings, engine, models)
     if unready:
         report.add(area, MISSING, f"{engine} {unready}; until then every call on it hears an apology")
     else:
