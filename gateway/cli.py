@@ -54,7 +54,13 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="listen port (PEPPER_PORT, default 8080)")
     serve.add_argument("--data-dir", help="data folder (PEPPER_DATA_DIR, default ~/.pepper)")
 
-    sub.add_parser("doctor", help="say what is configured and missing, and the webhook URLs")
+    doctor = sub.add_parser("doctor", help="say what is configured and missing, and the webhook URLs")
+    doctor.add_argument("--host", help="as for pepper serve: the listen address it would use")
+    doctor.add_argument("--port", type=int, help="as for pepper serve: the listen port it would use")
+    doctor.add_argument("--data-dir", help="as for pepper serve: the data folder")
+    doctor.add_argument(
+        "--online", action="store_true", help="also try each configured credential with one read-only call"
+    )
 
     account = sub.add_parser("account", help="people's accounts").add_subparsers(dest="action", required=True)
     create = account.add_parser("create", help="create an account")
@@ -306,13 +312,15 @@ async def _replay(args: argparse.Namespace, settings: Settings, db: Database, ou
         out(line)
 
 
-async def _doctor(settings: Settings, out: Callable[[str], None]) -> int:
+async def _doctor(settings: Settings, out: Callable[[str], None], *, online: bool = False) -> int:
     from gateway.app import create_app, served_paths
-    from gateway.doctor import diagnose, render
+    from gateway.doctor import BAD, check_online, diagnose, render
 
     report = await diagnose(settings, served_paths(create_app(settings, None)))
+    if online:
+        report.online = await check_online(settings)
     out(render(report))
-    return 0 if report.can_serve else 1
+    return 0 if report.can_serve and not any(c.status == BAD for c in report.online) else 1
 
 
 async def _run(args: argparse.Namespace, out: Callable[[str], None]) -> int:
@@ -327,7 +335,7 @@ async def _run(args: argparse.Namespace, out: Callable[[str], None]) -> int:
         await serve(settings)
         return 0
     if args.command == "doctor":
-        return await _doctor(settings, out)
+        return await _doctor(settings, out, online=args.online)
     if args.command == "chat":
         import os
 

@@ -1,16 +1,25 @@
 """``pepper doctor``: what is configured, what is missing, the database state and the webhook URLs.
 
-It changes nothing. The exit status is non-zero only when the server could not run.
+It changes nothing. The exit status is non-zero only when the server could not run. It reads the
+settings as ``pepper serve`` does (same files, environment and ``--host/--port/--data-dir`` flags).
+With ``--online`` it also tries each configured credential against its provider with one cheap,
+read-only call (:func:`check_online`), and a refused one makes the exit status 1.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from email.utils import parseaddr
+from types import SimpleNamespace
+from typing import Any
 
 from pydantic import SecretStr
 
-from core.errors import ConfigError
+from core.errors import ConfigError, PepperError
+from core.models.errors import ModelAuthError, ModelError
 from core.models.router import KEY_NAMES, configured_providers, describe_tiers, tiers_from_settings
 from core.settings import DEFAULT_TWILIO_API_URL, Settings
 from core.store import StoreReport, inspect_store
@@ -18,6 +27,7 @@ from core.vault import KEY_FILE_NAME, check_keys
 from gateway.webhooks import WEBHOOKS, public_url_for
 
 OK, MISSING, BAD = "ok", "missing", "problem"
+ONLINE_TIMEOUT = 20.0
 
 
 @dataclass
@@ -32,6 +42,7 @@ class Report:
     checks: list[Check] = field(default_factory=list)
     store: StoreReport | None = None
     webhooks: list[tuple[str, str | None, str, bool]] = field(default_factory=list)
+    online: list[Check] = field(default_factory=list)  # pepper doctor --online
 
     @property
     def can_serve(self) -> bool:
@@ -150,15 +161,20 @@ async def diagnose(settings: Settings, served_paths: set[str]) -> Report:
 
 
 def _voice(report: Report, settings: Settings) -> None:
-    from voice.engines import engine_available, resolve_engine
+    """What the server will do with calls: the same decision ``voice.engines`` makes when it builds
+    the default engine (a missing key means every call on it apologises and hangs up)."""
+    from voice.engines import engine_available, engine_unready, resolve_engine
 
     area, engine = "phone calls: voice engine", resolve_engine(settings)
-    keys = {"openai-realtime": ("OPENAI_API_KEY", settings.openai_api_key),
-            "gemini-live": ("GEMINI_API_KEY", settings.gemini_api_key)}  # fmt: skip
     if not engine_available(engine):
         report.add(area, BAD, f"PEPPER_VOICE_ENGINE={engine} is not part of this build")
-    elif engine in keys and not _set(keys[engine][1]):
-        report.add(area, MISSING, f"{engine} needs {keys[engine][0]}; until then owner calls hear an apology")
+        return
+    # The server's router has one adapter per configured provider (ModelRouter.from_settings);
+    # the same names stand in for it here, without building SDK clients that would need closing.
+    models = SimpleNamespace(adapters=configured_providers(settings))
+    unready = engine_unready(settings, engine, models)
+    if unready:
+        report.add(area, MISSING, f"{engine} {unready}; until then every call on it hears an apology")
     else:
         report.add(area, OK, f"{engine} by default (a line may name another: pepper line engine)")
 
@@ -223,11 +239,75 @@ def _secret_key(report: Report, settings: Settings) -> None:
     report.add(area, OK, f"sealed with the key in {where}{extra}{backup}")
 
 
+async def check_online(settings: Settings) -> list[Check]:
+    """One read-only call per configured credential: Twilio's account fetch, each model provider's
+    model list, an SMTP login, and a token refresh per stored Google connection. BAD says why."""
+    checks: list[Check] = []
+
+    async def attempt(area: str, call: Any, ok: Callable[[Any], str]) -> None:
+        try:
+            result = await asyncio.wait_for(call, ONLINE_TIMEOUT)
+        except TimeoutError:
+            checks.append(Check(area, BAD, f"no answer within {ONLINE_TIMEOUT:.0f} s"))
+        except ModelError as exc:
+            refused = exc.status in (401, 403) or isinstance(exc, ModelAuthError)
+            checks.append(Check(area, BAD, f"the API key was refused (HTTP {exc.status})" if refused else exc.message))
+        except PepperError as exc:
+            checks.append(Check(area, BAD, exc.message))
+        else:
+            checks.append(Check(area, OK, ok(result)))
+
+    if _set(settings.twilio_account_sid) and _set(settings.twilio_auth_token):
+        from gateway.twilio_client import check_account
+
+        await attempt("online: Twilio", check_account(settings), lambda status: f"account {status}")
+    from core.models.router import ModelRouter
+
+    router = ModelRouter.from_settings(settings)
+    try:
+        for provider, adapter in router.adapters.items():
+            await attempt(f"online: model {provider}", adapter.list_models(),
+                          lambda names: f"the key works ({len(names)} model(s) listed)")  # fmt: skip
+    finally:
+        for adapter in router.adapters.values():
+            with contextlib.suppress(Exception):
+                await adapter.aclose()
+    if settings.smtp_host:
+        from gateway.mailer import check_login
+
+        who = "logged in" if settings.smtp_username else "connected (no PEPPER_SMTP_USERNAME to log in with)"
+        await attempt("online: SMTP", check_login(settings), lambda _: f"{who} at {settings.smtp_host}")
+    await _google_online(settings, attempt, checks)
+    return checks
+
+
+async def _google_online(settings: Settings, attempt: Any, checks: list[Check]) -> None:
+    if not (_set(settings.google_client_id) and _set(settings.google_client_secret)):
+        return
+    from core.store import open_store
+    from core.tools.connectors import Connectors
+    from core.tools.google_api import check_refresh
+
+    try:
+        async with open_store(settings, serving=False) as db:
+            connectors = Connectors.from_settings(settings)
+            rows = await db.fetch("SELECT id FROM connections WHERE provider = 'google' ORDER BY created_at")
+            for n, row in enumerate(rows, 1):
+                await attempt(f"online: Google connection {n}", check_refresh(db, connectors, row["id"]),
+                              lambda _: "the token refreshes")  # fmt: skip
+    except PepperError as exc:
+        checks.append(Check("online: Google", BAD, f"cannot read the connections: {exc.message}"))
+
+
 def render(report: Report) -> str:
     mark = {OK: "  ok     ", MISSING: "  --     ", BAD: "  FAIL   "}
     width = max(len(c.area) for c in report.checks)
     lines = ["Pepper doctor", ""]
     lines += [f"{mark[c.status]}{c.area.ljust(width)}  {c.detail}" for c in report.checks]
+    if report.online:
+        lines += ["", "Online checks (one read-only call each):"]
+        width = max(len(c.area) for c in report.online)
+        lines += [f"{mark[c.status]}{c.area.ljust(width)}  {c.detail}" for c in report.online]
     lines += ["", "Webhook URLs (paste each where it says):"]
     if all(url is None for _, url, _, _ in report.webhooks):
         lines.append("  set PEPPER_PUBLIC_URL (the https address Twilio and the mail provider reach) to see them")
@@ -238,4 +318,7 @@ def render(report: Report) -> str:
             lines.append(f"  {'':<15} -> {where}")
     lines.append("")
     lines.append("ready to serve" if report.can_serve else "cannot serve: fix the FAIL lines above")
+    failed = [c.area.removeprefix("online: ") for c in report.online if c.status == BAD]
+    if failed:
+        lines.append(f"online checks failed: {', '.join(failed)}")
     return "\n".join(lines)

@@ -96,3 +96,29 @@ class SmtpMailer:
             raise MailRefused(
                 f"the mail server could not be reached ({type(exc).__name__})", code="smtp-unreachable", retryable=True
             ) from exc
+
+
+async def check_login(settings: Settings) -> None:
+    """Connect to the configured SMTP server and log in (``pepper doctor --online``); send nothing.
+    Raises ``MailRefused`` with why it failed."""
+    s = settings
+    password = s.smtp_password.get_secret_value() if s.smtp_password is not None else ""
+    client = aiosmtplib.SMTP(
+        hostname=s.smtp_host, port=s.smtp_port, use_tls=s.smtp_security == "tls",
+        start_tls=s.smtp_security == "starttls", timeout=SMTP_TIMEOUT,
+    )  # fmt: skip
+    try:
+        await client.connect()
+        if s.smtp_username:
+            await client.login(s.smtp_username, password)
+        await client.quit()
+    except aiosmtplib.SMTPAuthenticationError as exc:
+        raise MailRefused(f"the mail server refused the login ({exc.code})", code=f"smtp-{exc.code}") from exc
+    except aiosmtplib.SMTPResponseException as exc:
+        raise MailRefused(f"the mail server answered {exc.code}", code=f"smtp-{exc.code}") from exc
+    except (aiosmtplib.SMTPException, OSError) as exc:
+        raise MailRefused(
+            f"the mail server could not be reached ({type(exc).__name__})", code="smtp-unreachable"
+        ) from exc
+    finally:
+        client.close()

@@ -86,3 +86,24 @@ class TwilioMessenger:
 
     async def close(self) -> None:
         await self._http.close()
+
+
+async def check_account(settings: Settings) -> str:
+    """Fetch the configured account (one read-only call, ``pepper doctor --online``): its status,
+    e.g. ``active``. Raises ``TwilioSendError`` with why it failed (wrong SID or token: 401)."""
+    if not settings.twilio_account_sid or settings.twilio_auth_token is None:
+        raise ConfigError("TWILIO_ACCOUNT_SID and TWILIO_AUTH_TOKEN are not set")
+    http_client = _HttpClient(settings.twilio_api_url, timeout=15)
+    client = Client(settings.twilio_account_sid, settings.twilio_auth_token.get_secret_value(), http_client=http_client)
+    try:
+        account = await client.api.v2010.accounts(settings.twilio_account_sid).fetch_async()
+    except TwilioRestException as exc:
+        why = "wrong account SID or auth token" if exc.status == 401 else f"code {exc.code}"
+        raise TwilioSendError(
+            f"Twilio refused the credentials (HTTP {exc.status}, {why})", twilio_code=exc.code
+        ) from exc
+    except (OSError, aiohttp.ClientError, TimeoutError) as exc:
+        raise TwilioSendError(f"cannot reach Twilio at {settings.twilio_api_url} ({type(exc).__name__})") from exc
+    finally:
+        await http_client.close()
+    return str(account.status)

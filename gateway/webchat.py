@@ -33,6 +33,7 @@ COOKIE = "pepper_session"
 MAX_MESSAGE_CHARS = 8000
 STREAM_SECONDS = 300.0  # EventSource reconnects by itself; a bounded stream never pins shutdown
 KEEPALIVE_SECONDS = 15.0
+MAX_ID = 2**63 - 1  # message ids are Postgres bigints
 
 
 def _services() -> Services:
@@ -68,6 +69,34 @@ def _same_origin() -> bool:
     return origin in own
 
 
+def _message_id(raw: str | None) -> int | None:
+    """A message id from a path or query: decimal digits within a bigint, else None."""
+    if raw is None or not raw.isascii() or not raw.isdigit() or len(raw) > 19:
+        return None
+    value = int(raw)
+    return value if value <= MAX_ID else None
+
+
+def _storable(text: str) -> bool:
+    """Postgres text holds no NUL, and UTF-8 has no lone surrogates (JSON can spell both)."""
+    if "\x00" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+async def _json_body() -> Any:
+    """The request's JSON, or None when it is not UTF-8 JSON (the app's body limit answers 413)."""
+    raw = await request.get_data(as_text=False)
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+
+
 def _message_json(row: Any) -> dict[str, Any]:
     return {
         "id": row["id"],
@@ -100,14 +129,17 @@ async def login() -> Response:
         return _json_error(403, "cross-origin", "sign in from Pepper's own page")
     form = await request.form
     services = _services()
-    login_name = form.get("login", "")
+    login_name, password = form.get("login", ""), form.get("password", "")
+    if not (_storable(login_name) and _storable(password)) or len(login_name) > 200 or len(password) > 1000:
+        log.info("web sign-in refused")
+        return redirect("/chat?error=1")
     with services.login_throttle.attempt(login_name, request.remote_addr or "") as attempt:
         if attempt is None:
             log.warning("web sign-in throttled")
             response = _json_error(429, "throttled", "too many failed sign-ins; try again in a few minutes")
             response.headers["Retry-After"] = str(int(services.login_throttle.window))
             return response
-        account_id = await access.check_web_login(services.db, login_name, form.get("password", ""))
+        account_id = await access.check_web_login(services.db, login_name, password)
         if account_id is not None:
             attempt.succeeded()
     if account_id is None:
@@ -174,14 +206,20 @@ async def post_message() -> Response:
     who = await _authenticate(state_changing=True)
     if isinstance(who, Response):
         return who
-    body = await request.get_json(force=True, silent=True)
+    body = await _json_body()
     if not isinstance(body, dict) or not isinstance(body.get("text"), str) or not body["text"].strip():
         return _json_error(400, "bad-message", 'send JSON {"text": "...", "client_id": "..."}')
     text = body["text"].strip()
+    if not _storable(text):
+        return _json_error(
+            400, "bad-text", "the text holds a character that cannot be stored (NUL or a lone surrogate)"
+        )
     if len(text) > MAX_MESSAGE_CHARS:
         return _json_error(413, "too-long", f"a message has at most {MAX_MESSAGE_CHARS} characters")
     client_id = body.get("client_id")
-    if client_id is not None and (not isinstance(client_id, str) or not 8 <= len(client_id) <= 100):
+    if client_id is not None and (
+        not isinstance(client_id, str) or not 8 <= len(client_id) <= 100 or not _storable(client_id)
+    ):
         return _json_error(400, "bad-client-id", "client_id is a string of 8 to 100 characters")
     services = _services()
     # The client's id makes a retried POST record nothing new and start no second turn.
@@ -207,26 +245,36 @@ async def run_web_turn(
     await answer_message(services, account_id, "web", text, [message_id], send, interrupted=interrupted)
 
 
-@blueprint.post("/api/messages/<int:message_id>/ack")
-async def acknowledge(message_id: int) -> Response:
-    """The client showed this reply: deliver the turn (commit its staged writes). Idempotent."""
+@blueprint.post("/api/messages/<raw_id>/ack")
+async def acknowledge(raw_id: str) -> Response:
+    """The client showed this web reply: deliver the turn (commit its staged writes). Idempotent:
+    only the first acknowledgement marks the reply read and delivers; a repeat answers 200."""
     who = await _authenticate(state_changing=True)
     if isinstance(who, Response):
         return who
+    message_id = _message_id(raw_id)
+    if message_id is None:
+        return _json_error(400, "bad-id", "a message id is a whole number from the message list")
     services = _services()
+    mine = """
+        m.id = $1 AND m.conversation_id = c.id AND c.account_id = $2 AND m.direction = 'outbound'
+        AND m.channel = 'web'
+    """
+    # Conditional on not yet read, so two acknowledgements racing deliver the turn once.
     row = await services.db.fetchrow(
-        """
-        UPDATE messages m SET delivery_status = 'read'
-        FROM conversations c
-        WHERE m.id = $1 AND m.conversation_id = c.id AND c.account_id = $2 AND m.direction = 'outbound'
-        RETURNING m.turn_id, m.channel
+        f"""
+        UPDATE messages m SET delivery_status = 'read' FROM conversations c
+        WHERE {mine} AND m.delivery_status IS DISTINCT FROM 'read'
+        RETURNING m.turn_id
         """,
         message_id,
         who,
     )
     if row is None:
-        return _json_error(404, "no-such-reply", "no reply with that id in your conversation")
-    if row["turn_id"] is not None and row["channel"] == "web" and services.harness is not None:
+        if await services.db.fetchval(f"SELECT 1 FROM messages m, conversations c WHERE {mine}", message_id, who):
+            return Response(json.dumps({"ok": True, "duplicate": True}), content_type="application/json")
+        return _json_error(404, "no-such-reply", "no web reply with that id in your conversation")
+    if row["turn_id"] is not None and services.harness is not None:
         status = await services.db.fetchval("SELECT status FROM turns WHERE id = $1", row["turn_id"])
         if status not in ("delivered", "failed"):
             await deliver(services.harness, row["turn_id"], True, detail={"channel": "web", "ack": message_id})
@@ -240,9 +288,8 @@ async def events() -> Response:
     if isinstance(who, Response):
         return who
     services = _services()
-    try:
-        after = int(request.args.get("after") or request.headers.get("Last-Event-ID") or 0)
-    except ValueError:
+    after = _message_id(request.args.get("after") or request.headers.get("Last-Event-ID") or "0")
+    if after is None:
         return _json_error(400, "bad-after", "after must be a message id")
     conversation_id = await conversation_for(services.db, who)
     feed = services.live

@@ -25,7 +25,7 @@ VOICE_AFTER_STREAM = Webhook("voice-after-stream", "/twilio/voice/after-stream",
 SMS = Webhook("sms", "/twilio/sms", "Twilio phone number > Messaging > A message comes in (HTTP POST)")
 WHATSAPP = Webhook("whatsapp", "/twilio/whatsapp", "Twilio WhatsApp sender > When a message comes in")
 MESSAGE_STATUS = Webhook("message-status", "/twilio/status", "set per message by Pepper; nothing to paste")
-EMAIL = Webhook("email", "/email/inbound", "mail provider inbound route (Mailgun forward / SendGrid Parse)")
+EMAIL = Webhook("email", "/email/inbound", "mail provider inbound route (Mailgun forward)")
 # Where Google sends the browser back after consent (`pepper connect google`, the web page's link).
 GOOGLE_CALLBACK = Webhook(
     "google-oauth", "/connect/google/callback", "Google Cloud console > OAuth client (Web) > Authorized redirect URIs"

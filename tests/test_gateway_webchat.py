@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -322,3 +323,141 @@ def test_throttled_failures_age_out_and_a_success_takes_its_attempt_back():
     with throttle.attempt("ada", "b") as again:
         assert again is not None
     assert throttle.pending == 0
+
+
+async def _one_reply(web: Web, session: aiohttp.ClientSession, csrf: str, text: str = "hi") -> dict:
+    async with session.get(web.base + "/api/events") as stream:
+        await session.post(web.base + "/api/messages", json={"text": text}, headers={"X-CSRF-Token": csrf})
+        _, reply = await next_events(stream, 2)
+    return reply
+
+
+async def _table_counts(db: Database) -> tuple:
+    return (
+        await db.fetchval("SELECT count(*) FROM messages"),
+        await db.fetchval("SELECT count(*) FROM turns"),
+        await db.fetchval("SELECT count(*) FROM staged_writes"),
+        await db.fetchval("SELECT count(*) FROM web_sessions"),
+        tuple(await db.fetch("SELECT id, delivery_status FROM messages ORDER BY id")),
+    )
+
+
+async def test_garbage_ids_and_bodies_get_a_clear_4xx_and_change_nothing(web: Web):
+    todo = await web.db.fetchval(
+        "INSERT INTO todos (account_id, title) VALUES ($1, 'water') RETURNING id", web.account_id
+    )
+    web.model.script(reply_tools(("complete_todo", {"id": todo})), reply_text("Watered."))
+    async with browser(web) as session:
+        csrf = await sign_in(session, web.base)
+        headers = {"X-CSRF-Token": csrf}
+        reply = await _one_reply(web, session, csrf)
+        before = await _table_counts(web.db)
+        for raw in ("99999999999999999999", "9223372036854775808", "-1", "abc", "1.5", "%20", "1e3", "٣"):
+            async with session.post(f"{web.base}/api/messages/{raw}/ack", headers=headers) as response:
+                assert 400 <= response.status < 500, raw
+                if response.status == 400:
+                    assert (await response.json())["error"] == "bad-id"
+        for after in ("99999999999999999999", "-5", "x"):
+            async with session.get(web.base + "/api/events", params={"after": after}) as response:
+                assert response.status == 400, after
+        async with session.get(web.base + "/api/events", headers={"Last-Event-ID": "1" * 40}) as response:
+            assert response.status == 400
+        async with session.get(web.base + "/api/messages", params={"limit": "1" * 5000}) as response:
+            assert response.status == 400
+        garbage = [b"{not json", b"[]", b'"text"', b"\xff\xfe", b'{"text": "a\\u0000b"}', b'{"text": "\\ud800"}',
+                   b'{"text": "ok", "client_id": "aaaaaaaa\\u0000"}', b'{"text": ["list"]}', b"null"]  # fmt: skip
+        for body in garbage:
+            sent = {**headers, "Content-Type": "application/json"}
+            async with session.post(web.base + "/api/messages", data=body, headers=sent) as response:
+                assert response.status == 400, body
+                assert "error" in await response.json()
+        huge = json.dumps({"text": "x" * (1024 * 1024)}).encode()
+        async with session.post(web.base + "/api/messages", data=io.BytesIO(huge), headers=sent) as response:
+            assert response.status == 413
+        # A sign-in form with a NUL is refused as a wrong password, not a server error.
+        async with session.post(
+            web.base + "/chat/login", data={"login": "ada\x00", "password": PASSWORD}, allow_redirects=False
+        ) as response:
+            assert response.status == 302 and "error" in response.headers["Location"]
+        assert await _table_counts(web.db) == before
+        assert await web.db.fetchval("SELECT done_at FROM todos WHERE id = $1", todo) is None
+        # Nothing was lost: the real acknowledgement still delivers the turn.
+        async with session.post(f"{web.base}/api/messages/{reply['id']}/ack", headers=headers) as response:
+            assert response.status == 200
+        assert await web.db.fetchval("SELECT done_at FROM todos WHERE id = $1", todo) is not None
+
+
+async def test_forged_acknowledgements_are_refused_and_deliver_nothing(web: Web):
+    todo = await web.db.fetchval(
+        "INSERT INTO todos (account_id, title) VALUES ($1, 'post') RETURNING id", web.account_id
+    )
+    web.model.script(reply_tools(("complete_todo", {"id": todo})), reply_text("Posted."))
+    bob = await identity.create_account(web.db, "Bob")
+    await access.set_web_password(web.db, bob.id, "bob", PASSWORD)
+    async with browser(web) as ada, browser(web) as mallory, aiohttp.ClientSession() as stranger:
+        csrf = await sign_in(ada, web.base)
+        reply = await _one_reply(web, ada, csrf)
+        inbound_id = reply["id"] - 1
+        url = f"{web.base}/api/messages/{reply['id']}/ack"
+        async with mallory.post(
+            web.base + "/chat/login", data={"login": "bob", "password": PASSWORD}, allow_redirects=False
+        ):
+            pass
+        async with mallory.get(web.base + "/api/session") as response:
+            bob_csrf = (await response.json())["csrf_token"]
+        before = await _table_counts(web.db)
+        async with stranger.post(url) as response:  # no session at all
+            assert response.status == 401
+        async with stranger.post(url, headers={"Authorization": "Bearer pep_forged"}) as response:
+            assert response.status == 401
+        async with ada.post(url) as response:  # a cross-site post rides Ada's cookie, without the token
+            assert response.status == 403
+        async with ada.post(url, headers={"X-CSRF-Token": csrf[:-1] + "x"}) as response:
+            assert response.status == 403
+        async with ada.post(f"{web.base}/api/messages/{inbound_id}/ack", headers={"X-CSRF-Token": csrf}) as response:
+            assert response.status == 404  # her own message, but not a reply
+        async with mallory.post(url, headers={"X-CSRF-Token": bob_csrf}) as response:
+            assert response.status == 404  # another person's reply
+        assert await _table_counts(web.db) == before
+        assert await web.db.fetchval("SELECT done_at FROM todos WHERE id = $1", todo) is None
+        assert await web.db.fetchval("SELECT status FROM turns") == "replied"
+
+
+async def test_a_repeated_acknowledgement_is_idempotent_and_delivers_once(web: Web):
+    todo = await web.db.fetchval(
+        "INSERT INTO todos (account_id, title) VALUES ($1, 'call') RETURNING id", web.account_id
+    )
+    web.model.script(reply_tools(("complete_todo", {"id": todo})), reply_text("Called."))
+    async with browser(web) as session:
+        csrf = await sign_in(session, web.base)
+        reply = await _one_reply(web, session, csrf)
+        url, headers = f"{web.base}/api/messages/{reply['id']}/ack", {"X-CSRF-Token": csrf}
+
+        async def ack() -> tuple[int, dict]:
+            async with session.post(url, headers=headers) as response:
+                return response.status, await response.json()
+
+        answers = await asyncio.gather(*(ack() for _ in range(5)))
+        assert [status for status, _ in answers] == [200] * 5
+        assert sorted(bool(body.get("duplicate")) for _, body in answers) == [False] + [True] * 4
+        delivered_at = await web.db.fetchval("SELECT delivered_at FROM turns")
+        assert await ack() == (200, {"ok": True, "duplicate": True})
+    assert await web.db.fetchval("SELECT status FROM turns") == "delivered"
+    assert await web.db.fetchval("SELECT delivered_at FROM turns") == delivered_at
+    assert await web.db.fetchval("SELECT done_at FROM todos WHERE id = $1", todo) is not None
+
+
+async def test_a_web_acknowledgement_does_not_touch_a_text_message_reply(web: Web):
+    owner = "+14155552671"
+    await identity.add_handle(web.db, web.account_id, "phone", owner, verified=True)
+    web.model.script(reply_text("Got your text."))
+    async with browser(web) as session:
+        csrf = await sign_in(session, web.base)
+        async with session.get(web.base + "/api/events") as stream:
+            form = web.twilio.inbound_message(sender=owner, to="+14155550100", body="from the bus")
+            await web.twilio.post_form(web.base, web.settings.public_url, "/twilio/sms", form)
+            _, reply = await next_events(stream, 2)
+        status_before = await web.db.fetchval("SELECT delivery_status FROM messages WHERE id = $1", reply["id"])
+        async with session.post(f"{web.base}/api/messages/{reply['id']}/ack", headers={"X-CSRF-Token": csrf}) as r:
+            assert r.status == 404
+    assert await web.db.fetchval("SELECT delivery_status FROM messages WHERE id = $1", reply["id"]) == status_before

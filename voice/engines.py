@@ -27,8 +27,24 @@ class EngineUnavailable(RealtimeError):
     code = "voice-engine-unavailable"
 
 
+TEXT_MODEL_KEYS = "OPENAI_API_KEY, ANTHROPIC_API_KEY, GEMINI_API_KEY or an OpenAI-compatible base URL"
+
+
+def engine_unready(settings: Any, name: str, models: Any) -> str | None:
+    """Why calls on this engine would apologise and hang up (a key it lacks), or None when it can
+    answer. The server decides with this when it builds an engine, and ``pepper doctor`` says it.
+    ``models`` is the text model service (``ModelRouter.from_settings``) the cascade answers with."""
+    if name == "openai-realtime" and settings.openai_api_key is None:
+        return "needs OPENAI_API_KEY"
+    if name == "gemini-live" and settings.gemini_api_key is None:
+        return "needs GEMINI_API_KEY"
+    if name == "cascade" and (models is None or not getattr(models, "adapters", True)):
+        return f"answers with a text model and none is configured (set {TEXT_MODEL_KEYS})"
+    return None
+
+
 def _openai(settings: Any, models: Any) -> RealtimeModel | None:
-    if settings.openai_api_key is None:
+    if engine_unready(settings, "openai-realtime", models):
         return None
     from voice.adapters.openai_realtime import OpenAIRealtime
 
@@ -41,7 +57,7 @@ def _openai(settings: Any, models: Any) -> RealtimeModel | None:
 
 
 def _gemini(settings: Any, models: Any) -> RealtimeModel | None:
-    if settings.gemini_api_key is None:
+    if engine_unready(settings, "gemini-live", models):
         return None
     from voice.adapters.gemini_live import GeminiLive
 
@@ -57,7 +73,7 @@ def _cascade(settings: Any, models: Any) -> RealtimeModel | None:
     if not engine_available("cascade"):
         raise EngineUnavailable(f"the cascade voice engine is not part of this build ({CASCADE_MODULE} is missing)")
     # A router with no provider configured could not answer: no model, so calls apologise at once.
-    if models is None or not getattr(models, "adapters", True):
+    if engine_unready(settings, "cascade", models):
         return None
     stt = None
     if settings.deepgram_api_key is not None and settings.voice_cascade_stt in ("auto", "deepgram"):

@@ -35,6 +35,17 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+class _Authenticator:
+    def __init__(self, login: tuple[str, str]) -> None:
+        self.login = login
+
+    def __call__(self, server: Any, session: Any, envelope: Any, mechanism: str, data: Any) -> Any:
+        from aiosmtpd.smtp import AuthResult, LoginPassword
+
+        ok = isinstance(data, LoginPassword) and (data.login.decode(), data.password.decode()) == self.login
+        return AuthResult(success=ok, handled=False)
+
+
 class _Handler:
     def __init__(self, capture: SmtpCapture) -> None:
         self.capture = capture
@@ -51,14 +62,18 @@ class _Handler:
 
 
 class SmtpCapture:
-    def __init__(self) -> None:
+    def __init__(self, *, login: tuple[str, str] | None = None) -> None:
+        """``login=(user, password)`` offers AUTH (over plain text, loopback only) and accepts only that."""
         self.port = _free_port()  # aiosmtpd's Controller cannot bind port 0
         self.received: list[CapturedMail] = []
         self.refuse: int | None = None
         self.refused = 0
         self.refuse_limit: int | None = None
         self._lock = threading.Lock()
-        self._controller = Controller(_Handler(self), hostname="127.0.0.1", port=self.port)
+        auth: dict[str, Any] = {}
+        if login is not None:
+            auth = {"authenticator": _Authenticator(login), "auth_require_tls": False}
+        self._controller = Controller(_Handler(self), hostname="127.0.0.1", port=self.port, **auth)
 
     async def __aenter__(self) -> SmtpCapture:
         await asyncio.to_thread(self._controller.start)

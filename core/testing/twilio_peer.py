@@ -12,6 +12,7 @@ while the request itself goes to the loopback address, exactly as behind a proxy
 from __future__ import annotations
 
 import asyncio
+import base64
 import secrets
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -60,6 +61,7 @@ class TwilioPeer:
     async def __aenter__(self) -> TwilioPeer:
         app = web.Application()
         app.router.add_post("/2010-04-01/Accounts/{account}/Messages.json", self._create_message)
+        app.router.add_get("/2010-04-01/Accounts/{account}.json", self._fetch_account)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -90,6 +92,21 @@ class TwilioPeer:
         if self._hold is not None:
             self._hold[1].set()
             self._hold = None
+
+    async def _fetch_account(self, request: web.Request) -> web.Response:
+        """The account, for its own SID and auth token only (Basic auth, as Twilio checks it)."""
+        expected = base64.b64encode(f"{self.account_sid}:{self.auth_token}".encode()).decode("ascii")
+        sid = request.match_info["account"]
+        if request.headers.get("Authorization") != f"Basic {expected}" or sid != self.account_sid:
+            return web.json_response(
+                {"code": 20003, "message": "Authenticate", "more_info": "https://www.twilio.com/docs/errors/20003",
+                 "status": 401}, status=401,
+            )  # fmt: skip
+        return web.json_response(
+            {"sid": sid, "friendly_name": "Pepper test account", "status": "active", "type": "Full",
+             "auth_token": self.auth_token, "date_created": None, "date_updated": None, "owner_account_sid": sid,
+             "uri": f"/2010-04-01/Accounts/{sid}.json", "subresource_uris": {}},
+        )  # fmt: skip
 
     async def _create_message(self, request: web.Request) -> web.Response:
         form = await request.post()

@@ -148,6 +148,18 @@ async def _token_request(connectors: Connectors, form: dict[str, str]) -> dict[s
     return response.json()
 
 
+async def check_refresh(db: Any, connectors: Connectors, connection_id: UUID) -> None:
+    """Refresh one stored connection's access token and discard it (``pepper doctor --online``):
+    proves the client and the person's grant still work, and stores nothing. Raises ``GoogleError``."""
+    try:
+        secret = await connection_secret(db, connectors, connection_id)
+    except SecretKeyError as exc:
+        raise GoogleError(exc.message, retryable=False, code=exc.code) from exc
+    if not secret or not secret.get("refresh_token"):
+        raise GoogleError("the connection holds no refresh token; connect Google again", retryable=False)
+    await _token_request(connectors, {"grant_type": "refresh_token", "refresh_token": secret["refresh_token"]})
+
+
 class GoogleClient:
     """Authorised JSON calls for one stored connection. Refreshes the access token when it is
     expired or Google answers 401, once per call."""

@@ -211,6 +211,10 @@ class AnthropicAdapter(ModelAdapter):
             provider_state=tuple(state),
         )
 
+    async def _list_models(self) -> list[str]:
+        page = await self._client.models.list(limit=20)  # the first page is proof enough
+        return [model.id for model in page.data]
+
     def _convert(self, exc: Exception) -> ModelError | None:
         if isinstance(exc, anthropic.APIStatusError):
             return error_for_status(exc.status_code, f"anthropic answered HTTP {exc.status_code}", PROVIDER)

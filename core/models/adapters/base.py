@@ -140,6 +140,22 @@ class ModelAdapter(ABC):
                 raise
             raise error from exc
 
+    async def list_models(self) -> list[str]:
+        """The model names this key may use: one cheap, read-only call (``pepper doctor --online``).
+        Raises the converted ``ModelError`` (a wrong key is ``ModelAuthError``)."""
+        try:
+            return await self._list_models()
+        except ModelError:
+            raise
+        except Exception as exc:
+            error = self._convert_any(exc)
+            if error is None:
+                raise
+            raise error from exc
+
+    async def _list_models(self) -> list[str]:
+        raise NotImplementedError(f"{self.provider} lists no models")
+
     def _convert_any(self, exc: Exception) -> ModelError | None:
         error = self._convert(exc)
         if error is None and isinstance(exc, TRANSPORT_ERRORS):

@@ -210,6 +210,10 @@ class GoogleAdapter(ModelAdapter):
             raise ModelTransientError("the google stream ended without a finish reason", provider=PROVIDER)
         yield collector.generation(options)
 
+    async def _list_models(self) -> list[str]:
+        pager = await self._client.aio.models.list(config={"page_size": 20})  # the first page is proof enough
+        return [str(model.name) for model in pager.page]
+
     def _convert(self, exc: Exception) -> ModelError | None:
         if isinstance(exc, genai_errors.APIError):
             status = exc.code if isinstance(exc.code, int) and exc.code >= 100 else None

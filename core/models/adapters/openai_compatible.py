@@ -155,6 +155,9 @@ class OpenAICompatibleAdapter(ModelAdapter):
             extras={"provider_model": model},
         )
 
+    async def _list_models(self) -> list[str]:
+        return [model.id async for model in self._client.models.list()]
+
     def _convert(self, exc: Exception) -> ModelError | None:
         return convert_openai_error(exc, PROVIDER)
 

@@ -177,6 +177,9 @@ class OpenAIResponsesAdapter(ModelAdapter):
                     raise ModelTransientError("openai reported a failed response mid-stream", provider=PROVIDER)
         raise ModelTransientError("openai stream ended before the response completed", provider=PROVIDER)
 
+    async def _list_models(self) -> list[str]:
+        return [model.id async for model in self._client.models.list()]
+
     def _convert(self, exc: Exception) -> ModelError | None:
         return convert_openai_error(exc, PROVIDER)
 

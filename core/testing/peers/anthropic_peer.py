@@ -42,7 +42,19 @@ class AnthropicPeer(LoopbackPeer):
         return self.root
 
     def routes(self) -> list[web.RouteDef]:
-        return [web.post("/v1/messages", self._messages)]
+        return [web.post("/v1/messages", self._messages), web.get("/v1/models", self._models)]
+
+    async def _models(self, request: web.Request) -> web.Response:
+        key = request.headers.get("x-api-key") or request.headers.get("Authorization", "").removeprefix("Bearer ")
+        if self.api_key is not None and key != self.api_key:
+            return _error(Reply(status=401, error_message="invalid x-api-key"))
+        model = {
+            "type": "model",
+            "id": "claude-sonnet-4-5",
+            "display_name": "Claude",
+            "created_at": "2025-01-01T00:00:00Z",
+        }
+        return json_response({"data": [model], "has_more": False, "first_id": model["id"], "last_id": model["id"]}, 200)
 
     async def _messages(self, request: web.Request) -> web.StreamResponse:
         received, reply = await self._take(request)

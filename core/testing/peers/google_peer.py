@@ -39,7 +39,16 @@ class GooglePeer(LoopbackPeer):
         return self.root
 
     def routes(self) -> list[web.RouteDef]:
-        return [web.post("/{version}/models/{model_action}", self._generate)]
+        return [
+            web.post("/{version}/models/{model_action}", self._generate),
+            web.get("/{version}/models", self._models),
+        ]
+
+    async def _models(self, request: web.Request) -> web.Response:
+        key = request.headers.get("x-goog-api-key") or request.query.get("key")
+        if self.api_key is not None and key != self.api_key:
+            return _error(Reply(status=400, error_message="API key not valid. Please pass a valid API key."))
+        return json_response({"models": [{"name": "models/gemini-2.5-flash", "displayName": "Gemini"}]}, 200)
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         model, _, action = request.match_info["model_action"].partition(":")

@@ -64,7 +64,15 @@ class OpenAIPeer(LoopbackPeer):
             web.post("/v1/responses", self._responses),
             web.post("/v1/chat/completions", self._chat),
             web.post("/v1/embeddings", self._embeddings),
+            web.get("/v1/models", self._models),
         ]
+
+    async def _models(self, request: web.Request) -> web.Response:
+        key = request.headers.get("Authorization", "").removeprefix("Bearer ")
+        if self.api_key is not None and key != self.api_key:
+            return _error(Reply(status=401, error_message="Incorrect API key provided"))
+        return json_response({"object": "list", "data": [{"id": "gpt-5-mini", "object": "model", "created": 0,
+                                                           "owned_by": "openai"}]}, 200)  # fmt: skip
 
     # Responses API.
     def _response_object(self, received: Received, reply: Reply, status: str = "completed") -> dict[str, Any]:

@@ -108,6 +108,8 @@ class LoopbackPeer:
         self._runner: web.AppRunner | None = None
         self.port = 0
         self._ids = _CallCounter()
+        # The one key the models list accepts (``pepper doctor --online``); None accepts any.
+        self.api_key: str | None = None
 
     # Scripting.
     def script(self, *replies: Reply) -> None:
