@@ -18,6 +18,7 @@ from typing import Any
 from uuid import UUID
 
 from quart import Blueprint, Response, current_app, make_response, redirect, request
+from quart.typing import ResponseReturnValue
 
 from core import access
 from core.conversation import conversation_for, record_inbound, record_outbound
@@ -92,7 +93,7 @@ async def _json_body() -> Any:
     """The request's JSON, or None when it is not UTF-8 JSON (the app's body limit answers 413)."""
     raw = await request.get_data(as_text=False)
     try:
-        return json.loads(raw.decode("utf-8"))
+        return json.loads(raw.decode("utf-8") if isinstance(raw, bytes) else raw)
     except (UnicodeDecodeError, ValueError, RecursionError):
         return None
 
@@ -124,7 +125,7 @@ async def page() -> Response:
 
 
 @blueprint.post("/chat/login")
-async def login() -> Response:
+async def login() -> ResponseReturnValue:
     if not _same_origin():
         return _json_error(403, "cross-origin", "sign in from Pepper's own page")
     form = await request.form
