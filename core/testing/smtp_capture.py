@@ -97,3 +97,38 @@ class SmtpCapture:
                     await asyncio.sleep(0.01)
         except TimeoutError:
             raise AssertionError(f"expected {count} message(s), the SMTP server got {len(self.received)}") from None
+
+
+class MuteAfterData:
+    """An SMTP server that takes a whole message and then drops the connection instead of
+    answering: the sender cannot know whether the mail went. ``received`` holds what it took.
+
+        async with MuteAfterData() as server:
+            Settings(smtp_host="127.0.0.1", smtp_port=server.port, smtp_security="none", ...)
+    """
+
+    def __init__(self) -> None:
+        self.received: list[bytes] = []
+        self.port = 0
+        self._server: asyncio.Server | None = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"220 test ESMTP\r\n")
+        while line := await reader.readline():
+            if line.upper().startswith(b"DATA"):
+                writer.write(b"354 go on\r\n")
+                self.received.append(await reader.readuntil(b"\r\n.\r\n"))
+                break  # no answer: the connection just ends
+            writer.write(b"250 ok\r\n")
+            await writer.drain()
+        writer.close()
+
+    async def __aenter__(self) -> MuteAfterData:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        await self._server.wait_closed()

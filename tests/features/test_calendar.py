@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from core.testing.smtp_capture import MuteAfterData
 from core.testing.smtp_peer import SmtpPeer
 from core.tools.areas.calendar import Busy, SlotTaken, book, free_busy
 
@@ -276,27 +277,11 @@ async def test_a_cancellation_whose_change_cannot_commit_does_not_go_out(call):
 async def test_an_invitation_cut_off_after_the_mail_was_handed_over_is_kept_as_failed(call):
     """A mail server that takes the whole invitation and drops the connection instead of answering:
     the event is saved, the mail may have gone, and its record says so with its Message-ID."""
-    got: list[bytes] = []
-
-    async def mute_after_data(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writer.write(b"220 test ESMTP\r\n")
-        while line := await reader.readline():
-            if line.upper().startswith(b"DATA"):
-                writer.write(b"354 go on\r\n")
-                got.append(await reader.readuntil(b"\r\n.\r\n"))
-                break  # no answer: the connection just ends
-            writer.write(b"250 ok\r\n")
-            await writer.drain()
-        writer.close()
-
-    server = await asyncio.start_server(mute_after_data, "127.0.0.1", 0)
-    try:
-        caller = _mailing(call, server.sockets[0].getsockname()[1])
+    async with MuteAfterData() as server:
+        caller = _mailing(call, server.port)
         await caller("add_contact", {"name": "Bob", "emails": ["bob@example.org"]}, delivered=True)
         out = await caller("create_event", LUNCH)
-    finally:
-        server.close()
-        await server.wait_closed()
+    got = server.received
     assert out.status == "failed" and len(got) == 1
     assert "saved" in out.content and "not known whether the mail to bob@example.org went out" in out.content
     assert await call.db.fetchval("SELECT count(*) FROM calendar_events WHERE title = 'Lunch'") == 1

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import email
 import email.policy
@@ -11,6 +10,7 @@ import pytest
 
 from core.identity import add_handle, set_handle_verified
 from core.testing.google_api_peer import GoogleApiPeer
+from core.testing.smtp_capture import MuteAfterData
 from core.testing.smtp_peer import SmtpPeer
 from core.tools import commit_turn_writes
 from core.tools.areas.email import draft_cards
@@ -225,27 +225,10 @@ async def test_a_send_whose_record_cannot_commit_does_not_go_out(mailer, smtp):
 async def test_a_send_cut_off_after_the_mail_was_handed_over_is_kept_as_failed(mailer):
     """A server that takes the whole mail and drops the connection instead of answering: the mail
     may have gone, so its record stays, with the Message-ID it was sent under."""
-    got: list[bytes] = []
-
-    async def mute_after_data(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writer.write(b"220 test ESMTP\r\n")
-        while line := await reader.readline():
-            if line.upper().startswith(b"DATA"):
-                writer.write(b"354 go on\r\n")
-                got.append(await reader.readuntil(b"\r\n.\r\n"))
-                break  # no answer: the connection just ends
-            writer.write(b"250 ok\r\n")
-            await writer.drain()
-        writer.close()
-
-    server = await asyncio.start_server(mute_after_data, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
+    async with MuteAfterData() as server:
         await mailer("add_contact", {"name": "Bob", "emails": ["bob@example.org"]}, delivered=True)
-        out = await mailer.using(smtp_port=port)("email_from_pepper", MAIL)
-    finally:
-        server.close()
-        await server.wait_closed()
+        out = await mailer.using(smtp_port=server.port)("email_from_pepper", MAIL)
+    got = server.received
     assert out.status == "failed" and len(got) == 1
     row = await mailer.db.fetchrow("SELECT status, message_id, to_addresses FROM email_messages")
     assert row["status"] == "failed" and row["to_addresses"] == ["bob@example.org"]

@@ -14,9 +14,9 @@ from __future__ import annotations
 import json
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import httpx
@@ -38,6 +38,8 @@ except ImportError:  # pragma: no cover
     _HTTPX2_TRANSPORT = ()
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (
     OSError,
@@ -103,9 +105,10 @@ class ModelAdapter(ABC):
     provider: str = "unknown"
     supports_background: bool = False
 
-    async def generate(self, prompt: Prompt, options: CallOptions) -> Generation:
+    async def _converting(self, call: Awaitable[T]) -> T:
+        """``call``'s result, its failure converted into the error tree (``ModelError`` as it is)."""
         try:
-            return await self._generate(prompt, options)
+            return await call
         except ModelError:
             raise
         except Exception as exc:
@@ -113,6 +116,9 @@ class ModelAdapter(ABC):
             if error is None:
                 raise
             raise error from exc
+
+    async def generate(self, prompt: Prompt, options: CallOptions) -> Generation:
+        return await self._converting(self._generate(prompt, options))
 
     async def stream(self, prompt: Prompt, options: CallOptions) -> AsyncIterator[StreamEvent]:
         """TextDelta items, then exactly one Generation. A failure after the first delta raises
@@ -143,15 +149,7 @@ class ModelAdapter(ABC):
     async def list_models(self) -> list[str]:
         """The model names this key may use: one cheap, read-only call (``pepper doctor --online``).
         Raises the converted ``ModelError`` (a wrong key is ``ModelAuthError``)."""
-        try:
-            return await self._list_models()
-        except ModelError:
-            raise
-        except Exception as exc:
-            error = self._convert_any(exc)
-            if error is None:
-                raise
-            raise error from exc
+        return await self._converting(self._list_models())
 
     async def _list_models(self) -> list[str]:
         raise NotImplementedError(f"{self.provider} lists no models")
