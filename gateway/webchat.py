@@ -22,6 +22,7 @@ from quart.typing import ResponseReturnValue
 
 from core import access
 from core.conversation import conversation_for, record_inbound, record_outbound
+from core.security import record_security_event
 from gateway.services import Services
 from gateway.turns import answer_message
 from text_loop import deliver
@@ -137,6 +138,7 @@ async def login() -> ResponseReturnValue:
     with services.login_throttle.attempt(login_name, request.remote_addr or "") as attempt:
         if attempt is None:
             log.warning("web sign-in throttled")
+            await record_security_event(services.db, "web-sign-in-throttled", path=request.path)
             response = _json_error(429, "throttled", "too many failed sign-ins; try again in a few minutes")
             response.headers["Retry-After"] = str(int(services.login_throttle.window))
             return response

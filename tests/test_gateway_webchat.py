@@ -292,6 +292,8 @@ async def test_failed_sign_ins_are_throttled_per_login_without_checking_the_pass
         status, cookie, _ = await _post_login(session, web.base, "bob", PASSWORD, "203.0.113.8")
         assert status == 302 and cookie is not None
     assert await web.db.fetchval("SELECT count(*) FROM web_sessions WHERE account_id = $1", web.account_id) == 0
+    # The owner can see the guessing: each throttled attempt is a security event (rate-limited).
+    assert await web.db.fetchval("SELECT count(*) FROM security_events WHERE kind = 'web-sign-in-throttled'") == 16
 
 
 async def test_failed_sign_ins_are_throttled_per_address(web: Web):
