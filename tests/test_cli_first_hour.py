@@ -12,10 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_support import run_cli
 
 from core import identity
 from core.errors import InvalidInput
-from tests.test_cli import run_cli
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 

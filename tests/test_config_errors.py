@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import subprocess
 
-from tests.test_cli import PEPPER, run_cli
+from cli_support import PEPPER, run_cli
 
 
 def one_error_line(err: str) -> str:

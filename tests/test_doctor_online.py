@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+from cli_support import run_cli
+
 from core import identity
 from core.store import Database
 from core.testing.google_api_peer import GoogleApiPeer
@@ -13,7 +15,6 @@ from core.testing.smtp_capture import SmtpCapture
 from core.testing.twilio_peer import TwilioPeer
 from core.tools.connectors import Connectors, seal
 from core.vault import Vault, generate_key
-from tests.test_cli import run_cli
 
 TOKEN = "twilio-auth-token"
 

@@ -10,8 +10,9 @@ import sys
 import textwrap
 import time
 
+from cli_support import start_serve, stop, wait_healthy
+
 from core.testing.processes import free_port
-from tests.test_cli import start_serve, stop, wait_healthy
 
 TEXT_LINE = r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) \S+ \S+: "
 

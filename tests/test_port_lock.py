@@ -9,10 +9,10 @@ import sys
 import textwrap
 
 import pytest
+from cli_support import run_serve_expecting_failure, start_serve, stop, wait_healthy
 
 from core.testing.processes import free_port
 from gateway.port_lock import MediaPortBusy, PortLock
-from tests.test_cli import run_serve_expecting_failure, start_serve, stop, wait_healthy
 
 
 def test_a_second_hold_on_a_port_is_refused_and_names_the_holder(tmp_path):

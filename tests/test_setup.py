@@ -10,12 +10,13 @@ import stat
 import tomllib
 from pathlib import Path
 
+from cli_support import run_cli
+
 from core import identity
 from core.settings import load_settings
 from core.testing.peers import OpenAIPeer, reply_text
 from gateway.cli_web import chat
 from gateway.server import running_app
-from tests.test_cli import run_cli
 
 ANSWERS = "\n".join([
     "Ada Lovelace",
