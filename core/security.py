@@ -2,9 +2,9 @@
 
 A flood of forged requests must not become a flood of rows: per kind, each process records at most
 ``PER_MINUTE`` events a minute and counts the rest; the next event it records of that kind carries
-the count (``detail.suppressed``). Failed call verifications are always recorded: the lockout of a
-line counts them, and each one is a real call. ``prune_security_events`` deletes events older
-than ``RETENTION`` (the memory jobs run it).
+the count (``detail.suppressed``). Nothing is counted from these rows: the PIN lock counts wrong
+answers in ``call_verification_attempts`` (``voice.verification``). ``prune_security_events``
+deletes events older than ``RETENTION`` (the memory jobs run it).
 """
 
 from __future__ import annotations
@@ -21,8 +21,6 @@ log = logging.getLogger(__name__)
 
 PER_MINUTE = 30
 WINDOW_SECONDS = 60.0
-# Always recorded: ``voice.service`` locks a line after repeated failed verifications in an hour.
-UNLIMITED = frozenset({"call-verification-failed"})
 RETENTION = timedelta(days=90)
 
 
@@ -73,12 +71,11 @@ async def record_security_event(db: Any, kind: str, **detail: str | None) -> Non
 
     Never raises: the refusal itself must not fail because its record did.
     """
-    if kind not in UNLIMITED:
-        record, suppressed = _limiter(db).admit(kind)
-        if not record:
-            return
-        if suppressed:
-            detail["suppressed"] = str(suppressed)
+    record, suppressed = _limiter(db).admit(kind)
+    if not record:
+        return
+    if suppressed:
+        detail["suppressed"] = str(suppressed)
     try:
         await db.execute("INSERT INTO security_events (kind, detail) VALUES ($1, $2::jsonb)", kind, json.dumps(detail))
     except Exception:
