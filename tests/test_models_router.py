@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import ast
+import contextlib
+import gc
 import json
+import sys
 from collections.abc import AsyncIterator
 from datetime import date
 from pathlib import Path
+from typing import Any
 
 import pydantic
 import pytest
@@ -39,6 +43,7 @@ from core.settings import Settings
 from core.store import Database
 from core.testing.peers import AnthropicPeer, GooglePeer, OpenAIPeer, fault, reply_text, reply_tools
 
+REPO = Path(__file__).resolve().parents[1]
 PROMPT = Prompt("You are Pepper.", (ChatMessage("user", "hello"),))
 DAY = date(2026, 3, 1)
 PRIMARY, ALTERNATE = ModelChoice("gpt-x-mini", effort="low"), ModelChoice("claude-x-haiku")
@@ -416,3 +421,30 @@ async def test_doctor_reports_each_tier_and_its_missing_key(tmp_path: Path) -> N
     assert checks["model tier: small"].status == OK and "gpt-5-mini" in checks["model tier: small"].detail
     judge = checks["model tier: judge"]
     assert judge.status == MISSING and "ANTHROPIC_API_KEY" in judge.detail and "fails over to gpt-5" in judge.detail
+
+
+async def test_a_stream_stopped_early_closes_every_inner_stream_at_once(peers) -> None:
+    """A consumer that stops after the first words (a barge-in) closes the provider's stream then,
+    not when the garbage collector finds it: no generator of the chain is left for the loop's
+    finalizer, which may run after the loop (and its HTTP client) have closed."""
+    openai_peer, _, router = peers
+    openai_peer.script(reply_text("one two three four five six seven eight"))
+    left_for_the_finalizer: list[str] = []
+    hooks = sys.get_asyncgen_hooks()
+
+    def finalizer(gen: Any) -> None:  # only our own generators: the SDK's inner ones end with its response
+        if gen.ag_code.co_filename.startswith(str(REPO / "core")):
+            left_for_the_finalizer.append(gen.__qualname__)
+
+    sys.set_asyncgen_hooks(firstiter=hooks.firstiter, finalizer=finalizer)
+    try:
+        stream = router.stream(PROMPT, conversation_key="conv-1")
+        async with contextlib.aclosing(stream):
+            async for event in stream:
+                assert isinstance(event, TextDelta)
+                break
+        del stream, event
+        gc.collect()
+    finally:
+        sys.set_asyncgen_hooks(*hooks)
+    assert left_for_the_finalizer == [], left_for_the_finalizer

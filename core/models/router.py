@@ -23,11 +23,12 @@ when that fails transiently (busy), run again at once on the standard tier of th
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import math
 import re
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime
 from typing import TYPE_CHECKING
@@ -306,45 +307,55 @@ class ModelRouter:
 
     async def stream(
         self, prompt: Prompt, *, conversation_key: str, tier: str = "small", background: bool = False
-    ) -> AsyncIterator[StreamEvent]:
+    ) -> AsyncGenerator[StreamEvent, None]:
         """TextDelta items, then one Generation. Fails over only before the first TextDelta."""
         spec = self._tier(tier)
         choice = pick(spec.mix, conversation_key, self._today())
         started = False
+        # Every inner stream is closed by ``aclosing`` the moment this one is: a consumer that stops
+        # early (a barge-in cancels the cascade's reply) must not leave the provider's HTTP stream
+        # open until the garbage collector finds it, possibly after the event loop has closed.
         try:
-            async for event in self._stream_one(choice, prompt, background):
-                if isinstance(event, TextDelta):
-                    started = True
-                    yield event
-                else:
-                    yield self._stamp(event, choice, None)
+            async with contextlib.aclosing(self._stream_one(choice, prompt, background)) as events:
+                async for event in events:
+                    if isinstance(event, TextDelta):
+                        started = True
+                        yield event
+                    else:
+                        yield self._stamp(event, choice, None)
             return
         except ModelTransientError as exc:
             alt = None if started else self._can_fail_over(spec, choice, exc)
             if alt is None:
                 raise
-        async for event in self._stream_one(alt, prompt, background):
-            yield event if isinstance(event, TextDelta) else self._stamp(event, alt, choice)
+        async with contextlib.aclosing(self._stream_one(alt, prompt, background)) as events:
+            async for event in events:
+                yield event if isinstance(event, TextDelta) else self._stamp(event, alt, choice)
 
-    async def _stream_one(self, choice: ModelChoice, prompt: Prompt, background: bool) -> AsyncIterator[StreamEvent]:
+    async def _stream_one(
+        self, choice: ModelChoice, prompt: Prompt, background: bool
+    ) -> AsyncGenerator[StreamEvent, None]:
         adapter, options = self._resolve(choice, background)
         if background and adapter.supports_background:
             try:
-                async for event in adapter.stream(prompt, options):
-                    yield event
+                async with contextlib.aclosing(adapter.stream(prompt, options)) as events:
+                    async for event in events:
+                        yield event
                 return
             except ModelTransientError as exc:
                 # Raised only before the first delta (after it the adapter raises StreamInterrupted).
                 log.info("background service tier busy, using standard: model=%s status=%s", choice.model, exc.status)
-            async for event in adapter.stream(prompt, replace(options, background=False)):
-                yield (
-                    event
-                    if isinstance(event, TextDelta)
-                    else replace(event, extras={**event.extras, "background_fell_back": True})
-                )
+            async with contextlib.aclosing(adapter.stream(prompt, replace(options, background=False))) as events:
+                async for event in events:
+                    yield (
+                        event
+                        if isinstance(event, TextDelta)
+                        else replace(event, extras={**event.extras, "background_fell_back": True})
+                    )
             return
-        async for event in adapter.stream(prompt, replace(options, background=False)):
-            yield event
+        async with contextlib.aclosing(adapter.stream(prompt, replace(options, background=False))) as events:
+            async for event in events:
+                yield event
 
     def describe(self) -> list[tuple[str, str]]:
         """``(tier, one line)`` for each tier: its mix with shares, and its alternate."""

@@ -5,7 +5,7 @@ Plain dataclasses: the hot path builds many of them, and they are what turn reco
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -126,4 +126,4 @@ class ModelService(Protocol):
 
     def stream(
         self, prompt: Prompt, *, conversation_key: str, tier: str = "small", background: bool = False
-    ) -> AsyncIterator[StreamEvent]: ...
+    ) -> AsyncGenerator[StreamEvent, None]: ...

@@ -8,7 +8,7 @@ replace it where a test needs the real router and adapters.
 from __future__ import annotations
 
 import itertools
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,7 +75,7 @@ class ScriptedModels:
 
     async def stream(
         self, prompt: Prompt, *, conversation_key: str, tier: str = "small", background: bool = False
-    ) -> AsyncIterator[StreamEvent]:
+    ) -> AsyncGenerator[StreamEvent, None]:
         generation = await self.generate(prompt, conversation_key=conversation_key, tier=tier, background=background)
         if generation.text:
             yield TextDelta(generation.text)

@@ -11,7 +11,7 @@ Tiers are ``small``/``medium``/``large`` on models ``gpt-small``/``gpt-medium``/
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import asynccontextmanager
 
 from core.models.adapters.openai_responses import OpenAIResponsesAdapter
@@ -75,7 +75,7 @@ class WireScriptedModels:
 
     async def stream(
         self, prompt: Prompt, *, conversation_key: str, tier: str = "small", background: bool = False
-    ) -> AsyncIterator[StreamEvent]:
+    ) -> AsyncGenerator[StreamEvent, None]:
         generation = await self.generate(prompt, conversation_key=conversation_key, tier=tier, background=background)
         if generation.text:
             yield TextDelta(generation.text)

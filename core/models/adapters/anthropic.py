@@ -13,7 +13,7 @@ Usage is normalised: ``input_tokens`` counts every input token, cache reads incl
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import anthropic
@@ -146,7 +146,7 @@ class AnthropicAdapter(ModelAdapter):
             provider_state=tuple(state),
         )
 
-    async def _stream(self, prompt: Prompt, options: CallOptions) -> AsyncIterator[StreamEvent]:
+    async def _stream(self, prompt: Prompt, options: CallOptions) -> AsyncGenerator[StreamEvent, None]:
         stream = await self._client.messages.create(**_params(prompt, options), stream=True)
         blocks: dict[int, dict[str, Any]] = {}
         usage_start: Any = None

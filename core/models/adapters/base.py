@@ -11,10 +11,11 @@ This module imports no vendor SDK; each adapter module imports its own.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, Awaitable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -120,15 +121,16 @@ class ModelAdapter(ABC):
     async def generate(self, prompt: Prompt, options: CallOptions) -> Generation:
         return await self._converting(self._generate(prompt, options))
 
-    async def stream(self, prompt: Prompt, options: CallOptions) -> AsyncIterator[StreamEvent]:
+    async def stream(self, prompt: Prompt, options: CallOptions) -> AsyncGenerator[StreamEvent, None]:
         """TextDelta items, then exactly one Generation. A failure after the first delta raises
         ``StreamInterrupted``; before it, the converted error (which the router may fail over)."""
         started = False
         try:
-            async for event in self._stream(prompt, options):
-                if isinstance(event, TextDelta):
-                    started = True
-                yield event
+            async with contextlib.aclosing(self._stream(prompt, options)) as events:  # closed with this one
+                async for event in events:
+                    if isinstance(event, TextDelta):
+                        started = True
+                    yield event
         except StreamInterrupted:
             raise
         except Exception as exc:
@@ -168,7 +170,7 @@ class ModelAdapter(ABC):
     async def _generate(self, prompt: Prompt, options: CallOptions) -> Generation: ...
 
     @abstractmethod
-    def _stream(self, prompt: Prompt, options: CallOptions) -> AsyncIterator[StreamEvent]: ...
+    def _stream(self, prompt: Prompt, options: CallOptions) -> AsyncGenerator[StreamEvent, None]: ...
 
     @abstractmethod
     def _convert(self, exc: Exception) -> ModelError | None: ...

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import base64
 import itertools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from google import genai
@@ -195,7 +195,7 @@ class GoogleAdapter(ModelAdapter):
         collector.add(response)
         return collector.generation(options)
 
-    async def _stream(self, prompt: Prompt, options: CallOptions) -> AsyncIterator[StreamEvent]:
+    async def _stream(self, prompt: Prompt, options: CallOptions) -> AsyncGenerator[StreamEvent, None]:
         stream = await self._client.aio.models.generate_content_stream(
             model=options.model, contents=_contents(prompt.messages), config=_config(prompt, options)
         )

@@ -8,7 +8,7 @@ chunk (``stream_options.include_usage``); servers that ignore it report zero usa
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import openai
@@ -111,7 +111,7 @@ class OpenAICompatibleAdapter(ModelAdapter):
             extras={"provider_model": completion.model},
         )
 
-    async def _stream(self, prompt: Prompt, options: CallOptions) -> AsyncIterator[StreamEvent]:
+    async def _stream(self, prompt: Prompt, options: CallOptions) -> AsyncGenerator[StreamEvent, None]:
         params = {**_params(prompt, options), "stream_options": {"include_usage": True}}
         stream = await self._client.chat.completions.create(
             **sdk_arguments(params, required=("messages",)), stream=True

@@ -9,7 +9,7 @@ Nothing is stored at OpenAI (``store=False``).
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import openai
@@ -162,7 +162,7 @@ class OpenAIResponsesAdapter(ModelAdapter):
         response = await self._client.responses.create(**sdk_arguments(_params(prompt, options)))
         return _generation(response, options)
 
-    async def _stream(self, prompt: Prompt, options: CallOptions) -> AsyncIterator[StreamEvent]:
+    async def _stream(self, prompt: Prompt, options: CallOptions) -> AsyncGenerator[StreamEvent, None]:
         stream = await self._client.responses.create(**sdk_arguments(_params(prompt, options)), stream=True)
         async with stream:
             async for event in stream:
