@@ -22,6 +22,7 @@ from uuid import UUID
 
 from core.memory import NO_MEMORY, MemoryConfig, build_memory_block
 from core.memory.dossier import MAX_NOTES_IN_PROMPT, dossier_halves, dossier_select, prompt_text
+from core.store.queries import Queries
 from core.tools.connectors import Connectors, connection_names, connections_select
 from core.tools.context import SessionContext
 from core.tools.gate import Gate
@@ -47,7 +48,7 @@ def context_reads(connectors: Connectors | None, *, personal: bool, connections:
 
 
 async def owner_context(
-    db: Any,
+    db: Queries,
     account_id: UUID,
     conversation_id: UUID,
     timezone: str,
@@ -74,7 +75,7 @@ async def owner_context(
 
 
 async def load_owner_context(
-    db: Any,
+    db: Queries,
     account_id: UUID,
     conversation_id: UUID,
     timezone: str,

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
+from core.store.queries import Queries
+
 log = logging.getLogger(__name__)
 
 PER_MINUTE = 30
@@ -56,7 +58,7 @@ _limiters: weakref.WeakKeyDictionary[Any, EventLimiter] = weakref.WeakKeyDiction
 _shared = EventLimiter()
 
 
-def _limiter(db: Any) -> EventLimiter:
+def _limiter(db: Queries) -> EventLimiter:
     try:
         limiter = _limiters.get(db)
         if limiter is None:
@@ -66,7 +68,7 @@ def _limiter(db: Any) -> EventLimiter:
         return _shared
 
 
-async def record_security_event(db: Any, kind: str, **detail: str | None) -> None:
+async def record_security_event(db: Queries, kind: str, **detail: str | None) -> None:
     """Record a refusal (a forged signature, a reused token, a failed PIN), within the rate limit.
 
     Never raises: the refusal itself must not fail because its record did.
@@ -82,7 +84,7 @@ async def record_security_event(db: Any, kind: str, **detail: str | None) -> Non
         log.exception("could not record a security event")
 
 
-async def prune_security_events(db: Any, now: datetime, retention: timedelta = RETENTION) -> int:
+async def prune_security_events(db: Queries, now: datetime, retention: timedelta = RETENTION) -> int:
     """Delete security events older than ``retention``; how many went."""
     status = await db.execute("DELETE FROM security_events WHERE created_at < $1", now - retention)
     removed = int(status.split()[-1])

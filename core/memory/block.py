@@ -23,6 +23,7 @@ from core.conversation import Message, _message
 from core.memory.config import MemoryConfig
 from core.memory.exchanges import render_exchanges, split_exchanges
 from core.memory.periods import Period, label, local_date, local_midnight
+from core.store.queries import Queries
 from core.untrusted import neutralise_labels
 
 NO_MEMORY = "Memory: not available in this session."
@@ -88,7 +89,7 @@ def uncovered_spans(summaries: list[Summary], until: datetime) -> list[tuple[dat
 
 
 async def memory_view(
-    db: Any,
+    db: Queries,
     account_id: UUID,
     conversation_id: UUID,
     timezone: str,
@@ -204,7 +205,7 @@ def render_memory(view: MemoryView, timezone: str, config: MemoryConfig) -> str:
 
 
 async def build_memory_block(
-    db: Any,
+    db: Queries,
     account_id: UUID,
     conversation_id: UUID,
     timezone: str,

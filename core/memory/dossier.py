@@ -23,6 +23,7 @@ from core.errors import InvalidInput, NotFound, PepperError
 from core.memory.block import summary_heading
 from core.memory.config import MemoryConfig
 from core.models.types import ChatMessage, ModelService, Prompt
+from core.store.queries import Queries
 from core.tools.registry import transaction
 from core.untrusted import neutralise_labels
 
@@ -82,7 +83,7 @@ def dossier_halves(selected: str) -> DossierHalves:
     return DossierHalves(data["owner_text"] or "", data["model_text"] or "", notes, data["through"])
 
 
-async def load_dossier(db: Any, account_id: UUID, *, notes_limit: int | None = None) -> DossierHalves:
+async def load_dossier(db: Queries, account_id: UUID, *, notes_limit: int | None = None) -> DossierHalves:
     # One round trip: every turn of a verified owner reads this before its first model call.
     return dossier_halves(await db.fetchval(f"SELECT {dossier_select(notes_limit)}", account_id))
 
@@ -98,13 +99,13 @@ def prompt_text(halves: DossierHalves) -> str:
     return neutralise_labels("\n\n".join(parts))
 
 
-async def dossier_text(db: Any, account_id: UUID) -> str:
+async def dossier_text(db: Queries, account_id: UUID) -> str:
     """Both halves as prompt text (:func:`prompt_text`)."""
     return prompt_text(await load_dossier(db, account_id, notes_limit=MAX_NOTES_IN_PROMPT))
 
 
 async def set_owner_text(
-    db: Any, account_id: UUID, text: str, *, source: str = "cli", config: MemoryConfig | None = None
+    db: Queries, account_id: UUID, text: str, *, source: str = "cli", config: MemoryConfig | None = None
 ) -> bool:
     """Replace the person's half; keeps a revision. Returns False when the text did not change."""
     config = config or MemoryConfig()
@@ -160,7 +161,7 @@ class RewriteResult:
 
 
 async def rewrite_model_half(
-    db: Any, models: ModelService, account_id: UUID, now: datetime, *, config: MemoryConfig
+    db: Queries, models: ModelService, account_id: UUID, now: datetime, *, config: MemoryConfig
 ) -> RewriteResult:
     """The weekly rewrite of the model's half. Model errors raise (the job retries)."""
     halves = await load_dossier(db, account_id)
@@ -247,7 +248,7 @@ async def rewrite_model_half(
     return RewriteResult("accepted", None, revision)
 
 
-async def revisions(db: Any, account_id: UUID, limit: int = 20) -> list[Any]:
+async def revisions(db: Queries, account_id: UUID, limit: int = 20) -> list[Any]:
     return await db.fetch(
         "SELECT id, half, body, source, accepted, reason, created_at FROM dossier_revisions"
         " WHERE account_id = $1 ORDER BY id DESC LIMIT $2",

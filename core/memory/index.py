@@ -27,6 +27,7 @@ from uuid import UUID
 from core.errors import InvalidInput
 from core.memory.config import MemoryConfig
 from core.models.embeddings import Embedder, LocalEmbedder
+from core.store.queries import Queries
 from core.tools.registry import connection, transaction
 
 log = logging.getLogger(__name__)
@@ -101,12 +102,12 @@ def person_filter(account_id: UUID) -> str:
     return f"account_id = '{UUID(str(account_id))}'"
 
 
-async def drop_model_indexes(db: Any, model_id: str) -> None:
+async def drop_model_indexes(db: Queries, model_id: str) -> None:
     """Drop the model's HNSW index (with it, every person's graph for the model)."""
     await db.execute(f"DROP INDEX IF EXISTS {hnsw_index_name(model_id)}")
 
 
-async def ensure_model_index(db: Any, model_id: str, dimensions: int) -> None:
+async def ensure_model_index(db: Queries, model_id: str, dimensions: int) -> None:
     """Create the model's partial HNSW index if it is missing (cosine distance). On the
     partitioned table this makes one graph in every person's partition, and every partition made
     later (a new account) gets its own at once."""
@@ -133,7 +134,7 @@ class IndexState:
         return self.target_model is not None and self.target_model != self.active_model
 
 
-async def index_state(db: Any) -> IndexState:
+async def index_state(db: Queries) -> IndexState:
     row = await db.fetchrow("SELECT * FROM memory_index_state")
     return IndexState(
         row["active_model"],
@@ -145,7 +146,7 @@ async def index_state(db: Any) -> IndexState:
     )
 
 
-async def set_target(db: Any, embedder: Embedder, *, now: datetime, force: bool = False) -> IndexState:
+async def set_target(db: Queries, embedder: Embedder, *, now: datetime, force: bool = False) -> IndexState:
     """Make ``embedder`` the indexing target. A new model starts a re-index; ``force`` rebuilds
     the same model from scratch (its rows are dropped first, searches keep working on what
     remains until the rebuild reaches them). Returns the new state."""
@@ -208,7 +209,7 @@ class IndexProgress:
         return 100.0 if self.total == 0 else min(100.0, 100.0 * self.indexed / self.total)
 
 
-async def progress(db: Any, model_id: str | None = None) -> IndexProgress:
+async def progress(db: Queries, model_id: str | None = None) -> IndexProgress:
     state = await index_state(db)
     model_id = model_id or state.target_model
     total = await db.fetchval(
@@ -226,7 +227,7 @@ ProgressFn = Callable[[IndexProgress], None]
 
 
 async def index_pending(
-    db: Any,
+    db: Queries,
     *,
     embedders: Embedders = EMBEDDERS,
     config: MemoryConfig | None = None,
@@ -374,7 +375,7 @@ async def _finish_if_done(conn: Any, state: IndexState, now: datetime) -> None:
     log.info("memory re-index finished: model=%s replaced=%s", state.target_model, old)
 
 
-async def add_document(db: Any, account_id: UUID, kind: str, title: str, body: str) -> int:
+async def add_document(db: Queries, account_id: UUID, kind: str, title: str, body: str) -> int:
     """Record a document Pepper made (a brief, a draft, a report) so search can find it.
 
     It is embedded by the next indexing pass.

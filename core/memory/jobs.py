@@ -33,6 +33,7 @@ from core.memory.summaries import SummaryResult, draft_summary, store_summary
 from core.models.errors import ModelNotConfigured
 from core.models.types import ModelService
 from core.security import prune_security_events
+from core.store.queries import Queries
 from core.tools.registry import transaction
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,7 @@ class JobsReport:
         self.people |= other.people
 
 
-async def enqueue_due(db: Any, now: datetime, *, config: MemoryConfig, account_id: UUID | None = None) -> int:
+async def enqueue_due(db: Queries, now: datetime, *, config: MemoryConfig, account_id: UUID | None = None) -> int:
     """Create the job rows for finished periods with activity in the last ``lookback_days``.
 
     Existing rows are left alone (a period is summarised once). Returns how many were created.
@@ -127,7 +128,7 @@ async def enqueue_due(db: Any, now: datetime, *, config: MemoryConfig, account_i
 
 
 async def claim_jobs(
-    db: Any, now: datetime, *, config: MemoryConfig, limit: int, ignore_due: bool = False,
+    db: Queries, now: datetime, *, config: MemoryConfig, limit: int, ignore_due: bool = False,
     account_id: UUID | None = None,
 ) -> list[Job]:  # fmt: skip
     """Lease up to ``limit`` due jobs (pending, failed and due for a retry, or with a lapsed lease)."""
@@ -171,7 +172,7 @@ def retry_delay(attempts: int, config: MemoryConfig) -> timedelta:
     return min(config.job_retry_base * (2 ** max(0, attempts - 1)), config.job_retry_max)
 
 
-async def run_job(db: Any, models: ModelService, job: Job, now: datetime, *, config: MemoryConfig) -> str:
+async def run_job(db: Queries, models: ModelService, job: Job, now: datetime, *, config: MemoryConfig) -> str:
     """Run one claimed job to the end: ``done`` or ``failed``/``abandoned`` (never half-written)."""
     try:
         if job.kind == "dossier":
@@ -217,7 +218,7 @@ async def run_job(db: Any, models: ModelService, job: Job, now: datetime, *, con
 
 
 async def _run_person(
-    db: Any, models: ModelService, jobs: list[Job], now: datetime, config: MemoryConfig,
+    db: Queries, models: ModelService, jobs: list[Job], now: datetime, config: MemoryConfig,
     gate: asyncio.Semaphore, report: JobsReport,
 ) -> None:  # fmt: skip
     async with gate:
@@ -232,7 +233,7 @@ async def _run_person(
 
 
 async def run_due_jobs(
-    db: Any,
+    db: Queries,
     models: ModelService,
     now: datetime,
     *,
@@ -264,7 +265,7 @@ async def run_due_jobs(
 
 
 async def run_nightly_summaries(
-    db: Any,
+    db: Queries,
     models: ModelService,
     now: datetime,
     *,
@@ -282,7 +283,7 @@ async def run_nightly_summaries(
 
 
 async def memory_jobs_tick(
-    db: Any,
+    db: Queries,
     models: ModelService,
     now: datetime,
     *,

@@ -17,6 +17,7 @@ from zoneinfo import ZoneInfo
 from core.conversation import Message, _message
 from core.memory.config import MemoryConfig
 from core.memory.exchanges import render_exchanges, split_exchanges
+from core.store.queries import Queries
 from core.untrusted import CALLER_LABEL, quoted
 
 TOOL_RESULT_CHARS = 300
@@ -67,7 +68,7 @@ def _stranger(turn: TurnRecord) -> str | None:
     return STRANGERS.get(trust)
 
 
-async def period_records(db: Any, conversation_id: UUID, start: datetime, until: datetime) -> PeriodRecords:
+async def period_records(db: Queries, conversation_id: UUID, start: datetime, until: datetime) -> PeriodRecords:
     """Every message and every turn (replays excepted) in ``[start, until)``."""
     messages = await db.fetch(
         "SELECT * FROM messages WHERE conversation_id = $1 AND created_at >= $2 AND created_at < $3"

@@ -17,6 +17,7 @@ from uuid import UUID
 from core.errors import PepperError
 from core.memory.config import MemoryConfig
 from core.memory.index import EMBEDDERS, Embedders, index_state, person_filter, vector_sql
+from core.store.queries import Queries
 from core.tools.registry import transaction
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ def _like_pattern(phrase: str) -> str:
 class MemorySearch(Protocol):
     """What occupies the memory-search slot."""
 
-    async def search(self, db: Any, account_id: UUID, query: str, *, limit: int) -> list[SearchHit]: ...
+    async def search(self, db: Queries, account_id: UUID, query: str, *, limit: int) -> list[SearchHit]: ...
 
 
 class BuiltinMemorySearch:
@@ -82,7 +83,7 @@ class BuiltinMemorySearch:
         self.embedders = embedders
         self.config = config or MemoryConfig()
 
-    async def search(self, db: Any, account_id: UUID, query: str, *, limit: int) -> list[SearchHit]:
+    async def search(self, db: Queries, account_id: UUID, query: str, *, limit: int) -> list[SearchHit]:
         """Best matches first: quoted phrases found as written, then meaning matches, no source
         twice. Raises when the embedder fails (the tool reports a failure, never "nothing")."""
         hits: list[SearchHit] = []
@@ -98,7 +99,7 @@ class BuiltinMemorySearch:
                 merged.append(hit)
         return merged[: max(limit, len(hits))]
 
-    async def keyword(self, db: Any, account_id: UUID, phrase: str, *, limit: int) -> list[SearchHit]:
+    async def keyword(self, db: Queries, account_id: UUID, phrase: str, *, limit: int) -> list[SearchHit]:
         """Messages (not from scheduled runs) that contain ``phrase`` as written, newest first."""
         rows = await db.fetch(
             r"""
@@ -129,7 +130,7 @@ class BuiltinMemorySearch:
             out.append(hit)
         return out
 
-    async def meaning(self, db: Any, account_id: UUID, query: str, *, limit: int) -> list[SearchHit]:
+    async def meaning(self, db: Queries, account_id: UUID, query: str, *, limit: int) -> list[SearchHit]:
         if not query.strip():
             return []
         state = await index_state(db)
@@ -158,7 +159,7 @@ class BuiltinMemorySearch:
         return out[:limit]
 
     async def nearest(
-        self, db: Any, account_id: UUID, model_id: str, dimensions: int, vector: list[float], limit: int
+        self, db: Queries, account_id: UUID, model_id: str, dimensions: int, vector: list[float], limit: int
     ) -> list[Any]:
         """The ``limit`` chunks of the person nearest to ``vector``, with their sources.
 
@@ -200,7 +201,7 @@ class MemorySearchSlot:
         self.builtin = builtin
         self.occupant: MemorySearch | None = None
 
-    async def search(self, db: Any, account_id: UUID, query: str, *, limit: int) -> list[SearchHit]:
+    async def search(self, db: Queries, account_id: UUID, query: str, *, limit: int) -> list[SearchHit]:
         if self.occupant is not None:
             try:
                 return await self.occupant.search(db, account_id, query, limit=limit)

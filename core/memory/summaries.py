@@ -18,6 +18,7 @@ from core.memory.config import MemoryConfig
 from core.memory.periods import Period, label, period_end, span
 from core.memory.records import period_records, render_records
 from core.models.types import ChatMessage, ModelService, Prompt
+from core.store.queries import Queries
 from core.tools.registry import transaction
 from core.untrusted import neutralise_labels
 
@@ -76,7 +77,7 @@ class SummaryDraft:
 
 
 async def draft_summary(
-    db: Any,
+    db: Queries,
     models: ModelService,
     account_id: UUID,
     period: Period,
@@ -153,7 +154,7 @@ async def store_summary(conn: Any, draft: SummaryDraft) -> SummaryResult:
 
 
 async def write_summary(
-    db: Any,
+    db: Queries,
     models: ModelService,
     account_id: UUID,
     period: Period,

@@ -11,11 +11,11 @@ import asyncio
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 from core.memory.config import MemoryConfig
 from core.memory.jobs import memory_jobs_tick
 from core.models.types import ModelService
+from core.store.queries import Queries
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ class MemoryWorker:
 
     def __init__(
         self,
-        db: Any,
+        db: Queries,
         models: ModelService,
         *,
         interval: float = 60.0,

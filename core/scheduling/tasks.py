@@ -16,6 +16,7 @@ from uuid import UUID
 
 from core.errors import InvalidInput, NotFound
 from core.scheduling.schedule import Place, Schedule, ScheduleError, stable_offset
+from core.store.queries import Queries
 
 # Where a run's result can go. Empty means the person's usual channel (see the scheduler).
 DELIVERY_CHANNELS: tuple[str, ...] = ("chat", "sms", "whatsapp", "email")
@@ -79,12 +80,12 @@ def check_channels(channels: Sequence[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
-async def owner_place(db: Any, account_id: UUID) -> Place | None:
+async def owner_place(db: Queries, account_id: UUID) -> Place | None:
     row = await db.fetchrow("SELECT latitude, longitude FROM account_places WHERE account_id = $1", account_id)
     return Place(row["latitude"], row["longitude"]) if row else None
 
 
-async def set_owner_place(db: Any, account_id: UUID, place: Place, label: str | None = None) -> None:
+async def set_owner_place(db: Queries, account_id: UUID, place: Place, label: str | None = None) -> None:
     await db.execute(
         """
         INSERT INTO account_places (account_id, latitude, longitude, label) VALUES ($1, $2, $3, $4)
@@ -98,7 +99,7 @@ async def set_owner_place(db: Any, account_id: UUID, place: Place, label: str | 
     )
 
 
-async def account_timezone(db: Any, account_id: UUID) -> str:
+async def account_timezone(db: Queries, account_id: UUID) -> str:
     tz = await db.fetchval("SELECT timezone FROM accounts WHERE id = $1", account_id)
     if tz is None:
         raise NotFound(f"no account {account_id}")
@@ -106,7 +107,7 @@ async def account_timezone(db: Any, account_id: UUID) -> str:
 
 
 async def first_occurrence(
-    db: Any, account_id: UUID, schedule: Schedule, timezone: str, now: datetime
+    db: Queries, account_id: UUID, schedule: Schedule, timezone: str, now: datetime
 ) -> datetime | None:
     place = await owner_place(db, account_id) if schedule.needs_place else None
     if schedule.needs_place and place is None:
@@ -169,7 +170,9 @@ async def create_task(
     return task_from_row(row)
 
 
-async def list_tasks(db: Any, account_id: UUID | None = None, *, include_inactive: bool = False) -> list[ScheduledTask]:
+async def list_tasks(
+    db: Queries, account_id: UUID | None = None, *, include_inactive: bool = False
+) -> list[ScheduledTask]:
     rows = await db.fetch(
         """
         SELECT * FROM scheduled_tasks
@@ -182,7 +185,7 @@ async def list_tasks(db: Any, account_id: UUID | None = None, *, include_inactiv
     return [task_from_row(r) for r in rows]
 
 
-async def get_task(db: Any, task_id: int, account_id: UUID | None = None) -> ScheduledTask:
+async def get_task(db: Queries, task_id: int, account_id: UUID | None = None) -> ScheduledTask:
     row = await db.fetchrow(
         "SELECT * FROM scheduled_tasks WHERE id = $1 AND ($2::uuid IS NULL OR account_id = $2)", task_id, account_id
     )
@@ -191,7 +194,7 @@ async def get_task(db: Any, task_id: int, account_id: UUID | None = None) -> Sch
     return task_from_row(row)
 
 
-async def cancelled_in_turn(db: Any, turn_id: UUID) -> int:
+async def cancelled_in_turn(db: Queries, turn_id: UUID) -> int:
     return await db.fetchval("SELECT count(*) FROM scheduled_tasks WHERE cancelled_turn_id = $1", turn_id)
 
 

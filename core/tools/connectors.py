@@ -28,6 +28,7 @@ from uuid import UUID
 import httpx
 
 from core.errors import ConfigError, InvalidInput
+from core.store.queries import Queries
 from core.vault import SecretKeyError, Vault
 
 log = logging.getLogger(__name__)
@@ -148,7 +149,7 @@ def connection_names(selected: str) -> frozenset[str]:
     return frozenset(names)
 
 
-async def account_connections(db: Any, account_id: UUID, connectors: Connectors | None = None) -> frozenset[str]:
+async def account_connections(db: Queries, account_id: UUID, connectors: Connectors | None = None) -> frozenset[str]:
     """The connection names this person has (see the module docstring): what the gateway puts in
     ``SessionContext.connections`` for each turn."""
     return connection_names(await db.fetchval(f"SELECT {connections_select(connectors)}", account_id))
@@ -162,14 +163,14 @@ def seal(connectors: Connectors, secret: dict[str, Any]) -> bytes | None:
     return connectors.require_vault().seal(secret) if secret else None
 
 
-async def connection_secret(db: Any, connectors: Connectors, connection_id: UUID) -> dict[str, Any] | None:
+async def connection_secret(db: Queries, connectors: Connectors, connection_id: UUID) -> dict[str, Any] | None:
     """The connection's secret, opened; None when the connection is gone. A row still in plaintext
     (written before secrets were sealed) is sealed now. Raises ``SecretKeyError`` on a wrong key."""
     row = await db.fetchrow("SELECT secret, sealed FROM connections WHERE id = $1", connection_id)
     return None if row is None else await opened_secret(db, connectors, connection_id, row)
 
 
-async def opened_secret(db: Any, connectors: Connectors, connection_id: UUID, row: Any) -> dict[str, Any] | None:
+async def opened_secret(db: Queries, connectors: Connectors, connection_id: UUID, row: Any) -> dict[str, Any] | None:
     """The secret of a ``connections`` row the caller read with its ``secret`` and ``sealed``
     columns (beside whatever else it needed), as :func:`connection_secret` opens it."""
     if row["sealed"] is not None:
@@ -180,7 +181,7 @@ async def opened_secret(db: Any, connectors: Connectors, connection_id: UUID, ro
     return plain
 
 
-async def store_secret(db: Any, connectors: Connectors, connection_id: UUID, secret: dict[str, Any]) -> None:
+async def store_secret(db: Queries, connectors: Connectors, connection_id: UUID, secret: dict[str, Any]) -> None:
     await db.execute(
         "UPDATE connections SET sealed = $2, secret = '{}', updated_at = now() WHERE id = $1",
         connection_id,
@@ -188,7 +189,7 @@ async def store_secret(db: Any, connectors: Connectors, connection_id: UUID, sec
     )
 
 
-async def seal_plaintext_secrets(db: Any, vault: Vault) -> int:
+async def seal_plaintext_secrets(db: Queries, vault: Vault) -> int:
     """Seal every secret still stored in plaintext; returns how many. Idempotent (run at start-up)."""
     rows = await db.fetch("SELECT id, secret FROM connections WHERE sealed IS NULL AND secret <> '{}'")
     for row in rows:
@@ -198,7 +199,7 @@ async def seal_plaintext_secrets(db: Any, vault: Vault) -> int:
     return len(rows)
 
 
-async def unopenable_secrets(db: Any, vault: Vault) -> list[UUID]:
+async def unopenable_secrets(db: Queries, vault: Vault) -> list[UUID]:
     """Connections whose sealed secret the configured key does not open (a changed or lost key)."""
     bad: list[UUID] = []
     for row in await db.fetch("SELECT id, sealed FROM connections WHERE sealed IS NOT NULL ORDER BY created_at"):
@@ -209,7 +210,7 @@ async def unopenable_secrets(db: Any, vault: Vault) -> list[UUID]:
     return bad
 
 
-async def rotate_secrets(db: Any, vault: Vault) -> int:
+async def rotate_secrets(db: Queries, vault: Vault) -> int:
     """Seal every stored secret again under the newest key (after adding one to PEPPER_SECRET_KEY)."""
     rows = await db.fetch("SELECT id, sealed FROM connections WHERE sealed IS NOT NULL")
     for row in rows:
@@ -217,7 +218,7 @@ async def rotate_secrets(db: Any, vault: Vault) -> int:
     return len(rows)
 
 
-async def _seal_row(db: Any, vault: Vault, connection_id: UUID, plain: dict[str, Any]) -> None:
+async def _seal_row(db: Queries, vault: Vault, connection_id: UUID, plain: dict[str, Any]) -> None:
     # Only the row still in plaintext: a concurrent sealer or a new token must not be overwritten.
     await db.execute(
         "UPDATE connections SET sealed = $2, secret = '{}' WHERE id = $1 AND sealed IS NULL",

@@ -19,6 +19,7 @@ from uuid import UUID
 import httpx
 
 from core.errors import InvalidInput, PepperError
+from core.store.queries import Queries
 from core.tools.connectors import GOOGLE_SCOPES, Connectors, connection_secret, seal, store_secret
 from core.vault import SecretKeyError
 
@@ -63,7 +64,7 @@ def authorization_url(
 
 
 async def exchange_code(
-    db: Any,
+    db: Queries,
     connectors: Connectors,
     account_id: UUID,
     code: str,
@@ -94,7 +95,7 @@ async def exchange_code(
     )
 
 
-async def google_connection(db: Any, account_id: UUID, scope: str) -> UUID | None:
+async def google_connection(db: Queries, account_id: UUID, scope: str) -> UUID | None:
     """The person's Google connection that was granted ``scope``, if any."""
     return await db.fetchval(
         "SELECT id FROM connections WHERE account_id = $1 AND provider = 'google' AND $2 = ANY(scopes)"
@@ -104,7 +105,7 @@ async def google_connection(db: Any, account_id: UUID, scope: str) -> UUID | Non
     )
 
 
-async def revoke_grant(db: Any, connectors: Connectors, connection_id: UUID) -> None:
+async def revoke_grant(db: Queries, connectors: Connectors, connection_id: UUID) -> None:
     """Ask Google to revoke the grant behind a stored connection (its refresh token). Raises
     ``GoogleError`` when Google refuses or cannot be reached, ``SecretKeyError`` on a wrong key."""
     secret = await connection_secret(db, connectors, connection_id) or {}
@@ -148,7 +149,7 @@ async def _token_request(connectors: Connectors, form: dict[str, str]) -> dict[s
     return response.json()
 
 
-async def check_refresh(db: Any, connectors: Connectors, connection_id: UUID) -> None:
+async def check_refresh(db: Queries, connectors: Connectors, connection_id: UUID) -> None:
     """Refresh one stored connection's access token and discard it (``pepper doctor --online``):
     proves the client and the person's grant still work, and stores nothing. Raises ``GoogleError``."""
     try:
@@ -164,7 +165,7 @@ class GoogleClient:
     """Authorised JSON calls for one stored connection. Refreshes the access token when it is
     expired or Google answers 401, once per call."""
 
-    def __init__(self, db: Any, connectors: Connectors, connection_id: UUID):
+    def __init__(self, db: Queries, connectors: Connectors, connection_id: UUID):
         self.db = db
         self.connectors = connectors
         self.connection_id = connection_id

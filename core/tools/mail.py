@@ -15,13 +15,13 @@ import logging
 from collections.abc import Iterable, Sequence
 from email.message import EmailMessage
 from email.utils import formataddr, formatdate, make_msgid
-from typing import Any
 from uuid import UUID
 
 import aiosmtplib
 
 from core.errors import InvalidInput, PepperError
 from core.identity import normalize_email
+from core.store.queries import Queries
 from core.tools.connectors import Connectors
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ def clean_addresses(raw: Iterable[str]) -> list[str]:
     return out
 
 
-async def owner_emails(db: Any, account_id: UUID) -> list[str]:
+async def owner_emails(db: Queries, account_id: UUID) -> list[str]:
     """The person's own email handles, verified ones first."""
     rows = await db.fetch(
         "SELECT value FROM handles WHERE account_id = $1 AND kind = 'email'"
@@ -61,7 +61,7 @@ async def owner_emails(db: Any, account_id: UUID) -> list[str]:
 CONTACT_WRITES = ("add_contact", "update_contact")
 
 
-async def unverifiable(db: Any, account_id: UUID, addresses: Sequence[str], turn_id: UUID | None) -> list[str]:
+async def unverifiable(db: Queries, account_id: UUID, addresses: Sequence[str], turn_id: UUID | None) -> list[str]:
     """The addresses that are neither the person's verified handles nor on one of their contacts.
 
     ``turn_id`` is the turn asking: an address that one of its own contact writes names (staged,

@@ -23,6 +23,7 @@ from uuid import UUID
 
 from core.access import token_hash
 from core.errors import InvalidInput, PepperError
+from core.store.queries import Queries
 from core.tools.connectors import GOOGLE_SCOPES, Connectors
 from core.tools.google_api import authorization_url, exchange_code
 
@@ -66,7 +67,7 @@ def _challenge(verifier: str) -> str:
 
 
 async def begin_google_consent(
-    db: Any,
+    db: Queries,
     connectors: Connectors,
     account_id: UUID,
     area: str,
@@ -106,7 +107,7 @@ async def begin_google_consent(
     return authorization_url(connectors, [feature], redirect_uri, state, code_challenge=_challenge(verifier))
 
 
-async def _take_state(db: Any, state: str | None) -> Any:
+async def _take_state(db: Queries, state: str | None) -> Any:
     """The pending consent for ``state``, deleted in the same statement: a state works once."""
     if not state:
         raise ConsentRefused("the answer from Google carries no state; start connecting again")
@@ -120,7 +121,7 @@ async def _take_state(db: Any, state: str | None) -> Any:
     return row
 
 
-async def _check_binding(db: Any, row: Any, browser_binding: str | None) -> None:
+async def _check_binding(db: Queries, row: Any, browser_binding: str | None) -> None:
     if row["session_hash"] is None:
         return  # started by `pepper connect`: bound to the account only
     if not browser_binding or not hmac.compare_digest(token_hash(browser_binding), bytes(row["browser_hash"])):
@@ -134,7 +135,7 @@ async def _check_binding(db: Any, row: Any, browser_binding: str | None) -> None
 
 
 async def finish_google_consent(
-    db: Any, connectors: Connectors, state: str | None, code: str | None, *, browser_binding: str | None = None
+    db: Queries, connectors: Connectors, state: str | None, code: str | None, *, browser_binding: str | None = None
 ) -> ConnectedGoogle:
     """Complete a consent: use the state once, check its binding, trade ``code`` for tokens and
     store the connection. Raises ``ConsentRefused`` (nothing stored) or the exchange's error."""
@@ -151,7 +152,7 @@ async def finish_google_consent(
     return ConnectedGoogle(row["account_id"], connection_id, features, granted)
 
 
-async def decline_google_consent(db: Any, state: str | None, *, browser_binding: str | None = None) -> None:
+async def decline_google_consent(db: Queries, state: str | None, *, browser_binding: str | None = None) -> None:
     """Google answered with an error (the person declined): use up the state; nothing is stored.
     Raises ``ConsentRefused`` when the state itself is bad."""
     row = await _take_state(db, state)

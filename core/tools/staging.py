@@ -26,6 +26,7 @@ from typing import Any
 from uuid import UUID
 
 from core.store.database import NO_FLUSH
+from core.store.queries import Queries
 from core.tools.context import SessionContext
 from core.tools.registry import PlannedWrite, Tool, ToolRegistry, transaction
 
@@ -46,7 +47,7 @@ class ResolvedWrite:
 
 
 async def stage_write(
-    db: Any, session: SessionContext, tool: Tool, write: PlannedWrite, *, wait_for_disk: bool = True
+    db: Queries, session: SessionContext, tool: Tool, write: PlannedWrite, *, wait_for_disk: bool = True
 ) -> int:
     """Persist one planned write with its turn; returns its id.
 
@@ -71,7 +72,7 @@ async def stage_write(
 
 
 async def _resolve(
-    db: Any, registry: ToolRegistry, turn_ids: list[UUID], commit: bool, write_ids: list[int] | None = None
+    db: Queries, registry: ToolRegistry, turn_ids: list[UUID], commit: bool, write_ids: list[int] | None = None
 ) -> list[ResolvedWrite]:
     resolved: list[ResolvedWrite] = []
     async with transaction(db) as conn:
@@ -104,33 +105,35 @@ async def _resolve(
     return resolved
 
 
-async def commit_turn_writes(db: Any, registry: ToolRegistry, turn_id: UUID) -> list[ResolvedWrite]:
+async def commit_turn_writes(db: Queries, registry: ToolRegistry, turn_id: UUID) -> list[ResolvedWrite]:
     """Apply every write the turn staged (the reply was delivered)."""
     return await _resolve(db, registry, [turn_id], commit=True)
 
 
-async def drop_turn_writes(db: Any, registry: ToolRegistry, turn_id: UUID) -> list[ResolvedWrite]:
+async def drop_turn_writes(db: Queries, registry: ToolRegistry, turn_id: UUID) -> list[ResolvedWrite]:
     """Drop every write the turn staged (the reply was not delivered)."""
     return await _resolve(db, registry, [turn_id], commit=False)
 
 
-async def commit_writes(db: Any, registry: ToolRegistry, turn_id: UUID, write_ids: list[int]) -> list[ResolvedWrite]:
+async def commit_writes(
+    db: Queries, registry: ToolRegistry, turn_id: UUID, write_ids: list[int]
+) -> list[ResolvedWrite]:
     """Apply some of a turn's staged writes (a call: the sentence confirming them was heard)."""
     return await _resolve(db, registry, [turn_id], commit=True, write_ids=write_ids)
 
 
-async def drop_writes(db: Any, registry: ToolRegistry, turn_id: UUID, write_ids: list[int]) -> list[ResolvedWrite]:
+async def drop_writes(db: Queries, registry: ToolRegistry, turn_id: UUID, write_ids: list[int]) -> list[ResolvedWrite]:
     """Drop some of a turn's staged writes (a call: the caller never heard them confirmed)."""
     return await _resolve(db, registry, [turn_id], commit=False, write_ids=write_ids)
 
 
-async def staged_for_turn(db: Any, turn_id: UUID) -> list[dict[str, Any]]:
+async def staged_for_turn(db: Queries, turn_id: UUID) -> list[dict[str, Any]]:
     rows = await db.fetch("SELECT id, tool, summary, status FROM staged_writes WHERE turn_id = $1 ORDER BY id", turn_id)
     return [dict(r) for r in rows]
 
 
 async def recover_unresolved(
-    db: Any, registry: ToolRegistry, *, grace: timedelta = timedelta(minutes=10)
+    db: Queries, registry: ToolRegistry, *, grace: timedelta = timedelta(minutes=10)
 ) -> dict[str, int]:
     """Resolve writes left staged by a crash (see the module docstring for the rule).
 

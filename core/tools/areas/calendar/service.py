@@ -17,6 +17,7 @@ from zoneinfo import ZoneInfo
 import icalendar
 
 from core.errors import InvalidInput
+from core.store.queries import Queries
 from core.tools.areas.calendar import ical
 from core.tools.areas.calendar.model import Attendee, Busy, CalendarUnavailable, Event, SlotTaken, merge
 from core.tools.areas.calendar.recurrence import series_end
@@ -56,7 +57,7 @@ def _window(start: datetime, end: datetime) -> None:
 
 
 async def free_busy(
-    db: Any, account_id: UUID, start: datetime, end: datetime, *, connectors: Connectors | None = None
+    db: Queries, account_id: UUID, start: datetime, end: datetime, *, connectors: Connectors | None = None
 ) -> list[Busy]:
     """Busy intervals in [start, end), merged, sorted, UTC.
 
@@ -89,7 +90,7 @@ class Booking:
 
 
 async def book(
-    db: Any,
+    db: Queries,
     account_id: UUID,
     start: datetime,
     end: datetime,
@@ -151,7 +152,7 @@ class Listing:
 
 
 async def list_events(
-    db: Any, connectors: Connectors, account_id: UUID, start: datetime, end: datetime, tz: ZoneInfo
+    db: Queries, connectors: Connectors, account_id: UUID, start: datetime, end: datetime, tz: ZoneInfo
 ) -> Listing:
     """Events of every calendar in [start, end); a calendar that fails is named, not skipped silently."""
     _window(start, end)
@@ -198,7 +199,7 @@ class Target:
         return found
 
 
-async def find_event(db: Any, connectors: Connectors, account_id: UUID, ref: str) -> Target:
+async def find_event(db: Queries, connectors: Connectors, account_id: UUID, ref: str) -> Target:
     """The event a ref from ``list_events`` names; ``InvalidInput`` when there is none."""
     try:
         cal_ref, key, original = split_ref(ref)

@@ -14,6 +14,7 @@ from zoneinfo import ZoneInfo
 import httpx
 
 from core.errors import InvalidInput, PepperError
+from core.store.queries import Queries
 from core.tools.areas.calendar import ical
 from core.tools.areas.calendar.caldav import CalDAVClient
 from core.tools.areas.calendar.model import Attendee, CalendarUnavailable, Event
@@ -40,7 +41,7 @@ class CalendarRow:
         return short(self.id)
 
 
-async def calendars(db: Any, account_id: UUID) -> list[CalendarRow]:
+async def calendars(db: Queries, account_id: UUID) -> list[CalendarRow]:
     """The person's calendars, Pepper's own first; adds the Google primary calendar the first
     time a Google connection with the events scope is seen."""
     await ensure_pepper_calendar(db, account_id)
@@ -64,7 +65,7 @@ async def calendars(db: Any, account_id: UUID) -> list[CalendarRow]:
     return [CalendarRow(**dict(r)) for r in rows]
 
 
-async def find_calendar(db: Any, account_id: UUID, ref_or_name: str | None) -> CalendarRow:
+async def find_calendar(db: Queries, account_id: UUID, ref_or_name: str | None) -> CalendarRow:
     rows = await calendars(db, account_id)
     if not ref_or_name:
         return rows[0]
@@ -76,7 +77,7 @@ async def find_calendar(db: Any, account_id: UUID, ref_or_name: str | None) -> C
     raise InvalidInput(f"no calendar {ref_or_name!r}; the calendars are: {names}")
 
 
-async def caldav_client(db: Any, connectors: Connectors, cal: CalendarRow) -> CalDAVClient:
+async def caldav_client(db: Queries, connectors: Connectors, cal: CalendarRow) -> CalDAVClient:
     # One read for the address and the secret: this runs on every remote calendar read in a turn.
     row = await db.fetchrow("SELECT config, secret, sealed FROM connections WHERE id = $1", cal.connection_id)
     try:
@@ -91,7 +92,7 @@ async def caldav_client(db: Any, connectors: Connectors, cal: CalendarRow) -> Ca
 
 
 async def connect_caldav(
-    db: Any, connectors: Connectors, account_id: UUID, url: str, username: str | None, password: str | None
+    db: Queries, connectors: Connectors, account_id: UUID, url: str, username: str | None, password: str | None
 ) -> UUID:
     """Check the collection answers as a calendar with these credentials, then store the
     connection (the password sealed); returns the calendar id. Nothing is stored on a refusal."""
@@ -123,7 +124,7 @@ async def connect_caldav(
     )
 
 
-async def add_ical_feed(db: Any, connectors: Connectors, account_id: UUID, url: str, name: str) -> UUID:
+async def add_ical_feed(db: Queries, connectors: Connectors, account_id: UUID, url: str, name: str) -> UUID:
     """Follow a read-only iCalendar feed; it shows in the agenda but does not block free/busy."""
     url = await connectors.check_public_url(url)
     await fetch_feed(connectors, url)  # refuse what is not a calendar now, not at the next listing
@@ -158,7 +159,7 @@ async def fetch_feed(connectors: Connectors, url: str) -> Any:
 
 
 async def remote_events(
-    db: Any, connectors: Connectors, cal: CalendarRow, start: datetime, end: datetime, tz: ZoneInfo
+    db: Queries, connectors: Connectors, cal: CalendarRow, start: datetime, end: datetime, tz: ZoneInfo
 ) -> list[Event]:
     """Events of one remote calendar; raises ``CalendarUnavailable`` when it cannot be read."""
     if cal.kind == "ical":
@@ -222,7 +223,7 @@ def google_path(cal: CalendarRow, event_id: str | None = None) -> str:
 
 
 async def google_events(
-    db: Any, connectors: Connectors, cal: CalendarRow, start: datetime, end: datetime, tz: ZoneInfo
+    db: Queries, connectors: Connectors, cal: CalendarRow, start: datetime, end: datetime, tz: ZoneInfo
 ) -> list[Event]:
     client = GoogleClient(db, connectors, cal.connection_id)  # type: ignore[arg-type]
     events: list[Event] = []

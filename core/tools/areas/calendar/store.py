@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID, uuid4
 
+from core.store.queries import Queries
 from core.tools.areas.calendar.model import Attendee, Busy, Event
 from core.tools.areas.calendar.recurrence import occurrences, series_end
 
@@ -38,7 +39,7 @@ def split_ref(ref: str) -> tuple[str, str, datetime | None]:
     return cal, key, when
 
 
-async def ensure_pepper_calendar(db: Any, account_id: UUID) -> UUID:
+async def ensure_pepper_calendar(db: Queries, account_id: UUID) -> UUID:
     found = await db.fetchval("SELECT id FROM calendars WHERE account_id = $1 AND kind = 'pepper'", account_id)
     if found is not None:
         return found
@@ -81,7 +82,7 @@ def _event(row: Any, start: datetime, end: datetime, name: str, original: dateti
     )
 
 
-async def own_rows(db: Any, account_id: UUID, start: datetime, end: datetime) -> tuple[list[Any], list[Any]]:
+async def own_rows(db: Queries, account_id: UUID, start: datetime, end: datetime) -> tuple[list[Any], list[Any]]:
     """(single events overlapping the window, series that may), confirmed only."""
     singles = await db.fetch(
         f"""
@@ -107,7 +108,9 @@ async def own_rows(db: Any, account_id: UUID, start: datetime, end: datetime) ->
     return list(singles), list(series)
 
 
-async def own_events(db: Any, account_id: UUID, start: datetime, end: datetime, name: str = "Pepper") -> list[Event]:
+async def own_events(
+    db: Queries, account_id: UUID, start: datetime, end: datetime, name: str = "Pepper"
+) -> list[Event]:
     singles, series = await own_rows(db, account_id, start, end)
     events = [_event(r, r["starts_at"], r["ends_at"], name, r["recurrence_of"]) for r in singles]
     for row in series:
@@ -119,7 +122,7 @@ async def own_events(db: Any, account_id: UUID, start: datetime, end: datetime, 
     return events
 
 
-async def own_busy(db: Any, account_id: UUID, start: datetime, end: datetime) -> list[Busy]:
+async def own_busy(db: Queries, account_id: UUID, start: datetime, end: datetime) -> list[Busy]:
     singles, series = await own_rows(db, account_id, start, end)
     out = [Busy(r["starts_at"], r["ends_at"]) for r in singles if r["busy"]]
     for row in series:
@@ -133,7 +136,7 @@ async def own_busy(db: Any, account_id: UUID, start: datetime, end: datetime) ->
     return out
 
 
-async def own_event(db: Any, account_id: UUID, key: str) -> Any:
+async def own_event(db: Queries, account_id: UUID, key: str) -> Any:
     try:
         event_id = UUID(hex=key)
     except ValueError:

@@ -24,6 +24,7 @@ from zoneinfo import ZoneInfo
 import httpx
 
 from core.errors import InvalidInput, PepperError
+from core.store.queries import Queries
 from core.tools.areas.calendar import ical
 from core.tools.areas.calendar.model import Attendee, describe, parse_when, zone
 from core.tools.areas.calendar.recurrence import normalize_rrule
@@ -58,7 +59,7 @@ def _fmt(value: datetime, tz: ZoneInfo) -> str:
 
 
 def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
-    async def mine(db: Any, account_id: UUID) -> set[str]:
+    async def mine(db: Queries, account_id: UUID) -> set[str]:
         own = set(await owner_emails(db, account_id))
         if connectors.smtp_from:
             own.add(connectors.smtp_from.lower())
@@ -184,7 +185,7 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
             account_id, p["outbox"], tool, effect, json.dumps({"plan": p, **extra}),
         )  # fmt: skip
 
-    async def _after(db: Any, account_id: UUID, p: dict[str, Any]) -> None:
+    async def _after(db: Queries, account_id: UUID, p: dict[str, Any]) -> None:
         """After the commit: claim the call's outbox row, do what it says, record how it went. A
         failure that surely did not leave is ``unsent``, one that may have left stays ``failed``;
         either way the call fails with what happened."""
@@ -215,14 +216,14 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
         await db.execute("UPDATE calendar_outbox SET status = 'sent', done_at = now() WHERE id = $1", row["id"])
 
     async def _mail_spec(
-        db: Any, account_id: UUID, method: str, vevent: Any, to: list[str], subject: str
+        db: Queries, account_id: UUID, method: str, vevent: Any, to: list[str], subject: str
     ) -> dict[str, Any]:
         """The iMIP mail (an invitation, update or cancellation) as the outbox records it."""
         cc = (await owner_emails(db, account_id))[:1]
         return {"method": method, "ical": ical.wrap(vevent, method=method).decode(), "to": to, "cc": cc,
                 "subject": subject}  # fmt: skip
 
-    async def _send(db: Any, row_id: int, mail: dict[str, Any]) -> None:
+    async def _send(db: Queries, row_id: int, mail: dict[str, Any]) -> None:
         cc = mail["cc"]
         message = build_message(
             from_address=connectors.smtp_from or "", from_name="Pepper", to=mail["to"], cc=cc,
@@ -233,7 +234,7 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
         await send_smtp(connectors, message)
 
     async def _tell(
-        db: Any, account_id: UUID, method: str, p: dict[str, Any], start: datetime, end: datetime,
+        db: Queries, account_id: UUID, method: str, p: dict[str, Any], start: datetime, end: datetime,
         original: datetime | None,
     ) -> dict[str, Any] | None:  # fmt: skip
         """The update or cancellation mail (iMIP) for Pepper's own and CalDAV calendars, if anyone is told."""
@@ -307,7 +308,7 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
 
     # --- the outside effects (after the commit) -------------------------------------------------
 
-    async def _caldav(db: Any, account_id: UUID, row: Any, payload: dict[str, Any]) -> None:
+    async def _caldav(db: Queries, account_id: UUID, row: Any, payload: dict[str, Any]) -> None:
         """The change on the CalDAV server, then (its time known) the mail that tells attendees."""
         p, tool = payload["plan"], row["tool"]
         original = datetime.fromisoformat(p["original"]) if p.get("original") else None
@@ -346,7 +347,7 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
         if mail is not None:
             await _send(db, row["id"], mail)
 
-    async def _google(db: Any, account_id: UUID, tool: str, p: dict[str, Any]) -> None:
+    async def _google(db: Queries, account_id: UUID, tool: str, p: dict[str, Any]) -> None:
         """The change on Google Calendar, which tells attendees itself (``sendUpdates``)."""
         if tool == "create_event":
             start, end = datetime.fromisoformat(p["start"]), datetime.fromisoformat(p["end"])

@@ -20,6 +20,7 @@ from typing import Any
 from uuid import UUID
 
 from core.errors import InvalidInput, PepperError
+from core.store.queries import Queries
 from core.tools.connectors import GMAIL_COMPOSE, Connectors
 from core.tools.google_api import GoogleClient, google_connection
 from core.tools.mail import build_message, clean_addresses, owner_emails, send_smtp, unverifiable
@@ -30,7 +31,7 @@ log = logging.getLogger(__name__)
 AREA = "email"
 
 
-async def draft_cards(db: Any, account_id: UUID) -> list[dict[str, Any]]:
+async def draft_cards(db: Queries, account_id: UUID) -> list[dict[str, Any]]:
     """The cards of drafts waiting for review, oldest first (what chat shows)."""
     rows = await db.fetch(
         "SELECT card FROM email_messages WHERE account_id = $1 AND status = 'draft' ORDER BY id", account_id
@@ -153,7 +154,7 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
                 "UPDATE email_messages SET card = $2::jsonb WHERE id = $1", row_id, _card_json(row_id, p)
             )
 
-    async def _after(db: Any, account_id: UUID, p: dict[str, Any]) -> None:
+    async def _after(db: Queries, account_id: UUID, p: dict[str, Any]) -> None:
         """After the outbox row committed: make the Gmail draft, or send, then record the result."""
         row = await db.fetchrow(
             "SELECT * FROM email_messages WHERE account_id = $1 AND dedupe_key = $2", account_id, p["key"]
@@ -165,7 +166,7 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
         elif row["status"] == "queued":
             await _send(db, account_id, row, back_to_draft=False)
 
-    async def _gmail_draft(db: Any, account_id: UUID, row: Any) -> None:
+    async def _gmail_draft(db: Queries, account_id: UUID, row: Any) -> None:
         p = _payload(row)
         try:
             made = await _gmail(db, account_id, "/gmail/v1/users/me/drafts", {"message": {"raw": _raw(_message(p))}})
@@ -177,7 +178,7 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
             row["id"], made.get("id"), _card_json(row["id"], p),
         )  # fmt: skip
 
-    async def _send(db: Any, account_id: UUID, row: Any, *, back_to_draft: bool) -> None:
+    async def _send(db: Queries, account_id: UUID, row: Any, *, back_to_draft: bool) -> None:
         """Claim a queued mail, send it, record the result. A failed send that surely did not leave
         goes back to what it was (a draft to review, or nothing); one that may have left stays
         ``failed``, with its Message-ID, as the record of it."""
@@ -217,7 +218,7 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
             row["id"], remote_id,
         )  # fmt: skip
 
-    async def _gmail(db: Any, account_id: UUID, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def _gmail(db: Queries, account_id: UUID, path: str, body: dict[str, Any]) -> dict[str, Any]:
         connection_id = await google_connection(db, account_id, GMAIL_COMPOSE)
         if connection_id is None:
             raise PepperError("Gmail is not connected")
@@ -258,7 +259,7 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
             p["draft"], account_id,
         )  # fmt: skip
 
-    async def _after_send_draft(db: Any, account_id: UUID, p: dict[str, Any]) -> None:
+    async def _after_send_draft(db: Queries, account_id: UUID, p: dict[str, Any]) -> None:
         row = await db.fetchrow(
             "SELECT * FROM email_messages WHERE id = $1 AND account_id = $2 AND status = 'queued'",
             p["draft"],

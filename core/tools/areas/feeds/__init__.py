@@ -17,6 +17,7 @@ import feedparser
 import httpx
 
 from core.errors import InvalidInput
+from core.store.queries import Queries
 from core.tools.connectors import Connectors
 from core.tools.registry import Tool, ToolContext, ToolOutcome
 
@@ -61,7 +62,7 @@ def _published(entry: Any) -> datetime | None:
     return datetime.fromtimestamp(calendar.timegm(stamp), UTC) if stamp else None
 
 
-async def store_items(db: Any, feed_id: int, parsed: Any) -> int:
+async def store_items(db: Queries, feed_id: int, parsed: Any) -> int:
     """Keep new items (by guid, else link, else title); returns how many were new."""
     new = 0
     for entry in parsed.entries:
