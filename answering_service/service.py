@@ -23,7 +23,9 @@ from answering_service.tools import ANSWERING_POLICY
 from core import identity
 from core.errors import InvalidInput
 from core.tools.connectors import Connectors
-from voice import media, routing
+from core.twilio import media_streams as media
+from core.twilio import twiml
+from voice import routing
 from voice.call import CallSession, OwnerCall, TwilioLink
 from voice.routing import CallRoute
 from voice.service import CallService, call_service_from_settings
@@ -134,9 +136,9 @@ class AnsweringCallService(CallService):
             if refusal is not None:
                 return route, refusal
         elif text is not None:
-            return dataclasses.replace(route, route=verdict), routing.say_and_hang_up(text)  # type: ignore[arg-type]
+            return dataclasses.replace(route, route=verdict), twiml.say_and_hang_up(text)  # type: ignore[arg-type]
         token = await issue_token(db, call_sid, self.token_ttl)
-        return route, routing.connect_stream(stream_url, token, action_url=action_url, name=f"call-{call_sid[-8:]}")
+        return route, twiml.connect_stream(stream_url, token, action_url=action_url, name=f"call-{call_sid[-8:]}")
 
     # --- The media socket --------------------------------------------------------------------
 

@@ -34,7 +34,7 @@ from core.tools.connectors import Connectors
 from core.tools.context import SessionContext
 from core.tools.registry import Tool, ToolRegistry
 from core.tools.runner import CallOutcome
-from voice import media
+from core.twilio import media_streams as media
 from voice.call import CallSession, OwnerCall, TwilioLink, VoiceDeps, labelled
 from voice.realtime import RealtimeDisconnected
 

@@ -24,8 +24,8 @@ if TYPE_CHECKING:  # imported where used: a turn worker need not load what only 
     from answering_service.service import AnsweringCallService
     from core.memory.worker import MemoryWorker
     from core.models.router import ModelRouter
+    from core.twilio.rest import TwilioMessenger
     from gateway.mailer import SmtpMailer
-    from gateway.twilio_client import TwilioMessenger
     from text_loop import HarnessDeps
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ def turn_parts(
     router = ModelRouter.from_settings(settings)
     messenger: TwilioMessenger | None = None
     if settings.twilio_account_sid and settings.twilio_auth_token is not None:
-        from gateway.twilio_client import TwilioMessenger
+        from core.twilio.rest import TwilioMessenger
 
         messenger = TwilioMessenger(settings)
     connectors = Connectors.from_settings(settings)

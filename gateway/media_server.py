@@ -38,10 +38,10 @@ from picows import (
     ws_create_server,
 )
 
+from core.twilio.signatures import twilio_signature_ok
 from gateway.services import Services
-from gateway.signatures import twilio_signature_ok
 from gateway.webhooks import MEDIA_STREAM, public_url_for
-from voice.media import text_frame_head
+from voice.ws_frames import text_frame_head
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,6 @@ from typing import Any
 from uuid import UUID
 
 from quart import Blueprint, Response, current_app, request
-from twilio.twiml.messaging_response import MessagingResponse
 
 from core import identity
 from core.conversation import (
@@ -32,9 +31,10 @@ from core.conversation import (
 from core.errors import PepperError
 from core.security import record_security_event
 from core.store.database import NO_FLUSH
+from core.twilio import twiml
+from core.twilio.signatures import public_request_url, twilio_signature_ok
 from gateway.segments import split_message
 from gateway.services import Services
-from gateway.signatures import public_request_url, twilio_signature_ok
 from gateway.turns import answer_message, report_delivery
 from gateway.webhooks import MESSAGE_STATUS, SMS, WHATSAPP
 
@@ -87,13 +87,11 @@ class Answer:
 def twiml_answer(text: str | None = None) -> Answer:
     if not text:
         return EMPTY_TWIML
-    reply = MessagingResponse()
-    reply.message(text)
-    return Answer(200, str(reply).encode(), "application/xml")
+    return Answer(200, twiml.message_reply(text).encode(), "application/xml")
 
 
 # Built once: the acknowledgement almost every webhook gets.
-EMPTY_TWIML = Answer(200, str(MessagingResponse()).encode(), "application/xml")
+EMPTY_TWIML = Answer(200, twiml.message_reply().encode(), "application/xml")
 REFUSED = Answer(403, b"invalid signature\n", "text/plain")
 INCOMPLETE = Answer(400, b"MessageSid, From and To are required\n", "text/plain")
 

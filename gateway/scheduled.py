@@ -31,8 +31,8 @@ from core.conversation import (
 )
 from core.errors import PepperError
 from core.settings import Settings
+from core.twilio.signatures import public_request_url
 from gateway.segments import split_message
-from gateway.signatures import public_request_url
 from gateway.webhooks import MESSAGE_STATUS
 from text_loop import HarnessDeps
 from text_loop.scheduler import DeliveryRequest, DeliveryResult, Scheduler, SchedulerConfig

@@ -10,8 +10,8 @@ from core.settings import Settings
 from gateway.tasks import BackgroundTasks
 
 if TYPE_CHECKING:
+    from core.twilio.rest import TwilioMessenger
     from gateway.live import LiveFeed
-    from gateway.twilio_client import TwilioMessenger
 
 
 @dataclass

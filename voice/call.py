@@ -64,8 +64,9 @@ from core.tools.gate import Gate
 from core.tools.registry import Tool, ToolContext, ToolOutcome, ToolRegistry
 from core.tools.runner import CallOutcome, run_call
 from core.tools.staging import commit_writes, drop_turn_writes, drop_writes
+from core.twilio import media_streams as media
 from core.untrusted import neutralise_labels
-from voice import media, verification
+from voice import verification
 from voice.engines import RealtimeEngines
 from voice.realtime import (
     AssistantTranscript,

@@ -1,4 +1,4 @@
-"""Who a call is for, decided in code, and the TwiML that answers it.
+"""Who a call is for, decided in code (the TwiML that answers it: ``core.twilio.twiml``).
 
 * a call to a personal line from a number verified to that line's account, not blocked: the
   owner's session (restricted until the caller proves who they are);
@@ -14,8 +14,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 from uuid import UUID
-
-from twilio.twiml.voice_response import VoiceResponse
 
 from core import identity
 
@@ -58,31 +56,3 @@ async def classify_call(
     if unknown_caller == "answering":
         return CallRoute("answering", "unknown-caller", line.account_id, None, line.number)
     return CallRoute("refused", "unknown-caller", line.account_id, None, line.number)
-
-
-def say_and_hang_up(text: str) -> str:
-    response = VoiceResponse()
-    response.say(text)
-    response.hangup()
-    return str(response)
-
-
-def hang_up() -> str:
-    response = VoiceResponse()
-    response.hangup()
-    return str(response)
-
-
-def connect_stream(stream_url: str, token: str, *, action_url: str | None, name: str) -> str:
-    """``<Connect><Stream>`` with the one-time token as a ``<Parameter>``; hang up afterwards.
-
-    The stream URL carries no query string (Twilio does not support one); per-call data rides in
-    ``<Parameter>``. When Pepper closes the socket Twilio fetches ``action_url`` (which may say an
-    apology), or runs ``<Hangup/>``.
-    """
-    response = VoiceResponse()
-    connect = response.connect(action=action_url) if action_url else response.connect()
-    stream = connect.stream(url=stream_url, name=name)
-    stream.parameter(name="call_token", value=token)
-    response.hangup()
-    return str(response)

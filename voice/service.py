@@ -12,7 +12,9 @@ from datetime import timedelta
 from typing import Any
 
 from core.security import record_security_event
-from voice import media, routing
+from core.twilio import media_streams as media
+from core.twilio import twiml
+from voice import routing
 from voice.call import CallSession, OwnerCall, TwilioLink, VoiceDeps
 from voice.control import FINAL_STATUSES, record_call_status
 from voice.routing import CallRoute, UnknownCaller
@@ -78,13 +80,13 @@ class CallService:
                 return route, refusal
         if route.route == "owner":
             token = await issue_token(self.deps.db, call_sid, self.token_ttl)
-            return route, routing.connect_stream(stream_url, token, action_url=action_url, name=f"call-{call_sid[-8:]}")
+            return route, twiml.connect_stream(stream_url, token, action_url=action_url, name=f"call-{call_sid[-8:]}")
         if route.route == "answering":
             # The answering service is its own issue; until it exists, a polite message.
-            return route, routing.say_and_hang_up(routing.ANSWERING_UNAVAILABLE_TEXT)
+            return route, twiml.say_and_hang_up(routing.ANSWERING_UNAVAILABLE_TEXT)
         if route.route == "blocked":
-            return route, routing.say_and_hang_up(routing.BLOCKED_TEXT)
-        return route, routing.say_and_hang_up(routing.REFUSED_TEXT)
+            return route, twiml.say_and_hang_up(routing.BLOCKED_TEXT)
+        return route, twiml.say_and_hang_up(routing.REFUSED_TEXT)
 
     async def refuse_retried_webhook(self, call_sid: str, route: str) -> str | None:
         """A retried webhook for a call already recorded: ``None`` when it may have a fresh token
@@ -93,19 +95,19 @@ class CallService:
         existing = await self.deps.db.fetchrow("SELECT route, status, ended_at FROM calls WHERE call_sid = $1",
                                                call_sid)  # fmt: skip
         if existing is None or existing["route"] != route:
-            return routing.hang_up()
+            return twiml.hang_up()
         if existing["ended_at"] is not None or existing["status"] not in ("ringing", "refused"):
             log.warning("refused a voice webhook for a call that already streamed or ended")
             await record_security_event(self.deps.db, "voice-webhook-call-over", call_sid=call_sid)
-            return routing.hang_up()
+            return twiml.hang_up()
         return None
 
     async def after_stream(self, call_sid: str) -> str:
         """TwiML once Pepper closed the media socket: an apology if the model failed, else hang up."""
         reason = await self.deps.db.fetchval("SELECT end_reason FROM calls WHERE call_sid = $1", call_sid)
         if reason in ("model-failed", "error"):
-            return routing.say_and_hang_up(routing.APOLOGY_TEXT)
-        return routing.hang_up()
+            return twiml.say_and_hang_up(routing.APOLOGY_TEXT)
+        return twiml.hang_up()
 
     async def call_status(self, call_sid: str, status: str) -> None:
         """Twilio's call status callback: a finished call ends its session, in this process at

@@ -5,7 +5,7 @@
         await twilio.deliver_message(app_url, public_url, "/twilio/sms", From=..., To=..., Body=...)
         twilio.sent  # messages Pepper asked to send, in order
 
-Signatures come from the SDK's own ``RequestValidator.compute_signature`` over the *public* URL,
+Signatures come from ``core.twilio.signatures.sign`` (the SDK's computation) over the *public* URL,
 while the request itself goes to the loopback address, exactly as behind a proxy.
 """
 
@@ -19,7 +19,8 @@ from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
-from twilio.request_validator import RequestValidator
+
+from core.twilio.signatures import sign
 
 # What Twilio reports for a message that reaches the phone, in order.
 RECEIPTS = ("sent", "delivered")
@@ -142,7 +143,7 @@ class TwilioPeer:
     # --- Twilio -> Pepper ------------------------------------------------------------------------
 
     def sign(self, public_url: str, params: dict[str, str]) -> str:
-        return RequestValidator(self.auth_token).compute_signature(public_url, params)
+        return sign(self.auth_token, public_url, params)
 
     async def post_form(
         self,

@@ -11,8 +11,8 @@ from answering_service.notify import OwnerNotifier
 from core import identity
 from core.settings import Settings
 from core.testing.twilio_peer import TwilioPeer
+from core.twilio.rest import TwilioMessenger
 from gateway.composition import plain_sms
-from gateway.twilio_client import TwilioMessenger
 
 CALLER = "+14155559999"
 LINE = "+14155550100"

@@ -366,8 +366,8 @@ async def test_a_long_scheduled_text_is_recorded_whole_before_its_first_part_goe
     from core.identity import add_handle, assign_line
     from core.settings import Settings
     from core.testing.twilio_peer import TwilioPeer
+    from core.twilio.rest import TwilioMessenger
     from gateway.scheduled import GatewayDeliverer
-    from gateway.twilio_client import TwilioMessenger
     from text_loop.scheduler import DeliveryRequest
 
     await add_handle(db, account.id, "phone", "+14155552671", verified=True)

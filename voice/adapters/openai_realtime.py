@@ -23,7 +23,6 @@ from websockets.frames import DATA_OPCODES, Frame, Opcode, apply_mask
 from websockets.protocol import State
 from websockets.streams import StreamReader
 
-from voice.media import text_frame_head
 from voice.realtime import (
     AssistantTranscript,
     AudioDelta,
@@ -39,6 +38,7 @@ from voice.realtime import (
     SpeechStopped,
     UserTranscript,
 )
+from voice.ws_frames import text_frame_head
 
 log = logging.getLogger(__name__)
 _AT_EOF_CODE = StreamReader.at_eof.__code__

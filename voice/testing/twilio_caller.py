@@ -33,9 +33,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
-from twilio.request_validator import RequestValidator
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
+
+from core.twilio.signatures import sign
 
 FRAME = 160
 TICK = 0.02
@@ -89,10 +90,9 @@ class TwilioCaller:
         self.media_local = (media_local or local).rstrip("/")
         self.public = public.rstrip("/")
         self.account_sid = account_sid
-        self._validator = RequestValidator(auth_token)
 
     def sign(self, url: str, params: dict[str, str]) -> str:
-        return self._validator.compute_signature(url, params)
+        return sign(self.auth_token, url, params)
 
     async def post(self, path: str, params: dict[str, str], *, signature: str | None = None) -> tuple[int, str]:
         headers = {"X-Twilio-Signature": signature or self.sign(self.public + path, params)}

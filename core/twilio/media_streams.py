@@ -91,18 +91,6 @@ def decoded_length(payload_b64: str) -> int:
     return len(payload_b64) * 3 // 4 - payload_b64.count("=", -2)
 
 
-def text_frame_head(size: int, *, masked: bool) -> bytes:
-    """The head of one final WebSocket text frame carrying ``size`` bytes (RFC 6455 5.2), up to
-    the mask key: for the frames the relay writes to a socket itself, a client's (masked) to the
-    model and a server's (unmasked) to Twilio."""
-    mask = 0x80 if masked else 0
-    if size < 126:
-        return bytes((0x81, mask | size))
-    if size < 65536:
-        return bytes((0x81, mask | 126)) + size.to_bytes(2, "big")
-    return bytes((0x81, mask | 127)) + size.to_bytes(8, "big")
-
-
 def media_frame(stream_sid: str, payload_b64: str) -> str:
     return '{"event":"media","streamSid":"' + stream_sid + '","media":{"payload":"' + payload_b64 + '"}}'
 

@@ -45,7 +45,7 @@ class _HttpClient(AsyncTwilioHttpClient):
         super().__init__(**kwargs)
         self._base = urllib.parse.urlsplit(base_url.rstrip("/"))
 
-    async def request(self, method, url, params=None, data=None, headers=None, auth=None, **kwargs):  # type: ignore[no-untyped-def]
+    async def request(self, method, url, params=None, data=None, headers=None, auth=None, **kwargs):
         parts = urllib.parse.urlsplit(url)
         moved = urllib.parse.urlunsplit(parts._replace(scheme=self._base.scheme, netloc=self._base.netloc))
         headers = dict(headers or {})

@@ -1,0 +1,42 @@
+"""The TwiML Pepper answers Twilio's webhooks with, built by the SDK's response classes."""
+
+from __future__ import annotations
+
+from twilio.twiml.messaging_response import MessagingResponse
+from twilio.twiml.voice_response import VoiceResponse
+
+
+def say_and_hang_up(text: str) -> str:
+    response = VoiceResponse()
+    response.say(text)
+    response.hangup()
+    return str(response)
+
+
+def hang_up() -> str:
+    response = VoiceResponse()
+    response.hangup()
+    return str(response)
+
+
+def connect_stream(stream_url: str, token: str, *, action_url: str | None, name: str) -> str:
+    """``<Connect><Stream>`` with the one-time token as a ``<Parameter>``; hang up afterwards.
+
+    The stream URL carries no query string (Twilio does not support one); per-call data rides in
+    ``<Parameter>``. When Pepper closes the socket Twilio fetches ``action_url`` (which may say an
+    apology), or runs ``<Hangup/>``.
+    """
+    response = VoiceResponse()
+    connect = response.connect(action=action_url) if action_url else response.connect()
+    stream = connect.stream(url=stream_url, name=name)
+    stream.parameter(name="call_token", value=token)
+    response.hangup()
+    return str(response)
+
+
+def message_reply(text: str | None = None) -> str:
+    """A messaging webhook's answer: ``<Message>`` with ``text``, or an empty ``<Response/>``."""
+    response = MessagingResponse()
+    if text:
+        response.message(text)
+    return str(response)
