@@ -44,9 +44,10 @@ DELIVERED, PENDING, FAILED = "delivered", "pending", "failed"
 
 @dataclass(frozen=True)
 class Limits:
-    """What a channel carries: the longest message from the person it accepts (None: no limit of
-    ours), and the longest reply message it sends (None: one message, however long; a longer reply
-    goes out in parts of at most this many characters)."""
+    """What a channel carries: the longest text of a message from the person it takes (longer:
+    the web refuses it, email cuts it; None: no limit of ours), and the longest reply message it
+    sends (None: one message, however long; a longer reply goes out in parts of at most this many
+    characters)."""
 
     inbound_chars: int | None = None
     reply_part_chars: int | None = None
