@@ -85,7 +85,6 @@ class Claimed:
     message_ids: tuple[int, ...]
     text: str  # what the person wrote: the texts of a burst reach the model as one message, a line each
     meta: dict[str, Any]  # the channel's details a reply needs, recorded with the first message
-    provider_message_id: str | None
     interrupted: UUID | None
 
     @classmethod
@@ -94,7 +93,7 @@ class Claimed:
         meta = row["meta"] if isinstance(row["meta"], dict) else json.loads(row["meta"] or "{}")
         return cls(
             row["channel"], row["account_id"], row["handle_id"], tuple(r["id"] for r in rows),
-            "\n".join(r["body"] for r in rows), meta, row["provider_message_id"], row["turn_id"],
+            "\n".join(r["body"] for r in rows), meta, row["turn_id"],
         )  # fmt: skip
 
     @property
