@@ -228,7 +228,7 @@ async def finish_handling(
 
     The mark commits without waiting for the disk unless ``durable``. Lost in a crash, the
     messages come back as a dead worker's, with their turn (``turn_id``) already settled, and are
-    marked done without another answer (``gateway.turns.answer_message``): the link and the
+    marked done without another answer (``gateway.channels.Pipeline``): the link and the
     settled turn were flushed before this mark by the reply's own durable record (or the durable
     delivery report of a reply that could not go out), as the log is written in order. A message
     that needed no turn has none, and its second look finds the same reason to skip it. Only an

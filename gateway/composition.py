@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # imported where used: a turn worker need not load what only 
     from core.memory.worker import MemoryWorker
     from core.models.router import ModelRouter
     from core.twilio.rest import TwilioMessenger
+    from gateway.channels import Channel
     from gateway.mailer import SmtpMailer
     from text_loop import HarnessDeps
 
@@ -105,6 +106,15 @@ async def check_connection_secrets(db: Database, connectors: Any) -> None:
         return
     if bad:
         log.error("connection secrets: %s of them do not open: %s", len(bad), vault.mismatch_message())
+
+
+def text_channels() -> tuple[Channel, ...]:
+    """The text channels the turn workers answer on, all through ``gateway.channels.Pipeline``."""
+    from gateway.email_channel import EMAIL_CHANNEL
+    from gateway.messaging import SMS_CHANNEL, WHATSAPP_CHANNEL
+    from gateway.webchat import WEB_CHANNEL
+
+    return (SMS_CHANNEL, WHATSAPP_CHANNEL, EMAIL_CHANNEL, WEB_CHANNEL)
 
 
 def plain_sms(messenger: TwilioMessenger | None) -> SendSms | None:

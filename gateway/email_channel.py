@@ -5,8 +5,9 @@ signing key) and the timestamp's age -> parse the form -> the sender must have p
 address (Mailgun's own DKIM or SPF verdict fields, aligned with the From domain; headers the
 sender wrote never count, and a mail without the provider's verdict is refused) and it must be a
 verified email handle -> in one transaction, claim the token (a reused token is refused) and
-record the message as queued, keyed by its ``Message-Id`` (a duplicate starts no second turn)
--> 200 -> a turn worker (``gateway.worker``) runs the turn on channel ``email`` -> reply by SMTP,
+record the message as queued (``gateway.channels.receive``), keyed by its ``Message-Id`` (a
+duplicate starts no second turn) -> 200 -> a turn worker (``gateway.worker``) runs the turn on
+channel ``email`` (``gateway.channels``) -> ``EmailChannel`` replies by SMTP,
 threaded (``In-Reply-To``, ``References``, ``Re:``), the owner always on CC -> the SMTP server
 accepting the reply commits the turn's staged writes; a refusal drops them.
 
@@ -31,14 +32,15 @@ from uuid import UUID
 from quart import Blueprint, Response, current_app, request
 
 from core import identity
-from core.conversation import conversation_for, record_inbound, record_outbound
+from core.conversation import conversation_for, record_outbound
 from core.errors import InvalidInput, PepperError
 from core.security import record_security_event
 from core.settings import Settings
+from core.store.records import inbox
+from gateway.channels import Claimed, Delivery, Limits, delivered, failed, receive
 from gateway.limits import MAX_EMAIL_BYTES
 from gateway.mailtext import html_to_text, strip_quoted
 from gateway.services import Services
-from gateway.turns import answer_message, report_delivery
 from gateway.webhooks import EMAIL
 
 log = logging.getLogger(__name__)
@@ -113,17 +115,6 @@ def fresh(timestamp: str, now: float | None = None) -> bool:
     except ValueError:
         return False
     return abs((time.time() if now is None else now) - sent) <= MAX_WEBHOOK_AGE
-
-
-async def claim_token(conn: Any, token: str) -> bool:
-    """Remember a webhook token; False when it was seen before (a replay). Prunes expired ones."""
-    await conn.execute(
-        "DELETE FROM email_webhook_tokens WHERE seen_at < now() - make_interval(secs => $1)", 2 * MAX_WEBHOOK_AGE
-    )
-    claimed = await conn.fetchval(
-        "INSERT INTO email_webhook_tokens (token) VALUES ($1) ON CONFLICT DO NOTHING RETURNING true", token
-    )
-    return bool(claimed)
 
 
 # --- parsing -------------------------------------------------------------------------------------
@@ -382,7 +373,7 @@ async def email_webhook() -> Response:
     created = skip = False
     message = handle = word = None
     async with db.transaction() as conn:
-        if not await claim_token(conn, token):
+        if not await inbox.claim_webhook_token(conn, token, keep_seconds=2 * MAX_WEBHOOK_AGE):
             refusal = (403, "token already used", "email-token-reused")
         elif mail is None:
             refusal = (406, problem, None)
@@ -398,9 +389,9 @@ async def email_webhook() -> Response:
             else:
                 word = None if mail.automatic else opt_keyword(mail)
                 skip = mail.automatic or word is not None or await identity.is_blocked(conn, handle.id, "email")
-                message, created = await record_inbound(
-                    conn, handle.account_id, "email", mail.body(), provider_message_id=mail.message_id,
-                    handle_id=handle.id, handling="skipped" if skip else "queued", meta=asdict(mail),
+                message, created = await receive(
+                    conn, "email", handle.account_id, mail.body(), key=mail.message_id, handle_id=handle.id,
+                    meta=asdict(mail), queued=not skip,
                 )  # fmt: skip
                 if created and word is not None:
                     # As with SMS, the consent change commits with the message that asked for it.
@@ -415,7 +406,6 @@ async def email_webhook() -> Response:
         return _plain(text, status)
     assert mail is not None and message is not None and handle is not None
     if not created:
-        log.info("duplicate delivery of an email; already handled")
         return _plain("ok", 200)
     if mail.automatic:
         log.info("automatic mail recorded; not answered")
@@ -443,18 +433,6 @@ def opt_keyword(mail: InboundMail) -> str | None:
 
 
 # --- the turn and the reply ----------------------------------------------------------------------
-
-
-async def run_and_reply(
-    services: Services, mail: InboundMail, account_id: UUID, handle_id: UUID, message_id: int, *,
-    interrupted: UUID | None = None,
-) -> None:  # fmt: skip
-    """Answer one claimed mail (see ``gateway.turns.answer_message``)."""
-
-    async def send(turn_id: UUID | None, reply: str) -> None:
-        await send_reply(services, mail, account_id, handle_id, reply, turn_id)
-
-    await answer_message(services, account_id, "email", mail.body(), [message_id], send, interrupted=interrupted)
 
 
 def reply_subject(subject: str) -> str:
@@ -495,46 +473,46 @@ def build_reply(
     return message
 
 
-async def owner_address(db: Any, account_id: UUID) -> str | None:
-    """The account's own address for CC: its first verified email handle."""
-    return await db.fetchval(
-        "SELECT value FROM handles WHERE account_id = $1 AND kind = 'email' AND verified_at IS NOT NULL"
-        " ORDER BY verified_at, created_at LIMIT 1",
-        account_id,
-    )
+class EmailChannel:
+    """Email (``gateway.channels.Channel``): a threaded reply by SMTP from Pepper's own address,
+    the owner on CC; the SMTP server accepting it is the delivery."""
 
+    name = "email"
+    limits = Limits(inbound_chars=MAX_TEXT_CHARS)
 
-async def send_reply(
-    services: Services, mail: InboundMail, account_id: UUID, handle_id: UUID, reply: str, turn_id: UUID | None
-) -> None:
-    db = services.db
-    conversation_id = await conversation_for(db, account_id)
-    if await identity.is_blocked(db, handle_id, "email"):  # an opt-out may have arrived meanwhile
-        await report_delivery(services, turn_id, ok=False, detail={"reason": "opted-out"})
-        return
-    mailer = services.mailer
-    if mailer is None:
-        log.error("cannot reply by email: PEPPER_SMTP_HOST and PEPPER_SMTP_FROM are not configured")
-        await report_delivery(services, turn_id, ok=False, detail={"reason": "smtp-not-configured"})
-        return
-    owner = await owner_address(db, account_id) or mail.sender
-    message = build_reply(
-        mail, reply, from_name=mailer.from_name, from_address=mailer.from_address, owner=owner,
-        to_name=mail.sender_name,
-    )  # fmt: skip
-    try:
-        await mailer.send(message, [mail.sender, owner])
-    except PepperError as exc:
-        log.error("sending an email reply failed: %s", exc.code)
+    def can_reply(self, claimed: Claimed) -> bool:
+        return bool(claimed.meta.get("message_id") and claimed.handle_id)
+
+    async def deliver(self, services: Services, claimed: Claimed, turn_id: UUID | None, parts: list[str]) -> Delivery:
+        db, meta = services.db, claimed.meta
+        mail = InboundMail(**{**meta, "references": tuple(meta.get("references", ())),
+                              "attachments": tuple(meta.get("attachments", ()))})  # fmt: skip
+        [reply] = parts
+        conversation_id = await conversation_for(db, claimed.account_id)
+        mailer = services.mailer
+        if mailer is None:
+            log.error("cannot reply by email: PEPPER_SMTP_HOST and PEPPER_SMTP_FROM are not configured")
+            return failed("smtp-not-configured")
+        owner = await inbox.owner_address(db, claimed.account_id) or mail.sender
+        message = build_reply(
+            mail, reply, from_name=mailer.from_name, from_address=mailer.from_address, owner=owner,
+            to_name=mail.sender_name,
+        )  # fmt: skip
+        try:
+            await mailer.send(message, [mail.sender, owner])
+        except PepperError as exc:
+            log.error("sending an email reply failed: %s", exc.code)
+            await record_outbound(
+                db, conversation_id, "email", reply, turn_id=turn_id, provider_message_id=message["Message-ID"],
+                delivery_status="failed",
+            )  # fmt: skip
+            return failed("smtp-refused", code=exc.code)
         await record_outbound(
             db, conversation_id, "email", reply, turn_id=turn_id, provider_message_id=message["Message-ID"],
-            delivery_status="failed",
+            delivery_status="sent",
         )  # fmt: skip
-        await report_delivery(services, turn_id, ok=False, detail={"reason": "smtp-refused", "code": exc.code})
-        return
-    await record_outbound(
-        db, conversation_id, "email", reply, turn_id=turn_id, provider_message_id=message["Message-ID"],
-        delivery_status="sent",
-    )  # fmt: skip
-    # The SMTP server accepted the reply: that is the delivery.
-    await report_delivery(services, turn_id, ok=True, detail={"status": "accepted-by-smtp"})
+        # The SMTP server accepted the reply: that is the delivery.
+        return delivered(status="accepted-by-smtp")
+
+
+EMAIL_CHANNEL = EmailChannel()

@@ -1,17 +1,17 @@
 """Twilio SMS and WhatsApp: inbound webhooks, consent keywords, replies and delivery receipts.
 
 One inbound message: check the signature -> resolve the sender to an account -> record the message
-as queued (idempotent on ``MessageSid``) -> acknowledge with empty TwiML. A turn worker
-(``gateway.worker``) then claims it, runs the turn and sends the reply through the REST API with
-a status callback. A reply too long for one message goes out in parts, all recorded before the
-first is sent: once every part is ``sent``, ``delivered`` or ``read``, the turn's staged writes
-commit; a ``failed``, ``undelivered`` or ``canceled`` part drops them.
+as queued (``gateway.channels.receive``, idempotent on ``MessageSid``) -> acknowledge with empty
+TwiML. A turn worker (``gateway.worker``) then claims it and runs the turn (``gateway.channels``);
+``TwilioChannel`` sends the reply through the REST API with a status callback. A reply too long
+for one message goes out in parts, all recorded before the first is sent: once every part is
+``sent``, ``delivered`` or ``read``, the turn's staged writes commit; a ``failed``,
+``undelivered`` or ``canceled`` part drops them.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -19,23 +19,16 @@ from uuid import UUID
 from quart import Blueprint, Response, current_app, request
 
 from core import identity
-from core.conversation import (
-    UNSENT,
-    announce_message,
-    conversation_for,
-    mark_part_sent,
-    mark_parts_failed,
-    record_inbound,
-    record_outbound,
-)
+from core.conversation import UNSENT, conversation_for, mark_part_sent, mark_parts_failed, record_outbound
 from core.errors import PepperError
 from core.security import record_security_event
-from core.store.database import NO_FLUSH
+from core.store.records import messages
+from core.store.records.turns import SETTLED
 from core.twilio import twiml
 from core.twilio.signatures import public_request_url, twilio_signature_ok
-from gateway.segments import split_message
+from gateway.channels import AWAITING_RECEIPT, Claimed, Delivery, Limits, failed, receive, settle_delivery
+from gateway.segments import MESSAGE_LIMIT
 from gateway.services import Services
-from gateway.turns import answer_message, report_delivery
 from gateway.webhooks import MESSAGE_STATUS, SMS, WHATSAPP
 
 log = logging.getLogger(__name__)
@@ -55,8 +48,6 @@ UNKNOWN_SENDER_TEXT = "Sorry, this number only answers the people it works for."
 # confirms delivery), delivered or read (WhatsApp); a turn's reply is delivered when every part is.
 DELIVERED = frozenset({"sent", "delivered", "read"})
 NOT_DELIVERED = frozenset({"failed", "undelivered", "canceled"})
-SETTLED = frozenset({"delivered", "failed"})  # turn statuses a receipt no longer changes
-SETTLED_SQL = ", ".join(f"'{status}'" for status in sorted(SETTLED))
 
 blueprint = Blueprint("messaging", __name__)
 
@@ -174,23 +165,18 @@ async def answer_inbound(
     meta = {"from": inbound.sender, "to": inbound.recipient}
     if word is None:
         # The common case, kept to one durable statement: an opted-out sender's message is queued
-        # too, and the turn worker records it as skipped without a turn (``gateway.worker``).
-        message, created = await record_inbound(
-            ack_db, handle.account_id, channel, inbound.body, provider_message_id=inbound.sid,
-            handle_id=handle.id, handling="queued", meta=meta,
+        # too, and the turn worker records it as skipped without a turn (``gateway.channels``).
+        await receive(
+            ack_db, channel, handle.account_id, inbound.body, key=inbound.sid, handle_id=handle.id, meta=meta,
+            announce=True,
         )  # fmt: skip
-        if created:
-            # Lost only if this process dies right here: the workers' sweep finds it anyway.
-            await announce_message(ack_db, message, queued=True)
-        else:
-            log.info("duplicate delivery of a %s message; already handled", channel)
         return twiml_answer()
     async with db.transaction() as conn:
         # A keyword's consent change commits with the message, so a retried STOP after a crash
         # is never recorded-but-not-applied.
-        _, created = await record_inbound(
-            conn, handle.account_id, channel, inbound.body, provider_message_id=inbound.sid, handle_id=handle.id,
-            handling="skipped", meta=meta,
+        _, created = await receive(
+            conn, channel, handle.account_id, inbound.body, key=inbound.sid, handle_id=handle.id, meta=meta,
+            queued=False,
         )  # fmt: skip
         if created and word in ("STOP", "START"):
             # One STOP blocks every channel that reaches the number: SMS, WhatsApp and calls.
@@ -198,7 +184,6 @@ async def answer_inbound(
                 conn, handle.id, identity.PHONE_CHANNELS, opted_out=word == "STOP", source=f"{channel} {word}"
             )
     if not created:
-        log.info("duplicate delivery of a %s message; already handled", channel)
         return twiml_answer()
     if word == "HELP" and not inbound.opt_out_type:
         return twiml_answer(HELP_TEXT)  # with Advanced Opt-Out (OptOutType present) Twilio has already answered
@@ -221,68 +206,58 @@ async def _answering_reply(services: Services, inbound: Inbound) -> str | None:
     )
 
 
-async def run_and_reply(
-    services: Services, inbound: Inbound, account_id: UUID, handle_id: UUID, message_ids: Sequence[int], *,
-    interrupted: UUID | None = None,
-) -> None:  # fmt: skip
-    """Answer claimed SMS or WhatsApp messages: one text, or a burst from one sender, whose
-    ``inbound.body`` holds them all (see ``gateway.turns.answer_message``)."""
+class TwilioChannel:
+    """SMS or WhatsApp through Twilio (``gateway.channels.Channel``): a reply goes back from the
+    number the person wrote to, with a status callback; Twilio's receipts settle it
+    (:func:`answer_status`)."""
 
-    async def send(turn_id: UUID | None, reply: str) -> None:
-        await send_reply(services, inbound, account_id, handle_id, reply, turn_id)
+    limits = Limits(reply_part_chars=MESSAGE_LIMIT)
 
-    channel, body = inbound.channel, inbound.body
-    await answer_message(services, account_id, channel, body, message_ids, send, interrupted=interrupted)
+    def __init__(self, name: str) -> None:
+        self.name = name  # "sms" or "whatsapp"
 
+    def can_reply(self, claimed: Claimed) -> bool:
+        return bool(claimed.meta.get("from") and claimed.meta.get("to") and claimed.handle_id)
 
-async def send_reply(
-    services: Services, inbound: Inbound, account_id: UUID, handle_id: UUID, reply: str, turn_id: UUID | None
-) -> None:
-    db = services.db
-    conversation_id = await conversation_for(db, account_id)
-    parts = split_message(reply)
-    if await identity.is_blocked(db, handle_id, inbound.channel):  # a STOP may have arrived meanwhile
-        await report_delivery(services, turn_id, ok=False, detail={"reason": "opted-out"})
-        return
-    if services.messenger is None:
-        log.error("cannot reply on %s: Twilio credentials are not configured", inbound.channel)
-        await report_delivery(services, turn_id, ok=False, detail={"reason": "twilio-not-configured"})
-        return
-    callback = public_request_url(services.settings, MESSAGE_STATUS.path)
-    # A reply in parts has every part recorded before the first goes out, so a receipt for part 1
-    # (which may come back before part 2 is even sent) sees parts still unsent and settles nothing:
-    # the turn is delivered only on the receipts of every part. A reply in one message (the common
-    # case) is recorded once it is sent, in one statement.
-    recorded = (
-        [
-            await record_outbound(db, conversation_id, inbound.channel, part, turn_id=turn_id, delivery_status=UNSENT)
-            for part in parts
-        ]
-        if len(parts) > 1
-        else []
-    )
-    for index, part in enumerate(parts):
-        try:
-            sid = await services.messenger.send(
-                to=inbound.sender, from_=inbound.recipient, body=part, status_callback=callback
-            )
-        except PepperError as exc:
-            log.error("sending a %s reply failed: %s", inbound.channel, exc.code)
-            if recorded:  # this part and the ones after it never went out
-                await mark_parts_failed(db, [m.id for m in recorded[index:]])
+    async def deliver(self, services: Services, claimed: Claimed, turn_id: UUID | None, parts: list[str]) -> Delivery:
+        db, channel = services.db, self.name
+        sender, recipient = claimed.meta["from"], claimed.meta["to"]
+        conversation_id = await conversation_for(db, claimed.account_id)
+        if services.messenger is None:
+            log.error("cannot reply on %s: Twilio credentials are not configured", channel)
+            return failed("twilio-not-configured")
+        callback = public_request_url(services.settings, MESSAGE_STATUS.path)
+        # A reply in parts has every part recorded before the first goes out, so a receipt for part 1
+        # (which may come back before part 2 is even sent) sees parts still unsent and settles nothing:
+        # the turn is delivered only on the receipts of every part. A reply in one message (the common
+        # case) is recorded once it is sent, in one statement.
+        recorded = (
+            [await record_outbound(db, conversation_id, channel, part, turn_id=turn_id, delivery_status=UNSENT)
+             for part in parts]
+            if len(parts) > 1
+            else []
+        )  # fmt: skip
+        for index, part in enumerate(parts):
+            try:
+                sid = await services.messenger.send(to=sender, from_=recipient, body=part, status_callback=callback)
+            except PepperError as exc:
+                log.error("sending a %s reply failed: %s", channel, exc.code)
+                if recorded:  # this part and the ones after it never went out
+                    await mark_parts_failed(db, [m.id for m in recorded[index:]])
+                else:
+                    await record_outbound(db, conversation_id, channel, part, turn_id=turn_id, delivery_status="failed")
+                return failed("send-failed", code=exc.code)
+            if recorded:
+                await mark_part_sent(db, recorded[index].id, sid)
             else:
                 await record_outbound(
-                    db, conversation_id, inbound.channel, part, turn_id=turn_id, delivery_status="failed"
-                )
-            await report_delivery(services, turn_id, ok=False, detail={"reason": "send-failed", "code": exc.code})
-            return
-        if recorded:
-            await mark_part_sent(db, recorded[index].id, sid)
-        else:
-            await record_outbound(
-                db, conversation_id, inbound.channel, part, turn_id=turn_id, provider_message_id=sid,
-                delivery_status="queued",
-            )  # fmt: skip
+                    db, conversation_id, channel, part, turn_id=turn_id, provider_message_id=sid,
+                    delivery_status="queued",
+                )  # fmt: skip
+        return AWAITING_RECEIPT
+
+
+SMS_CHANNEL, WHATSAPP_CHANNEL = TwilioChannel("sms"), TwilioChannel("whatsapp")
 
 
 @blueprint.post(MESSAGE_STATUS.path)
@@ -296,21 +271,6 @@ async def message_status() -> Response:
 NO_CONTENT = Answer(204, b"", "")
 STATUS_INCOMPLETE = Answer(400, b"MessageSid and MessageStatus are required\n", "text/plain")
 
-# One statement for the common receipt: ``delivered`` after ``sent``, for a turn already settled.
-# Such a receipt (or one for no turn) changes nothing but the reply's shown status, so its commit
-# does not wait for the disk: a crash may lose that status, never a write or a turn's settling.
-# Every other receipt commits durably, as it may be the one that settles its turn.
-RECORD_STATUS = f"""
-    WITH updated AS (
-        UPDATE messages SET delivery_status = $2
-        WHERE provider_message_id = $1 AND direction = 'outbound'
-        RETURNING turn_id
-    )
-    SELECT u.turn_id, t.status AS turn_status,
-        CASE WHEN u.turn_id IS NULL OR t.status IN ({SETTLED_SQL}) THEN {NO_FLUSH} END
-    FROM updated u LEFT JOIN turns t ON t.id = u.turn_id
-"""
-
 
 async def answer_status(services: Services, path: str, query_string: bytes, form: Any, headers: Any) -> Answer:
     """One delivery receipt: record the reply's status; once every part of a turn's reply is
@@ -321,17 +281,15 @@ async def answer_status(services: Services, path: str, query_string: bytes, form
     if not sid or not status:
         return STATUS_INCOMPLETE
     ack_db = services.ack_db or services.db
-    row = await ack_db.fetchrow(RECORD_STATUS, sid, status)
+    row = await messages.record_receipt(ack_db, sid, status)
     if row is None or row["turn_id"] is None or row["turn_status"] in SETTLED:
         return NO_CONTENT  # not ours, or already settled: a late receipt changes nothing
     turn_id = row["turn_id"]
     # A statement of its own, after the update committed: of two parts' receipts racing, the later
     # one sees both statuses (one statement's snapshot could miss the other's and neither settle).
-    statuses = await ack_db.fetchval(
-        "SELECT array_agg(delivery_status) FROM messages WHERE turn_id = $1 AND direction = 'outbound'", turn_id
-    )
+    statuses = await messages.reply_statuses(ack_db, turn_id)
     if any(s in NOT_DELIVERED for s in statuses):
-        await report_delivery(services, turn_id, ok=False, detail={"status": status})
+        await settle_delivery(services, turn_id, ok=False, detail={"status": status})
     elif all(s in DELIVERED for s in statuses):
-        await report_delivery(services, turn_id, ok=True, detail={"status": status})
+        await settle_delivery(services, turn_id, ok=True, detail={"status": status})
     return NO_CONTENT

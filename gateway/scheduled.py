@@ -85,7 +85,7 @@ class GatewayDeliverer:
         conversation_id = await conversation_for(db, request.account_id)
         first_sid: str | None = None
         parts = split_message(request.body)
-        # Every part recorded before the first goes out (as ``gateway.messaging.send_reply`` does):
+        # Every part recorded before the first goes out (as ``gateway.messaging.TwilioChannel`` does):
         # a receipt for part 1 then sees the rest unsent and does not settle the run's turn.
         ids = await record_unsent_parts(
             db, conversation_id, request.channel, parts, handle_id=handle.id, turn_id=request.turn_id

@@ -21,11 +21,12 @@ from quart import Blueprint, Response, current_app, make_response, redirect, req
 from quart.typing import ResponseReturnValue
 
 from core import access
-from core.conversation import conversation_for, record_inbound, record_outbound
+from core.conversation import conversation_for, record_outbound
 from core.security import record_security_event
+from core.store.records import messages, web
+from core.store.records.turns import SETTLED, turn_status
+from gateway.channels import AWAITING_RECEIPT, Claimed, Delivery, Limits, receive, settle_delivery
 from gateway.services import Services
-from gateway.turns import answer_message
-from text_loop import deliver
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +179,7 @@ async def session_info() -> Response:
     session = await access.session_for(db, request.cookies.get(COOKIE))
     if session is None:
         return _json_error(401, "signed-out", "sign in first")
-    name = await db.fetchval("SELECT name FROM accounts WHERE id = $1", session.account_id)
+    name = await web.account_name(db, session.account_id)
     return Response(json.dumps({"name": name, "csrf_token": session.csrf_token}), content_type="application/json")
 
 
@@ -193,14 +194,7 @@ async def history() -> Response:
         return _json_error(400, "bad-limit", "limit must be a number")
     db = _services().db
     conversation_id = await conversation_for(db, who)
-    rows = await db.fetch(
-        """
-        SELECT * FROM (SELECT * FROM messages WHERE conversation_id = $1 ORDER BY id DESC LIMIT $2) recent
-        ORDER BY id
-        """,
-        conversation_id,
-        limit,
-    )
+    rows = await messages.latest(db, conversation_id, limit)
     return Response(json.dumps({"messages": [_message_json(r) for r in rows]}), content_type="application/json")
 
 
@@ -226,26 +220,30 @@ async def post_message() -> Response:
         return _json_error(400, "bad-client-id", "client_id is a string of 8 to 100 characters")
     services = _services()
     # The client's id makes a retried POST record nothing new and start no second turn.
-    message, created = await record_inbound(
-        services.db, who, "web", text, provider_message_id=f"{who}:{client_id}" if client_id else None,
-        handling="queued",
-    )  # fmt: skip
+    message, created = await receive(services.db, "web", who, text, key=f"{who}:{client_id}" if client_id else None)
     payload = {"message_id": message.id, "duplicate": not created}
     return Response(json.dumps(payload), status=202 if created else 200, content_type="application/json")
 
 
-async def run_web_turn(
-    services: Services, account_id: UUID, text: str, message_id: int, *, interrupted: UUID | None = None
-) -> None:
-    """Answer one claimed web message (a turn worker runs it); recording the reply announces it to
-    every open chat, in whichever process serves it (``gateway.live``)."""
+class WebChannel:
+    """The web chat and the chat API (``gateway.channels.Channel``): a reply is recorded in the
+    conversation, which announces it to every open chat, in whichever process serves it
+    (``gateway.live``); the client's acknowledgement of it is the delivery (``acknowledge``)."""
 
-    async def send(turn_id: UUID | None, reply: str) -> None:
-        # The browser's acknowledgement of this reply is the delivery (see ``acknowledge``).
-        conversation_id = await conversation_for(services.db, account_id)
-        await record_outbound(services.db, conversation_id, "web", reply, turn_id=turn_id)
+    name = "web"
+    limits = Limits(inbound_chars=MAX_MESSAGE_CHARS)
 
-    await answer_message(services, account_id, "web", text, [message_id], send, interrupted=interrupted)
+    def can_reply(self, claimed: Claimed) -> bool:
+        return True
+
+    async def deliver(self, services: Services, claimed: Claimed, turn_id: UUID | None, parts: list[str]) -> Delivery:
+        conversation_id = await conversation_for(services.db, claimed.account_id)
+        for part in parts:
+            await record_outbound(services.db, conversation_id, "web", part, turn_id=turn_id)
+        return AWAITING_RECEIPT
+
+
+WEB_CHANNEL = WebChannel()
 
 
 @blueprint.post("/api/messages/<raw_id>/ack")
@@ -259,28 +257,14 @@ async def acknowledge(raw_id: str) -> Response:
     if message_id is None:
         return _json_error(400, "bad-id", "a message id is a whole number from the message list")
     services = _services()
-    mine = """
-        m.id = $1 AND m.conversation_id = c.id AND c.account_id = $2 AND m.direction = 'outbound'
-        AND m.channel = 'web'
-    """
-    # Conditional on not yet read, so two acknowledgements racing deliver the turn once.
-    row = await services.db.fetchrow(
-        f"""
-        UPDATE messages m SET delivery_status = 'read' FROM conversations c
-        WHERE {mine} AND m.delivery_status IS DISTINCT FROM 'read'
-        RETURNING m.turn_id
-        """,
-        message_id,
-        who,
-    )
+    row = await web.mark_reply_read(services.db, message_id, who)
     if row is None:
-        if await services.db.fetchval(f"SELECT 1 FROM messages m, conversations c WHERE {mine}", message_id, who):
+        if await web.is_own_reply(services.db, message_id, who):
             return Response(json.dumps({"ok": True, "duplicate": True}), content_type="application/json")
         return _json_error(404, "no-such-reply", "no web reply with that id in your conversation")
-    if row["turn_id"] is not None and services.harness is not None:
-        status = await services.db.fetchval("SELECT status FROM turns WHERE id = $1", row["turn_id"])
-        if status not in ("delivered", "failed"):
-            await deliver(services.harness, row["turn_id"], True, detail={"channel": "web", "ack": message_id})
+    turn_id = row["turn_id"]
+    if turn_id is not None and services.harness is not None and await turn_status(services.db, turn_id) not in SETTLED:
+        await settle_delivery(services, turn_id, ok=True, detail={"channel": "web", "ack": message_id})
     return Response(json.dumps({"ok": True}), content_type="application/json")
 
 
@@ -302,9 +286,7 @@ async def events() -> Response:
             yield b"retry: 1000\n\n"
             # Catch up on what was recorded before the subscription began.
             last = after
-            for row in await services.db.fetch(
-                "SELECT * FROM messages WHERE conversation_id = $1 AND id > $2 ORDER BY id", conversation_id, after
-            ):
+            for row in await messages.after(services.db, conversation_id, after):
                 last = row["id"]
                 yield _event(row)
             deadline = asyncio.get_running_loop().time() + STREAM_SECONDS
@@ -316,7 +298,7 @@ async def events() -> Response:
                     continue
                 if message_id <= last:
                     continue
-                row = await services.db.fetchrow("SELECT * FROM messages WHERE id = $1", message_id)
+                row = await messages.message(services.db, message_id)
                 if row is not None:
                     last = message_id
                     yield _event(row)

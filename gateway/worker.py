@@ -31,18 +31,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
+from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
 import asyncpg
 
-from core import identity
-from core.conversation import claim_turn, finish_handling, release_orphans
+from core.conversation import claim_turn, release_orphans
 from core.settings import Settings
 from core.store.database import to_idle_class
+from gateway.channels import Channel, Pipeline
 from gateway.children import ChildProcesses, ChildStop
 from gateway.services import Services
 
@@ -58,37 +58,21 @@ STALE_RUNNING = timedelta(minutes=10)
 RESUME_WINDOW = timedelta(hours=1)
 
 
-def job_for(services: Services, rows: list[Any]) -> Any:
-    """The coroutine that answers one turn's claimed messages on their channel (several only for
-    a burst of texts from one sender), or None if they cannot be."""
-    from gateway.email_channel import InboundMail
-    from gateway.email_channel import run_and_reply as run_email
-    from gateway.messaging import Inbound, run_and_reply
-    from gateway.webchat import run_web_turn
-
-    row, ids = rows[0], [r["id"] for r in rows]
-    meta = row["meta"] if isinstance(row["meta"], dict) else json.loads(row["meta"] or "{}")
-    channel, account_id, interrupted = row["channel"], row["account_id"], row["turn_id"]
-    if channel in ("sms", "whatsapp") and meta.get("from") and meta.get("to") and row["handle_id"]:
-        # The texts of a burst reach the model as one message, a line each.
-        body = "\n".join(r["body"] for r in rows)
-        inbound = Inbound(channel, row["provider_message_id"], meta["from"], meta["to"], body, None)
-        return run_and_reply(services, inbound, account_id, row["handle_id"], ids, interrupted=interrupted)
-    if channel == "email" and meta.get("message_id") and row["handle_id"]:
-        fields = {**meta, "references": tuple(meta.get("references", ())),
-                  "attachments": tuple(meta.get("attachments", ()))}  # fmt: skip
-        mail = InboundMail(**fields)
-        return run_email(services, mail, account_id, row["handle_id"], row["id"], interrupted=interrupted)
-    if channel == "web":
-        return run_web_turn(services, account_id, row["body"], row["id"], interrupted=interrupted)
-    return None
-
-
 class TurnWorker:
-    """Claims queued messages and runs up to ``concurrency`` turns at once."""
+    """Claims queued messages and runs up to ``concurrency`` turns at once, each through the
+    text channels' one pipeline (``gateway.channels``); ``channels`` by default those of
+    ``gateway.composition.text_channels``."""
 
-    def __init__(self, services: Services, *, concurrency: int, poll_seconds: float = POLL_SECONDS) -> None:
+    def __init__(
+        self, services: Services, *, concurrency: int, poll_seconds: float = POLL_SECONDS,
+        channels: Iterable[Channel] | None = None,
+    ) -> None:  # fmt: skip
+        if channels is None:
+            from gateway.composition import text_channels
+
+            channels = text_channels()
         self._services = services
+        self._pipeline = Pipeline(services, channels)
         self._slots = asyncio.Semaphore(concurrency)
         self._poll = poll_seconds
         self._wake = asyncio.Event()
@@ -183,21 +167,7 @@ class TurnWorker:
         self._wake.set()
 
     async def _answer(self, rows: list[Any]) -> None:
-        services = self._services
-        row, ids = rows[0], [r["id"] for r in rows]
-        channel, handle_id = row["channel"], row["handle_id"]
-        if handle_id is not None and channel in identity.CONSENT_CHANNELS:
-            if await identity.is_blocked(services.db, handle_id, channel):
-                # Checked here, not in the webhook: the acknowledgement stays one statement.
-                log.info("message recorded from an opted-out handle; no turn, no reply")
-                await finish_handling(services.db, ids, handling="skipped")
-                return
-        job = job_for(services, rows)
-        if job is None:
-            log.error("messages %s on %s cannot be answered (missing reply details)", ids, channel)
-            await finish_handling(services.db, ids)
-            return
-        await job
+        await self._pipeline.answer(rows)
 
 
 def start_in_process(services: Services) -> TurnWorker:

@@ -22,8 +22,8 @@ from core.testing.mailgun_peer import MailgunPeer, new_message_id
 from core.testing.peers import OpenAIPeer, fault, reply_text, reply_tools
 from core.testing.smtp_capture import SmtpCapture
 from core.testing.twilio_peer import TwilioPeer
+from gateway.channels import APOLOGY_TEXT
 from gateway.server import running_app
-from gateway.turns import APOLOGY_TEXT
 
 KEY = "mailgun-webhook-signing-key"
 TWILIO_TOKEN = "twilio-test-auth-token"

@@ -16,13 +16,14 @@ from core import identity, security
 from core.conversation import conversation_for, record_outbound, start_turn, update_turn
 from core.settings import Settings
 from core.store import Database
+from core.store.records.messages import record_receipt
 from core.testing.peers import OpenAIPeer, fault, reply_text, reply_tools
 from core.testing.processes import until
 from core.testing.twilio_peer import TwilioPeer
 from gateway.app import ACK_POOL_SIZE
-from gateway.messaging import HELP_TEXT, RECORD_STATUS, UNKNOWN_SENDER_TEXT
+from gateway.channels import APOLOGY_TEXT
+from gateway.messaging import HELP_TEXT, UNKNOWN_SENDER_TEXT
 from gateway.server import running_app
-from gateway.turns import APOLOGY_TEXT
 
 TOKEN = "twilio-test-auth-token"
 PUBLIC = "https://pepper.example.org"
@@ -528,7 +529,7 @@ async def test_only_a_receipt_that_may_settle_its_turn_waits_for_the_disk(db: Da
         )
     for sid, waits in (("SM1", "on"), ("SM2", "off"), ("SM3", "off"), ("SM-unknown", "on")):
         async with db.transaction() as conn:
-            await conn.fetchrow(RECORD_STATUS, sid, "delivered")
+            await record_receipt(conn, sid, "delivered")
             assert await conn.fetchval("SHOW synchronous_commit") == waits, sid
     assert await db.fetchval("SELECT delivery_status FROM messages WHERE provider_message_id = 'SM2'") == "delivered"
 

@@ -34,8 +34,8 @@ from core.store import Database
 from core.testing.peers import OpenAIPeer, reply_text
 from core.testing.processes import alive, free_port, spawned_children, until
 from core.testing.twilio_peer import TwilioPeer
+from gateway.channels import APOLOGY_TEXT
 from gateway.composition import build_turn_services
-from gateway.turns import APOLOGY_TEXT
 from gateway.worker import TurnWorker
 
 TOKEN = "twilio-test-auth-token"
