@@ -71,7 +71,7 @@ from voice.realtime import (
     AssistantTranscript,
     AudioDelta,
     FunctionCall,
-    ModelError,
+    ModelErrorEvent,
     RealtimeConnection,
     RealtimeDisconnected,
     RealtimeError,
@@ -743,7 +743,7 @@ class CallSession:
                 interrupted = event.response_id in self._cancelled_responses
                 self._note_transcript("pepper", text, interrupted=interrupted)
                 self._records.put_nowait(("out", event.item_id, text + (" [interrupted]" if interrupted else "")))
-        elif type(event) is ModelError:
+        elif type(event) is ModelErrorEvent:
             if event.code == "conversation_already_has_active_response":
                 await self._refused_request()
             elif event.code not in ("response_cancel_not_active",):

@@ -56,6 +56,7 @@ from voice.realtime import (
     AssistantTranscript,
     AudioDelta,
     FunctionCall,
+    ModelErrorEvent,
     RealtimeDisconnected,
     RealtimeError,
     RealtimeEvent,
@@ -65,9 +66,6 @@ from voice.realtime import (
     SpeechStarted,
     SpeechStopped,
     UserTranscript,
-)
-from voice.realtime import (
-    ModelError as ModelErrorEvent,
 )
 
 log = logging.getLogger(__name__)
