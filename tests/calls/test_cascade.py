@@ -227,11 +227,11 @@ async def _ended(line: Line, call_sid: str) -> Any:
 
 
 def _engine_for(models: Any = None, **settings: Any) -> Any:
-    from voice.service import call_service_from_settings
+    from voice.service import voice_deps_from_settings
 
-    service = call_service_from_settings(Settings(**settings), None, registry=None, gate=None, send_sms=None,
-                                         models=models)  # fmt: skip
-    return service.deps.model
+    deps = voice_deps_from_settings(Settings(**settings), None, registry=None, gate=None, send_sms=None,
+                                    models=models)  # fmt: skip
+    return deps.model
 
 
 def test_the_engine_is_chosen_by_settings_and_auto_is_the_cascade_without_an_openai_key():

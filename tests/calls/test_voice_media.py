@@ -196,7 +196,7 @@ async def test_a_socket_that_never_sends_start_is_refused(phone):
 
 
 def test_spoken_digits_are_withheld_before_verification():
-    from voice.call import withhold_digits
+    from voice.profile import withhold_digits
 
     assert withhold_digits("my pin is two four six eight") == "my pin is [digits withheld]"
     assert withhold_digits("it's 1 2 3 4, thanks") == "it's [digits withheld], thanks"
