@@ -9,7 +9,7 @@ Screening, in code, before any audio: STOP-blocked callers (voice routing), numb
 owner's block list, more than ``max_calls_per_hour`` answering calls from one number in an hour
 (every anonymous or withheld caller counts as one number), and more than
 ``max_line_calls_per_hour`` answering calls on one line in an hour are refused politely. A silent
-caller gets one sentence and a hang-up (the session).
+caller gets one sentence and a hang-up (the profile).
 """
 
 from __future__ import annotations
