@@ -70,7 +70,6 @@ class OwnerProfile(CallProfile):
         self.trust = "owner_unverified"
         self.verified_by = None
         self.gate = deps.gate
-        self.notice = deps.config.notice
         self._call = call
         self._account = call.account_id
         self._dtmf: list[str] = []
@@ -84,6 +83,10 @@ class OwnerProfile(CallProfile):
         self._secrets: set[str] = set()
         self._spoken_verified: set[str] = set()
         self._connections: frozenset[str] = frozenset()  # the person's, read once they proved who they are
+
+    @property
+    def notice(self) -> str:  # type: ignore[override]
+        return self.deps.config.notice
 
     def attach(self, controls: CallControls) -> None:
         self.controls = controls
