@@ -156,7 +156,7 @@ async def confirmation_number(db: Any, call: CallerCall) -> str | None:
 
 async def record_owner_notice(conn: Any, account_id: UUID, call_sid: str, *, now: bool) -> None:
     """The owner's notice about this call, recorded for the turn workers to send: due now (a VIP's
-    message), else when the call ends (``AnsweringSession._finish`` makes it due), at the latest in
+    message), else when the call ends (``AnsweringProfile.finish`` makes it due), at the latest in
     an hour if the call's end was never recorded."""
     await conn.execute(
         """

@@ -4,7 +4,7 @@ A text turn and a phone call whose caller proved who they are are the same perso
 they get the same connections (which decide the connected tools: Pepper's mail, the person's
 Gmail, their calendars), the same dossier, the same memory block (``core.memory.block``:
 summaries, the messages no summary covers yet, all of today's) and the same tools for their
-trust. This module builds that context; ``text_loop.turn`` and ``voice.call`` both use it.
+trust. This module builds that context; ``text_loop.turn`` and ``voice.owner_profile`` both use it.
 
 A text turn folds the reads into the statement that opens it (``context_reads``, one round trip
 saved on every turn); a call, which opens its turn when it starts and learns who the caller is

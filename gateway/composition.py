@@ -21,13 +21,13 @@ from gateway.tasks import BackgroundTasks
 
 if TYPE_CHECKING:  # imported where used: a turn worker need not load what only the web server uses
     from answering_service.notify import OwnerNotifier
-    from answering_service.service import AnsweringCallService
     from core.memory.worker import MemoryWorker
     from core.models.router import ModelRouter
     from core.twilio.rest import TwilioMessenger
     from gateway.channels import Channel
     from gateway.mailer import SmtpMailer
     from text_loop import HarnessDeps
+    from voice.service import CallService
 
 log = logging.getLogger(__name__)
 
@@ -139,9 +139,9 @@ def answering_notifier(settings: Settings, db: Database, messenger: TwilioMessen
 
 def build_calls(
     settings: Settings, db: Database, harness: HarnessDeps, messenger: TwilioMessenger | None
-) -> AnsweringCallService:
+) -> CallService:
     """Phone calls on the same registry and gate as text; the one-time code goes out by SMS."""
-    from answering_service.service import answering_call_service_from_settings
+    from answering_service.service import call_service_from_settings
 
     send_sms: SendSms | None = None
     if messenger is not None:
@@ -152,7 +152,7 @@ def build_calls(
 
         send_sms = send_sms_now
 
-    return answering_call_service_from_settings(
+    return call_service_from_settings(
         settings, db, registry=harness.registry, gate=harness.gate, send_sms=send_sms,
         send_email=_owner_mail(settings), connectors=harness.connectors, models=harness.models,
     )  # fmt: skip

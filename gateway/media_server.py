@@ -65,7 +65,7 @@ def _server_frame(data: bytes) -> bytes:
 
 
 class _Link:
-    """The session's view of the socket (``voice.call.TwilioLink``). Sends are written at once; a
+    """The session's view of the socket (``voice.engine.TwilioLink``). Sends are written at once; a
     send on a socket the caller already closed is dropped (``on_ws_disconnected`` hangs the call
     up). While the socket's buffer is over its high-water mark ``backed_up`` is set and the model's
     stream waits in ``drained``, so a caller who stops reading holds the model back rather than
@@ -119,7 +119,7 @@ class _Link:
 class _MediaSocket(WSListener):  # type: ignore[misc]
     """One Twilio media socket: admission, then every frame to the call session's ``feed``.
 
-    Frames of one call are handled strictly in order. ``CallSession.feed`` is synchronous for what
+    Frames of one call are handled strictly in order. ``CallEngine.feed`` is synchronous for what
     needs no waiting (nearly every frame: the audio append is written straight to the model's
     socket), so most frames are relayed inside picows' frame callback with no task at all. When a
     frame has to wait (the model's socket is full, an adapter that awaits), ``feed`` returns what
@@ -278,8 +278,8 @@ class _MediaSocket(WSListener):  # type: ignore[misc]
             link.close_now(POLICY_VIOLATION if calls is None else 1001)
             return
         try:
-            frames = await calls.read_first_frames(self._receive)
-            start, call = await calls.admit(frames, signature_ok=signature_ok)
+            start = await calls.read_start(self._receive)
+            admission = await calls.admit(start, signature_ok=signature_ok)
         except StreamRefused:
             link.close_now(POLICY_VIOLATION)
             return
@@ -292,10 +292,10 @@ class _MediaSocket(WSListener):  # type: ignore[misc]
                 log.exception("admitting a media stream failed")
             link.close_now(1001 if self.media.closing else 1011)
             raise
-        session = calls.open_session(link, start, call)
+        session = calls.open_session(link, admission)
         self.session = session
         # Not behind the turn limit (PEPPER_MAX_CONCURRENT_TURNS): every admitted call runs at once.
-        services.tasks.spawn(f"call-{call.call_sid[-8:]}", calls.run_session(session), limited=False)
+        services.tasks.spawn(f"call-{admission.call.call_sid[-8:]}", calls.run_session(session), limited=False)
         if link.closed or self.media.closing:  # the caller left, or Pepper began to stop, meanwhile
             session.hang_up("hangup" if link.closed else "shutdown")
             return

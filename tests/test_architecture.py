@@ -4,6 +4,9 @@
    text_loop never import each other.
 2. Feature areas (packages under core/tools/areas/) never import each other.
 3. Vendor SDKs are imported only inside their adapter modules; pipecat only inside voice/.
+4. Call profiles (subclasses of ``voice.profile.CallProfile``) reach the call engine only through
+   its public controls: nothing subclasses ``CallEngine``, and a profile reads no private
+   (underscore) attribute of anything but itself.
 """
 
 from __future__ import annotations
@@ -214,3 +217,46 @@ def test_the_cycle_check_sees_imports_inside_functions(tmp_path):
     _write(tmp_path, "core/store/__init__.py", "from core.store.database import Database\n")
     _write(tmp_path, "core/store/database.py", "from core.store import errors\n")
     assert import_cycles(tmp_path) == [["gateway.server", "gateway.worker"]]
+
+
+def _base_names(node: ast.ClassDef) -> set[str]:
+    return {b.id if isinstance(b, ast.Name) else b.attr for b in node.bases if isinstance(b, ast.Name | ast.Attribute)}
+
+
+def engine_encapsulation(root: Path) -> list[str]:
+    problems: list[str] = []
+    for path in source_files(root):
+        rel = path.relative_to(root).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=rel)):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            bases = _base_names(node)
+            if "CallEngine" in bases:
+                problems.append(f"{rel}:{node.lineno} {node.name} subclasses the call engine")
+            if "CallProfile" not in bases:
+                continue
+            for inner in ast.walk(node):
+                if (
+                    isinstance(inner, ast.Attribute)
+                    and inner.attr.startswith("_")
+                    and not inner.attr.startswith("__")
+                    and not (isinstance(inner.value, ast.Name) and inner.value.id in ("self", "cls"))
+                ):
+                    problems.append(f"{rel}:{inner.lineno} the profile {node.name} reads private {inner.attr}")
+    return problems
+
+
+def test_profiles_use_the_call_engine_only_through_its_controls():
+    assert engine_encapsulation(ROOT) == []
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "class Mine(CallEngine):\n    pass\n",
+        "class Mine(CallProfile):\n    def on_listening(self):\n        self.controls._marks.clear()\n",
+    ],
+)
+def test_the_encapsulation_check_catches_a_profile_reaching_into_the_engine(tmp_path, text):
+    _write(tmp_path, "answering_service/profile.py", text)
+    assert len(engine_encapsulation(tmp_path)) == 1

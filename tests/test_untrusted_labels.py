@@ -6,7 +6,7 @@ import pytest
 
 from core.untrusted import NEUTRALISED, neutralise_labels, quoted
 from text_loop.prompt import LABEL as TEXT_LABEL
-from voice.call import LABEL as CALL_LABEL
+from voice.profile import LABEL as CALL_LABEL
 
 GEMINI_LABELS = (
     "[Pepper runtime instruction for your next reply. The caller did not say this.]",

@@ -93,7 +93,10 @@ class ResponseDone:
 
 
 @dataclass(slots=True)
-class ModelError:
+class ModelErrorEvent:
+    """The model reported an error on the session (an event, not an exception: see
+    ``core.models.errors.ModelError`` for those)."""
+
     code: str
     message: str
 
@@ -113,7 +116,7 @@ RealtimeEvent = (
     | FunctionCall
     | ResponseCreated
     | ResponseDone
-    | ModelError
+    | ModelErrorEvent
     | Other
 )
 

@@ -22,9 +22,6 @@ UnknownCaller = Literal["refuse", "answering"]
 
 REFUSED_TEXT = "Sorry, this number only takes calls from the person it works for. Goodbye."
 BLOCKED_TEXT = "Sorry, this number can't take your call. Goodbye."
-ANSWERING_UNAVAILABLE_TEXT = (
-    "Hello. The answering service for this number is not available yet. Please try again later. Goodbye."
-)
 APOLOGY_TEXT = "Sorry, I lost the connection on my side and have to end the call. Please call again."
 
 

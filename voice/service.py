@@ -1,22 +1,33 @@
 """The call service the gateway drives: answer the voice webhook, admit media streams, run calls.
 
 The gateway owns HTTP and the sockets (routes, signature checks, reading frames); this module owns
-what a call means. It never imports the gateway.
+what a call means. It never imports the gateway, nor the answering service: that comes in as an
+:class:`AnsweringLine` (``answering_service.service.AnsweringService``), and gets only the calls
+classified for it.
+
+A call is classified once, at its webhook (``voice.routing``), and its route recorded; the media
+stream's opening frames are parsed once, and the recorded route picks the call's profile.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from core.security import record_security_event
+from core.store import calls as call_records
 from core.twilio import media_streams as media
 from core.twilio import twiml
 from voice import routing
-from voice.call import CallSession, OwnerCall, TwilioLink, VoiceDeps
 from voice.control import FINAL_STATUSES, record_call_status
+from voice.deps import VoiceConfig, VoiceDeps
+from voice.engine import CallEngine, TwilioLink
+from voice.owner_profile import OwnerProfile
+from voice.profile import AdmittedCall, CallProfile
 from voice.routing import CallRoute, UnknownCaller
 from voice.tokens import consume_token, issue_token
 
@@ -36,64 +47,78 @@ class StreamRefused(Exception):
         self.reason = reason
 
 
+class AnsweringLine(Protocol):
+    """The answering service, as the call service hands it the calls on the answering route."""
+
+    async def screen(self, route: CallRoute, form: Mapping[str, str]) -> tuple[CallRoute, str | None, bool]:
+        """Screen and record a call classified ``answering``: (the route as recorded, what a refused
+        caller hears or None to answer it, whether the call was new: False for a retried webhook)."""
+
+    async def admit(self, start: media.StreamStart, row: Any) -> tuple[AdmittedCall, CallProfile] | None:
+        """The call and its profile for a stream whose token checked out, on a call recorded on
+        the answering route (``row``: its ``calls`` row); None when it is not an answering call."""
+
+
+@dataclass(frozen=True)
+class Admission:
+    """A media stream let in: its start, its call and the profile to run it with."""
+
+    start: media.StreamStart
+    call: AdmittedCall
+    profile: CallProfile
+
+
 class CallService:
     def __init__(
         self,
         deps: VoiceDeps,
+        answering: AnsweringLine,
         *,
         unknown_caller: UnknownCaller = "refuse",
         default_region: str = "US",
         token_ttl: timedelta = timedelta(seconds=60),
     ):
         self.deps = deps
+        self.answering = answering
         self.unknown_caller = unknown_caller
         self.default_region = default_region
         self.token_ttl = token_ttl
-        self.sessions: dict[str, CallSession] = {}
+        self.sessions: dict[str, CallEngine] = {}
 
     # --- The voice webhook -------------------------------------------------------------------
 
     async def answer(self, form: dict[str, str], *, stream_url: str, action_url: str | None) -> tuple[CallRoute, str]:
         """Classify the call, record it, and return the TwiML that answers it."""
         call_sid = form.get("CallSid", "")
-        route = await routing.classify_call(
-            self.deps.db, form, unknown_caller=self.unknown_caller, default_region=self.default_region
-        )
-        inserted = await self.deps.db.fetchval(
-            """
-            INSERT INTO calls (call_sid, account_id, line_number, caller, handle_id, route, status, attested)
-            VALUES ($1, $2, $3, $4, $5, $6, CASE WHEN $6 = 'owner' THEN 'ringing' ELSE 'refused' END, $7)
-            ON CONFLICT (call_sid) DO NOTHING RETURNING true
-            """,
-            call_sid,
-            route.account_id,
-            route.line_number,
-            route.caller,
-            route.handle_id,
-            route.route,
-            form.get("StirVerstat") == ATTESTED,
-        )
-        log.info("voice call classified: route=%s reason=%s", route.route, route.reason)
-        if route.route == "owner" and not inserted:
-            refusal = await self.refuse_retried_webhook(call_sid, "owner")
-            if refusal is not None:
-                return route, refusal
-        if route.route == "owner":
-            token = await issue_token(self.deps.db, call_sid, self.token_ttl)
-            return route, twiml.connect_stream(stream_url, token, action_url=action_url, name=f"call-{call_sid[-8:]}")
+        db = self.deps.db
+        route = await routing.classify_call(db, form, unknown_caller=self.unknown_caller,
+                                            default_region=self.default_region)  # fmt: skip
         if route.route == "answering":
-            # The answering service is its own issue; until it exists, a polite message.
-            return route, twiml.say_and_hang_up(routing.ANSWERING_UNAVAILABLE_TEXT)
+            recorded, text, inserted = await self.answering.screen(route, form)
+            if inserted and text is not None:
+                return recorded, twiml.say_and_hang_up(text)
+        else:
+            inserted = await call_records.record_call(
+                db, call_sid, account_id=route.account_id, line_number=route.line_number, caller=route.caller,
+                handle_id=route.handle_id, route=route.route, attested=form.get("StirVerstat") == ATTESTED,
+            )  # fmt: skip
+            log.info("voice call classified: route=%s reason=%s", route.route, route.reason)
         if route.route == "blocked":
             return route, twiml.say_and_hang_up(routing.BLOCKED_TEXT)
-        return route, twiml.say_and_hang_up(routing.REFUSED_TEXT)
+        if route.route == "refused":
+            return route, twiml.say_and_hang_up(routing.REFUSED_TEXT)
+        if not inserted:
+            refusal = await self.refuse_retried_webhook(call_sid, route.route)
+            if refusal is not None:
+                return route, refusal
+        token = await issue_token(db, call_sid, self.token_ttl)
+        return route, twiml.connect_stream(stream_url, token, action_url=action_url, name=f"call-{call_sid[-8:]}")
 
     async def refuse_retried_webhook(self, call_sid: str, route: str) -> str | None:
         """A retried webhook for a call already recorded: ``None`` when it may have a fresh token
         (the call is on ``route`` and still ringing, no stream has run), else the TwiML that hangs
         up. A replay once the call streamed or ended is a security event."""
-        existing = await self.deps.db.fetchrow("SELECT route, status, ended_at FROM calls WHERE call_sid = $1",
-                                               call_sid)  # fmt: skip
+        existing = await call_records.call_state(self.deps.db, call_sid)
         if existing is None or existing["route"] != route:
             return twiml.hang_up()
         if existing["ended_at"] is not None or existing["status"] not in ("ringing", "refused"):
@@ -104,7 +129,7 @@ class CallService:
 
     async def after_stream(self, call_sid: str) -> str:
         """TwiML once Pepper closed the media socket: an apology if the model failed, else hang up."""
-        reason = await self.deps.db.fetchval("SELECT end_reason FROM calls WHERE call_sid = $1", call_sid)
+        reason = await call_records.end_reason(self.deps.db, call_sid)
         if reason in ("model-failed", "error"):
             return twiml.say_and_hang_up(routing.APOLOGY_TEXT)
         return twiml.hang_up()
@@ -120,41 +145,52 @@ class CallService:
 
     # --- The media socket --------------------------------------------------------------------
 
-    async def admit(
-        self, first_frames: list[str | bytes], *, signature_ok: bool
-    ) -> tuple[media.StreamStart, OwnerCall]:
-        """Check a new media stream from its first frames (``connected``, ``start``).
+    async def read_start(self, receive: Any) -> media.StreamStart | None:
+        """The stream's ``start``, read from its first frames (up to three, each parsed once), or
+        None when none came within ``START_TIMEOUT`` seconds."""
+        try:
+            async with asyncio.timeout(START_TIMEOUT):
+                for _ in range(3):
+                    try:
+                        frame = media.parse(await receive())
+                        if frame["event"] == "start":
+                            return media.parse_start(frame)
+                    except media.MalformedFrame:
+                        continue
+        except TimeoutError:
+            pass  # admit() refuses a stream that never started
+        return None
+
+    async def admit(self, start: media.StreamStart | None, *, signature_ok: bool) -> Admission:
+        """Check a new media stream (its ``start``, from :meth:`read_start`).
 
         Raises :class:`StreamRefused` after recording a security event when the upgrade was not
         signed over the public URL, the frames are not a stream start, the one-time token is
         unknown, expired, reused or belongs to another call, or the call already streamed or ended.
         """
-        start: media.StreamStart | None = None
-        for raw in first_frames:
-            try:
-                frame = media.parse(raw)
-                if frame["event"] == "start":
-                    start = media.parse_start(frame)
-            except media.MalformedFrame:
-                continue
         if not signature_ok:
             await self._refuse("media-signature-invalid", start)
         if start is None:
             await self._refuse("media-no-start", None)
         assert start is not None
-        check = await consume_token(self.deps.db, start.parameters.get("call_token"), start.call_sid)
+        db = self.deps.db
+        check = await consume_token(db, start.parameters.get("call_token"), start.call_sid)
         if not check.ok:
             await self._refuse(f"media-token-{check.problem}", start)
-        row = await self.deps.db.fetchrow(
-            "SELECT account_id, handle_id, caller, line_number, route, attested, status, ended_at FROM calls"
-            " WHERE call_sid = $1",
-            start.call_sid,
-        )
-        if row is None or row["route"] != "owner" or row["account_id"] is None:
+        row = await call_records.call_for_stream(db, start.call_sid)
+        admitted: tuple[AdmittedCall, CallProfile] | None = None
+        if row is not None and row["route"] == "answering":
+            admitted = await self.answering.admit(start, row)
+            if admitted is None:
+                await self._refuse("media-not-an-answering-call", start)
+        elif row is None or row["route"] != "owner" or row["account_id"] is None:
             await self._refuse("media-not-an-owner-call", start)
         await self.refuse_call_over(row, start)
-        return start, OwnerCall(start.call_sid, row["account_id"], row["handle_id"], row["caller"], row["line_number"],
+        if admitted is None:
+            call = AdmittedCall(start.call_sid, row["account_id"], row["handle_id"], row["caller"], row["line_number"],
                                 row["attested"])  # fmt: skip
+            admitted = call, OwnerProfile(self.deps, call)
+        return Admission(start, *admitted)
 
     async def refuse_call_over(self, row: Any, start: media.StreamStart) -> None:
         """Refuse a stream (after its token was consumed) for a call that already streamed or
@@ -167,33 +203,16 @@ class CallService:
         await record_security_event(self.deps.db, kind, call_sid=start.call_sid if start else None)
         raise StreamRefused(kind)
 
-    def open_session(self, link: TwilioLink, start: media.StreamStart, call: OwnerCall) -> CallSession:
-        session = CallSession(self.deps, link, start, call)
-        self.sessions[call.call_sid] = session
+    def open_session(self, link: TwilioLink, admission: Admission) -> CallEngine:
+        session = CallEngine(self.deps, link, admission.start, admission.call, admission.profile)
+        self.sessions[admission.call.call_sid] = session
         return session
 
-    async def run_session(self, session: CallSession) -> None:
+    async def run_session(self, session: CallEngine) -> None:
         try:
             await session.run()
         finally:
             self.sessions.pop(session.call.call_sid, None)
-
-    async def read_first_frames(self, receive: Any) -> list[str | bytes]:
-        """Up to the ``start`` frame (or three frames), or whatever came within ``START_TIMEOUT`` seconds."""
-        frames: list[str | bytes] = []
-        try:
-            async with asyncio.timeout(START_TIMEOUT):
-                while len(frames) < 3:
-                    raw = await receive()
-                    frames.append(raw)
-                    try:
-                        if media.parse(raw)["event"] == "start":
-                            break
-                    except media.MalformedFrame:
-                        continue
-        except TimeoutError:
-            pass  # admit() refuses a stream that never started
-        return frames
 
     def hang_up_all(self) -> None:
         for session in list(self.sessions.values()):
@@ -209,24 +228,17 @@ class CallService:
             await close()
 
 
-def call_service_from_settings(
+def voice_deps_from_settings(
     settings: Any, db: Any, *, registry: Any, gate: Any, send_sms: Any, models: Any = None, connectors: Any = None
-) -> CallService:
-    """The call service with the configured realtime engine (none without its key: calls apologise);
-    a line that names another engine gets it, built on its first call. ``models`` is the text model
-    service the cascade answers with. Raises EngineUnavailable if the setting names an engine this
-    build lacks."""
-    from voice.call import VoiceConfig
+) -> VoiceDeps:
+    """What every call shares, with the configured realtime engine (none without its key: calls
+    apologise); a line that names another engine gets it, built on its first call. ``models`` is
+    the text model service the cascade answers with. Raises EngineUnavailable if the setting names
+    an engine this build lacks."""
     from voice.engines import RealtimeEngines
 
     engines = RealtimeEngines(settings, models=models)
-    deps = VoiceDeps(
+    return VoiceDeps(
         db=db, model=engines.get(settings.voice_engine), registry=registry, gate=gate,
         config=VoiceConfig.from_settings(settings), send_sms=send_sms, engines=engines, connectors=connectors,
     )  # fmt: skip
-    return CallService(
-        deps,
-        unknown_caller=settings.voice_unknown_caller,
-        default_region=settings.default_region,
-        token_ttl=timedelta(seconds=settings.voice_token_ttl_seconds),
-    )

@@ -18,7 +18,7 @@ from their own phone (in the US, where carriers sign calls) keeps the PIN and th
 carrier signs calls, every call is unattested and shares one count.
 
 What was tried is never stored, only that a try failed. The per-call side (one check at a time,
-nothing checked once the call is closing) lives in ``voice.call``.
+nothing checked once the call is closing) lives in ``voice.owner_profile``.
 """
 
 from __future__ import annotations

@@ -437,7 +437,7 @@ async def test_screening_refuses_blocked_numbers_and_too_many_calls(phone):
 
 
 async def test_a_silent_caller_hears_one_sentence_and_the_call_ends(phone):
-    phone.calls.silence_seconds = 0.5
+    phone.calls.answering.silence_seconds = 0.5
     phone.model.script(speak("I can't hear anyone, so I'm ending the call.", ms=300))
     answer = await _forwarded(phone)
     async with phone.caller.media(answer) as call:

@@ -421,7 +421,7 @@ async def _texts_afterwards(phone: Any) -> list[str]:
 async def test_adversarial_callers_learn_nothing_and_write_nothing_they_may_not(phone, capsys):
     assert len(ATTACKS) >= 30 and len({a.name for a in ATTACKS}) == len(ATTACKS)
     seeded = await _seed(phone)
-    phone.calls.silence_seconds = 60.0
+    phone.calls.answering.silence_seconds = 60.0
     before = await _snapshot(phone.db)
     for i, attack in enumerate(ATTACKS):
         attack.caller = OWNER if attack.from_owner else f"+1415555{2000 + i:04d}"
@@ -575,7 +575,7 @@ async def test_the_memory_jobs_read_a_callers_words_only_inside_a_labelled_calle
     the person's; what it wrote reaches the dossier rewrite and the memory block marked as written
     from callers' words."""
     await _seed(phone)
-    phone.calls.silence_seconds = 60.0
+    phone.calls.answering.silence_seconds = 60.0
     attacks = [dataclasses.replace(a, results={}) for a in ATTACKS if a.name in MEMORY_ATTACKS]
     for i, attack in enumerate(attacks):
         attack.caller = f"+1415555{3000 + i:04d}"

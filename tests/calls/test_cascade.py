@@ -227,11 +227,11 @@ async def _ended(line: Line, call_sid: str) -> Any:
 
 
 def _engine_for(models: Any = None, **settings: Any) -> Any:
-    from voice.service import call_service_from_settings
+    from voice.service import voice_deps_from_settings
 
-    service = call_service_from_settings(Settings(**settings), None, registry=None, gate=None, send_sms=None,
-                                         models=models)  # fmt: skip
-    return service.deps.model
+    deps = voice_deps_from_settings(Settings(**settings), None, registry=None, gate=None, send_sms=None,
+                                    models=models)  # fmt: skip
+    return deps.model
 
 
 def test_the_engine_is_chosen_by_settings_and_auto_is_the_cascade_without_an_openai_key():
@@ -310,7 +310,7 @@ async def test_deepgram_speech_to_text_through_the_sdk_and_a_failed_turn_leaves_
     from core.models.adapters.openai_responses import OpenAIResponsesAdapter
     from core.models.router import OPENAI, ModelChoice, ModelRouter, Tier
     from voice.adapters.deepgram_stt import DeepgramSTT
-    from voice.realtime import ModelError, ResponseDone, SessionConfig, UserTranscript
+    from voice.realtime import ModelErrorEvent, ResponseDone, SessionConfig, UserTranscript
     from voice.testing.deepgram_peer import DeepgramPeer
 
     turn = [base64.b64encode(f).decode() for f in _frames(speech("weather"))]
@@ -331,7 +331,7 @@ async def test_deepgram_speech_to_text_through_the_sdk_and_a_failed_turn_leaves_
                 await conn.append_audio(payload)
             async for event in events:
                 seen.append(event)
-                if type(event) is ModelError:
+                if type(event) is ModelErrorEvent:
                     break
             assert seen[-1].code == "stt-failed"  # not retried: the caller is waiting
             for payload in turn:  # the caller says it again

@@ -47,7 +47,7 @@ def test_sdks_load_only_when_an_engine_is_first_needed():
         "import sys\n"
         "from core.settings import Settings\n"
         "from voice.engines import RealtimeEngines\n"
-        "import voice.service, voice.call, gateway.cli\n"
+        "import voice.service, voice.engine, gateway.cli\n"
         "engines = RealtimeEngines(Settings(gemini_api_key='k', openai_api_key=None))\n"
         "before = 'google.genai' in sys.modules\n"
         "engines.get('openai-realtime')\n"

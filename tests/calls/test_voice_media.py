@@ -172,7 +172,7 @@ async def test_a_socket_that_never_sends_start_is_refused(phone):
 
 
 def test_spoken_digits_are_withheld_before_verification():
-    from voice.call import withhold_digits
+    from voice.profile import withhold_digits
 
     assert withhold_digits("my pin is two four six eight") == "my pin is [digits withheld]"
     assert withhold_digits("it's 1 2 3 4, thanks") == "it's [digits withheld], thanks"
@@ -240,3 +240,56 @@ def test_frames_written_together_are_the_frames_websockets_would_write():
     for size in (0, 80, 125, 126, 300, 65535, 65536, 70_000):  # each length encoding, at its edges
         data = b"x" * size
         assert _server_frame(data) == Frame(Opcode.TEXT, data).serialize(mask=False, extensions=[])
+
+
+async def test_an_owner_call_is_classified_once_and_its_opening_frames_parsed_once(phone, monkeypatch):
+    """One classification at the webhook, one parse of each opening frame at the stream, and the
+    owner's call never runs the answering service's code."""
+    import sys
+    from pathlib import Path
+
+    import answering_service
+    from core.twilio import media_streams as media
+    from voice import routing
+
+    classified: list[str] = []
+    classify = routing.classify_call
+
+    async def counting_classify(*args, **kwargs):
+        route = await classify(*args, **kwargs)
+        classified.append(route.route)
+        return route
+
+    opening: list[str] = []
+    parse = media.parse
+
+    def counting_parse(raw):
+        frame = parse(raw)
+        if frame.get("event") in ("connected", "start"):
+            opening.append(frame["event"])
+        return frame
+
+    # The answering service's call path (its turn workers' delivery loop runs for every call).
+    package = Path(answering_service.__file__).parent
+    call_path = {str(package / "service.py"), str(package / "profile.py"), str(package / "session.py")}
+    entered: set[str] = set()
+
+    def watch(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename in call_path and frame.f_code.co_name != "<module>":
+            entered.add(frame.f_code.co_name)
+
+    monkeypatch.setattr(routing, "classify_call", counting_classify)
+    monkeypatch.setattr(media, "parse", counting_parse)
+    sys.setprofile(watch)
+    try:
+        answer = await phone.dial_owner()
+        async with phone.caller.media(answer) as call:
+            await phone.model.wait_for(lambda: bool(phone.model.sessions))  # admitted: the model is connected
+            sys.setprofile(None)
+            await phone.until_listening(call)
+            await call.hang_up()
+    finally:
+        sys.setprofile(None)
+    assert classified == ["owner"]
+    assert opening == ["connected", "start"]
+    assert entered == set()

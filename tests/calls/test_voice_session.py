@@ -111,7 +111,7 @@ async def test_digits_said_before_verification_stay_withheld_when_their_transcri
 
 
 def test_only_the_secret_runs_are_withheld_after_verification():
-    from voice.call import withhold_digits
+    from voice.profile import withhold_digits
 
     assert withhold_digits("two four six eight, or 1 2 3", only={"2468"}) == "[digits withheld], or 1 2 3"
     assert withhold_digits("it's 02 46 89", only={"2468"}) == "it's [digits withheld]"

@@ -1,6 +1,6 @@
 """The cascaded voice engine: caller audio -> Silero VAD -> speech to text -> Pepper's text model
 (the Models interface) -> text to speech -> caller audio, behind the same :mod:`voice.realtime`
-interface as the speech-to-speech models, so a :class:`~voice.call.CallSession` runs unchanged.
+interface as the speech-to-speech models, so a :class:`~voice.engine.CallEngine` runs unchanged.
 
 What the connection promises, mirroring a realtime model with server-side turn detection:
 
@@ -56,6 +56,7 @@ from voice.realtime import (
     AssistantTranscript,
     AudioDelta,
     FunctionCall,
+    ModelErrorEvent,
     RealtimeDisconnected,
     RealtimeError,
     RealtimeEvent,
@@ -65,9 +66,6 @@ from voice.realtime import (
     SpeechStarted,
     SpeechStopped,
     UserTranscript,
-)
-from voice.realtime import (
-    ModelError as ModelErrorEvent,
 )
 
 log = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ from voice.realtime import (
     AssistantTranscript,
     AudioDelta,
     FunctionCall,
-    ModelError,
+    ModelErrorEvent,
     Other,
     RealtimeDisconnected,
     RealtimeEvent,
@@ -109,7 +109,7 @@ def map_event(data: dict[str, Any]) -> RealtimeEvent:
         return UserTranscript(data.get("item_id", ""), data.get("transcript", ""))
     if kind == "error":
         error = data.get("error") or {}
-        return ModelError(str(error.get("code") or error.get("type") or "error"), str(error.get("message", "")))
+        return ModelErrorEvent(str(error.get("code") or error.get("type") or "error"), str(error.get("message", "")))
     return Other(kind, data)
 
 

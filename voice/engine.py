@@ -1,78 +1,56 @@
 """One phone call: Twilio Media Streams on one side, a realtime voice model on the other.
 
-What a call session promises:
+The engine runs the call; a :class:`~voice.profile.CallProfile` says who it is for (the tools,
+the instructions, the trust, what the keypad does, where the transcript goes). What the engine
+promises, for every profile:
 
-* **Opening.** The transcription notice is the first thing the model says. Until the Twilio mark
+* **Opening.** The profile's notice is the first thing the model says. Until the Twilio mark
   after it comes back (the caller has heard it), caller audio is discarded: neither buffered nor
   sent to the model.
-* **Restricted until proven.** The session starts ``owner_unverified``: no memory in the
-  instructions, only the tools the gate shows an unverified owner (read-only, nothing personal,
-  nothing connected), plus the call's own controls. The PIN (keypad, or spoken digits the model
-  passes to ``verify_pin``) or a one-time code sent by SMS is checked in code; on success the same
-  model session is reconfigured with the memory block and the full tool set. Repeated failures end
-  the call and notify the owner.
-* **Tools** come from the same registry and pass the same gate and runner as text turns. A tool
-  that takes longer than ``filler_after`` seconds makes the caller hear a short filler.
+* **Tools** come from the profile's registry and pass its gate and the same runner as text
+  turns. A tool that takes longer than ``filler_after`` seconds makes the caller hear a short filler.
 * **Barge-in.** When the model reports the caller speaking over Pepper: Twilio ``clear``, cancel
   the response, truncate the assistant item to what was played (tracked with marks).
 * **Staged writes** wait for the mark after the response asked for after their tool result (sent
   once no other response runs), and only if that response spoke; a barge-in, a hang-up or a model
-  drop before it drops them, and the model is told.
+  drop before it drops them, and the model is told. A commit under way when the call ends
+  finishes (a hang-up does not cancel it) before the call is recorded.
 * **End.** Caller hang-up (``stop``, socket closed, status callback), the ``end_call`` tool after
-  its goodbye was played, the maximum duration, repeated verification failures, or a model that
-  cannot be reconnected. The transcript (both sides, tool calls) lands in the person's one
-  conversation and the call's turn record, with a short summary.
+  its goodbye was played, the maximum duration, the profile closing the call, or a model that
+  cannot be reconnected. The call's turn record gets the transcript (both sides, tool calls) and
+  a short summary; the profile stores the transcript lines as they come.
 * **Malformed frames** are ignored and counted; the call goes on.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import json
 import logging
-import re
-import secrets
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Coroutine, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from importlib import resources
 from typing import Any, Protocol
 from uuid import UUID
 
-from core import identity
-from core.conversation import (
-    UNVERIFIED_CALLER,
-    conversation_for,
-    record_inbound,
-    record_outbound,
-    start_turn,
-    update_turn,
-)
-from core.memory import MemoryConfig
+from core.conversation import conversation_for, start_turn, update_turn
 from core.models.types import ToolCall
-from core.owner_context import dossier_section, load_owner_context, session_tools
-from core.security import record_security_event
-from core.settings import Settings
-from core.tools.connectors import Connectors
-from core.tools.context import SessionContext
-from core.tools.gate import Gate
-from core.tools.registry import Tool, ToolContext, ToolOutcome, ToolRegistry
+from core.store import calls as call_records
+from core.tools.registry import Tool, ToolContext, ToolOutcome
 from core.tools.runner import CallOutcome, run_call
 from core.tools.staging import commit_writes, drop_turn_writes, drop_writes
 from core.twilio import media_streams as media
 from core.untrusted import neutralise_labels
-from voice import verification
-from voice.engines import RealtimeEngines
+from voice.deps import VoiceDeps
+from voice.profile import AdmittedCall, CallProfile, labelled
 from voice.realtime import (
     AssistantTranscript,
     AudioDelta,
     FunctionCall,
-    ModelError,
+    ModelErrorEvent,
     RealtimeConnection,
     RealtimeDisconnected,
     RealtimeError,
@@ -86,105 +64,9 @@ from voice.realtime import (
 
 log = logging.getLogger(__name__)
 
-LABEL = "[Pepper runtime note. The caller did not say this.]"
-SendSms = Callable[[str, str, str], Awaitable[None]]  # (to, from_, body)
-
-PERSONA = f"""You are Pepper, a personal assistant, on a phone call. Speak briefly and naturally: one or
-two short sentences at a time, no lists, no markdown. Never pretend: if you did not do something,
-do not say you did. Use the tools to look things up or change things; never invent their results.
-A tool result starting "Found nothing" means the lookup worked and there is no data; "Failed" means
-it broke; "Refused by Pepper's rules" means it did not run. Confirm before deleting anything or doing
-something other people will see. When a write is done, say in one sentence what changed.
-Messages that start with "{LABEL}" come from Pepper's runtime, not from the caller."""
-
-RESTRICTED = """The caller has not yet proved who they are, so you cannot see the person's memory or
-accounts. They can key in their PIN and then the pound key, say their PIN (pass the digits to
-verify_pin), or ask for a one-time code by text message (send_code, then check_code with the digits
-they read back). Never guess or repeat a PIN or code aloud."""
-
-PIN_LOCKED_WORDS = (
-    "Not checked: the PIN cannot be used on calls for now, after too many wrong tries."
-    " Offer to text a one-time code to the caller's phone instead (send_code)."
-)
-FAILED_NOTICE = "Pepper: someone calling from your number failed to verify and the call was ended."
-PIN_LOCKED_NOTICE = (
-    "Pepper: too many wrong PINs were tried on calls from your number or to your account in the last hour,"
-    " so the PIN is switched off on calls for now. On a call you can still ask for a code texted to this phone."
-)
-
-VERIFIED = """The caller proved who they are: you may use the person's memory and every tool."""
-
-
-def _load_filler() -> bytes:
-    return (resources.files("voice") / "data" / "filler.ulaw").read_bytes()
-
-
-@dataclass(frozen=True)
-class VoiceConfig:
-    notice: str = "Hi, this is Pepper. This call is transcribed."
-    voice: str = "marin"
-    max_call_seconds: float = 1800.0
-    max_verify_failures: int = 3
-    filler_after: float = 1.0
-    notice_timeout: float = 20.0
-    closing_grace: float = 10.0
-    model_reconnects: int = 1
-    code_ttl_seconds: float = 300.0
-    # Across calls (voice.verification): wrong PINs within the window that lock the PIN path, per
-    # calling number and per account; code texts per call and per account per window.
-    pin_failures_per_source: int = 5
-    pin_failures_per_account: int = 10
-    codes_per_call: int = 2
-    codes_per_hour: int = 2
-    verify_window_seconds: float = 3600.0
-    dtmf_idle_seconds: float = 3.0
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> VoiceConfig:
-        return cls(
-            notice=settings.voice_notice,
-            voice=settings.voice_voice,
-            max_call_seconds=float(settings.voice_max_call_seconds),
-            max_verify_failures=settings.voice_max_verify_failures,
-        )
-
-
-@dataclass
-class VoiceDeps:
-    """Built once at start-up and shared by every call."""
-
-    db: Any
-    model: RealtimeModel | None
-    registry: ToolRegistry
-    gate: Gate
-    config: VoiceConfig = field(default_factory=VoiceConfig)
-    send_sms: SendSms | None = None
-    clock: Callable[[], datetime] = lambda: datetime.now(UTC)
-    filler: bytes = field(default_factory=_load_filler)
-    engines: RealtimeEngines | None = None  # per-line engines; ``model`` is the default one
-    # Outside services configured on this server: with the person's connections they decide the
-    # connected tools of a verified call, as of a text turn (``core.owner_context``).
-    connectors: Connectors | None = None
-    memory: MemoryConfig = field(default_factory=MemoryConfig)
-    # The backend pid of this process's call-control session (``voice.control``), recorded on each
-    # call it holds so a status callback elsewhere reaches it; None when nothing listens.
-    holder: int | None = None
-
-    async def model_for_line(self, line_number: str | None) -> RealtimeModel | None:
-        """The model for calls on this line: its own engine if it names one, else ``model``.
-        Raises :class:`~voice.engines.EngineUnavailable` for an engine this build lacks."""
-        if self.engines is None or line_number is None:
-            return self.model
-        engine = await self.db.fetchval("SELECT voice_engine FROM phone_lines WHERE number = $1", line_number)
-        return self.model if engine is None else self.engines.get(engine)
-
-    @property
-    def filler_payload(self) -> str:
-        return base64.b64encode(self.filler).decode()
-
 
 class TwilioLink(Protocol):
-    """The media socket as the session uses it; the gateway owns reading it (``CallSession.feed``)."""
+    """The media socket as the engine uses it; the gateway owns reading it (``CallEngine.feed``)."""
 
     backed_up: bool  # the socket's send buffer is over its high-water mark: wait in drained()
 
@@ -200,18 +82,6 @@ class TwilioLink(Protocol):
     async def close(self, code: int = 1000) -> None: ...
 
 
-@dataclass(frozen=True)
-class OwnerCall:
-    """The owner-route call this stream belongs to (from the ``calls`` row)."""
-
-    call_sid: str
-    account_id: UUID
-    handle_id: UUID | None
-    caller: str | None
-    line_number: str | None
-    attested: bool = False  # the carrier vouched for the number (SHAKEN/STIR A): voice.verification
-
-
 @dataclass
 class CallStats:
     frames_in: int = 0
@@ -224,7 +94,6 @@ class CallStats:
     clear_ms: list[float] = field(default_factory=list)
     fillers: int = 0
     model_reconnects: int = 0
-    verify_failures: int = 0
 
     def as_record(self) -> dict[str, Any]:
         out = {k: v for k, v in self.__dict__.items() if k != "clear_ms"}
@@ -251,48 +120,27 @@ class _Request:
     notice: bool = False
 
 
-_DIGIT_VALUES = {w: str(n) for n, w in enumerate("zero one two three four five six seven eight nine".split())}
-_DIGIT_VALUES["oh"] = "0"
-_ONE_DIGIT = re.compile("|".join((*_DIGIT_VALUES, r"\d")), re.IGNORECASE)
-_DIGIT_WORDS = f"(?:{_ONE_DIGIT.pattern})"
-_DIGIT_RUN = re.compile(rf"\b{_DIGIT_WORDS}(?:[\s,.-]*{_DIGIT_WORDS}){{2,}}\b", re.IGNORECASE)
 # Playback is tracked with a Twilio mark at least every 100 ms of audio (and at each response's end).
 MARK_EVERY_BYTES = 100 * media.BYTES_PER_MS
-# Owner notices under way: kept here, not among a call's tasks, so they outlive the call.
-_NOTICES: set[asyncio.Task[None]] = set()
 # Arguments never written to records: a PIN or code the caller gave.
 SECRET_TOOLS = frozenset({"verify_pin", "check_code"})
 
 
-def withhold_digits(text: str, only: Collection[str] | None = None) -> str:
-    """Runs of three or more spoken digits, replaced (a PIN or code said before verification).
-    With ``only``, just the runs holding one of those digit strings (a PIN or code the caller used
-    is withheld even when said again after verification)."""
+class CallEngine:
+    """Runs one admitted call with its profile. ``trust`` and ``stats`` may be read from outside;
+    :meth:`feed`, :meth:`hang_up` and :meth:`run` drive it."""
 
-    def replace(match: re.Match[str]) -> str:
-        if only is None:
-            return "[digits withheld]"
-        said = "".join(_DIGIT_VALUES.get(d.lower(), d) for d in _ONE_DIGIT.findall(match.group()))
-        return "[digits withheld]" if any(secret in said for secret in only) else match.group()
-
-    return _DIGIT_RUN.sub(replace, text)
-
-
-def labelled(text: str) -> str:
-    return f"{LABEL}\n{text}"
-
-
-class CallSession:
-    def __init__(self, deps: VoiceDeps, link: TwilioLink, start: media.StreamStart, call: OwnerCall):
+    def __init__(
+        self, deps: VoiceDeps, link: TwilioLink, start: media.StreamStart, call: AdmittedCall, profile: CallProfile
+    ):
         self.deps = deps
         self.link = link
         self.start = start
-        self.call = call
+        self._call = call
+        self._profile = profile
         self.stats = CallStats()
-        self.trust = "owner_unverified"
-        self.verified_by: str | None = None
-        self.listening = False
         self.end_reason: str | None = None
+        self._listening = False
         self._ended = asyncio.Event()
         self._end_stored = False  # the end reason is in the calls row (see ``ended``)
         self._sid = start.stream_sid
@@ -319,99 +167,112 @@ class CallSession:
         self._last_tied: str | None = None
         self._carried: dict[str, tuple[int, ...]] = {}  # response id -> writes its tools' results carry on
         self._unconfirmed: list[int] = []
-        self._dropped_notes: list[str] = []
         self._write_summaries: dict[int, str] = {}
         self._tool_tasks: dict[str, list[asyncio.Task[CallOutcome]]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._resolving: set[asyncio.Task[Any]] = set()  # commits the caller heard confirmed
+        # The commits themselves, in tasks of their own: a hang-up must not cancel one (and with
+        # it what is recorded in its transaction); the call's records wait for them.
+        self._commits: set[asyncio.Task[None]] = set()
         self._closing: str | None = None
-        self._dtmf: list[str] = []
-        self._dtmf_timer: asyncio.TimerHandle | None = None
-        self._code: tuple[str, float] | None = None
-        self._codes_sent = 0
-        self._verify_lock = asyncio.Lock()  # one PIN or code checked at a time
-        # Every PIN or code tried (and the code sent), and the speech begun after verification:
-        # only that speech keeps its digits in the records, and never these.
-        self._secrets: set[str] = set()
-        self._spoken_verified: set[str] = set()
         self._outcomes: list[CallOutcome] = []
         self._transcript: list[dict[str, Any]] = []
         self._records: asyncio.Queue[tuple[str, str, str] | None] = asyncio.Queue()
         self._started = time.monotonic()
-        self._started_at = deps.clock()
         self._turn_id: UUID | None = None
         self._conversation_id: UUID | None = None
-        self._registry = self._call_registry()
-        self._session_ctx: SessionContext | None = None
         self._timezone = "UTC"
         self._resolved: list[dict[str, Any]] = []
         self._trust_changed = False
-        self._connections: frozenset[str] = frozenset()  # the person's, read once they proved who they are
         self._call_trust: dict[str, str] = {}  # the session's trust when each tool call ran
+        profile.attach(self)
 
-    # --- The call's own controls, as tools through the same gate --------------------------------
+    # --- What profiles see (voice.profile.CallControls) ----------------------------------------
 
-    def _call_registry(self) -> ToolRegistry:
-        digits = {"type": "object", "properties": {"digits": {"type": "string", "minLength": 1, "maxLength": 40}},
-                  "required": ["digits"], "additionalProperties": False}  # fmt: skip
+    @property
+    def call(self) -> AdmittedCall:
+        return self._call
+
+    @property
+    def trust(self) -> str:
+        return self._profile.trust
+
+    @property
+    def conversation_id(self) -> UUID | None:
+        return self._conversation_id
+
+    @property
+    def turn_id(self) -> UUID | None:
+        return self._turn_id
+
+    @property
+    def timezone(self) -> str:
+        return self._timezone
+
+    @property
+    def listening(self) -> bool:
+        return self._listening
+
+    @property
+    def closing(self) -> str | None:
+        return self._closing
+
+    @property
+    def transcript(self) -> Sequence[Mapping[str, Any]]:
+        return tuple(self._transcript)
+
+    def note(self, role: str, **fields: Any) -> None:
+        self._transcript.append({"at_ms": round((time.monotonic() - self._started) * 1000), "role": role, **fields})
+
+    def spawn(self, name: str, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro, name=f"call-{self._call.call_sid[-8:]}-{name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    async def begin_closing(self, reason: str, instructions: str | None) -> None:
+        if self._closing is not None:
+            return
+        self._closing = reason
+        self.spawn("closing-grace", self._closing_grace(reason))
+        if instructions is not None and self._conn is not None:
+            with contextlib.suppress(RealtimeDisconnected):
+                if self._active_response is not None:
+                    await self._conn.cancel_response()
+                # Sent once the cancelled response has ended, before anything else waiting.
+                await self._request_response(_Request(instructions), first=True)
+
+    async def tell_model(self, note: str, *, respond: bool = False, instructions: str | None = None) -> None:
+        conn = self._conn
+        if conn is None or self._ended.is_set():
+            return
+        with contextlib.suppress(RealtimeDisconnected):
+            await conn.add_note(labelled(note))
+            if respond and self._active_response is None:
+                await conn.create_response(instructions)
+
+    async def reconfigure(self) -> None:
+        self._trust_changed = False
+        if self._conn is not None:
+            with contextlib.suppress(RealtimeDisconnected):
+                await self._conn.configure(await self._config())
+
+    def reconfigure_after_tools(self) -> None:
+        self._trust_changed = True
+
+    def end_call_tool(self, area: str) -> Tool:
         empty = {"type": "object", "properties": {}, "additionalProperties": False}
-        controls = (
-            Tool("verify_pin", "Check the PIN the caller said aloud (digits only).", digits, self._tool_verify_pin,
-                 area="call"),
-            Tool("send_code", "Text a one-time code to the caller's verified phone number.", empty,
-                 self._tool_send_code, area="call"),
-            Tool("check_code", "Check the one-time code the caller read back (digits only).", digits,
-                 self._tool_check_code, area="call"),
-            Tool("end_call", "End the call after you have said goodbye in this response.", empty,
-                 self._tool_end_call, area="call"),
-        )  # fmt: skip
-        registry = ToolRegistry(controls)
-        for tool in self.deps.registry.all():
-            if tool.name not in registry:
-                registry.add(tool)
-        return registry
+        return Tool("end_call", "End the call after you have said goodbye in this response.", empty,
+                    self._tool_end_call, area=area)  # fmt: skip
 
-    def _session(self) -> SessionContext:
-        return SessionContext(
-            kind="call",
-            trust=self.trust,  # type: ignore[arg-type]
-            channel="voice",
-            account_id=self.call.account_id,
-            conversation_id=self._conversation_id,
-            turn_id=self._turn_id,
-            timezone=self._timezone,
-            connections=self._connections,
-        )
-
-    def visible_tools(self) -> list[Tool]:
-        session = self._session()
-        shown = session_tools(self._registry, self.deps.gate, session)
-        if self.trust == "owner_verified":
-            shown = [t for t in shown if t.name not in ("verify_pin", "send_code", "check_code")]
-        return shown
-
-    async def _instructions(self) -> str:
-        if self.trust != "owner_verified":
-            return f"{PERSONA}\n\n{RESTRICTED}"
-        # The owner's context as a text turn gets it: connections (so the connected tools), the
-        # dossier and the memory block, built in core (``core.owner_context``). The call's own lines
-        # are left out of the block, as a text turn's own messages are: the model has them already.
-        assert self._conversation_id is not None
-        db = self.deps.db
-        own = await db.fetch(
-            "SELECT id FROM messages WHERE conversation_id = $1 AND (turn_id = $2 OR provider_message_id LIKE $3)",
-            self._conversation_id, self._turn_id, f"{self.call.call_sid}:%",
-        )  # fmt: skip
-        context = await load_owner_context(
-            db, self.call.account_id, self._conversation_id, self._timezone, self.deps.clock(),
-            connectors=self.deps.connectors, memory=self.deps.memory, exclude_message_ids=[r["id"] for r in own],
-        )  # fmt: skip
-        self._connections = context.connections
-        return "\n\n".join([PERSONA, VERIFIED, dossier_section(context.dossier), context.memory])
+    async def _tool_end_call(self, ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
+        await self.begin_closing("end-call", None)
+        return ToolOutcome.ok("The call ends once your goodbye has played. Say goodbye now in a few words.")
 
     async def _config(self) -> SessionConfig:
+        profile = self._profile
         return SessionConfig(
-            await self._instructions(), tuple(t.spec for t in self.visible_tools()), voice=self.deps.config.voice
+            await profile.instructions(), tuple(t.spec for t in profile.visible_tools()), voice=self.deps.config.voice
         )
 
     # --- Running -----------------------------------------------------------------------------
@@ -431,12 +292,6 @@ class CallSession:
             self.end_reason = reason
         self._ended.set()
 
-    def _spawn(self, name: str, coro: Awaitable[Any]) -> asyncio.Task[Any]:
-        task = asyncio.get_running_loop().create_task(coro, name=f"call-{self.call.call_sid[-8:]}-{name}")  # type: ignore[arg-type]
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-        return task
-
     def _task_done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
         self._resolving.discard(task)
@@ -446,15 +301,14 @@ class CallSession:
 
     async def run(self) -> None:
         """Run the call until it ends, then record it. Returns normally; CancelledError passes."""
-        db = self.deps.db
-        self._conversation_id = await conversation_for(db, self.call.account_id)
-        self._timezone = await db.fetchval("SELECT timezone FROM accounts WHERE id = $1", self.call.account_id)
+        db, call = self.deps.db, self._call
+        self._conversation_id = await conversation_for(db, call.account_id)
+        self._timezone = await call_records.account_timezone(db, call.account_id)
         self._turn_id = await start_turn(db, self._conversation_id, channel="voice", kind="call")
-        await db.execute("UPDATE calls SET status = 'in-progress', turn_id = $2, held_by = $3 WHERE call_sid = $1",
-                         self.call.call_sid, self._turn_id, self.deps.holder)  # fmt: skip
-        recorder = self._spawn("recorder", self._record_loop())
+        await call_records.call_started(db, call.call_sid, self._turn_id, self.deps.holder)
+        recorder = self.spawn("recorder", self._record_loop())
         try:
-            self.model = await self.deps.model_for_line(self.call.line_number)
+            self.model = await self.deps.model_for_line(call.line_number)
         except RealtimeError:
             log.exception("the voice engine of this call's line is unavailable")
             self.model = None
@@ -462,9 +316,9 @@ class CallSession:
             if self.model is None or not await self._open_model():
                 self._end("model-failed")
             else:
-                self._spawn("model", self._model_loop())
-                self._spawn("deadline", self._deadline())
-                self._spawn("notice-watch", self._notice_watch())
+                self.spawn("model", self._model_loop())
+                self.spawn("deadline", self._deadline())
+                self.spawn("notice-watch", self._notice_watch())
                 await self._request_response(_Request(self._notice_instructions(), notice=True))
             await self._ended.wait()
         except RealtimeDisconnected:
@@ -478,8 +332,7 @@ class CallSession:
             # and is recorded; everything else stops.
             if task is not recorder and task not in self._resolving:
                 task.cancel()
-        if self._dtmf_timer is not None:
-            self._dtmf_timer.cancel()
+        self._profile.stop()
         others = [t for t in self._tasks if t is not recorder]
         if others:
             await asyncio.gather(*others, return_exceptions=True)
@@ -490,8 +343,7 @@ class CallSession:
             # Twilio asks for the after-stream TwiML the instant the socket closes, and that answer
             # depends on the end reason (an apology when the model failed): stored first.
             try:
-                await self.deps.db.execute("UPDATE calls SET end_reason = $2 WHERE call_sid = $1",
-                                           self.call.call_sid, self.end_reason)  # fmt: skip
+                await call_records.store_end_reason(self.deps.db, self._call.call_sid, self.end_reason)
             except Exception:
                 log.exception("could not record why a call ended before hanging up")
             self._end_stored = True
@@ -517,13 +369,17 @@ class CallSession:
 
     async def _deadline(self) -> None:
         await asyncio.sleep(self.deps.config.max_call_seconds)
-        await self._begin_closing("max-duration", "The call has reached its time limit. Say goodbye in one sentence.")
+        await self.begin_closing("max-duration", "The call has reached its time limit. Say goodbye in one sentence.")
 
     async def _notice_watch(self) -> None:
         await asyncio.sleep(self.deps.config.notice_timeout)
-        if not self.listening:
+        if not self._listening:
             log.warning("the opening notice never finished playing; ending the call")
             self._end("model-failed")
+
+    async def _closing_grace(self, reason: str) -> None:
+        await asyncio.sleep(self.deps.config.closing_grace)
+        self._end(reason)
 
     # --- Twilio -> model (the hot path) -----------------------------------------------------------
 
@@ -539,7 +395,7 @@ class CallSession:
                 payload = media.media_payload(frame)
                 stats = self.stats
                 stats.frames_in += 1
-                if not self.listening:
+                if not self._listening:
                     stats.frames_discarded += 1
                     return None
                 conn = self._conn
@@ -557,7 +413,7 @@ class CallSession:
             if event == "mark":
                 self._on_mark(media.mark_name(frame))
             elif event == "dtmf":
-                self._on_dtmf(media.dtmf_digit(frame))
+                self._profile.on_dtmf(media.dtmf_digit(frame))
             elif event == "stop":
                 self._end("hangup")
             elif event not in ("connected", "start"):
@@ -582,9 +438,11 @@ class CallSession:
         if mark.kind == "audio" and mark.item_id is not None:
             self._played_bytes[mark.item_id] = mark.played_bytes
         elif mark.kind == "notice":
-            self.listening = True
+            if not self._listening:
+                self._listening = True
+                self._profile.on_listening()
         elif mark.kind == "commit":
-            self._resolving.add(self._spawn("commit", self._resolve_writes(list(mark.write_ids), commit=True)))
+            self._resolving.add(self.spawn("commit", self._commit(list(mark.write_ids))))
         elif mark.kind == "bye":
             self._end(self._closing or "end-call")
 
@@ -647,17 +505,17 @@ class CallSession:
         if dropped:
             await self._resolve_writes(dropped, commit=False, tell_model=True)
         notice_playing = any(m.kind == "notice" and not m.cancelled for m in self._marks.values())
-        if not self.listening and not notice_playing:
+        if not self._listening and not notice_playing:
             # Dropped while the notice played (or before it was asked): the new socket says it.
             await self._request_response(_Request(self._notice_instructions(), notice=True))
-        elif self.listening:
+        elif self._listening:
             await self._request_response(
                 _Request("Apologise in a few words for the short interruption and carry on where you left off.")
             )
         return True
 
     def _notice_instructions(self) -> str:
-        return f"Say exactly this, and nothing else: {self.deps.config.notice}"
+        return f"Say exactly this, and nothing else: {self._profile.notice}"
 
     async def _request_response(self, request: _Request, *, first: bool = False) -> None:
         """Ask for a response: now if none runs, else once the running one has ended."""
@@ -712,8 +570,7 @@ class CallSession:
             if self.link.backed_up:
                 await self.link.drained()
         elif type(event) is SpeechStarted:
-            if self.trust == "owner_verified" and event.item_id:
-                self._spoken_verified.add(event.item_id)
+            self._profile.on_speech_started(event.item_id)
             await self._barge_in()
         elif type(event) is ResponseCreated:
             self._active_response = event.response_id
@@ -730,29 +587,20 @@ class CallSession:
         elif type(event) is UserTranscript:
             text = event.text.strip()
             if text:
-                # A transcript often comes after the reply it started (OpenAI transcribes beside the
-                # model), so what counts is when the speech began, not the trust at this moment.
-                verified = event.item_id in self._spoken_verified
-                text = withhold_digits(text, only=self._secrets if verified else None)
-                self._note_transcript("caller", text)
+                text = self._profile.caller_text(event.item_id, text)
+                self.note("caller", text=text)
                 self._records.put_nowait(("in", event.item_id, text))
         elif type(event) is AssistantTranscript:
-            # Pepper's side too: a model may read a PIN back. Before verification every run of
-            # digits is withheld (the digits may be tried only after this line was said).
-            text = withhold_digits(event.text.strip(), only=None if self.trust == "owner_unverified" else self._secrets)
+            text = self._profile.pepper_text(event.text.strip())
             if text:
                 interrupted = event.response_id in self._cancelled_responses
-                self._note_transcript("pepper", text, interrupted=interrupted)
+                self.note("pepper", text=text, interrupted=interrupted)
                 self._records.put_nowait(("out", event.item_id, text + (" [interrupted]" if interrupted else "")))
-        elif type(event) is ModelError:
+        elif type(event) is ModelErrorEvent:
             if event.code == "conversation_already_has_active_response":
                 await self._refused_request()
             elif event.code not in ("response_cancel_not_active",):
                 log.warning("realtime model reported an error: code=%s", event.code)
-
-    def _note_transcript(self, role: str, text: str, **extra: Any) -> None:
-        self._transcript.append({"at_ms": round((time.monotonic() - self._started) * 1000), "role": role,
-                                 "text": text, **extra})  # fmt: skip
 
     async def _refused_request(self) -> None:
         """The model refused a response.create because a response it began itself was running (its
@@ -802,9 +650,9 @@ class CallSession:
                 self._carried[rid] = tuple(ids)  # said nothing, called tools: the next response confirms
             else:
                 self._unconfirmed = [i for i in self._unconfirmed if i not in ids]
-                self._spawn("drop", self._resolve_writes(ids, commit=False, tell_model=True))
+                self.spawn("drop", self._resolve_writes(ids, commit=False, tell_model=True))
         if rid in self._tool_tasks:
-            self._spawn("tool-results", self._finish_tools(rid, self._generation))
+            self.spawn("tool-results", self._finish_tools(rid, self._generation))
             return
         if event.status != "completed":
             return
@@ -839,7 +687,7 @@ class CallSession:
         except RealtimeDisconnected:
             pass  # the model loop reconnects
         if dropped:
-            self._spawn("drop", self._resolve_writes(dropped, commit=False, tell_model=True))
+            self.spawn("drop", self._resolve_writes(dropped, commit=False, tell_model=True))
 
     # --- Tools -------------------------------------------------------------------------------
 
@@ -849,13 +697,14 @@ class CallSession:
         except ValueError:
             arguments = event.arguments  # the runner reports it as not a JSON object
         call = ToolCall(event.call_id, event.name, arguments)
-        task = self._spawn(f"tool-{event.name}", self._run_tool(call))
+        task = self.spawn(f"tool-{event.name}", self._run_tool(call))
         self._tool_tasks.setdefault(event.response_id, []).append(task)
 
     async def _run_tool(self, call: ToolCall) -> CallOutcome:
-        ctx = ToolContext(self._session(), self.deps.db, self.deps.clock())
-        visible = {t.name for t in self.visible_tools()}
-        work = asyncio.ensure_future(run_call(self._registry, self.deps.gate, ctx, call, visible=visible))
+        profile = self._profile
+        ctx = ToolContext(profile.session_context(), self.deps.db, self.deps.clock())
+        visible = {t.name for t in profile.visible_tools()}
+        work = asyncio.ensure_future(run_call(profile.registry, profile.gate, ctx, call, visible=visible))
         try:
             done, _ = await asyncio.wait({work}, timeout=self.deps.config.filler_after)
             if not done:
@@ -869,7 +718,7 @@ class CallSession:
         if outcome.write is not None and outcome.write.get("staged"):
             self._unconfirmed.append(int(outcome.write["id"]))
             self._write_summaries[int(outcome.write["id"])] = str(outcome.write.get("summary", ""))
-        return outcome
+        return profile.tool_result(outcome)
 
     async def _play_filler(self) -> None:
         self.stats.fillers += 1
@@ -906,11 +755,21 @@ class CallSession:
         except RealtimeDisconnected:
             pass
 
+    async def _commit(self, ids: list[int]) -> None:
+        """The caller heard these writes confirmed: commit them in a task the end of the call does
+        not cancel (``_finish`` waits for it)."""
+        task = asyncio.get_running_loop().create_task(
+            self._resolve_writes(ids, commit=True), name=f"call-{self._call.call_sid[-8:]}-commit-owned"
+        )
+        self._commits.add(task)
+        task.add_done_callback(self._commits.discard)
+        await asyncio.shield(task)
+
     async def _resolve_writes(self, ids: list[int], *, commit: bool, tell_model: bool = False) -> None:
         assert self._turn_id is not None
         resolve = commit_writes if commit else drop_writes
-        for write in await resolve(self.deps.db, self._registry, self._turn_id, ids):
-            self._resolved.append(write.as_record())
+        records = [w.as_record() for w in await resolve(self.deps.db, self._profile.registry, self._turn_id, ids)]
+        self._resolved.extend(records)
         if tell_model and not commit and self._conn is not None:
             summaries = ", ".join(self._write_summaries.get(i, "a change") for i in ids)
             with contextlib.suppress(RealtimeDisconnected):
@@ -918,234 +777,20 @@ class CallSession:
                     labelled(f"NOT saved, because the caller did not hear it confirmed: {summaries}."
                              " Ask again if they still want it.")
                 )  # fmt: skip
-
-    # --- Verification ------------------------------------------------------------------------
-
-    async def _verified(self, how: str, digits: str) -> None:
-        self.trust = "owner_verified"
-        self.verified_by = how
-        self._secrets.add(digits)
-        self._code = None
-        self._trust_changed = True
-        log.info("caller verified on a call: method=%s", how)
-
-    async def _failed_verification(self) -> str:
-        self.stats.verify_failures += 1
-        left = self.deps.config.max_verify_failures - self.stats.verify_failures
-        if left > 0:
-            return f"That did not match. {left} attempt{'s' if left > 1 else ''} left."
-        await record_security_event(self.deps.db, "call-verification-failed", call_sid=self.call.call_sid)
-        self._notify_owner_soon(FAILED_NOTICE)
-        await self._begin_closing(
-            "verification-failed",
-            "Tell the caller you could not verify them, so you are ending the call. Say goodbye in one sentence.",
-        )
-        return "Verification failed too many times; the call is ending."
-
-    def _limits(self) -> dict[str, Any]:
-        config = self.deps.config
-        return {"attested": self.call.attested, "per_source": config.pin_failures_per_source,
-                "per_account": config.pin_failures_per_account, "window": config.verify_window_seconds}  # fmt: skip
-
-    async def _attempt(
-        self, digits: str, *, pin: bool, code: bool, method: str, code_method: str = ""
-    ) -> tuple[str, str]:
-        """Check one PIN (``pin``) and/or the code waiting (``code``), one check at a time per call
-        (concurrent tool calls wait their turn). (verdict, detail): ``verified`` (detail: the method),
-        ``already``, ``refused`` (the call is closing or out of tries: nothing checked), ``locked``
-        (the PIN path is locked across calls: nothing checked), ``no-code``, or ``wrong``."""
-        async with self._verify_lock:
-            if self.trust == "owner_verified":
-                return "already", "The caller is already verified."
-            if self._closing is not None or self.stats.verify_failures >= self.deps.config.max_verify_failures:
-                return "refused", "Not checked: the call is ending."
-            db, account = self.deps.db, self.call.account_id
-            code_waiting = code and self._code is not None
-            locked = pin and await verification.pin_locked(db, account, self.call.caller, **self._limits())
-            if locked and not code_waiting:
-                return "locked", PIN_LOCKED_WORDS
-            if not pin and not code_waiting:
-                return "no-code", "no code is waiting; use send_code first"
-            if digits:
-                self._secrets.add(digits)
-            if pin and not locked and await identity.verify_pin(db, account, digits):
-                await self._verified(method, digits)
-                return "verified", method
-            if code_waiting:
-                matched = self._code_matches(digits)
-                self._code = None  # a code is checked once: right, or burnt
-                if matched:
-                    await self._verified(code_method, digits)
-                    return "verified", code_method
-            kind = verification.WRONG_PIN if pin and not locked else verification.WRONG_CODE
-            call = self.call
-            limits = self._limits()
-            now_locked = await verification.record_wrong(db, account, call.caller, call.call_sid, kind, **limits)
-            if now_locked:
-                log.warning("the PIN path is locked after repeated wrong PINs")
-                self._notify_owner_soon(PIN_LOCKED_NOTICE)
-            message = await self._failed_verification()
-            return "wrong", f"{message} {PIN_LOCKED_WORDS[len('Not checked: ') :]}" if now_locked else message
-
-    @staticmethod
-    def _verdict(verdict: str, detail: str) -> ToolOutcome:
-        if verdict == "verified":
-            what = "Code" if detail.startswith("sms-code") else "PIN"
-            return ToolOutcome.ok(f"{what} correct: the caller is verified. Memory and every tool are now available.")
-        if verdict == "already":
-            return ToolOutcome.ok(detail)
-        return ToolOutcome.failed(detail)
-
-    async def _tool_verify_pin(self, ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
-        digits = re.sub(r"\D", "", args["digits"])
-        return self._verdict(*await self._attempt(digits, pin=True, code=False, method="pin-spoken"))
-
-    async def _tool_send_code(self, ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
-        if self.trust == "owner_verified":
-            return ToolOutcome.ok("The caller is already verified.")
-        if self.deps.send_sms is None or not self.call.caller or not self.call.line_number:
-            return ToolOutcome.failed("text messages cannot be sent from this line")
-        config = self.deps.config
-        async with self._verify_lock:
-            if self.trust == "owner_verified":
-                return ToolOutcome.ok("The caller is already verified.")
-            if self._closing is not None:
-                return ToolOutcome.failed("no code was sent: the call is ending")
-            if self._codes_sent >= config.codes_per_call:
-                return ToolOutcome.failed("no code was sent: this call has had all the codes it can have")
-            claim = await verification.claim_code_send(self.deps.db, self.call.account_id, self.call.caller,
-                                                       self.call.call_sid, attested=self.call.attested,
-                                                       per_hour=config.codes_per_hour)  # fmt: skip
-            if claim is None:
-                return ToolOutcome.failed("no code was sent: too many codes were texted in the last hour")
-            code = f"{secrets.randbelow(10**6):06d}"
-            try:
-                await self.deps.send_sms(self.call.caller, self.call.line_number, f"Your Pepper call code is {code}.")
-            except Exception:
-                log.exception("sending a one-time call code failed")
-                await verification.release_code_send(self.deps.db, claim)
-                return ToolOutcome.failed("the text message could not be sent")
-            self._codes_sent += 1
-            self._secrets.add(code)
-            self._code = (code, time.monotonic() + config.code_ttl_seconds)
-        return ToolOutcome.ok("A six-digit code was texted to the caller's phone. Ask them to read it out or key it.")
-
-    def _code_matches(self, digits: str) -> bool:
-        if self._code is None or time.monotonic() > self._code[1]:
-            return False
-        return secrets.compare_digest(digits, self._code[0])
-
-    async def _tool_check_code(self, ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
-        digits = re.sub(r"\D", "", args["digits"])
-        return self._verdict(*await self._attempt(digits, pin=False, code=True, method="", code_method="sms-code"))
-
-    async def _tool_end_call(self, ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
-        await self._begin_closing("end-call", None)
-        return ToolOutcome.ok("The call ends once your goodbye has played. Say goodbye now in a few words.")
-
-    def _on_dtmf(self, digit: str) -> None:
-        if self.trust == "owner_verified" or self._closing is not None:
-            return
-        if self._dtmf_timer is not None:
-            self._dtmf_timer.cancel()
-            self._dtmf_timer = None
-        if digit == "#":
-            self._submit_dtmf()
-            return
-        if digit.isdigit():
-            self._dtmf.append(digit)
-        if len(self._dtmf) >= 12:
-            self._submit_dtmf()
-            return
-        self._dtmf_timer = asyncio.get_running_loop().call_later(self.deps.config.dtmf_idle_seconds, self._submit_dtmf)
-
-    def _submit_dtmf(self) -> None:
-        if self._dtmf_timer is not None:
-            self._dtmf_timer.cancel()
-            self._dtmf_timer = None
-        digits, self._dtmf = "".join(self._dtmf), []
-        if len(digits) >= 4:
-            self._spawn("dtmf-check", self._check_dtmf(digits))
-
-    async def _check_dtmf(self, digits: str) -> None:
-        verdict, detail = await self._attempt(digits, pin=True, code=True, method="pin-keypad",
-                                              code_method="sms-code-keypad")  # fmt: skip
-        if verdict in ("already", "refused"):
-            return
-        event = {"verified": "verified", "wrong": "wrong digits"}.get(verdict, "not checked")
-        self._transcript.append({"at_ms": round((time.monotonic() - self._started) * 1000), "role": "keypad",
-                                 "event": event})  # fmt: skip
-        conn = self._conn
-        if verdict == "verified":
-            self._trust_changed = False
-            if conn is not None:
-                with contextlib.suppress(RealtimeDisconnected):
-                    await conn.configure(await self._config())
-                    await conn.add_note(labelled("The caller keyed in the right PIN: they are verified."))
-                    if self._active_response is None:
-                        await conn.create_response("Tell the caller in a few words that they are verified, and ask"
-                                                   " how you can help.")  # fmt: skip
-            return
-        if conn is not None and self._closing is None:
-            wrong = verdict == "wrong"
-            with contextlib.suppress(RealtimeDisconnected):
-                await conn.add_note(labelled(f"The caller keyed in {'a wrong' if wrong else 'a'} PIN. {detail}"))
-                if self._active_response is None:
-                    await conn.create_response("Tell the caller the PIN was wrong, in a few words." if wrong
-                                               else "Tell the caller what the note says, in a few words.")  # fmt: skip
-
-    async def _begin_closing(self, reason: str, instructions: str | None) -> None:
-        if self._closing is not None:
-            return
-        self._closing = reason
-        self._spawn("closing-grace", self._closing_grace(reason))
-        if instructions is not None and self._conn is not None:
-            with contextlib.suppress(RealtimeDisconnected):
-                if self._active_response is not None:
-                    await self._conn.cancel_response()
-                # Sent once the cancelled response has ended, before anything else waiting.
-                await self._request_response(_Request(instructions), first=True)
-
-    async def _closing_grace(self, reason: str) -> None:
-        await asyncio.sleep(self.deps.config.closing_grace)
-        self._end(reason)
-
-    def _notify_owner_soon(self, body: str) -> None:
-        """Tell the owner, in a task the end of the call does not cancel: a caller who hangs up at
-        once must not stop the notice."""
-        task = asyncio.get_running_loop().create_task(self._notify_owner(body), name="call-notify-owner")
-        _NOTICES.add(task)
-        task.add_done_callback(_NOTICES.discard)
-
-    async def _notify_owner(self, body: str) -> None:
-        """A text to the number calling: the owner route admits only a number verified to the account."""
-        if self.deps.send_sms is None or not self.call.caller or not self.call.line_number:
-            return
-        try:
-            await self.deps.send_sms(self.call.caller, self.call.line_number, body)
-        except Exception:
-            log.exception("could not text the owner about failed verification on a call")
+        await self._profile.after_resolve(ids, commit=commit, records=records)
 
     # --- Records -----------------------------------------------------------------------------
 
     async def _record_loop(self) -> None:
-        """Writes transcript lines as they come, off the media path; the call so far is always kept."""
-        db = self.deps.db
+        """Hands transcript lines to the profile as they come, off the media path; the call so far
+        is always kept."""
         while True:
             entry = await self._records.get()
             if entry is None:
                 return
             direction, item_id, text = entry
             try:
-                if direction == "in":
-                    # Speech begun before the caller proved who they are is an unverified caller's.
-                    author = None if item_id in self._spoken_verified else UNVERIFIED_CALLER
-                    await record_inbound(db, self.call.account_id, "voice", text,
-                                         provider_message_id=f"{self.call.call_sid}:{item_id}",
-                                         handle_id=self.call.handle_id, author=author)  # fmt: skip
-                else:
-                    assert self._conversation_id is not None
-                    await record_outbound(db, self._conversation_id, "voice", text, turn_id=self._turn_id)
+                await self._profile.record(direction, item_id, text)
             except Exception:
                 log.exception("could not record a call transcript line")
 
@@ -1155,8 +800,9 @@ class CallSession:
         saved = [w["summary"] for w in self._resolved if w["status"] == "committed"]
         dropped = [w["summary"] for w in self._resolved if w["status"] == "dropped"]
         caller_lines = [e["text"] for e in self._transcript if e.get("role") == "caller" and e.get("text")]
+        verified_by = self._profile.verified_by
         parts = [f"Phone call, {seconds // 60} min {seconds % 60} s"]
-        parts.append(f"caller verified ({self.verified_by})" if self.verified_by else "caller not verified")
+        parts.append(f"caller verified ({verified_by})" if verified_by else "caller not verified")
         if caller_lines:
             first = caller_lines[0]
             parts.append(f'opened with "{first[:80]}{"..." if len(first) > 80 else ""}"')
@@ -1180,25 +826,29 @@ class CallSession:
         return records
 
     async def _finish(self) -> None:
-        db, turn_id = self.deps.db, self._turn_id
+        if self._commits:  # a commit the hang-up interrupted: it finishes before the call is recorded
+            await asyncio.gather(*list(self._commits), return_exceptions=True)
+        db, turn_id, profile = self.deps.db, self._turn_id, self._profile
         if turn_id is None:
             return
+        summary = ""
         try:
-            for write in await drop_turn_writes(db, self._registry, turn_id):
+            for write in await drop_turn_writes(db, profile.registry, turn_id):
                 self._resolved.append(write.as_record())
             summary = self.summary()
             calls = self._call_records()
             transcript = list(self._transcript)
             for record in calls:
                 transcript.append({"role": "tool", "name": record["name"], "status": record["status"]})
+            stats = self.stats.as_record() | profile.stats()
             await update_turn(
                 db,
                 turn_id,
                 status="failed" if self.end_reason in ("model-failed", "error") else "delivered",
                 trust=self.trust,
                 model=getattr(self.model, "model", None) or getattr(self.model, "name", None),
-                session=self._session().as_record() | {"verified_by": self.verified_by},
-                prompt={"notice": self.deps.config.notice},
+                session=profile.session_context().as_record() | {"verified_by": profile.verified_by},
+                prompt={"notice": profile.notice},
                 rounds=transcript,
                 tool_calls=calls,
                 gate_decisions=[
@@ -1207,21 +857,15 @@ class CallSession:
                 staged_writes=[r for r in self._resolved],
                 committed_writes=[r for r in self._resolved if r["status"] == "committed"],
                 timings={"total_ms": round((time.monotonic() - self._started) * 1000, 3)},
-                delivery={"end_reason": self.end_reason, "stats": self.stats.as_record()},
+                delivery={"end_reason": self.end_reason, "stats": stats},
                 reply=summary,
                 finished_at=self.deps.clock(),
             )
-            await db.execute(
-                """
-                UPDATE calls SET status = 'completed', ended_at = now(), end_reason = $2, summary = $3,
-                                 verified_by = $4, stats = $5::jsonb
-                WHERE call_sid = $1
-                """,
-                self.call.call_sid,
-                self.end_reason,
-                summary,
-                self.verified_by,
-                json.dumps(self.stats.as_record()),
-            )
+            await call_records.call_completed(db, self._call.call_sid, reason=self.end_reason, summary=summary,
+                                              verified_by=profile.verified_by, stats=stats)  # fmt: skip
         except Exception:
             log.exception("could not record the end of a call")
+        try:
+            await profile.finish(summary or self.summary(), self.end_reason)
+        except Exception:
+            log.exception("could not finish a call's profile")

@@ -1,0 +1,90 @@
+"""What every call of this server shares: its settings (:class:`VoiceConfig`) and the parts built
+once at start-up (:class:`VoiceDeps`)."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from importlib import resources
+from typing import Any
+
+from core.memory import MemoryConfig
+from core.settings import Settings
+from core.store import calls as call_records
+from core.tools.connectors import Connectors
+from core.tools.gate import Gate
+from core.tools.registry import ToolRegistry
+from voice.engines import RealtimeEngines
+from voice.realtime import RealtimeModel
+
+SendSms = Callable[[str, str, str], Awaitable[None]]  # (to, from_, body)
+
+
+def _load_filler() -> bytes:
+    return (resources.files("voice") / "data" / "filler.ulaw").read_bytes()
+
+
+@dataclass(frozen=True)
+class VoiceConfig:
+    notice: str = "Hi, this is Pepper. This call is transcribed."
+    voice: str = "marin"
+    max_call_seconds: float = 1800.0
+    max_verify_failures: int = 3
+    filler_after: float = 1.0
+    notice_timeout: float = 20.0
+    closing_grace: float = 10.0
+    model_reconnects: int = 1
+    code_ttl_seconds: float = 300.0
+    # Across calls (voice.verification): wrong PINs within the window that lock the PIN path, per
+    # calling number and per account; code texts per call and per account per window.
+    pin_failures_per_source: int = 5
+    pin_failures_per_account: int = 10
+    codes_per_call: int = 2
+    codes_per_hour: int = 2
+    verify_window_seconds: float = 3600.0
+    dtmf_idle_seconds: float = 3.0
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> VoiceConfig:
+        return cls(
+            notice=settings.voice_notice,
+            voice=settings.voice_voice,
+            max_call_seconds=float(settings.voice_max_call_seconds),
+            max_verify_failures=settings.voice_max_verify_failures,
+        )
+
+
+@dataclass
+class VoiceDeps:
+    """Built once at start-up and shared by every call."""
+
+    db: Any
+    model: RealtimeModel | None
+    registry: ToolRegistry
+    gate: Gate
+    config: VoiceConfig = field(default_factory=VoiceConfig)
+    send_sms: SendSms | None = None
+    clock: Callable[[], datetime] = lambda: datetime.now(UTC)
+    filler: bytes = field(default_factory=_load_filler)
+    engines: RealtimeEngines | None = None  # per-line engines; ``model`` is the default one
+    # Outside services configured on this server: with the person's connections they decide the
+    # connected tools of a verified call, as of a text turn (``core.owner_context``).
+    connectors: Connectors | None = None
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+    # The backend pid of this process's call-control session (``voice.control``), recorded on each
+    # call it holds so a status callback elsewhere reaches it; None when nothing listens.
+    holder: int | None = None
+
+    async def model_for_line(self, line_number: str | None) -> RealtimeModel | None:
+        """The model for calls on this line: its own engine if it names one, else ``model``.
+        Raises :class:`~voice.engines.EngineUnavailable` for an engine this build lacks."""
+        if self.engines is None or line_number is None:
+            return self.model
+        engine = await call_records.line_engine(self.db, line_number)
+        return self.model if engine is None else self.engines.get(engine)
+
+    @property
+    def filler_payload(self) -> str:
+        return base64.b64encode(self.filler).decode()
