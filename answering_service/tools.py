@@ -25,12 +25,13 @@ from uuid import UUID
 from answering_service.rules import Rules, day_window, free_starts, overlaps, rule_problem, spoken
 from core import identity
 from core.errors import InvalidInput
+from core.store.pool import transaction
 from core.tools.areas.calendar import Busy, CalendarUnavailable, SlotTaken, book, free_busy
 from core.tools.areas.calendar.model import Attendee, parse_when
 from core.tools.connectors import Connectors
 from core.tools.context import SessionContext
 from core.tools.gate import Policy, Verdict
-from core.tools.registry import Tool, ToolContext, ToolOutcome, transaction
+from core.tools.registry import Tool, ToolContext, ToolOutcome
 from core.untrusted import quoted
 
 log = logging.getLogger(__name__)

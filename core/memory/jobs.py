@@ -33,7 +33,7 @@ from core.memory.summaries import SummaryResult, draft_summary, store_summary
 from core.models.errors import ModelNotConfigured
 from core.models.types import ModelService
 from core.security import prune_security_events
-from core.tools.registry import transaction
+from core.store.pool import transaction
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from typing import Any
 from uuid import UUID
 
 from core.scheduling.schedule import Place, Schedule, ScheduleError
-from core.tools.registry import transaction
+from core.store.pool import transaction
 
 log = logging.getLogger(__name__)
 

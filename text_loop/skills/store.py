@@ -14,7 +14,7 @@ from typing import Any, Literal
 from uuid import UUID
 
 from core.errors import InvalidInput, NotFound
-from core.tools.registry import transaction
+from core.store.pool import transaction
 from text_loop.skills.catalog import SkillCatalog, limit_problem
 from text_loop.skills.model import Skill, SkillError, parse_skill
 

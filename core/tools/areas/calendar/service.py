@@ -17,6 +17,7 @@ from zoneinfo import ZoneInfo
 import icalendar
 
 from core.errors import InvalidInput
+from core.store.pool import transaction
 from core.tools.areas.calendar import ical
 from core.tools.areas.calendar.model import Attendee, Busy, CalendarUnavailable, Event, SlotTaken, merge
 from core.tools.areas.calendar.recurrence import series_end
@@ -38,7 +39,6 @@ from core.tools.areas.calendar.store import (
 )
 from core.tools.connectors import Connectors
 from core.tools.google_api import GoogleClient, GoogleError
-from core.tools.registry import transaction
 from core.vault import SecretKeyError
 
 log = logging.getLogger(__name__)
