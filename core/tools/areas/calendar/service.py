@@ -88,6 +88,14 @@ class Booking:
     created: bool  # False when the booking key had already booked this slot
 
 
+async def lock_bookings(conn: Any, account_id: UUID) -> None:
+    """Take the account's booking lock until the transaction ends: bookings (and the answering
+    service's holds on slots) of one account are checked and made one at a time."""
+    await conn.execute(
+        "SELECT pg_advisory_xact_lock(hashtextextended('calendar-book:' || $1::uuid::text, 0))", account_id
+    )
+
+
 async def book(
     db: Any,
     account_id: UUID,
@@ -114,9 +122,7 @@ async def book(
     if connectors is not None:
         remote = [b for b in await free_busy(db, account_id, start, end, connectors=connectors)]
     async with transaction(db) as conn:
-        await conn.execute(
-            "SELECT pg_advisory_xact_lock(hashtextextended('calendar-book:' || $1::uuid::text, 0))", account_id
-        )
+        await lock_bookings(conn, account_id)
         if booking_key is not None:
             row = await conn.fetchrow(
                 "SELECT id, starts_at, ends_at FROM calendar_events WHERE account_id = $1 AND booking_key = $2",
