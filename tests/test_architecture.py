@@ -6,6 +6,7 @@
 3. Vendor SDKs are imported only inside their adapter modules; pipecat only inside voice/.
 4. The database belongs to core: asyncpg is imported, and SQL statements are written, only under
    core/ (the layers above call its records: core/records/, core/conversation.py, core/identity.py...).
+5. Inside core, the store, the records and memory sit below the tools: they never import core.tools.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ SQL_STATEMENT = re.compile(
     r"|(CREATE|ALTER|DROP)\s+(TABLE|INDEX|EXTENSION|DATABASE|FUNCTION|TRIGGER)\s|TRUNCATE\s|LISTEN\s|NOTIFY\s)"
 )
 SQL_HOMES = ("core/",)
+# Parts of core the tools are built on, which therefore never import them.
+BELOW_TOOLS = ("core/store/", "core/records/", "core/memory/")
 # Modules another change is moving the SQL out of, allowed until it is merged (issue #19): the lead
 # empties this list then. Nothing may be added to it.
 PENDING_SQL = frozenset({
@@ -129,6 +132,10 @@ def violations(root: Path) -> list[str]:
                     homes + SDK_EXEMPT
                 ):
                     problems.append(f"{where}: {sdk} belongs only in {', '.join(homes)}")
+            if imp.path.startswith(BELOW_TOOLS) and (
+                imp.module == "core.tools" or imp.module.startswith("core.tools.")
+            ):
+                problems.append(f"{where}: {imp.path.split('/')[1]} is below the tools and may not import them")
         rel = path.relative_to(root).as_posix()
         if not rel.startswith(SQL_HOMES) and rel not in PENDING_SQL:
             for line, words in sql_statements_of(path, root):
@@ -172,6 +179,9 @@ def _write(root: Path, rel: str, text: str) -> None:
         ("gateway/x.py", 'Q = """WITH picked AS (SELECT 1) SELECT * FROM picked"""\n', "SQL belongs only in core/"),
         ("text_loop/x.py", 'Q = "(SELECT count(*) FROM user_skills WHERE account_id = $1)"\n',
          "SQL belongs only in core/"),
+        ("core/memory/index.py", "from core.tools.registry import transaction\n",
+         "memory is below the tools and may not import them"),
+        ("core/store/pool.py", "import core.tools\n", "store is below the tools and may not import them"),
     ],
 )  # fmt: skip
 def test_the_checker_catches_each_kind_of_violation(tmp_path, rel, text, expected):
@@ -187,6 +197,8 @@ def test_the_checker_allows_what_the_design_allows(tmp_path):
     _write(tmp_path, "core/tools/areas/todos/tools.py", "from core.tools.registry import Tool\nfrom . import store\n")
     _write(tmp_path, "gateway/twilio_client.py", "from twilio.rest import Client\n")
     _write(tmp_path, "core/records/calls.py", 'import asyncpg\nQ = "UPDATE calls SET held_by = $1"\n')
+    _write(tmp_path, "core/memory/index.py", "from core.store.pool import transaction\nfrom core.models import types\n")
+    _write(tmp_path, "core/tools/areas/memory/tools.py", "from core.memory import search\n")
     _write(tmp_path, "core/testing/postgres.py", 'import asyncpg\nQ = "SELECT 1"\n')
     # Words that only look like SQL: prose, an iCalendar line, a lowercase "select".
     _write(tmp_path, "gateway/cli_x.py", 'HELP = "Select a time; update the list."\nICS = "BEGIN:VCALENDAR"\n'
