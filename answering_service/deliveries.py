@@ -25,6 +25,7 @@ from datetime import timedelta
 from typing import Any
 
 from answering_service.notify import OwnerNotifier
+from core.records import answering
 
 log = logging.getLogger(__name__)
 
@@ -36,25 +37,10 @@ STALE_SENDING = timedelta(minutes=2)
 BATCH = 20
 
 
-async def claim_due(db: Any, *, limit: int = BATCH) -> list[Any]:
-    return await db.fetch(
-        """
-        UPDATE answering_deliveries SET status = 'sending', claimed_at = now(), attempts = attempts + 1
-        WHERE id IN (
-            SELECT id FROM answering_deliveries
-            WHERE (status = 'pending' AND due_at <= now()) OR (status = 'sending' AND claimed_at < now() - $1::interval)
-            ORDER BY due_at, id LIMIT $2 FOR UPDATE SKIP LOCKED)
-        RETURNING *
-        """,
-        STALE_SENDING,
-        limit,
-    )
-
-
 async def deliver_due(db: Any, notifier: OwnerNotifier, send_sms: SendSms | None) -> int:
     """Send every delivery due now (in batches); returns how many were claimed."""
     total = 0
-    while rows := await claim_due(db):
+    while rows := await answering.claim_due_deliveries(db, stale=STALE_SENDING, limit=BATCH):
         total += len(rows)
         for row in rows:
             await _deliver_one(db, notifier, send_sms, row)
@@ -73,15 +59,11 @@ async def _deliver_one(db: Any, notifier: OwnerNotifier, send_sms: SendSms | Non
         log.warning("an answering-service delivery failed: kind=%s attempt=%s", row["kind"], row["attempts"],
                     exc_info=not isinstance(exc, _NotSetUp))  # fmt: skip
         final = row["kind"] != "caller_text" or row["attempts"] >= MAX_ATTEMPTS or isinstance(exc, _NotSetUp)
-        await db.execute(
-            "UPDATE answering_deliveries SET status = $2, error = $3, due_at = now() + $4::interval WHERE id = $1",
-            row["id"],
-            "failed" if final else "pending",
-            str(exc)[:300] or type(exc).__name__,
-            RETRY_AFTER,
+        await answering.delivery_failed(
+            db, row["id"], final=final, error=str(exc)[:300] or type(exc).__name__, retry_after=RETRY_AFTER
         )
         return
-    await db.execute("UPDATE answering_deliveries SET status = 'sent', sent_at = now() WHERE id = $1", row["id"])
+    await answering.delivery_sent(db, row["id"])
 
 
 class _NotSetUp(Exception):

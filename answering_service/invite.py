@@ -17,6 +17,7 @@ import logging
 from typing import Any
 
 from answering_service.rules import Rules, spoken
+from core.records import answering_bookings as bookings
 from core.tools.areas.calendar import Attendee, ical
 from core.tools.connectors import Connectors
 from core.tools.mail import MailError, build_message, send_smtp
@@ -28,23 +29,14 @@ async def send_invitations(db: Any, connectors: Connectors | None, call_sid: str
     """Invite every caller of this call's new bookings who gave an address; returns how many went."""
     if not rules.send_invitations:
         return 0
-    rows = await db.fetch(
-        """
-        UPDATE answering_bookings b SET invited_at = now()
-        FROM calendar_events e
-        WHERE b.call_sid = $1 AND b.invited_at IS NULL AND b.caller_email IS NOT NULL AND b.status = 'booked'
-          AND e.id = b.event_id
-        RETURNING b.id, b.caller_email, b.appointment_type, b.starts_at, b.ends_at, e.uid
-        """,
-        call_sid,
-    )
+    rows = await bookings.claim_invitations(db, call_sid)
     sent = 0
     for row in rows:
         error = await _send_one(connectors, rules, row)
         if error is None:
             sent += 1
         else:
-            await db.execute("UPDATE answering_bookings SET invite_error = $2 WHERE id = $1", row["id"], error)
+            await bookings.invitation_failed(db, row["id"], error)
     return sent
 
 

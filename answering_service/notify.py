@@ -18,6 +18,7 @@ from zoneinfo import ZoneInfo
 
 from core import identity
 from core.conversation import conversation_for, record_outbound
+from core.records import answering, answering_bookings, calls
 from core.untrusted import CALLER_LABEL, quoted
 
 log = logging.getLogger(__name__)
@@ -45,13 +46,7 @@ class OwnerNotifier:
     async def message(self, call_sid: str) -> bool:
         """Announce the call's message once; True when this call sent it."""
         db = self.db
-        row = await db.fetchrow(
-            """
-            UPDATE answering_messages SET notified_at = now() WHERE call_sid = $1 AND notified_at IS NULL
-            RETURNING id, account_id, caller_name, callback_number, reason, urgency, vip
-            """,
-            call_sid,
-        )
+        row = await answering.claim_message_notice(db, call_sid)
         if row is None:
             return False
         urgent = row["urgency"] == "urgent" or row["vip"]
@@ -68,29 +63,16 @@ class OwnerNotifier:
 
         async def trying(channel: str) -> None:
             # Recorded before the attempt: a notice the owner can see is always on record.
-            await db.execute("UPDATE answering_messages SET notify_channel = $2 WHERE id = $1", row["id"], channel)
+            await answering.notice_trying(db, row["id"], channel)
 
         channel, error = await self._deliver(row["account_id"], call_sid, subject, body, trying=trying)
-        await db.execute(
-            "UPDATE answering_messages SET notify_channel = $2, notify_error = $3 WHERE id = $1",
-            row["id"],
-            channel,
-            error,
-        )
+        await answering.notice_result(db, row["id"], channel, error)
         return True
 
     async def bookings(self, call_sid: str) -> None:
-        rows = await self.db.fetch(
-            """
-            UPDATE answering_bookings b SET owner_notified_at = now()
-            WHERE b.call_sid = $1 AND b.owner_notified_at IS NULL AND b.status = 'booked'
-            RETURNING b.account_id, b.caller_name, b.appointment_type, b.starts_at, b.caller_number
-            """,
-            call_sid,
-        )
-        for row in rows:
-            zone = await self.db.fetchval("SELECT timezone FROM accounts WHERE id = $1", row["account_id"])
-            when = row["starts_at"].astimezone(ZoneInfo(zone or "UTC"))
+        for row in await answering_bookings.claim_owner_notices(self.db, call_sid):
+            owner = await answering.owner(self.db, row["account_id"])
+            when = row["starts_at"].astimezone(ZoneInfo((owner["timezone"] if owner else None) or "UTC"))
             body = "\n".join([
                 f"Pepper answering service: a caller booked a {row['appointment_type']} on {when:%a %d %b at %H:%M}.",
                 f"Name (as the caller said it): {quoted(row['caller_name'])}",
@@ -109,7 +91,7 @@ class OwnerNotifier:
     ) -> tuple[str, str | None]:  # fmt: skip
         """Send on the owner's channel, falling back; ``trying(channel)`` runs before each attempt."""
         db = self.db
-        preferred = await db.fetchval("SELECT notify_channel FROM answering_settings WHERE account_id = $1", account_id)
+        preferred = await answering.notify_channel(db, account_id)
         order = [preferred or "sms"] + [c for c in ("sms", "web") if c != (preferred or "sms")]
         errors: list[str] = []
         for channel in order:
@@ -134,35 +116,24 @@ class OwnerNotifier:
         if self.send_sms is None:
             return False
         db = self.db
-        handle = await db.fetchrow(
-            "SELECT id, value FROM handles WHERE account_id = $1 AND kind = 'phone' AND verified_at IS NOT NULL"
-            " ORDER BY created_at LIMIT 1",
-            account_id,
-        )
-        if handle is None or await identity.is_blocked(db, handle["id"], "sms"):
+        handle = await identity.first_verified_handle(db, account_id, "phone")
+        if handle is None or await identity.is_blocked(db, handle.id, "sms"):
             return False
         line = None
         if call_sid is not None:
-            line = await db.fetchval("SELECT line_number FROM calls WHERE call_sid = $1", call_sid)
+            line = await calls.line_of(db, call_sid)
         if line is None:
-            line = await db.fetchval(
-                "SELECT number FROM phone_lines WHERE account_id = $1 ORDER BY (kind = 'personal') DESC LIMIT 1",
-                account_id,
-            )
+            line = await identity.line_number_of(db, account_id)
         if line is None:
             return False
-        await self.send_sms(handle["value"], line, body)
+        await self.send_sms(handle.value, line, body)
         return True
 
     async def _email(self, account_id: UUID, subject: str, body: str) -> bool:
         if self.send_email is None:
             return False
-        address = await self.db.fetchval(
-            "SELECT value FROM handles WHERE account_id = $1 AND kind = 'email' AND verified_at IS NOT NULL"
-            " ORDER BY created_at LIMIT 1",
-            account_id,
-        )
-        if address is None:
+        handle = await identity.first_verified_handle(self.db, account_id, "email")
+        if handle is None:
             return False
-        await self.send_email(address, subject, body)
+        await self.send_email(handle.value, subject, body)
         return True

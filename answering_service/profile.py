@@ -28,7 +28,7 @@ from typing import Any
 from answering_service.invite import send_invitations
 from answering_service.rules import Rules
 from answering_service.tools import AREA, CHANNEL, PROFILE, CallerCall, make_tools
-from core.store import calls as call_records
+from core.records import answering as answering_records
 from core.tools.connectors import Connectors
 from core.tools.context import SessionContext
 from core.tools.gate import Gate
@@ -149,7 +149,7 @@ class AnsweringProfile(CallProfile):
     async def after_resolve(self, ids: list[int], *, commit: bool, records: list[dict[str, Any]]) -> None:
         if not commit:
             # A dropped booking frees its slot now, for other callers and for this caller's next try.
-            await call_records.release_unbooked_holds(self.db, self._call.call_sid)
+            await answering_records.release_unbooked_holds(self.db, self._call.call_sid)
             return
         if any(w["status"] == "failed" for w in records):
             await self.controls.tell_model(
@@ -174,12 +174,12 @@ class AnsweringProfile(CallProfile):
     async def record(self, direction: str, item_id: str, text: str) -> None:
         """The transcript, line by line, in ``answering_calls`` (not the owner's conversation)."""
         line = {"role": "caller" if direction == "in" else "pepper", "text": text}
-        await call_records.append_answering_transcript(self.db, self._call.call_sid, line)
+        await answering_records.append_answering_transcript(self.db, self._call.call_sid, line)
 
     async def finish(self, summary: str, end_reason: str | None) -> None:
         # The owner's notice (recorded with the call's message or booking) is due now; a turn
         # worker sends it, as it sends the caller's confirmation text.
-        await call_records.answering_call_ended(self.db, self._call.call_sid, reason=end_reason, summary=summary)
+        await answering_records.answering_call_ended(self.db, self._call.call_sid, reason=end_reason, summary=summary)
         # After the call, not on the mark: a hang-up cancels the call's tasks, and an invitation
         # claimed but never sent would be lost.
         await send_invitations(self.db, self.connectors, self._call.call_sid, self.rules)

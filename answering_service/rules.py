@@ -17,6 +17,7 @@ from zoneinfo import ZoneInfo
 
 from core import identity
 from core.errors import InvalidInput
+from core.records import answering
 from core.tools.areas.calendar import Busy
 
 DAYS: tuple[str, ...] = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
@@ -151,11 +152,11 @@ def parse_type(spec: str) -> AppointmentType:
 
 async def load_rules(db: Any, account_id: UUID) -> Rules:
     """The owner's rules; the defaults (booking off) when the owner never set any."""
-    account = await db.fetchrow("SELECT name, timezone FROM accounts WHERE id = $1", account_id)
+    account = await answering.owner(db, account_id)
     base = Rules(
         account_id, timezone=account["timezone"] if account else "UTC", owner_name=account["name"] if account else ""
     )
-    row = await db.fetchrow("SELECT * FROM answering_settings WHERE account_id = $1", account_id)
+    row = await answering.settings(db, account_id)
     if row is None:
         return base
     types = (
@@ -183,36 +184,25 @@ async def load_rules(db: Any, account_id: UUID) -> Rules:
 
 
 async def save_rules(db: Any, rules: Rules) -> None:
-    await db.execute(
-        """
-        INSERT INTO answering_settings (account_id, greeting, caller_info, booking_enabled, appointment_types,
-            working_hours, buffer_minutes, min_notice_minutes, horizon_days, vip_numbers, blocked_numbers,
-            notify_channel, send_invitations, max_calls_per_hour, max_line_calls_per_hour, max_texts_per_hour,
-            sms_countries)
-        VALUES ($1, $2, $3, $4, $5::jsonb, $6::jsonb, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
-        ON CONFLICT (account_id) DO UPDATE SET greeting = $2, caller_info = $3, booking_enabled = $4,
-            appointment_types = $5::jsonb, working_hours = $6::jsonb, buffer_minutes = $7, min_notice_minutes = $8,
-            horizon_days = $9, vip_numbers = $10, blocked_numbers = $11, notify_channel = $12,
-            send_invitations = $13, max_calls_per_hour = $14, max_line_calls_per_hour = $15,
-            max_texts_per_hour = $16, sms_countries = $17, updated_at = now()
-        """,
+    await answering.save_settings(
+        db,
         rules.account_id,
-        rules.greeting,
-        rules.caller_info,
-        rules.booking_enabled,
-        types_json(rules.appointment_types),
-        hours_json(rules.working_hours),
-        rules.buffer_minutes,
-        rules.min_notice_minutes,
-        rules.horizon_days,
-        list(rules.vip_numbers),
-        list(rules.blocked_numbers),
-        rules.notify_channel,
-        rules.send_invitations,
-        rules.max_calls_per_hour,
-        rules.max_line_calls_per_hour,
-        rules.max_texts_per_hour,
-        list(rules.sms_countries),
+        greeting=rules.greeting,
+        caller_info=rules.caller_info,
+        booking_enabled=rules.booking_enabled,
+        appointment_types=types_json(rules.appointment_types),
+        working_hours=hours_json(rules.working_hours),
+        buffer_minutes=rules.buffer_minutes,
+        min_notice_minutes=rules.min_notice_minutes,
+        horizon_days=rules.horizon_days,
+        vip_numbers=list(rules.vip_numbers),
+        blocked_numbers=list(rules.blocked_numbers),
+        notify_channel=rules.notify_channel,
+        send_invitations=rules.send_invitations,
+        max_calls_per_hour=rules.max_calls_per_hour,
+        max_line_calls_per_hour=rules.max_line_calls_per_hour,
+        max_texts_per_hour=rules.max_texts_per_hour,
+        sms_countries=list(rules.sms_countries),
     )
 
 

@@ -26,7 +26,7 @@ from answering_service.rules import load_rules, text_countries
 from answering_service.tools import ANSWERING_POLICY
 from core import identity
 from core.errors import InvalidInput
-from core.store import calls as call_records
+from core.records import answering as answering_records
 from core.tools.connectors import Connectors
 from core.tools.gate import Gate
 from core.twilio import media_streams as media
@@ -50,9 +50,9 @@ async def _rate_verdict(
     """The verdict ("answering" or "refused") and what a refused caller hears. Each caller ID has its own hourly
     count; every anonymous or withheld caller shares one (a withheld number is not a way round
     the limit); and each line has a cap over all callers."""
-    if await call_records.recent_answering_calls(conn, account_id, caller) >= rules.max_calls_per_hour:
+    if await answering_records.recent_answering_calls(conn, account_id, caller) >= rules.max_calls_per_hour:
         return "refused", RATE_LIMITED_TEXT
-    if await call_records.recent_line_answering_calls(conn, account_id, line) >= rules.max_line_calls_per_hour:
+    if await answering_records.recent_line_answering_calls(conn, account_id, line) >= rules.max_line_calls_per_hour:
         return "refused", LINE_BUSY_TEXT
     return "answering", None
 
@@ -86,13 +86,13 @@ class AnsweringService:
         async with db.transaction() as conn:
             # Screening and recording under one lock per owner: calls ringing at once are counted
             # one after the other, so a burst cannot slip past the limits together.
-            await call_records.lock_answering_screen(conn, account_id)
+            await answering_records.lock_answering_screen(conn, account_id)
             text: str | None
             if caller is not None and caller in rules.blocked_numbers:
                 verdict, text = "blocked", routing.BLOCKED_TEXT
             else:
                 verdict, text = await _rate_verdict(conn, account_id, route.line_number, caller, rules)
-            inserted = await call_records.record_answering_call(
+            inserted = await answering_records.record_answering_call(
                 conn, call_sid, account_id=account_id, line_number=route.line_number, verdict=verdict, caller=caller,
                 forwarded_from=_e164(form.get("ForwardedFrom", ""), self.default_region),
                 vip=caller is not None and caller in rules.vip_numbers,
@@ -103,7 +103,7 @@ class AnsweringService:
         return dataclasses.replace(route, route=verdict), text, inserted  # type: ignore[arg-type]
 
     async def admit(self, start: media.StreamStart, row: Any) -> tuple[AdmittedCall, CallProfile] | None:
-        caller = await call_records.answering_caller(self.db, start.call_sid)
+        caller = await answering_records.answering_caller(self.db, start.call_sid)
         if caller is None:
             return None
         call = AdmittedCall(start.call_sid, row["account_id"], None, caller["caller"], row["line_number"])

@@ -21,9 +21,10 @@ from typing import Any
 
 from answering_service.notify import OwnerNotifier
 from answering_service.rules import free_starts, load_rules, overlaps, rule_problem, spoken
-from answering_service.tools import _lock, booking_title
+from answering_service.tools import booking_title
 from core.errors import PepperError
-from core.tools.areas.calendar import book, free_busy
+from core.records import answering_bookings as bookings
+from core.tools.areas.calendar import book, free_busy, lock_bookings
 from core.tools.areas.calendar.service import cancel_own
 from core.untrusted import quoted
 
@@ -35,24 +36,12 @@ OFFER_DAYS = 14
 HELP = "Reply CANCEL BOOKING to cancel your appointment, or MOVE to pick another time."
 
 
-async def upcoming(db: Any, number: str, line: str) -> Any:
-    """The next booking ``number`` made with the owner of ``line`` (the number that was texted):
-    another owner's bookings are not this line's to touch."""
-    return await db.fetchrow(
-        "SELECT b.* FROM answering_bookings b JOIN phone_lines l ON l.account_id = b.account_id"
-        " WHERE l.number = $2 AND b.caller_number = $1 AND b.status = 'booked' AND b.starts_at > now()"
-        " ORDER BY b.starts_at LIMIT 1",
-        number,
-        line,
-    )
-
-
 async def handle_caller_text(
     db: Any, number: str, body: str, *, line: str, notifier: OwnerNotifier | None = None
 ) -> str | None:
     """The reply to a text from ``number`` to ``line`` (both E.164), or None when the number has
     no upcoming booking with that line's owner (the text is not for the answering service)."""
-    booking = await upcoming(db, number, line)
+    booking = await bookings.upcoming_booking(db, number, line)
     if booking is None:
         return None
     text = " ".join(body.upper().replace(".", " ").replace("!", " ").split())
@@ -68,16 +57,12 @@ async def handle_caller_text(
 
 async def _cancel(db: Any, booking: Any, rules: Any, notifier: OwnerNotifier | None) -> str:
     async with db.transaction() as conn:
-        row = await conn.fetchrow(
-            "SELECT * FROM answering_bookings WHERE id = $1 AND status = 'booked' FOR UPDATE", booking["id"]
-        )
+        row = await bookings.lock_booked(conn, booking["id"])
         if row is None:
             return "That appointment is already cancelled."
         if row["event_id"] is not None:
             await cancel_own(conn, row["account_id"], row["event_id"], None)
-        await conn.execute(
-            "UPDATE answering_bookings SET status = 'cancelled', offered = NULL WHERE id = $1", row["id"]
-        )
+        await bookings.close_booking(conn, row["id"], "cancelled")
     when = spoken(row["starts_at"], rules.zone)
     if notifier is not None:
         await notifier.text(row["account_id"], f"Cancelled: {when}",
@@ -103,11 +88,7 @@ async def _offer(db: Any, booking: Any, rules: Any) -> str:
     found = found[:3]
     if not found:
         return "Sorry, there are no other free times in the next two weeks. Reply CANCEL BOOKING to cancel."
-    await db.execute(
-        "UPDATE answering_bookings SET offered = $2::jsonb WHERE id = $1",
-        booking["id"],
-        json.dumps([s.isoformat() for s in found]),
-    )
+    await bookings.offer_times(db, booking["id"], json.dumps([s.isoformat() for s in found]))
     lines = [f"{i}) {spoken(s, rules.zone)}" for i, s in enumerate(found, 1)]
     return "Reply with a number to move your appointment: " + "; ".join(lines) + "."
 
@@ -123,14 +104,10 @@ async def _move(db: Any, booking: Any, rules: Any, pick: int, notifier: OwnerNot
     key = f"{booking['booking_key']}:moved:{start.isoformat()}"
     try:
         async with db.transaction() as conn:
-            row = await conn.fetchrow(
-                "SELECT * FROM answering_bookings WHERE id = $1 AND status = 'booked' AND offered IS NOT NULL"
-                " FOR UPDATE",
-                booking["id"],
-            )
+            row = await bookings.lock_booked(conn, booking["id"], offered=True)
             if row is None:
                 return "That appointment was already changed."
-            await _lock(conn, row["account_id"])
+            await lock_bookings(conn, row["account_id"])
             if row["event_id"] is not None:
                 await cancel_own(conn, row["account_id"], row["event_id"], None)
             busy = await free_busy(conn, row["account_id"], start - rules.buffer, end + rules.buffer)
@@ -139,18 +116,8 @@ async def _move(db: Any, booking: Any, rules: Any, pick: int, notifier: OwnerNot
             title = booking_title(row["appointment_type"], row["caller_name"])
             new = await book(conn, row["account_id"], start, end, title, booking_key=key, tzid=rules.timezone,
                              description=f"Moved by the caller by text. Caller: {row['caller_number']}.")  # fmt: skip
-            await conn.execute(
-                "UPDATE answering_bookings SET status = 'moved', offered = NULL WHERE id = $1", row["id"]
-            )
-            await conn.execute(
-                """
-                INSERT INTO answering_bookings (account_id, call_sid, booking_key, event_id, line_number, caller_number,
-                    caller_name, appointment_type, starts_at, ends_at, confirmation_sent_at, owner_notified_at)
-                VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, now(), now())
-                """,
-                row["account_id"], row["call_sid"], key, new.event_id, row["line_number"], row["caller_number"],
-                row["caller_name"], row["appointment_type"], start, end,
-            )  # fmt: skip
+            await bookings.close_booking(conn, row["id"], "moved")
+            await bookings.record_moved_booking(conn, row, key, new.event_id, start, end)
     except (_Taken, PepperError):
         return "Sorry, that time was just taken. Reply MOVE for new times."
     when = spoken(start, rules.zone)

@@ -25,12 +25,15 @@ from uuid import UUID
 from answering_service.rules import Rules, day_window, free_starts, overlaps, rule_problem, spoken
 from core import identity
 from core.errors import InvalidInput
-from core.tools.areas.calendar import Busy, CalendarUnavailable, SlotTaken, book, free_busy
+from core.records import answering
+from core.records import answering_bookings as bookings
+from core.store.pool import transaction
+from core.tools.areas.calendar import Busy, CalendarUnavailable, SlotTaken, book, free_busy, lock_bookings
 from core.tools.areas.calendar.model import Attendee, parse_when
 from core.tools.connectors import Connectors
 from core.tools.context import SessionContext
 from core.tools.gate import Policy, Verdict
-from core.tools.registry import Tool, ToolContext, ToolOutcome, transaction
+from core.tools.registry import Tool, ToolContext, ToolOutcome
 from core.untrusted import quoted
 
 log = logging.getLogger(__name__)
@@ -103,16 +106,7 @@ async def busy_for_caller(
     """Busy time as a caller may see it: intervals only (no titles, no people), plus slots other
     calls hold while their callers hear them confirmed."""
     busy = await free_busy(db, call.account_id, start, end, connectors=connectors)
-    rows = await db.fetch(
-        """
-        SELECT starts_at, ends_at FROM answering_holds
-        WHERE account_id = $1 AND call_sid <> $2 AND expires_at > now() AND starts_at < $4 AND ends_at > $3
-        """,
-        call.account_id,
-        call.call_sid,
-        start,
-        end,
-    )
+    rows = await bookings.held_by_others(db, call.account_id, call.call_sid, start, end)
     return busy + [Busy(r["starts_at"], r["ends_at"]) for r in rows]
 
 
@@ -133,15 +127,6 @@ def confirmation_text(rules: Rules, kind: str, start: datetime) -> str:
     )
 
 
-async def texts_this_hour(db: Any, line: str) -> int:
-    """Texts recorded for callers from ``line`` in the last hour (the per-line cap counts these)."""
-    return await db.fetchval(
-        "SELECT count(*) FROM answering_deliveries WHERE kind = 'caller_text' AND from_number = $1"
-        " AND created_at > now() - interval '1 hour'",
-        line,
-    )
-
-
 async def confirmation_number(db: Any, call: CallerCall) -> str | None:
     """Where this call's booking confirmation may be texted: the caller ID, only when it is in an
     allowed country and the line is under its hourly cap of texts to callers; otherwise nowhere."""
@@ -149,26 +134,9 @@ async def confirmation_number(db: Any, call: CallerCall) -> str | None:
         return None
     if identity.phone_region(call.caller) not in call.text_regions:
         return None
-    if await texts_this_hour(db, call.line_number) >= call.rules.max_texts_per_hour:
+    if await answering.texts_this_hour(db, call.line_number) >= call.rules.max_texts_per_hour:
         return None
     return call.caller
-
-
-async def record_owner_notice(conn: Any, account_id: UUID, call_sid: str, *, now: bool) -> None:
-    """The owner's notice about this call, recorded for the turn workers to send: due now (a VIP's
-    message), else when the call ends (``AnsweringProfile.finish`` makes it due), at the latest in
-    an hour if the call's end was never recorded."""
-    await conn.execute(
-        """
-        INSERT INTO answering_deliveries (account_id, call_sid, kind, due_at)
-        VALUES ($1, $2, 'owner_notice', CASE WHEN $3 THEN now() ELSE now() + interval '1 hour' END)
-        ON CONFLICT (call_sid) WHERE kind = 'owner_notice' AND status = 'pending'
-        DO UPDATE SET due_at = least(answering_deliveries.due_at, excluded.due_at)
-        """,
-        account_id,
-        call_sid,
-        now,
-    )
 
 
 def make_tools(
@@ -204,18 +172,14 @@ def make_tools(
         return ToolOutcome.planned(payload, "message saved for the owner")
 
     async def apply_message(conn: Any, account_id: UUID, payload: dict[str, Any]) -> None:
-        await conn.execute(
-            """
-            INSERT INTO answering_messages (call_sid, account_id, caller_name, callback_number, reason, urgency, vip)
-            VALUES ($1, $2, $3, $4, $5, $6, $7)
-            ON CONFLICT (call_sid) DO UPDATE SET caller_name = $3, callback_number = $4, reason = $5, urgency = $6,
-                notified_at = CASE WHEN answering_messages.reason = $5 AND answering_messages.urgency = $6
-                                   THEN answering_messages.notified_at END
-            """,
-            payload["call_sid"], account_id, payload["caller_name"], payload["callback_number"], payload["reason"],
-            payload["urgency"], payload["vip"],
+        await answering.save_message(
+            conn, payload["call_sid"], account_id, caller_name=payload["caller_name"],
+            callback_number=payload["callback_number"], reason=payload["reason"], urgency=payload["urgency"],
+            vip=payload["vip"],
         )  # fmt: skip
-        await record_owner_notice(conn, account_id, payload["call_sid"], now=bool(payload["vip"]))
+        # Due now for a VIP's message, else when the call ends (``AnsweringSession._finish`` makes it
+        # due), at the latest in an hour if the call's end was never recorded.
+        await answering.record_owner_notice(conn, account_id, payload["call_sid"], now=bool(payload["vip"]))
 
     message_schema = {
         "type": "object",
@@ -368,59 +332,27 @@ def make_tools(
     return tuple(tools)
 
 
-async def _lock(conn: Any, account_id: UUID) -> None:
-    # The calendar's own booking lock: holds, bookings and the calendar's ``book`` serialise on it.
-    await conn.execute(
-        "SELECT pg_advisory_xact_lock(hashtextextended('calendar-book:' || $1::uuid::text, 0))", account_id
-    )
-
-
 ONE_PER_CALL = "this call already booked or is booking another time, and a call books one appointment"
-
-
-async def _other_booking(conn: Any, call_sid: str, key: str) -> bool:
-    """The call already booked, or holds while it is being confirmed, a different time."""
-    return bool(
-        await conn.fetchval(
-            "SELECT EXISTS (SELECT 1 FROM answering_bookings WHERE call_sid = $1 AND booking_key <> $2"
-            " AND status = 'booked') OR EXISTS (SELECT 1 FROM answering_holds WHERE call_sid = $1"
-            " AND booking_key <> $2 AND expires_at > now())",
-            call_sid,
-            key,
-        )
-    )
 
 
 async def _hold(db: Any, call: CallerCall, key: str, start: datetime, end: datetime, remote: list[Busy]) -> str | None:
     """Hold [start, end) for this call if it is free (buffers included); why not, when it is not."""
     pad = call.rules.buffer
     async with transaction(db) as conn:
-        await _lock(conn, call.account_id)
-        if await conn.fetchval("SELECT 1 FROM answering_bookings WHERE booking_key = $1", key):
+        await lock_bookings(conn, call.account_id)
+        if await bookings.is_booked(conn, key):
             return None  # already booked by this call: the staged repeat applies as a no-op
-        if await _other_booking(conn, call.call_sid, key):
+        if await bookings.other_booking(conn, call.call_sid, key):
             # One caller must not fill the owner's calendar: one appointment per call.
             return ONE_PER_CALL
-        own = await conn.fetchval("SELECT 1 FROM answering_holds WHERE booking_key = $1 AND expires_at > now()", key)
-        if own is None:
+        if not await bookings.holds(conn, key):
             busy = list(remote)
             busy += await free_busy(conn, call.account_id, start - pad, end + pad)
-            rows = await conn.fetch(
-                "SELECT starts_at, ends_at FROM answering_holds WHERE account_id = $1 AND call_sid <> $2"
-                " AND expires_at > now() AND starts_at < $4 AND ends_at > $3",
-                call.account_id, call.call_sid, start - pad, end + pad,
-            )  # fmt: skip
+            rows = await bookings.held_by_others(conn, call.account_id, call.call_sid, start - pad, end + pad)
             busy += [Busy(r["starts_at"], r["ends_at"]) for r in rows]
             if overlaps(busy, start, end, pad):
                 return "taken"
-        await conn.execute(
-            """
-            INSERT INTO answering_holds (booking_key, account_id, call_sid, starts_at, ends_at, expires_at)
-            VALUES ($1, $2, $3, $4, $5, now() + $6::interval)
-            ON CONFLICT (booking_key) DO UPDATE SET expires_at = excluded.expires_at
-            """,
-            key, call.account_id, call.call_sid, start, end, HOLD_TTL,
-        )  # fmt: skip
+        await bookings.hold(conn, key, call.account_id, call.call_sid, start, end, HOLD_TTL)
     return None
 
 
@@ -428,10 +360,10 @@ async def apply_booking(conn: Any, account_id: UUID, payload: dict[str, Any]) ->
     """Commit a staged booking (inside the staging transaction). Idempotent on the booking key;
     raises ``SlotTaken`` if the time (with its buffers) is no longer free."""
     key = payload["booking_key"]
-    await _lock(conn, account_id)
-    if await conn.fetchval("SELECT 1 FROM answering_bookings WHERE booking_key = $1", key):
+    await lock_bookings(conn, account_id)
+    if await bookings.is_booked(conn, key):
         return  # the model asked twice: booked once
-    if await _other_booking(conn, payload["call_sid"], key):
+    if await bookings.other_booking(conn, payload["call_sid"], key):
         raise SlotTaken(ONE_PER_CALL)
     start, end = datetime.fromisoformat(payload["start"]), datetime.fromisoformat(payload["end"])
     pad = timedelta(minutes=int(payload.get("buffer_minutes", 0)))
@@ -442,18 +374,14 @@ async def apply_booking(conn: Any, account_id: UUID, payload: dict[str, Any]) ->
     booking = await book(conn, account_id, start, end, title, booking_key=key, attendees=attendees,
                          description=f"Booked by the answering service. Caller: {payload['caller_number']}.",
                          tzid=payload.get("timezone"))  # fmt: skip
-    await conn.execute(
-        """
-        INSERT INTO answering_bookings (account_id, call_sid, booking_key, event_id, line_number, caller_number,
-            caller_name, appointment_type, starts_at, ends_at, caller_email)
-        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT (booking_key) DO NOTHING
-        """,
-        account_id, payload["call_sid"], key, booking.event_id, payload.get("line_number"), payload["caller_number"],
-        payload["caller_name"], payload["type"], start, end, payload.get("email"),
+    await bookings.record_booking(
+        conn, account_id, payload["call_sid"], key, booking.event_id, line_number=payload.get("line_number"),
+        caller_number=payload["caller_number"], caller_name=payload["caller_name"], appointment_type=payload["type"],
+        starts_at=start, ends_at=end, caller_email=payload.get("email"),
     )  # fmt: skip
-    await conn.execute("DELETE FROM answering_holds WHERE booking_key = $1", key)
+    await bookings.release_hold(conn, key)
     await _record_confirmation(conn, account_id, payload)
-    await record_owner_notice(conn, account_id, payload["call_sid"], now=False)
+    await answering.record_owner_notice(conn, account_id, payload["call_sid"], now=False)
 
 
 async def _record_confirmation(conn: Any, account_id: UUID, payload: dict[str, Any]) -> None:
@@ -462,17 +390,12 @@ async def _record_confirmation(conn: Any, account_id: UUID, payload: dict[str, A
     to, line = payload.get("confirm_to"), payload.get("line_number")
     if not to or not line or not payload.get("confirmation"):
         return
-    if await texts_this_hour(conn, line) >= int(payload.get("max_texts_per_hour", 0)):
+    if await answering.texts_this_hour(conn, line) >= int(payload.get("max_texts_per_hour", 0)):
         log.warning("a booking confirmation was not texted: the line reached its hourly cap")
         return
-    await conn.execute(
-        "INSERT INTO answering_deliveries (account_id, call_sid, kind, to_number, from_number, body)"
-        " VALUES ($1, $2, 'caller_text', $3, $4, $5)",
-        account_id, payload["call_sid"], to, line, payload["confirmation"],
-    )  # fmt: skip
-    await conn.execute(
-        "UPDATE answering_bookings SET confirmation_sent_at = now() WHERE booking_key = $1", payload["booking_key"]
-    )
+    await answering.record_caller_text(conn, account_id, payload["call_sid"], to=to, line=line,
+                                       body=payload["confirmation"])  # fmt: skip
+    await bookings.confirmation_recorded(conn, payload["booking_key"])
 
 
 def payload_of(row: Any) -> dict[str, Any]:

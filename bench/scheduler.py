@@ -1,7 +1,7 @@
 """Claims per second with concurrent workers over many due occurrences, and double claims.
 
 20,000 due occurrences (one per task) on the embedded Postgres; 8 workers, each on its own
-connection, claim with ``text_loop.scheduler.claims.claim`` (``FOR UPDATE SKIP LOCKED`` and a
+connection, claim with ``core.scheduling.runs.claim`` (``FOR UPDATE SKIP LOCKED`` and a
 lease) until none is left. Prints claims per second, the median and p99 time of one claim call,
 and the number of occurrences claimed more than once (from the workers' tallies and from the
 store's ``attempts``).
@@ -24,9 +24,9 @@ from collections import Counter
 from datetime import UTC, datetime, timedelta
 
 from core.identity import create_account
+from core.scheduling.runs import claim
 from core.store import Database
 from core.testing.postgres import DatabaseFactory, test_server
-from text_loop.scheduler.claims import claim
 
 
 async def _seed(db: Database, tasks: int) -> None:

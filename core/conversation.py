@@ -380,6 +380,17 @@ async def recent_messages(db: Queries, conversation_id: UUID, limit: int = 50) -
     return [_message(r) for r in rows]
 
 
+async def last_inbound_channel(db: Queries, account_id: UUID) -> str | None:
+    """The channel of the person's latest message to Pepper, on any channel; None before any."""
+    return await db.fetchval(
+        """
+        SELECT m.channel FROM messages m JOIN conversations c ON c.id = m.conversation_id
+        WHERE c.account_id = $1 AND m.direction = 'inbound' ORDER BY m.created_at DESC, m.id DESC LIMIT 1
+        """,
+        account_id,
+    )
+
+
 async def start_turn(db: Queries, conversation_id: UUID, *, channel: str, kind: str = "live") -> UUID:
     if kind not in TURN_KINDS:
         raise InvalidInput(f"unknown turn kind {kind!r}")
@@ -389,6 +400,21 @@ async def start_turn(db: Queries, conversation_id: UUID, *, channel: str, kind: 
         channel,
         kind,
     )
+
+
+async def turn_record(db: Queries, turn_id: UUID) -> Any:
+    """The turn's row, with its prompt whole (``whole_prompt``: the stored prompt parts put back, or
+    an older row's inline prompt); None for an unknown turn."""
+    return await db.fetchrow("SELECT t.*, turn_prompt(t) AS whole_prompt FROM turns t WHERE id = $1", turn_id)
+
+
+async def turn_tool_calls(db: Queries, turn_id: UUID) -> Any:
+    """The turn's recorded tool calls (JSON), None when it has none."""
+    return await db.fetchval("SELECT tool_calls FROM turns WHERE id = $1", turn_id)
+
+
+async def turn_status(db: Queries, turn_id: UUID) -> str | None:
+    return await db.fetchval("SELECT status FROM turns WHERE id = $1", turn_id)
 
 
 @dataclass(frozen=True)

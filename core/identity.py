@@ -418,6 +418,14 @@ async def personal_line(db: Queries, account_id: UUID) -> PhoneLine | None:
     return _line(row) if row else None
 
 
+async def line_number_of(db: Queries, account_id: UUID) -> str | None:
+    """The number of one of the account's lines, a personal one first; None when it has none."""
+    return await db.fetchval(
+        "SELECT number FROM phone_lines WHERE account_id = $1 ORDER BY (kind = 'personal') DESC LIMIT 1",
+        account_id,
+    )
+
+
 async def list_lines(db: Queries) -> list[PhoneLine]:
     rows = await db.fetch("SELECT * FROM phone_lines ORDER BY kind, number")
     return [_line(r) for r in rows]

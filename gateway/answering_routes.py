@@ -11,6 +11,7 @@ import json
 
 from quart import Blueprint, Response, current_app
 
+from core.records import answering
 from gateway.services import Services
 from gateway.webchat import _authenticate
 
@@ -23,12 +24,10 @@ async def transcript(call_sid: str) -> Response:
     if isinstance(who, Response):
         return who
     services: Services = current_app.extensions["pepper"]
-    row = await services.db.fetchrow(
-        "SELECT * FROM answering_calls WHERE call_sid = $1 AND account_id = $2", call_sid, who
-    )
+    row = await answering.call_of(services.db, call_sid, who)
     if row is None:
         return Response("no such call\n", status=404, content_type="text/plain")
-    message = await services.db.fetchrow("SELECT * FROM answering_messages WHERE call_sid = $1", call_sid)
+    message = await answering.message_of(services.db, call_sid)
     lines = json.loads(row["transcript"]) if isinstance(row["transcript"], str) else row["transcript"]
     caller = html.escape(row["caller"] or "an unknown number")
     summary = html.escape(row["summary"] or "in progress")

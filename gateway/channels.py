@@ -30,7 +30,7 @@ from uuid import UUID
 from core import identity
 from core.conversation import Message, announce_message, finish_handling, record_inbound
 from core.errors import PepperError
-from core.store.records.turns import turn_status
+from core.records.turns import turn_status
 from gateway.segments import split_message
 from gateway.services import Services
 from text_loop import deliver, run_turn

@@ -20,6 +20,7 @@ from typing import Any
 from answering_service.rules import CHANNELS, Rules, load_rules, parse_countries, parse_hours, parse_type, save_rules
 from core import identity
 from core.errors import InvalidInput, NotFound
+from core.records import answering, answering_bookings
 from core.settings import Settings
 
 
@@ -149,9 +150,7 @@ def _show(rules: Rules, out: Callable[[str], None]) -> None:
 
 
 async def _calls(db: Any, account_id: Any, rules: Rules, out: Callable[[str], None]) -> None:
-    rows = await db.fetch(
-        "SELECT * FROM answering_calls WHERE account_id = $1 ORDER BY started_at DESC LIMIT 20", account_id
-    )
+    rows = await answering.recent_calls(db, account_id, limit=20)
     if not rows:
         out("no answering calls")
     for row in rows:
@@ -160,16 +159,16 @@ async def _calls(db: Any, account_id: Any, rules: Rules, out: Callable[[str], No
             f"{when:%Y-%m-%d %H:%M}  {row['call_sid']}  {row['caller'] or 'unknown'}"
             f"  {row['end_reason'] or 'in progress'}"
         )
-        message = await db.fetchrow("SELECT * FROM answering_messages WHERE call_sid = $1", row["call_sid"])
+        message = await answering.message_of(db, row["call_sid"])
         if message is not None:
             out(f"    message ({message['urgency']}) from {message['caller_name']!r}, call back"
                 f" {message['callback_number']}: {message['reason']!r}")  # fmt: skip
-        for b in await db.fetch("SELECT * FROM answering_bookings WHERE call_sid = $1", row["call_sid"]):
+        for b in await answering_bookings.bookings_of(db, row["call_sid"]):
             out(f"    {b['status']} {b['appointment_type']} {b['starts_at'].astimezone(rules.zone):%a %d %b %H:%M}")
 
 
 async def _transcript(db: Any, call_sid: str, out: Callable[[str], None]) -> None:
-    row = await db.fetchrow("SELECT transcript, summary FROM answering_calls WHERE call_sid = $1", call_sid)
+    row = await answering.call_transcript(db, call_sid)
     if row is None:
         raise NotFound(f"no answering call {call_sid}")
     out(row["summary"] or "(in progress)")

@@ -21,6 +21,7 @@ from uuid import UUID
 
 from core import identity
 from core.errors import ConfigError, InvalidInput, NotFound, PepperError
+from core.records import connections
 from core.settings import Settings
 from core.tools.areas.calendar import add_ical_feed, connect_caldav
 from core.tools.connectors import GOOGLE_SCOPES, Connectors, rotate_secrets
@@ -93,7 +94,7 @@ async def run(args: argparse.Namespace, settings: Settings, db: Any, out: Callab
     elif args.action == "caldav":
         password = _read_password()
         calendar_id = await connect_caldav(db, connectors, account.id, args.url, args.username, password or None)
-        name = await db.fetchval("SELECT name FROM calendars WHERE id = $1", calendar_id)
+        name = await connections.calendar_name(db, calendar_id)
         out(f"connected CalDAV calendar {name!r} for {account.name}")
     elif args.action == "ics":
         calendar_id = await add_ical_feed(db, connectors, account.id, args.url, args.name)
@@ -104,15 +105,8 @@ async def run(args: argparse.Namespace, settings: Settings, db: Any, out: Callab
 
 
 async def _list(db: Any, connectors: Connectors, account: identity.Account, out: Callable[[str], None]) -> None:
-    rows = await db.fetch(
-        "SELECT id, provider, label, config, scopes, sealed, secret <> '{}' AS plain FROM connections"
-        " WHERE account_id = $1 ORDER BY created_at",
-        account.id,
-    )
-    feeds = await db.fetch(
-        "SELECT id, name, remote FROM calendars WHERE account_id = $1 AND kind = 'ical' ORDER BY created_at",
-        account.id,
-    )
+    rows = await connections.connections_of(db, account.id)
+    feeds = await connections.feeds_of(db, account.id)
     out(f"{account.name} ({account.id})")
     if not rows and not feeds:
         out("  nothing connected")
@@ -140,7 +134,7 @@ def _secret_state(connectors: Connectors, row: Any) -> str:
 
 async def _revoke(db: Any, connectors: Connectors, connection_id: UUID) -> str:
     """Revoke a Google grant before forgetting it; a failure is reported, and removal goes on."""
-    if await db.fetchval("SELECT provider FROM connections WHERE id = $1", connection_id) != "google":
+    if await connections.provider_of(db, connection_id) != "google":
         return ""
     try:
         await revoke_grant(db, connectors, connection_id)
@@ -152,31 +146,22 @@ async def _revoke(db: Any, connectors: Connectors, connection_id: UUID) -> str:
 async def _remove(db: Any, connectors: Connectors, account: identity.Account, ref: str) -> str:
     ref = ref.strip().lower()
     if ref == "google":
-        ids = await db.fetch("SELECT id FROM connections WHERE account_id = $1 AND provider = 'google'", account.id)
+        ids = await connections.google_connections(db, account.id)
     else:
         if len(ref) < 4:
             raise InvalidInput("give at least the first 4 characters of an id from `pepper connect list`")
-        ids = await db.fetch(
-            "SELECT id FROM connections WHERE account_id = $1 AND replace(id::text, '-', '') LIKE $2 || '%'",
-            account.id,
-            ref,
-        )
+        ids = await connections.connections_matching(db, account.id, ref)
     if len(ids) == 1:
-        note = await _revoke(db, connectors, ids[0]["id"])
-        await db.execute("DELETE FROM connections WHERE id = $1", ids[0]["id"])
-        return f"removed the connection {_hex(ids[0]['id'])} of {account.name} (and its calendars){note}"
-    feeds = await db.fetch(
-        "SELECT id FROM calendars WHERE account_id = $1 AND kind = 'ical'"
-        " AND replace(id::text, '-', '') LIKE $2 || '%'",
-        account.id,
-        ref,
-    )
+        note = await _revoke(db, connectors, ids[0])
+        await connections.remove_connection(db, ids[0])
+        return f"removed the connection {_hex(ids[0])} of {account.name} (and its calendars){note}"
+    feeds = await connections.feeds_matching(db, account.id, ref)
     if len(ids) > 1 or len(feeds) > 1:
         raise InvalidInput(f"{ref!r} matches more than one connection; give more of the id")
     if not feeds:
         raise NotFound(f"{account.name} has no connection or feed {ref!r}; see `pepper connect list`")
-    await db.execute("DELETE FROM calendars WHERE id = $1", feeds[0]["id"])
-    return f"removed the iCalendar feed {_hex(feeds[0]['id'])} of {account.name}"
+    await connections.remove_calendar(db, feeds[0])
+    return f"removed the iCalendar feed {_hex(feeds[0])} of {account.name}"
 
 
 def _hex(value: UUID) -> str:

@@ -15,10 +15,11 @@ from typing import Any
 
 from core import identity
 from core.errors import InvalidInput
+from core.records.skills import get_skill, list_skills, remove_skill
 from core.settings import Settings
 from core.tools.starter import starter_registry
 from text_loop.skills import SkillCatalog, SkillError, limit_problem, parse_skill
-from text_loop.skills.store import add_user_skill, get_user_skill, list_user_skills, remove_user_skill
+from text_loop.skills.store import add_user_skill
 
 MAX_FILE_BYTES = 64 * 1024
 
@@ -72,7 +73,7 @@ async def run(args: argparse.Namespace, settings: Settings, db: Any, out: Callab
             out(f"{skill.name:<22} shipped  {kind:<34} {state}")
         if args.account:
             account = await identity.get_account(db, args.account)
-            stored = await list_user_skills(db, account.id)
+            stored = await list_skills(db, account.id)
             if not stored:
                 out(f"{account.name} has no skills of their own")
             for row in stored:
@@ -81,7 +82,7 @@ async def run(args: argparse.Namespace, settings: Settings, db: Any, out: Callab
     if args.action == "show":
         if args.account:
             account = await identity.get_account(db, args.account)
-            out((await get_user_skill(db, account.id, args.name)).source.rstrip("\n"))
+            out((await get_skill(db, account.id, args.name)).source.rstrip("\n"))
             return True
         skill = catalog.get(args.name)
         if skill is None:
@@ -99,7 +100,7 @@ async def run(args: argparse.Namespace, settings: Settings, db: Any, out: Callab
         if reason:
             out(f"note: it cannot run yet: {reason}")
         return True
-    await remove_user_skill(db, account.id, args.name)
+    await remove_skill(db, account.id, args.name)
     out(f"skill {args.name} removed for {account.name}")
     return True
 

@@ -16,6 +16,7 @@ from zoneinfo import ZoneInfo
 
 from core import identity
 from core.errors import InvalidInput, NotFound
+from core.scheduling.runs import recent_receipts
 from core.scheduling.schedule import SCHEDULE_HELP, Place, parse_schedule
 from core.scheduling.tasks import account_timezone, cancel_tasks, create_task, list_tasks, set_owner_place
 from core.settings import Settings
@@ -96,13 +97,7 @@ async def _list(db: Any, account_id: Any, include_inactive: bool, out: Callable[
         zone = ZoneInfo(task.timezone or zones.get(task.account_id, "UTC"))
         nxt = f"next {task.next_run_at.astimezone(zone):%a %d %b %H:%M}" if task.next_run_at else task.status
         out(f"{task.describe()}  [{names.get(task.account_id, task.account_id)}; {task.kind}; {nxt}]")
-        for r in await db.fetch(
-            """
-            SELECT occurrence_at, status, reason, attempts FROM task_runs
-            WHERE task_id = $1 ORDER BY occurrence_at DESC LIMIT 5
-            """,
-            task.id,
-        ):
+        for r in await recent_receipts(db, task.id):
             why = f"  ({r['reason']})" if r["reason"] else ""
             tries = f"  attempts {r['attempts']}" if r["attempts"] > 1 else ""
             out(f"    {r['occurrence_at'].astimezone(zone):%Y-%m-%d %H:%M}  {r['status']:<7}{why}{tries}")

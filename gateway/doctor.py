@@ -284,6 +284,7 @@ async def check_online(settings: Settings) -> list[Check]:
 async def _google_online(settings: Settings, attempt: Any, checks: list[Check]) -> None:
     if not (_set(settings.google_client_id) and _set(settings.google_client_secret)):
         return
+    from core.records.connections import google_connections
     from core.store import open_store
     from core.tools.connectors import Connectors
     from core.tools.google_api import check_refresh
@@ -291,9 +292,8 @@ async def _google_online(settings: Settings, attempt: Any, checks: list[Check]) 
     try:
         async with open_store(settings, serving=False) as db:
             connectors = Connectors.from_settings(settings)
-            rows = await db.fetch("SELECT id FROM connections WHERE provider = 'google' ORDER BY created_at")
-            for n, row in enumerate(rows, 1):
-                await attempt(f"online: Google connection {n}", check_refresh(db, connectors, row["id"]),
+            for n, connection_id in enumerate(await google_connections(db), 1):
+                await attempt(f"online: Google connection {n}", check_refresh(db, connectors, connection_id),
                               lambda _: "the token refreshes")  # fmt: skip
     except PepperError as exc:
         checks.append(Check("online: Google", BAD, f"cannot read the connections: {exc.message}"))

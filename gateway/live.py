@@ -13,10 +13,9 @@ import logging
 from collections import defaultdict
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 from uuid import UUID
 
-import asyncpg
+from core.store.sessions import Listener
 
 log = logging.getLogger(__name__)
 
@@ -26,19 +25,18 @@ CHANNEL = "pepper_messages"
 class LiveFeed:
     def __init__(self, dsn: str) -> None:
         self._dsn = dsn
-        self._conn: asyncpg.Connection | None = None
+        self._listener: Listener | None = None
         self._subscribers: dict[UUID, set[asyncio.Queue[int]]] = defaultdict(set)
 
     async def start(self) -> None:
-        self._conn = await asyncpg.connect(self._dsn)
-        await self._conn.add_listener(CHANNEL, self._announced)
+        self._listener = await Listener.open(self._dsn, CHANNEL, self._announced)
 
     async def stop(self) -> None:
-        if self._conn is not None:
-            await self._conn.close()
-            self._conn = None
+        if self._listener is not None:
+            await self._listener.close()
+            self._listener = None
 
-    def _announced(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
+    def _announced(self, payload: str) -> None:
         try:
             event = json.loads(payload)
             conversation_id, message_id = UUID(event["conversation_id"]), int(event["id"])

@@ -14,7 +14,8 @@ from quart import Quart
 
 from core.errors import StartupError
 from core.settings import Settings
-from core.store import CONNECTION_LIMIT_SQL, SERVING_POOL_SIZE, Database, open_store
+from core.store import SERVING_POOL_SIZE, Database, open_store
+from core.store.sessions import connection_limit, sessions_named
 from gateway.app import ACK_POOL_SIZE, asgi_app, create_app
 from gateway.children import ChildProcesses
 from gateway.composition import build_calls, check_connection_secrets, freeze_startup_objects, start_memory, turn_parts
@@ -169,9 +170,7 @@ async def _media_processes_listening(db: Database, count: int, within: float = 1
     """Wait until ``count`` media processes listen (each then renames its call-control session)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within
-    query = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-             " AND application_name LIKE 'pepper-media-% ready'")  # fmt: skip
-    while await db.fetchval(query) < count:
+    while await sessions_named(db, "pepper-media-% ready") < count:
         if loop.time() > deadline:
             raise StartupError(f"{count} media processes did not start within {within:.0f} s")
         await asyncio.sleep(0.1)
@@ -196,7 +195,7 @@ FEWER_CONNECTIONS = (
 async def check_connection_budget(db: Database, settings: Settings) -> None:
     """Refuse to start when the pools could outgrow the server's connection limit: otherwise the
     shortfall shows only under load, as calls and messages failing with "too many clients"."""
-    limit = await db.fetchval(CONNECTION_LIMIT_SQL)
+    limit = await connection_limit(db)
     needed = connections_needed(settings)
     if needed > limit:
         raise StartupError(

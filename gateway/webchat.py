@@ -22,9 +22,9 @@ from quart.typing import ResponseReturnValue
 
 from core import access
 from core.conversation import conversation_for, record_outbound
+from core.records import messages, web
+from core.records.turns import SETTLED, turn_status
 from core.security import record_security_event
-from core.store.records import messages, web
-from core.store.records.turns import SETTLED, turn_status
 from gateway.channels import AWAITING_RECEIPT, Claimed, Delivery, Limits, receive, settle_delivery
 from gateway.services import Services
 

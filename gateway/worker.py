@@ -37,11 +37,10 @@ from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
-import asyncpg
-
 from core.conversation import claim_turn, release_orphans
 from core.settings import Settings
 from core.store.database import to_idle_class
+from core.store.sessions import DRIVER_ERRORS, Listener
 from gateway.channels import Channel, Pipeline
 from gateway.children import ChildProcesses, ChildStop
 from gateway.services import Services
@@ -77,7 +76,7 @@ class TurnWorker:
         self._poll = poll_seconds
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
-        self._conn: asyncpg.Connection | None = None
+        self._listener: Listener | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self._delivering: asyncio.Task[Any] | None = None
         self._deliverer: tuple[Any, Any] | None = None
@@ -85,9 +84,8 @@ class TurnWorker:
         self.pid = 0  # the backend pid claims are recorded under
 
     async def start(self) -> None:
-        self._conn = await asyncpg.connect(self._services.db.dsn)
-        self.pid = self._conn.get_server_pid()
-        await self._conn.add_listener(CHANNEL, lambda *_: self._wake.set())
+        self._listener = await Listener.open(self._services.db.dsn, CHANNEL, lambda _: self._wake.set())
+        self.pid = self._listener.pid
         self._loop_task = asyncio.get_running_loop().create_task(self._run(), name=f"turn-worker-{self.pid}")
 
     async def stop(self, grace: float) -> None:
@@ -97,10 +95,10 @@ class TurnWorker:
         if self._loop_task is not None:
             await self._loop_task
         await self._services.tasks.drain(grace)
-        if self._conn is not None:
+        if self._listener is not None:
             # Closing the session last: the messages of turns cut short now count as orphans.
-            await self._conn.close()
-            self._conn = None
+            await self._listener.close()
+            self._listener = None
 
     async def _run(self) -> None:
         db = self._services.db
@@ -124,7 +122,7 @@ class TurnWorker:
                         break
                     self._start(rows)
                 self._deliver()
-            except (OSError, asyncpg.PostgresError):
+            except DRIVER_ERRORS:
                 log.warning("turn worker could not reach the database; trying again", exc_info=True)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self._poll)

@@ -7,11 +7,15 @@
 4. Call profiles (subclasses of ``voice.profile.CallProfile``) reach the call engine only through
    its public controls: nothing subclasses ``CallEngine``, and a profile reads no private
    (underscore) attribute of anything but itself.
+5. The database belongs to core: asyncpg is imported, and SQL statements are written, only under
+   core/ (the layers above call its records: core/records/, core/conversation.py, core/identity.py...).
+6. Inside core, the store, the records and memory sit below the tools: they never import core.tools.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +36,19 @@ SDK_HOMES: dict[str, tuple[str, ...]] = {
     # The cascade's local speech models.
     "faster_whisper": ("voice/adapters/",),
     "piper": ("voice/adapters/",),
+    # The database driver: the store and its records.
+    "asyncpg": ("core/",),
 }
+
+# A string that is an SQL statement (or a fragment that starts one): what a string constant, or the
+# text an f-string starts with, may only be under core/.
+SQL_STATEMENT = re.compile(
+    r"^\s*\(?\s*(SELECT\s|INSERT\s+INTO\s|UPDATE\s+\w+(\s+\w+)?\s+SET\s|DELETE\s+FROM\s|WITH\s+(RECURSIVE\s+)?\w+\s+AS\s*\("
+    r"|(CREATE|ALTER|DROP)\s+(TABLE|INDEX|EXTENSION|DATABASE|FUNCTION|TRIGGER)\s|TRUNCATE\s|LISTEN\s|NOTIFY\s)"
+)
+SQL_HOMES = ("core/",)
+# Parts of core the tools are built on, which therefore never import them.
+BELOW_TOOLS = ("core/store/", "core/records/", "core/memory/")
 
 
 @dataclass(frozen=True)
@@ -62,6 +78,21 @@ def imports_of(path: Path, root: Path) -> list[Import]:
     return found
 
 
+def sql_statements_of(path: Path, root: Path) -> list[tuple[int, str]]:
+    """``(line, first words)`` of each string constant (or f-string's leading text) that is SQL."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=path.relative_to(root).as_posix())
+    found = []
+    for node in ast.walk(tree):
+        text = None
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            text = node.value
+        elif isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.Constant):
+            text = str(node.values[0].value)
+        if text is not None and SQL_STATEMENT.match(text):
+            found.append((node.lineno, " ".join(text.split()[:3])))
+    return found
+
+
 def source_files(root: Path) -> list[Path]:
     return sorted(p for top in LAYERS if (root / top).is_dir() for p in (root / top).rglob("*.py"))
 
@@ -88,6 +119,14 @@ def violations(root: Path) -> list[str]:
             for sdk, homes in SDK_HOMES.items():
                 if (imp.module == sdk or imp.module.startswith(sdk + ".")) and not imp.path.startswith(homes):
                     problems.append(f"{where}: {sdk} belongs only in {', '.join(homes)}")
+            if imp.path.startswith(BELOW_TOOLS) and (
+                imp.module == "core.tools" or imp.module.startswith("core.tools.")
+            ):
+                problems.append(f"{where}: {imp.path.split('/')[1]} is below the tools and may not import them")
+        rel = path.relative_to(root).as_posix()
+        if not rel.startswith(SQL_HOMES):
+            for line, words in sql_statements_of(path, root):
+                problems.append(f"{rel}:{line} has SQL ({words}...): SQL belongs only in core/ (its records)")
     return sorted(set(problems))
 
 
@@ -122,6 +161,20 @@ def _write(root: Path, rel: str, text: str) -> None:
         ("core/settings.py", "import twilio\n", "twilio belongs only in"),
         ("core/memory.py", "from google import genai\n", "google.genai belongs only in"),
         ("gateway/calls.py", "from pipecat.frames.frames import Frame\n", "pipecat belongs only in"),
+        ("gateway/live.py", "import asyncpg\n", "asyncpg belongs only in core/"),
+        ("voice/control.py", "from asyncpg import Connection\n", "asyncpg belongs only in core/"),
+        ("gateway/cli_x.py", 'async def f(db):\n    return await db.fetch("SELECT id FROM calls")\n',
+         "SQL belongs only in core/"),
+        ("text_loop/x.py", 'Q = """\n    INSERT INTO task_runs (id) VALUES ($1)\n"""\n', "SQL belongs only in core/"),
+        ("voice/x.py", 'Q = ("UPDATE calls SET held_by = $1"\n     " WHERE call_sid = $2")\n',
+         "SQL belongs only in core/"),
+        ("answering_service/x.py", 'Q = f"DELETE FROM {TABLE} WHERE id = $1"\n', "SQL belongs only in core/"),
+        ("gateway/x.py", 'Q = """WITH picked AS (SELECT 1) SELECT * FROM picked"""\n', "SQL belongs only in core/"),
+        ("text_loop/x.py", 'Q = "(SELECT count(*) FROM user_skills WHERE account_id = $1)"\n',
+         "SQL belongs only in core/"),
+        ("core/memory/index.py", "from core.tools.registry import transaction\n",
+         "memory is below the tools and may not import them"),
+        ("core/store/pool.py", "import core.tools\n", "store is below the tools and may not import them"),
     ],
 )  # fmt: skip
 def test_the_checker_catches_each_kind_of_violation(tmp_path, rel, text, expected):
@@ -139,6 +192,13 @@ def test_the_checker_allows_what_the_design_allows(tmp_path):
     _write(tmp_path, "core/twilio/twiml.py", "from twilio.twiml.voice_response import VoiceResponse\n")
     _write(tmp_path, "voice/call.py", "from core.twilio import media_streams\n")
     _write(tmp_path, "core/testing/twilio_peer.py", "from core.twilio.signatures import sign\n")
+    _write(tmp_path, "core/records/calls.py", 'import asyncpg\nQ = "UPDATE calls SET held_by = $1"\n')
+    _write(tmp_path, "core/memory/index.py", "from core.store.pool import transaction\nfrom core.models import types\n")
+    _write(tmp_path, "core/tools/areas/memory/tools.py", "from core.memory import search\n")
+    _write(tmp_path, "core/testing/postgres.py", 'import asyncpg\nQ = "SELECT 1"\n')
+    # Words that only look like SQL: prose, an iCalendar line, a lowercase "select".
+    _write(tmp_path, "gateway/cli_x.py", 'HELP = "Select a time; update the list."\nICS = "BEGIN:VCALENDAR"\n'
+                                         'Q = "select the first"\nN = "SELECTED 3 items"\n')  # fmt: skip
     assert violations(tmp_path) == []
 
 

@@ -14,9 +14,9 @@ import pytest
 
 from core import identity, security
 from core.conversation import conversation_for, record_outbound, start_turn, update_turn
+from core.records.messages import record_receipt
 from core.settings import Settings
 from core.store import Database
-from core.store.records.messages import record_receipt
 from core.testing.peers import OpenAIPeer, fault, reply_text, reply_tools
 from core.testing.processes import until
 from core.testing.twilio_peer import TwilioPeer

@@ -19,8 +19,8 @@ from core.errors import DatabaseUnavailable, MissingPgvector
 from core.store.database import Database, connect, redact_dsn
 from core.store.embedded import SERVER_SETTINGS, EmbeddedPostgres, wheel_bin_dir
 from core.store.migrations import Migration, apply_migrations, load_migrations, pending_migrations
+from core.store.pool import connection
 from core.testing.postgres import DatabaseFactory
-from core.tools.registry import connection
 
 
 def test_shipped_migrations_have_distinct_increasing_numbers():

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-from core.conversation import start_turn
+from core.conversation import start_turn, turn_record
 from core.errors import InvalidInput, NotFound
 from core.models.types import ToolCall
 from core.tools.context import SessionContext
@@ -56,8 +56,7 @@ def _recorded_results(records: list[dict[str, Any]]) -> dict[tuple[str, str], li
 async def replay_turn(deps: HarnessDeps, turn_id: UUID, *, tier: str | None = None) -> ReplayOutcome:
     """Replay one turn on ``tier`` (default: the tier it ran on); never runs a tool or a write."""
     started = time.perf_counter()
-    # ``turn_prompt``: the stored prompt parts put back, or an older row's inline prompt.
-    row = await deps.db.fetchrow("SELECT t.*, turn_prompt(t) AS whole_prompt FROM turns t WHERE id = $1", turn_id)
+    row = await turn_record(deps.db, turn_id)
     if row is None:
         raise NotFound(f"no turn {turn_id}")
     if row["whole_prompt"] is None or row["session"] is None:

@@ -20,10 +20,12 @@ from core.conversation import PromptPart, PromptRecord, open_turn, update_turn
 from core.memory import MemoryConfig
 from core.models.types import ModelService, ToolCall
 from core.owner_context import context_reads, owner_context, session_tools
+from core.records.skills import USER_SKILLS_SELECT, skill_sources
+from core.store.pool import connection
 from core.tools.connectors import Connectors
 from core.tools.context import SessionContext, SessionKind, Trust
 from core.tools.gate import Gate, default_gate
-from core.tools.registry import ToolContext, ToolRegistry, connection
+from core.tools.registry import ToolContext, ToolRegistry
 from core.tools.runner import CallOutcome, run_call
 from core.tools.staging import ResolvedWrite, commit_turn_writes, drop_turn_writes
 from core.tools.starter import starter_registry
@@ -34,7 +36,6 @@ from text_loop.records import prompt_record
 from text_loop.repair import RepairResult, repair_reply
 from text_loop.skills.catalog import SkillCatalog
 from text_loop.skills.runtime import Interceptor, SkillRuntime
-from text_loop.skills.store import USER_SKILLS_SELECT, skill_sources
 from text_loop.skills.toolsets import worker_only_areas
 
 log = logging.getLogger(__name__)

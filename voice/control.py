@@ -24,9 +24,9 @@ import logging
 import os
 from typing import Any
 
-import asyncpg
-
-from core.conversation import update_turn
+from core.conversation import turn_status, update_turn
+from core.records import calls as call_records
+from core.store.sessions import Listener
 from core.tools.staging import drop_turn_writes
 
 log = logging.getLogger(__name__)
@@ -44,18 +44,7 @@ CUT_SHORT = "Phone call cut short: the process holding it stopped."
 
 async def record_call_status(db: Any, call_sid: str, status: str) -> None:
     """Record a final status and tell the process holding the call, in one statement."""
-    await db.execute(
-        f"""
-        WITH ended AS (
-            UPDATE calls SET ended_at = coalesce(ended_at, now()),
-                             status = CASE WHEN status IN ('ringing', 'in-progress') THEN $2 ELSE status END
-            WHERE call_sid = $1 RETURNING held_by
-        )
-        SELECT pg_notify('{CHANNEL}', $1) FROM ended WHERE held_by IS NOT NULL
-        """,
-        call_sid,
-        status,
-    )
+    await call_records.record_final_status(db, call_sid, status, channel=CHANNEL)
 
 
 class CallControl:
@@ -73,7 +62,7 @@ class CallControl:
         self._poll = poll_seconds
         self._grace = orphan_grace
         self._suspects: dict[tuple[str, int], float] = {}  # (call_sid, held_by) -> when first seen orphaned
-        self._conn: asyncpg.Connection | None = None
+        self._listener: Listener | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self._ready = False
@@ -89,20 +78,13 @@ class CallControl:
 
     async def _listen(self) -> None:
         # Named with the OS pid: an operator (or a test) can tell which process holds which call.
-        conn = await asyncpg.connect(self._dsn, server_settings={"application_name": self._application_name()})
-        try:
-            await conn.add_listener(CHANNEL, self._announced)
-        except BaseException:
-            await conn.close()
-            raise
-        self._conn = conn
+        listener = await Listener.open(self._dsn, CHANNEL, self._announced, application_name=self._application_name())
+        self._listener = listener
         # Calls opened from now on are recorded under this session: while it lives, so do they.
-        holder = self._calls.deps.holder = conn.get_server_pid()
+        holder = self._calls.deps.holder = listener.pid
         held = list(self._calls.sessions)
         if held:  # a new session after a lost connection: the calls still running move to it
-            await self._calls.deps.db.execute(
-                "UPDATE calls SET held_by = $1 WHERE call_sid = ANY($2::text[]) AND summary IS NULL", holder, held
-            )
+            await call_records.hold_calls(self._calls.deps.db, holder, held)
 
     def _application_name(self) -> str:
         return f"{self._name} {os.getpid()}{' ready' if self._ready else ''}"
@@ -110,8 +92,8 @@ class CallControl:
     async def mark_ready(self) -> None:
         """Say in the session's name that this process now accepts calls (what start-up waits for)."""
         self._ready = True
-        if self._conn is not None:
-            await self._conn.execute(f"SET application_name = '{self._application_name()}'")
+        if self._listener is not None:
+            await self._listener.rename(self._application_name())
 
     async def stop(self) -> None:
         self._stopping = True
@@ -119,12 +101,12 @@ class CallControl:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        if self._conn is not None:
+        if self._listener is not None:
             # Closed last (after the calls drained): until then this process visibly holds them.
-            await self._conn.close()
-            self._conn = None
+            await self._listener.close()
+            self._listener = None
 
-    def _announced(self, _conn: Any, _pid: int, _channel: str, call_sid: str) -> None:
+    def _announced(self, call_sid: str) -> None:
         session = self._calls.sessions.get(call_sid)
         if session is not None:
             log.info("call %s ended (status callback); hanging up", call_sid[-8:])
@@ -134,7 +116,7 @@ class CallControl:
         while not self._stopping:
             await asyncio.sleep(self._poll)
             try:
-                if self._conn is None or self._conn.is_closed():
+                if self._listener is None or self._listener.is_closed():
                     # Whatever was announced meanwhile is lost; the look below finds it.
                     await self._listen()
                 await self.claim_held()
@@ -150,25 +132,17 @@ class CallControl:
         old session's pid) must not look orphaned to the others' sweep."""
         held = [sid for sid, session in self._calls.sessions.items() if not session.ended]
         if held and self.holder is not None:
-            await self._calls.deps.db.execute(
-                "UPDATE calls SET held_by = $1 WHERE call_sid = ANY($2::text[]) AND summary IS NULL"
-                " AND held_by IS DISTINCT FROM $1",
-                self.holder,
-                held,
-            )
+            await call_records.hold_calls(self._calls.deps.db, self.holder, held)
 
     async def hang_up_ended(self) -> None:
         """Hang up held calls whose row says they ended (a notification that never arrived)."""
         held = list(self._calls.sessions)
         if not held:
             return
-        ended = await self._calls.deps.db.fetch(
-            "SELECT call_sid FROM calls WHERE call_sid = ANY($1::text[]) AND ended_at IS NOT NULL", held
-        )
-        for row in ended:
-            session = self._calls.sessions.get(row["call_sid"])
+        for call_sid in await call_records.ended_among(self._calls.deps.db, held):
+            session = self._calls.sessions.get(call_sid)
             if session is not None and not session.ended:
-                log.warning("call %s ended without its notification reaching us; hanging up", row["call_sid"][-8:])
+                log.warning("call %s ended without its notification reaching us; hanging up", call_sid[-8:])
                 session.hang_up("hangup")
 
     async def end_orphans(self) -> list[str]:
@@ -177,32 +151,15 @@ class CallControl:
         reconnect and claim its calls again. Each row is claimed by one statement, so several
         processes sweeping at once write each end once."""
         db = self._calls.deps.db
-        seen = await db.fetch(
-            """
-            SELECT call_sid, held_by FROM calls WHERE held_by IS NOT NULL AND summary IS NULL
-              AND held_by NOT IN (SELECT pid FROM pg_stat_activity WHERE pid IS NOT NULL)
-            """
-        )
+        seen = await call_records.orphaned(db)
         now = asyncio.get_running_loop().time()
-        self._suspects = {key: self._suspects.get(key, now) for key in ((r["call_sid"], r["held_by"]) for r in seen)}
+        self._suspects = {key: self._suspects.get(key, now) for key in seen}
         due = [key for key, since in self._suspects.items() if now - since >= self._grace]
         if not due:
             return []
-        rows = await db.fetch(
-            """
-            UPDATE calls SET status = 'completed', ended_at = coalesce(ended_at, now()),
-                             end_reason = coalesce(end_reason, $1), held_by = $4
-            WHERE (call_sid, held_by) IN (SELECT * FROM unnest($2::text[], $3::int[])) AND summary IS NULL
-              AND held_by NOT IN (SELECT pid FROM pg_stat_activity WHERE pid IS NOT NULL)
-            RETURNING call_sid, turn_id
-            """,
-            DIED,
-            [sid for sid, _ in due],
-            [pid for _, pid in due],
-            # Claimed by this process (not cleared): if it dies before writing the end, the row
-            # is an orphan again and another sweep finishes it.
-            self.holder,
-        )
+        # Claimed by this process (not cleared): if it dies before writing the end, the row is an
+        # orphan again and another sweep finishes it.
+        rows = await call_records.end_orphans(db, due, reason=DIED, holder=self.holder)
         for key in due:
             self._suspects.pop(key, None)
         for row in rows:
@@ -210,8 +167,7 @@ class CallControl:
             try:
                 turn_id = row["turn_id"]
                 if (  # else it died after writing the turn's end itself
-                    turn_id is not None
-                    and await db.fetchval("SELECT status FROM turns WHERE id = $1", turn_id) == "running"
+                    turn_id is not None and await turn_status(db, turn_id) == "running"
                 ):
                     dropped = await drop_turn_writes(db, self._calls.deps.registry, turn_id)
                     await update_turn(
@@ -219,8 +175,7 @@ class CallControl:
                         delivery={"end_reason": DIED}, staged_writes=[w.as_record() for w in dropped],
                     )  # fmt: skip
                 # Last, as a call's own end does: a call with a summary is fully recorded.
-                await db.execute("UPDATE calls SET summary = coalesce(summary, $2) WHERE call_sid = $1",
-                                 row["call_sid"], CUT_SHORT)  # fmt: skip
+                await call_records.summarize_if_missing(db, row["call_sid"], CUT_SHORT)
             except Exception:
                 log.exception("could not record the end of call %s", row["call_sid"][-8:])
         return [r["call_sid"] for r in rows]

@@ -11,8 +11,8 @@ from importlib import resources
 from typing import Any
 
 from core.memory import MemoryConfig
+from core.records import calls as call_records
 from core.settings import Settings
-from core.store import calls as call_records
 from core.tools.connectors import Connectors
 from core.tools.gate import Gate
 from core.tools.registry import ToolRegistry

@@ -38,7 +38,7 @@ from uuid import UUID
 
 from core.conversation import conversation_for, start_turn, update_turn
 from core.models.types import ToolCall
-from core.store import calls as call_records
+from core.records import calls as call_records
 from core.tools.registry import Tool, ToolContext, ToolOutcome
 from core.tools.runner import CallOutcome, run_call
 from core.tools.staging import commit_writes, drop_turn_writes, drop_writes

@@ -24,8 +24,8 @@ from typing import Any
 from core import identity
 from core.conversation import UNVERIFIED_CALLER, record_inbound, record_outbound
 from core.owner_context import dossier_section, load_owner_context, session_tools
+from core.records import calls as call_records
 from core.security import record_security_event
-from core.store import calls as call_records
 from core.tools.context import SessionContext
 from core.tools.registry import Tool, ToolContext, ToolOutcome, ToolRegistry
 from voice import verification

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Protocol
 
+from core.records import calls as call_records
 from core.security import record_security_event
-from core.store import calls as call_records
 from core.twilio import media_streams as media
 from core.twilio import twiml
 from voice import routing

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Literal
 
+from core.records import call_tokens
+
 TokenProblem = Literal["unknown", "reused", "expired", "foreign"]
 
 
@@ -28,14 +30,7 @@ def _digest(token: str) -> bytes:
 
 async def issue_token(db: Any, call_sid: str, ttl: timedelta) -> str:
     token = secrets.token_urlsafe(32)
-    await db.execute(
-        "INSERT INTO call_stream_tokens (token_hash, call_sid, expires_at) VALUES ($1, $2, now() + $3::interval)",
-        _digest(token),
-        call_sid,
-        ttl,
-    )
-    # Expired tokens are useless; prune them as new ones are issued.
-    await db.execute("DELETE FROM call_stream_tokens WHERE expires_at < now() - interval '1 hour'")
+    await call_tokens.record_token(db, _digest(token), call_sid, ttl)
     return token
 
 
@@ -43,15 +38,7 @@ async def consume_token(db: Any, token: str | None, call_sid: str) -> TokenCheck
     """Burn the token and say whether it admits this call."""
     if not token:
         return TokenCheck(False, "unknown")
-    row = await db.fetchrow(
-        """
-        UPDATE call_stream_tokens t SET used_at = now()
-        FROM (SELECT token_hash, used_at AS was_used FROM call_stream_tokens WHERE token_hash = $1 FOR UPDATE) old
-        WHERE t.token_hash = old.token_hash
-        RETURNING t.call_sid, old.was_used IS NOT NULL AS reused, t.expires_at < now() AS expired
-        """,
-        _digest(token),
-    )
+    row = await call_tokens.burn_token(db, _digest(token))
     if row is None:
         return TokenCheck(False, "unknown")
     if row["reused"]:

@@ -23,10 +23,10 @@ nothing checked once the call is closing) lives in ``voice.owner_profile``.
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
+from core.records import call_verification as attempts
 from core.security import record_security_event
 
 WRONG_PIN = "pin-wrong"
@@ -47,23 +47,8 @@ async def pin_locked(
 ) -> bool:
     """Whether the PIN path is locked for this account or this calling number right now (wrong
     PINs within the last ``window`` seconds)."""
-    return bool(
-        await db.fetchval(
-            """
-            SELECT count(*) FILTER (WHERE account_id = $1) >= $4
-                OR count(*) FILTER (WHERE source = $2) >= $3
-            FROM call_verification_attempts
-            WHERE kind = 'pin-wrong' AND created_at > now() - $5::interval AND (account_id = $1 OR source = $2)
-              AND attested = $6
-            """,
-            account_id,
-            source,
-            per_source,
-            per_account,
-            timedelta(seconds=window),
-            attested,
-        )
-    )
+    for_account, from_source = await attempts.wrong_pins(db, account_id, source, attested=attested, window=window)
+    return for_account >= per_account or from_source >= per_source
 
 
 async def record_wrong(
@@ -82,27 +67,17 @@ async def record_wrong(
     within the window): the lock is recorded then, with a security event, and the caller of this
     function tells the owner. Calls on other processes wait for each other on the account's row."""
     async with db.transaction() as conn:
-        await conn.execute("SELECT 1 FROM accounts WHERE id = $1 FOR NO KEY UPDATE", account_id)
-        insert = (
-            "INSERT INTO call_verification_attempts (account_id, source, call_sid, kind, attested)"
-            " VALUES ($1, $2, $3, $4, $5)"
-        )
-        await conn.execute(insert, account_id, source, call_sid, kind, attested)
+        await attempts.lock_account(conn, account_id)
+        await attempts.record_attempt(conn, account_id, source, call_sid, kind, attested=attested)
         if kind != WRONG_PIN:
             return False
         if not await pin_locked(
             conn, account_id, source, attested=attested, per_source=per_source, per_account=per_account, window=window
         ):
             return False
-        if await conn.fetchval(
-            "SELECT EXISTS (SELECT 1 FROM call_verification_attempts WHERE account_id = $1 AND kind = 'pin-locked'"
-            " AND attested = $3 AND created_at > now() - $2::interval)",
-            account_id,
-            timedelta(seconds=window),
-            attested,
-        ):
+        if await attempts.locked_within(conn, account_id, attested=attested, window=window):
             return False
-        await conn.execute(insert, account_id, source, call_sid, PIN_LOCKED, attested)
+        await attempts.record_attempt(conn, account_id, source, call_sid, PIN_LOCKED, attested=attested)
     await record_security_event(
         db, "call-pin-locked", call_sid=call_sid, account_id=str(account_id), attested=str(attested).lower()
     )
@@ -115,24 +90,11 @@ async def claim_code_send(
     """Claim one code send for this account within its hourly cap: the claim's id (give it back
     with :func:`release_code_send` if the text could not be sent), or None when the cap is reached."""
     async with db.transaction() as conn:
-        await conn.execute("SELECT 1 FROM accounts WHERE id = $1 FOR NO KEY UPDATE", account_id)
-        sent = await conn.fetchval(
-            "SELECT count(*) FROM call_verification_attempts WHERE account_id = $1 AND kind = 'code-sent'"
-            " AND attested = $2 AND created_at > now() - interval '1 hour'",
-            account_id,
-            attested,
-        )
-        if sent >= per_hour:
+        await attempts.lock_account(conn, account_id)
+        if await attempts.codes_sent_this_hour(conn, account_id, attested=attested) >= per_hour:
             return None
-        return await conn.fetchval(
-            "INSERT INTO call_verification_attempts (account_id, source, call_sid, kind, attested)"
-            " VALUES ($1, $2, $3, 'code-sent', $4) RETURNING id",
-            account_id,
-            source,
-            call_sid,
-            attested,
-        )
+        return await attempts.record_attempt(conn, account_id, source, call_sid, CODE_SENT, attested=attested)
 
 
 async def release_code_send(db: Any, claim: int) -> None:
-    await db.execute("DELETE FROM call_verification_attempts WHERE id = $1 AND kind = 'code-sent'", claim)
+    await attempts.forget_code_send(db, claim)

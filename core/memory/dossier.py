@@ -23,8 +23,8 @@ from core.errors import InvalidInput, NotFound, PepperError
 from core.memory.block import summary_heading
 from core.memory.config import MemoryConfig
 from core.models.types import ChatMessage, ModelService, Prompt
+from core.store.pool import transaction
 from core.store.queries import Queries
-from core.tools.registry import transaction
 from core.untrusted import neutralise_labels
 
 log = logging.getLogger(__name__)

@@ -27,8 +27,8 @@ from uuid import UUID
 from core.errors import InvalidInput
 from core.memory.config import MemoryConfig
 from core.models.embeddings import Embedder, LocalEmbedder
+from core.store.pool import connection, transaction
 from core.store.queries import Queries
-from core.tools.registry import connection, transaction
 
 log = logging.getLogger(__name__)
 

@@ -33,8 +33,8 @@ from core.memory.summaries import SummaryResult, draft_summary, store_summary
 from core.models.errors import ModelNotConfigured
 from core.models.types import ModelService
 from core.security import prune_security_events
+from core.store.pool import transaction
 from core.store.queries import Queries
-from core.tools.registry import transaction
 
 log = logging.getLogger(__name__)
 

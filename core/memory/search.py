@@ -17,8 +17,8 @@ from uuid import UUID
 from core.errors import PepperError
 from core.memory.config import MemoryConfig
 from core.memory.index import EMBEDDERS, Embedders, index_state, person_filter, vector_sql
+from core.store.pool import transaction
 from core.store.queries import Queries
-from core.tools.registry import transaction
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from core.memory.config import MemoryConfig
 from core.memory.periods import Period, label, period_end, span
 from core.memory.records import period_records, render_records
 from core.models.types import ChatMessage, ModelService, Prompt
+from core.store.pool import transaction
 from core.store.queries import Queries
-from core.tools.registry import transaction
 from core.untrusted import neutralise_labels
 
 log = logging.getLogger(__name__)

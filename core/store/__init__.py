@@ -15,6 +15,7 @@ from core.settings import Settings
 from core.store.database import Database, connect, ensure_pgvector, redact_dsn
 from core.store.embedded import DataDirLock, EmbeddedPostgres
 from core.store.migrations import load_migrations, pending_migrations
+from core.store.sessions import CONNECTION_LIMIT_SQL
 
 __all__ = [
     "Database",
@@ -33,13 +34,6 @@ EMBEDDED_DATABASE = "pepper"
 # connection for a statement or a short transaction. Part of the server's connection budget
 # (``gateway.server.connections_needed``).
 SERVING_POOL_SIZE = 20
-# How many connections an ordinary role may open: superuser-reserved slots (and PG 16's
-# reserved_connections) are not counted, so a budget held to it holds whichever role connects.
-CONNECTION_LIMIT_SQL = """
-SELECT current_setting('max_connections')::int
-     - current_setting('superuser_reserved_connections')::int
-     - coalesce(nullif(current_setting('reserved_connections', true), '')::int, 0)
-"""
 
 
 def prepare_data_dir(path: Path) -> Path:

@@ -22,8 +22,9 @@ from uuid import UUID
 
 from core.errors import PepperError
 from core.models.types import ToolCall, ToolResult
+from core.store.pool import transaction
 from core.tools.gate import Gate, GateDecision
-from core.tools.registry import Tool, ToolContext, ToolRegistry, check_arguments, transaction
+from core.tools.registry import Tool, ToolContext, ToolRegistry, check_arguments
 from core.tools.staging import stage_write
 from core.untrusted import neutralise_labels
 

@@ -26,9 +26,10 @@ from typing import Any
 from uuid import UUID
 
 from core.store.database import NO_FLUSH
+from core.store.pool import transaction
 from core.store.queries import Queries
 from core.tools.context import SessionContext
-from core.tools.registry import PlannedWrite, Tool, ToolRegistry, transaction
+from core.tools.registry import PlannedWrite, Tool, ToolRegistry
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ import asyncpg
 import pytest
 
 from core.errors import NotFound
+from core.store.pool import connection, transaction
 from core.testing.scripted import calls, reply
-from core.tools.registry import connection, transaction
 from text_loop import run_turn
 
 

@@ -9,11 +9,11 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from core.conversation import claim_turn, finish_handling, record_inbound
+from core.scheduling.runs import claim as claim_runs
 from core.scheduling.schedule import parse_schedule
 from core.scheduling.tasks import create_task
 from core.testing.scripted import calls, reply
 from text_loop.scheduler import SILENT_MARK, Scheduler, judge
-from text_loop.scheduler.claims import claim as claim_runs
 
 
 async def _task(db, account, clock, schedule="weekdays at 07:30", prompt="Brief me on my todos.", **kw):

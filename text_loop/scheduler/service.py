@@ -29,10 +29,17 @@ from typing import Any
 from uuid import UUID
 from zoneinfo import ZoneInfo
 
-from core.conversation import conversation_for, extend_hold, hold_for_scheduled_turn, release_hold
+from core.conversation import (
+    conversation_for,
+    extend_hold,
+    hold_for_scheduled_turn,
+    last_inbound_channel,
+    release_hold,
+    turn_tool_calls,
+)
+from core.scheduling import runs
+from core.scheduling.runs import Claim
 from text_loop.prompt import labelled
-from text_loop.scheduler import claims
-from text_loop.scheduler.claims import Claim
 from text_loop.scheduler.delivery import Deliverer, DeliveryRequest, DeliveryResult, delivery_key
 from text_loop.scheduler.silence import SILENT_MARK, Evidence, judge, strip_mark
 from text_loop.turn import HarnessDeps, deliver, run_turn
@@ -146,12 +153,12 @@ class Scheduler:
     async def tick(self) -> list[asyncio.Task[None]]:
         """One pass: record due occurrences, claim what fits in the free slots, start them."""
         now = self.clock()
-        while await claims.materialize(self.db, now, window=self.config.catch_up):
+        while await runs.materialize(self.db, now, window=self.config.catch_up):
             pass
-        await claims.expire_stale(self.db, now, window=self.config.catch_up)
+        await runs.expire_stale(self.db, now, window=self.config.catch_up)
         free = self.config.slots - len(self._running)
         started: list[asyncio.Task[None]] = []
-        for claim in await claims.claim(self.db, self.owner, now, lease=self.config.lease, limit=free):
+        for claim in await runs.claim(self.db, self.owner, now, lease=self.config.lease, limit=free):
             task = asyncio.get_running_loop().create_task(self._guarded(claim), name=f"scheduled-run-{claim.run_id}")
             self._running[claim.run_id] = task
             task.add_done_callback(lambda _t, run_id=claim.run_id: self._done(run_id))
@@ -184,7 +191,7 @@ class Scheduler:
                     work.result()
                     return
                 try:
-                    kept = await claims.extend_lease(
+                    kept = await runs.extend_lease(
                         self.db, claim.run_id, self.owner, self.clock(), lease=self.config.lease
                     )
                 except Exception as exc:
@@ -207,7 +214,7 @@ class Scheduler:
             await asyncio.gather(work, return_exceptions=True)
             try:
                 await asyncio.shield(
-                    claims.release(
+                    runs.release(
                         self.db, claim.run_id, self.owner, due_at=self.clock(), reason=None, count_attempt=False
                     )
                 )
@@ -227,7 +234,7 @@ class Scheduler:
         """Give the run back, not counted as an attempt, to run once the person's turn is done."""
         wait = self.config.busy_retry
         try:
-            await claims.release(self.db, claim.run_id, self.owner, due_at=self.clock() + wait,
+            await runs.release(self.db, claim.run_id, self.owner, due_at=self.clock() + wait,
                                  reason="waiting for the turn answering the person", count_attempt=False)  # fmt: skip
         except Exception as exc:
             log.warning("could not give back a waiting run; its lease will expire: run=%s error=%s", claim.run_id, exc)
@@ -238,7 +245,7 @@ class Scheduler:
         try:
             if claim.attempts < self.config.max_attempts:
                 due = self.clock() + self.config.retry_after * claim.attempts
-                await claims.release(self.db, claim.run_id, self.owner, due_at=due, reason=why)
+                await runs.release(self.db, claim.run_id, self.owner, due_at=due, reason=why)
             else:
                 await self._give_up(claim, why)
         except Exception as exc:
@@ -249,25 +256,19 @@ class Scheduler:
         if claim.kind == "reminder":
             body = f"Reminder: {claim.prompt}"
         await self._deliver_all(claim, body, None)
-        await claims.finish(self.db, claim.run_id, self.owner, self.clock(), status="failed", reason=why)
+        await runs.finish(self.db, claim.run_id, self.owner, self.clock(), status="failed", reason=why)
 
     async def _run(self, claim: Claim) -> None:
         db, now = self.db, self.clock()
-        earlier = await db.fetch(
-            "SELECT channel FROM task_deliveries WHERE run_id = $1 AND status IN ('delivered', 'queued')",
-            claim.run_id,
-        )
-        if earlier:
+        if await runs.delivered_earlier(db, claim.run_id):
             # A previous attempt delivered before it died: the person has the result; do not post twice.
-            await claims.finish(
-                db, claim.run_id, self.owner, now, status="ran", reason="delivered by an earlier attempt"
-            )
+            await runs.finish(db, claim.run_id, self.owner, now, status="ran", reason="delivered by an earlier attempt")
             return
         if claim.attempts > self.config.max_attempts:
             await self._give_up(claim, f"it was interrupted {claim.attempts - 1} times")
             return
         if claim.task_status == "cancelled":
-            await claims.finish(db, claim.run_id, self.owner, now, status="missed", reason="the task was cancelled")
+            await runs.finish(db, claim.run_id, self.owner, now, status="missed", reason="the task was cancelled")
             return
         # The turn takes its turn in the person's conversation, as a message turn does.
         conversation_id = await conversation_for(db, claim.account_id)
@@ -290,13 +291,13 @@ class Scheduler:
         outcome = await run_turn(
             self.deps, claim.account_id, _TURN_CHANNEL[channels[0]], self._text(claim), kind="scheduled"
         )
-        await claims.set_turn(db, claim.run_id, self.owner, outcome.turn_id)
-        calls = await db.fetchval("SELECT tool_calls FROM turns WHERE id = $1", outcome.turn_id)
+        await runs.set_turn(db, claim.run_id, self.owner, outcome.turn_id)
+        calls = await turn_tool_calls(db, outcome.turn_id)
         evidence = judge(outcome.reply, outcome.status, _json_list(calls), staged_writes=outcome.staged_writes)
         failed_turn = outcome.status in FAILED_TURN_STATUSES
         if evidence.silent:
             await deliver(self.deps, outcome.turn_id, ok=False, detail={"reason": "silent"})
-            await claims.finish(
+            await runs.finish(
                 db, claim.run_id, self.owner, self.clock(), status="silent",
                 evidence=evidence.as_record(), turn_id=outcome.turn_id,
             )  # fmt: skip
@@ -315,7 +316,7 @@ class Scheduler:
             status, reason = "ran", f"the model did not answer ({outcome.status}); sent the reminder as written"
         else:
             status, reason = "ran", None
-        await claims.finish(
+        await runs.finish(
             db, claim.run_id, self.owner, self.clock(), status=status, reason=reason,
             evidence=evidence.as_record(), turn_id=outcome.turn_id,
         )  # fmt: skip
@@ -357,13 +358,7 @@ class Scheduler:
     async def _channels(self, claim: Claim) -> tuple[str, ...]:
         if claim.deliver_to:
             return claim.deliver_to
-        last = await self.db.fetchval(
-            """
-            SELECT m.channel FROM messages m JOIN conversations c ON c.id = m.conversation_id
-            WHERE c.account_id = $1 AND m.direction = 'inbound' ORDER BY m.created_at DESC, m.id DESC LIMIT 1
-            """,
-            claim.account_id,
-        )
+        last = await last_inbound_channel(self.db, claim.account_id)
         return (_USUAL.get(last or "", "chat"),)
 
     async def _deliver_all(
@@ -383,21 +378,8 @@ class Scheduler:
 
     async def _deliver_once(self, claim: Claim, channel: str, body: str, turn_id: Any) -> DeliveryResult:
         key = delivery_key(claim.task_id, claim.occurrence_at, channel)
-        row = await self.db.fetchrow(
-            """
-            INSERT INTO task_deliveries (key, run_id, channel, status, attempt) VALUES ($1, $2, $3, 'sending', $4)
-            ON CONFLICT (key) DO UPDATE SET status = 'sending', attempt = excluded.attempt, updated_at = now()
-            WHERE task_deliveries.status IN ('sending', 'failed', 'unavailable')
-              AND task_deliveries.attempt < excluded.attempt
-            RETURNING key
-            """,
-            key,
-            claim.run_id,
-            channel,
-            claim.attempts,
-        )
-        if row is None:
-            status = await self.db.fetchval("SELECT status FROM task_deliveries WHERE key = $1", key)
+        if not await runs.claim_delivery(self.db, key, claim.run_id, channel, claim.attempts):
+            status = await runs.delivery_status(self.db, key)
             log.info("delivery key already used; not sending again: run=%s channel=%s", claim.run_id, channel)
             return DeliveryResult(status if status in ("delivered", "queued") else "failed", "already handled")
         request = DeliveryRequest(key, claim.account_id, channel, body, claim.task_id, claim.occurrence_at, turn_id)
@@ -408,16 +390,7 @@ class Scheduler:
         except Exception as exc:
             log.error("deliverer raised: channel=%s error=%s", channel, type(exc).__name__, exc_info=exc)
             result = DeliveryResult("failed", f"the deliverer raised {type(exc).__name__}")
-        await self.db.execute(
-            """
-            UPDATE task_deliveries SET status = $2, detail = $3, provider_message_id = $4, updated_at = now()
-            WHERE key = $1
-            """,
-            key,
-            result.status,
-            result.detail or None,
-            result.provider_message_id,
-        )
+        await runs.record_delivery(self.db, key, result.status, result.detail or None, result.provider_message_id)
         return result
 
 

@@ -1,13 +1,13 @@
 """Feature area: calendars. Pepper's own calendar in Postgres, plus CalDAV, Google Calendar and
 read-only iCalendar feeds.
 
-For other packages (the answering service): :func:`free_busy` and :func:`book`.
+For other packages (the answering service): :func:`free_busy`, :func:`book` and :func:`lock_bookings`.
 """
 
 from __future__ import annotations
 
 from core.tools.areas.calendar.model import Attendee, Busy, CalendarUnavailable, Event, SlotTaken
-from core.tools.areas.calendar.service import Booking, book, free_busy, list_events
+from core.tools.areas.calendar.service import Booking, book, free_busy, list_events, lock_bookings
 from core.tools.areas.calendar.sources import add_ical_feed, calendars, connect_caldav
 from core.tools.areas.calendar.tools import make_tools
 from core.tools.connectors import Connectors
@@ -28,5 +28,6 @@ __all__ = [
     "connect_caldav",
     "free_busy",
     "list_events",
+    "lock_bookings",
     "make_tools",
 ]

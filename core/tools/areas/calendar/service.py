@@ -17,6 +17,7 @@ from zoneinfo import ZoneInfo
 import icalendar
 
 from core.errors import InvalidInput
+from core.store.pool import transaction
 from core.store.queries import Queries
 from core.tools.areas.calendar import ical
 from core.tools.areas.calendar.model import Attendee, Busy, CalendarUnavailable, Event, SlotTaken, merge
@@ -39,7 +40,6 @@ from core.tools.areas.calendar.store import (
 )
 from core.tools.connectors import Connectors
 from core.tools.google_api import GoogleClient, GoogleError
-from core.tools.registry import transaction
 from core.vault import SecretKeyError
 
 log = logging.getLogger(__name__)
@@ -89,6 +89,14 @@ class Booking:
     created: bool  # False when the booking key had already booked this slot
 
 
+async def lock_bookings(conn: Any, account_id: UUID) -> None:
+    """Take the account's booking lock until the transaction ends: bookings (and the answering
+    service's holds on slots) of one account are checked and made one at a time."""
+    await conn.execute(
+        "SELECT pg_advisory_xact_lock(hashtextextended('calendar-book:' || $1::uuid::text, 0))", account_id
+    )
+
+
 async def book(
     db: Queries,
     account_id: UUID,
@@ -115,9 +123,7 @@ async def book(
     if connectors is not None:
         remote = [b for b in await free_busy(db, account_id, start, end, connectors=connectors)]
     async with transaction(db) as conn:
-        await conn.execute(
-            "SELECT pg_advisory_xact_lock(hashtextextended('calendar-book:' || $1::uuid::text, 0))", account_id
-        )
+        await lock_bookings(conn, account_id)
         if booking_key is not None:
             row = await conn.fetchrow(
                 "SELECT id, starts_at, ends_at FROM calendar_events WHERE account_id = $1 AND booking_key = $2",

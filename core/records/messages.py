@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
+from core.records.turns import SETTLED_SQL
 from core.store.database import NO_FLUSH
 from core.store.queries import Queries
-from core.store.records.turns import SETTLED_SQL
 
 # One statement for the common receipt: ``delivered`` after ``sent``, for a turn already settled.
 # Such a receipt (or one for no turn) changes nothing but the reply's shown status, so its commit

@@ -1,4 +1,5 @@
-"""Occurrences in the store: materialize the due ones, claim them with leases, leave receipts.
+"""Occurrences in the store (``task_runs``): materialize the due ones, claim them with leases, leave
+receipts; and each run's keyed deliveries (``task_deliveries``).
 
 Every process runs the same statements against one Postgres; the database coordinates them:
 
@@ -25,7 +26,8 @@ from typing import Any
 from uuid import UUID
 
 from core.scheduling.schedule import Place, Schedule, ScheduleError
-from core.tools.registry import transaction
+from core.store.pool import transaction
+from core.store.queries import Queries
 
 log = logging.getLogger(__name__)
 
@@ -279,4 +281,51 @@ async def recent_receipts(db: Any, task_id: int, limit: int = 5) -> list[Any]:
         """,
         task_id,
         limit,
+    )
+
+
+async def delivered_earlier(db: Queries, run_id: int) -> bool:
+    """Whether an earlier attempt of the run delivered (or queued) its result on some channel."""
+    rows = await db.fetch(
+        "SELECT channel FROM task_deliveries WHERE run_id = $1 AND status IN ('delivered', 'queued')", run_id
+    )
+    return bool(rows)
+
+
+async def claim_delivery(db: Queries, key: str, run_id: int, channel: str, attempt: int) -> bool:
+    """Take the delivery ``key`` for this attempt: False when it is already handled (delivered, queued,
+    or being sent by this or a later attempt), so it is not sent again."""
+    row = await db.fetchrow(
+        """
+        INSERT INTO task_deliveries (key, run_id, channel, status, attempt) VALUES ($1, $2, $3, 'sending', $4)
+        ON CONFLICT (key) DO UPDATE SET status = 'sending', attempt = excluded.attempt, updated_at = now()
+        WHERE task_deliveries.status IN ('sending', 'failed', 'unavailable')
+          AND task_deliveries.attempt < excluded.attempt
+        RETURNING key
+        """,
+        key,
+        run_id,
+        channel,
+        attempt,
+    )
+    return row is not None
+
+
+async def delivery_status(db: Queries, key: str) -> Any:
+    """The delivery's status (``delivered``, ``queued``, ``sending``...), None for an unknown key."""
+    return await db.fetchval("SELECT status FROM task_deliveries WHERE key = $1", key)
+
+
+async def record_delivery(
+    db: Queries, key: str, status: str, detail: str | None, provider_message_id: str | None
+) -> None:
+    await db.execute(
+        """
+        UPDATE task_deliveries SET status = $2, detail = $3, provider_message_id = $4, updated_at = now()
+        WHERE key = $1
+        """,
+        key,
+        status,
+        detail,
+        provider_message_id,
     )

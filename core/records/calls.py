@@ -1,0 +1,193 @@
+"""Phone calls as recorded (``calls``): which line took them, who holds them, how they ended, and
+what the call engine and the voice webhook record of them."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from uuid import UUID
+
+from core.store.queries import Queries
+
+
+async def line_of(db: Queries, call_sid: str) -> str | None:
+    """The number of the line the call came in on; None for an unknown call (or one with no line)."""
+    return await db.fetchval("SELECT line_number FROM calls WHERE call_sid = $1", call_sid)
+
+
+async def record_final_status(db: Queries, call_sid: str, status: str, *, channel: str) -> None:
+    """Record that the call ended with ``status`` (a call still ringing or in progress takes it) and
+    announce its ``CallSid`` on ``channel`` to the process holding it, in one statement."""
+    await db.execute(
+        """
+        WITH ended AS (
+            UPDATE calls SET ended_at = coalesce(ended_at, now()),
+                             status = CASE WHEN status IN ('ringing', 'in-progress') THEN $2 ELSE status END
+            WHERE call_sid = $1 RETURNING held_by
+        )
+        SELECT pg_notify($3, $1) FROM ended WHERE held_by IS NOT NULL
+        """,
+        call_sid,
+        status,
+        channel,
+    )
+
+
+async def hold_calls(db: Queries, holder: int, call_sids: list[str]) -> None:
+    """Record the calls (those not fully recorded yet) as held by the session ``holder``."""
+    await db.execute(
+        "UPDATE calls SET held_by = $1 WHERE call_sid = ANY($2::text[]) AND summary IS NULL"
+        " AND held_by IS DISTINCT FROM $1",
+        holder,
+        call_sids,
+    )
+
+
+async def ended_among(db: Queries, call_sids: list[str]) -> list[str]:
+    """Those of the calls whose end is recorded."""
+    rows = await db.fetch(
+        "SELECT call_sid FROM calls WHERE call_sid = ANY($1::text[]) AND ended_at IS NOT NULL", call_sids
+    )
+    return [r["call_sid"] for r in rows]
+
+
+async def orphaned(db: Queries) -> list[tuple[str, int]]:
+    """``(call_sid, held_by)`` of calls not fully recorded whose holding session is gone."""
+    rows = await db.fetch(
+        """
+        SELECT call_sid, held_by FROM calls WHERE held_by IS NOT NULL AND summary IS NULL
+          AND held_by NOT IN (SELECT pid FROM pg_stat_activity WHERE pid IS NOT NULL)
+        """
+    )
+    return [(r["call_sid"], r["held_by"]) for r in rows]
+
+
+async def end_orphans(db: Queries, orphans: list[tuple[str, int]], *, reason: str, holder: int | None) -> list[Any]:
+    """Record the end of those ``orphans`` (``(call_sid, held_by)``) still orphaned, and claim them
+    for ``holder``: one statement, so of several processes sweeping at once one ends each. Returns
+    the rows ended (``call_sid``, ``turn_id``)."""
+    return await db.fetch(
+        """
+        UPDATE calls SET status = 'completed', ended_at = coalesce(ended_at, now()),
+                         end_reason = coalesce(end_reason, $1), held_by = $4
+        WHERE (call_sid, held_by) IN (SELECT * FROM unnest($2::text[], $3::int[])) AND summary IS NULL
+          AND held_by NOT IN (SELECT pid FROM pg_stat_activity WHERE pid IS NOT NULL)
+        RETURNING call_sid, turn_id
+        """,
+        reason,
+        [sid for sid, _ in orphans],
+        [pid for _, pid in orphans],
+        holder,
+    )
+
+
+async def summarize_if_missing(db: Queries, call_sid: str, summary: str) -> None:
+    """Set the call's summary unless it has one (a call with a summary is fully recorded)."""
+    await db.execute("UPDATE calls SET summary = coalesce(summary, $2) WHERE call_sid = $1", call_sid, summary)
+
+
+# --- The voice webhook --------------------------------------------------------------------------
+
+
+async def record_call(
+    db: Queries,
+    call_sid: str,
+    *,
+    account_id: UUID | None,
+    line_number: str | None,
+    caller: str | None,
+    handle_id: UUID | None,
+    route: str,
+    attested: bool,
+) -> bool:
+    """A new call, ``ringing`` on the owner's route, else ``refused``; False when it was recorded
+    already (a retried webhook)."""
+    inserted = await db.fetchval(
+        """
+        INSERT INTO calls (call_sid, account_id, line_number, caller, handle_id, route, status, attested)
+        VALUES ($1, $2, $3, $4, $5, $6, CASE WHEN $6 = 'owner' THEN 'ringing' ELSE 'refused' END, $7)
+        ON CONFLICT (call_sid) DO NOTHING RETURNING true
+        """,
+        call_sid,
+        account_id,
+        line_number,
+        caller,
+        handle_id,
+        route,
+        attested,
+    )
+    return bool(inserted)
+
+
+async def call_state(db: Queries, call_sid: str) -> Any:
+    """The call's ``route``, ``status`` and ``ended_at``, or None."""
+    return await db.fetchrow("SELECT route, status, ended_at FROM calls WHERE call_sid = $1", call_sid)
+
+
+async def end_reason(db: Queries, call_sid: str) -> str | None:
+    return await db.fetchval("SELECT end_reason FROM calls WHERE call_sid = $1", call_sid)
+
+
+# --- The media socket ---------------------------------------------------------------------------
+
+
+async def call_for_stream(db: Queries, call_sid: str) -> Any:
+    """What admitting a media stream needs of its call, or None."""
+    return await db.fetchrow(
+        "SELECT account_id, handle_id, caller, line_number, route, attested, status, ended_at FROM calls"
+        " WHERE call_sid = $1",
+        call_sid,
+    )
+
+
+async def line_engine(db: Queries, line_number: str) -> str | None:
+    """The voice engine a phone line names, or None for the default one."""
+    return await db.fetchval("SELECT voice_engine FROM phone_lines WHERE number = $1", line_number)
+
+
+# --- A call under way ---------------------------------------------------------------------------
+
+
+async def account_timezone(db: Queries, account_id: UUID) -> str:
+    return await db.fetchval("SELECT timezone FROM accounts WHERE id = $1", account_id)
+
+
+async def call_started(db: Queries, call_sid: str, turn_id: UUID, holder: int | None) -> None:
+    await db.execute(
+        "UPDATE calls SET status = 'in-progress', turn_id = $2, held_by = $3 WHERE call_sid = $1",
+        call_sid,
+        turn_id,
+        holder,
+    )
+
+
+async def store_end_reason(db: Queries, call_sid: str, reason: str | None) -> None:
+    await db.execute("UPDATE calls SET end_reason = $2 WHERE call_sid = $1", call_sid, reason)
+
+
+async def call_completed(
+    db: Queries, call_sid: str, *, reason: str | None, summary: str, verified_by: str | None, stats: dict[str, Any]
+) -> None:
+    await db.execute(
+        """
+        UPDATE calls SET status = 'completed', ended_at = now(), end_reason = $2, summary = $3,
+                         verified_by = $4, stats = $5::jsonb
+        WHERE call_sid = $1
+        """,
+        call_sid,
+        reason,
+        summary,
+        verified_by,
+        json.dumps(stats),
+    )
+
+
+async def call_message_ids(db: Queries, conversation_id: UUID, turn_id: UUID | None, call_sid: str) -> list[Any]:
+    """The messages of this call in the person's conversation: its turn's, and the caller's lines."""
+    rows = await db.fetch(
+        "SELECT id FROM messages WHERE conversation_id = $1 AND (turn_id = $2 OR provider_message_id LIKE $3)",
+        conversation_id,
+        turn_id,
+        f"{call_sid}:%",
+    )
+    return [r["id"] for r in rows]
