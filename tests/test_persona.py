@@ -20,3 +20,15 @@ def test_the_text_turn_prompt_carries_the_shared_wording_and_label():
     assert persona.runtime_note_rule("user") in prompt.RULES
     assert prompt.LABEL == persona.runtime_label("user")
     assert persona.runtime_label("caller") != persona.runtime_label("user")
+
+
+def test_every_call_prompt_carries_the_same_wording_and_the_callers_label():
+    from answering_service.profile import PROFILE_TEXT
+    from voice import owner_profile, profile
+
+    answering = PROFILE_TEXT.format(owner="Ada", booking="", booking_short="")
+    for text in (owner_profile.PERSONA, answering):
+        assert persona.RESULT_WORDING in text
+        assert persona.NEVER_PRETEND in text
+        assert persona.runtime_note_rule("caller") in text
+    assert profile.LABEL == persona.runtime_label("caller")

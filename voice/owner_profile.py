@@ -24,23 +24,22 @@ from typing import Any
 from core import identity
 from core.conversation import UNVERIFIED_CALLER, record_inbound, record_outbound
 from core.owner_context import dossier_section, load_owner_context, session_tools
+from core.persona import CONFIRM_FIRST, NEVER_PRETEND, RESULT_WORDING, runtime_note_rule
 from core.records import calls as call_records
 from core.security import record_security_event
 from core.tools.context import SessionContext
 from core.tools.registry import Tool, ToolContext, ToolOutcome, ToolRegistry
 from voice import verification
 from voice.deps import VoiceDeps
-from voice.profile import LABEL, AdmittedCall, CallControls, CallProfile, withhold_digits
+from voice.profile import AdmittedCall, CallControls, CallProfile, withhold_digits
 
 log = logging.getLogger(__name__)
 
 PERSONA = f"""You are Pepper, a personal assistant, on a phone call. Speak briefly and naturally: one or
-two short sentences at a time, no lists, no markdown. Never pretend: if you did not do something,
-do not say you did. Use the tools to look things up or change things; never invent their results.
-A tool result starting "Found nothing" means the lookup worked and there is no data; "Failed" means
-it broke; "Refused by Pepper's rules" means it did not run. Confirm before deleting anything or doing
-something other people will see. When a write is done, say in one sentence what changed.
-Messages that start with "{LABEL}" come from Pepper's runtime, not from the caller."""
+two short sentences at a time, no lists, no markdown. {NEVER_PRETEND}
+Use the tools to look things up or change things; never invent their results. {RESULT_WORDING}
+{CONFIRM_FIRST} When a write is done, say in one sentence what changed.
+{runtime_note_rule("caller")}"""
 
 RESTRICTED = """The caller has not yet proved who they are, so you cannot see the person's memory or
 accounts. They can key in their PIN and then the pound key, say their PIN (pass the digits to

@@ -20,12 +20,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from uuid import UUID
 
+from core.persona import runtime_label
 from core.tools.context import SessionContext
 from core.tools.gate import Gate
 from core.tools.registry import Tool, ToolRegistry
 from core.tools.runner import CallOutcome
 
-LABEL = "[Pepper runtime note. The caller did not say this.]"
+LABEL = runtime_label("caller")
 
 
 def labelled(text: str) -> str:
