@@ -26,6 +26,7 @@ from typing import Any
 
 from answering_service.notify import OwnerNotifier
 from core.records import answering
+from core.store.queries import Queries
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ STALE_SENDING = timedelta(minutes=2)
 BATCH = 20
 
 
-async def deliver_due(db: Any, notifier: OwnerNotifier, send_sms: SendSms | None) -> int:
+async def deliver_due(db: Queries, notifier: OwnerNotifier, send_sms: SendSms | None) -> int:
     """Send every delivery due now (in batches); returns how many were claimed."""
     total = 0
     while rows := await answering.claim_due_deliveries(db, stale=STALE_SENDING, limit=BATCH):
@@ -47,7 +48,7 @@ async def deliver_due(db: Any, notifier: OwnerNotifier, send_sms: SendSms | None
     return total
 
 
-async def _deliver_one(db: Any, notifier: OwnerNotifier, send_sms: SendSms | None, row: Any) -> None:
+async def _deliver_one(db: Queries, notifier: OwnerNotifier, send_sms: SendSms | None, row: Any) -> None:
     try:
         if row["kind"] == "caller_text":
             if send_sms is None:

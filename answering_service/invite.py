@@ -18,6 +18,7 @@ from typing import Any
 
 from answering_service.rules import Rules, spoken
 from core.records import answering_bookings as bookings
+from core.store.queries import Queries
 from core.tools.areas.calendar import Attendee, ical
 from core.tools.connectors import Connectors
 from core.tools.mail import MailError, build_message, send_smtp
@@ -25,7 +26,7 @@ from core.tools.mail import MailError, build_message, send_smtp
 log = logging.getLogger(__name__)
 
 
-async def send_invitations(db: Any, connectors: Connectors | None, call_sid: str, rules: Rules) -> int:
+async def send_invitations(db: Queries, connectors: Connectors | None, call_sid: str, rules: Rules) -> int:
     """Invite every caller of this call's new bookings who gave an address; returns how many went."""
     if not rules.send_invitations:
         return 0

@@ -12,13 +12,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 from uuid import UUID
 from zoneinfo import ZoneInfo
 
 from core import identity
 from core.conversation import conversation_for, record_outbound
 from core.records import answering, answering_bookings, calls
+from core.store.queries import Queries
 from core.untrusted import CALLER_LABEL, quoted
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,7 @@ SendEmail = Callable[[str, str, str], Awaitable[None]]  # (to, subject, body)
 
 @dataclass
 class OwnerNotifier:
-    db: Any
+    db: Queries
     send_sms: SendSms | None = None
     send_email: SendEmail | None = None
     public_url: str | None = None

@@ -30,6 +30,7 @@ from answering_service.rules import Rules
 from answering_service.tools import AREA, CHANNEL, PROFILE, CallerCall, make_tools
 from core.persona import NEVER_PRETEND, RESULT_WORDING, runtime_note_rule
 from core.records import answering as answering_records
+from core.store.queries import Queries
 from core.tools.connectors import Connectors
 from core.tools.context import SessionContext
 from core.tools.gate import Gate
@@ -65,7 +66,7 @@ TRANSCRIBED = "This call is transcribed."
 class AnsweringProfile(CallProfile):
     def __init__(
         self,
-        db: Any,
+        db: Queries,
         call: AdmittedCall,
         rules: Rules,
         *,

@@ -18,6 +18,7 @@ from zoneinfo import ZoneInfo
 from core import identity
 from core.errors import InvalidInput
 from core.records import answering
+from core.store.queries import Queries
 from core.tools.areas.calendar import Busy
 
 DAYS: tuple[str, ...] = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
@@ -150,7 +151,7 @@ def parse_type(spec: str) -> AppointmentType:
     return AppointmentType(name.strip(), value)
 
 
-async def load_rules(db: Any, account_id: UUID) -> Rules:
+async def load_rules(db: Queries, account_id: UUID) -> Rules:
     """The owner's rules; the defaults (booking off) when the owner never set any."""
     account = await answering.owner(db, account_id)
     base = Rules(
@@ -183,7 +184,7 @@ async def load_rules(db: Any, account_id: UUID) -> Rules:
     )
 
 
-async def save_rules(db: Any, rules: Rules) -> None:
+async def save_rules(db: Queries, rules: Rules) -> None:
     await answering.save_settings(
         db,
         rules.account_id,

@@ -27,6 +27,8 @@ from answering_service.tools import ANSWERING_POLICY
 from core import identity
 from core.errors import InvalidInput
 from core.records import answering as answering_records
+from core.store import Database
+from core.store.queries import Queries
 from core.tools.connectors import Connectors
 from core.tools.gate import Gate
 from core.twilio import media_streams as media
@@ -45,7 +47,7 @@ TWILIO_WITHHELD = frozenset({"+266696687", "+7378742833", "+2562533", "+8656696"
 
 
 async def _rate_verdict(
-    conn: Any, account_id: Any, line: str | None, caller: str | None, rules: Any
+    conn: Queries, account_id: Any, line: str | None, caller: str | None, rules: Any
 ) -> tuple[str, str | None]:
     """The verdict ("answering" or "refused") and what a refused caller hears. Each caller ID has its own hourly
     count; every anonymous or withheld caller shares one (a withheld number is not a way round
@@ -62,7 +64,7 @@ class AnsweringService:
 
     def __init__(
         self,
-        db: Any,
+        db: Database,
         gate: Gate,
         *,
         notifier: OwnerNotifier,
@@ -125,7 +127,7 @@ def _e164(raw: str, region: str) -> str | None:
 
 def call_service_from_settings(
     settings: Any,
-    db: Any,
+    db: Database,
     *,
     registry: Any,
     gate: Any,

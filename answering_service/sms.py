@@ -24,6 +24,8 @@ from answering_service.rules import free_starts, load_rules, overlaps, rule_prob
 from answering_service.tools import booking_title
 from core.errors import PepperError
 from core.records import answering_bookings as bookings
+from core.store import Database
+from core.store.queries import Queries
 from core.tools.areas.calendar import book, free_busy, lock_bookings
 from core.tools.areas.calendar.service import cancel_own
 from core.untrusted import quoted
@@ -37,7 +39,7 @@ HELP = "Reply CANCEL BOOKING to cancel your appointment, or MOVE to pick another
 
 
 async def handle_caller_text(
-    db: Any, number: str, body: str, *, line: str, notifier: OwnerNotifier | None = None
+    db: Database, number: str, body: str, *, line: str, notifier: OwnerNotifier | None = None
 ) -> str | None:
     """The reply to a text from ``number`` to ``line`` (both E.164), or None when the number has
     no upcoming booking with that line's owner (the text is not for the answering service)."""
@@ -55,7 +57,7 @@ async def handle_caller_text(
     return HELP
 
 
-async def _cancel(db: Any, booking: Any, rules: Any, notifier: OwnerNotifier | None) -> str:
+async def _cancel(db: Database, booking: Any, rules: Any, notifier: OwnerNotifier | None) -> str:
     async with db.transaction() as conn:
         row = await bookings.lock_booked(conn, booking["id"])
         if row is None:
@@ -71,7 +73,7 @@ async def _cancel(db: Any, booking: Any, rules: Any, notifier: OwnerNotifier | N
     return f"Your appointment on {when} is cancelled."
 
 
-async def _offer(db: Any, booking: Any, rules: Any) -> str:
+async def _offer(db: Queries, booking: Any, rules: Any) -> str:
     minutes = int((booking["ends_at"] - booking["starts_at"]).total_seconds() // 60)
     now = datetime.now(rules.zone)
     found: list[datetime] = []
@@ -93,7 +95,7 @@ async def _offer(db: Any, booking: Any, rules: Any) -> str:
     return "Reply with a number to move your appointment: " + "; ".join(lines) + "."
 
 
-async def _move(db: Any, booking: Any, rules: Any, pick: int, notifier: OwnerNotifier | None) -> str:
+async def _move(db: Database, booking: Any, rules: Any, pick: int, notifier: OwnerNotifier | None) -> str:
     offered = json.loads(booking["offered"]) if isinstance(booking["offered"], str) else booking["offered"]
     if not offered or pick > len(offered):
         return HELP

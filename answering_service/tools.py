@@ -28,6 +28,7 @@ from core.errors import InvalidInput
 from core.records import answering
 from core.records import answering_bookings as bookings
 from core.store.pool import transaction
+from core.store.queries import Queries
 from core.tools.areas.calendar import Busy, CalendarUnavailable, SlotTaken, book, free_busy, lock_bookings
 from core.tools.areas.calendar.model import Attendee, parse_when
 from core.tools.connectors import Connectors
@@ -101,7 +102,7 @@ def booking_key(call_sid: str, start: datetime, kind: str) -> str:
 
 
 async def busy_for_caller(
-    db: Any, call: CallerCall, start: datetime, end: datetime, connectors: Connectors | None
+    db: Queries, call: CallerCall, start: datetime, end: datetime, connectors: Connectors | None
 ) -> list[Busy]:
     """Busy time as a caller may see it: intervals only (no titles, no people), plus slots other
     calls hold while their callers hear them confirmed."""
@@ -127,7 +128,7 @@ def confirmation_text(rules: Rules, kind: str, start: datetime) -> str:
     )
 
 
-async def confirmation_number(db: Any, call: CallerCall) -> str | None:
+async def confirmation_number(db: Queries, call: CallerCall) -> str | None:
     """Where this call's booking confirmation may be texted: the caller ID, only when it is in an
     allowed country and the line is under its hourly cap of texts to callers; otherwise nowhere."""
     if call.caller is None or call.line_number is None:
@@ -171,7 +172,7 @@ def make_tools(
         }
         return ToolOutcome.planned(payload, "message saved for the owner")
 
-    async def apply_message(conn: Any, account_id: UUID, payload: dict[str, Any]) -> None:
+    async def apply_message(conn: Queries, account_id: UUID, payload: dict[str, Any]) -> None:
         await answering.save_message(
             conn, payload["call_sid"], account_id, caller_name=payload["caller_name"],
             callback_number=payload["callback_number"], reason=payload["reason"], urgency=payload["urgency"],
@@ -335,7 +336,9 @@ def make_tools(
 ONE_PER_CALL = "this call already booked or is booking another time, and a call books one appointment"
 
 
-async def _hold(db: Any, call: CallerCall, key: str, start: datetime, end: datetime, remote: list[Busy]) -> str | None:
+async def _hold(
+    db: Queries, call: CallerCall, key: str, start: datetime, end: datetime, remote: list[Busy]
+) -> str | None:
     """Hold [start, end) for this call if it is free (buffers included); why not, when it is not."""
     pad = call.rules.buffer
     async with transaction(db) as conn:
@@ -356,7 +359,7 @@ async def _hold(db: Any, call: CallerCall, key: str, start: datetime, end: datet
     return None
 
 
-async def apply_booking(conn: Any, account_id: UUID, payload: dict[str, Any]) -> None:
+async def apply_booking(conn: Queries, account_id: UUID, payload: dict[str, Any]) -> None:
     """Commit a staged booking (inside the staging transaction). Idempotent on the booking key;
     raises ``SlotTaken`` if the time (with its buffers) is no longer free."""
     key = payload["booking_key"]
@@ -384,7 +387,7 @@ async def apply_booking(conn: Any, account_id: UUID, payload: dict[str, Any]) ->
     await answering.record_owner_notice(conn, account_id, payload["call_sid"], now=False)
 
 
-async def _record_confirmation(conn: Any, account_id: UUID, payload: dict[str, Any]) -> None:
+async def _record_confirmation(conn: Queries, account_id: UUID, payload: dict[str, Any]) -> None:
     """The caller's confirmation text, in the booking's own transaction (under the calendar's
     booking lock, so the line's hourly cap is counted one booking at a time)."""
     to, line = payload.get("confirm_to"), payload.get("line_number")

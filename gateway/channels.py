@@ -31,6 +31,7 @@ from core import identity
 from core.conversation import Message, announce_message, finish_handling, record_inbound
 from core.errors import PepperError
 from core.records.turns import turn_status
+from core.store.queries import Queries
 from gateway.segments import split_message
 from gateway.services import Services
 from text_loop import deliver, run_turn
@@ -123,7 +124,7 @@ class Channel(Protocol):
 
 
 async def receive(
-    db: Any, channel: str, account_id: UUID, text: str, *, key: str | None, handle_id: UUID | None = None,
+    db: Queries, channel: str, account_id: UUID, text: str, *, key: str | None, handle_id: UUID | None = None,
     meta: dict[str, Any] | None = None, queued: bool = True, announce: bool = False,
 ) -> tuple[Message, bool]:  # fmt: skip
     """Record a message from the person on ``channel``; return it and whether this call created it.

@@ -22,6 +22,7 @@ from core import identity
 from core.errors import InvalidInput, NotFound
 from core.records import answering, answering_bookings
 from core.settings import Settings
+from core.store.queries import Queries
 
 
 def add_commands(subparsers: Any) -> None:
@@ -70,7 +71,7 @@ def add_commands(subparsers: Any) -> None:
     t.add_argument("call_sid")
 
 
-async def run(args: argparse.Namespace, settings: Settings, db: Any, out: Callable[[str], None]) -> bool:
+async def run(args: argparse.Namespace, settings: Settings, db: Queries, out: Callable[[str], None]) -> bool:
     if args.command != "answering":
         return False
     if args.action == "transcript":
@@ -149,7 +150,7 @@ def _show(rules: Rules, out: Callable[[str], None]) -> None:
     out(f"caller texts:  {rules.max_texts_per_hour} per line per hour, to caller ID only, in {countries}")
 
 
-async def _calls(db: Any, account_id: Any, rules: Rules, out: Callable[[str], None]) -> None:
+async def _calls(db: Queries, account_id: Any, rules: Rules, out: Callable[[str], None]) -> None:
     rows = await answering.recent_calls(db, account_id, limit=20)
     if not rows:
         out("no answering calls")
@@ -167,7 +168,7 @@ async def _calls(db: Any, account_id: Any, rules: Rules, out: Callable[[str], No
             out(f"    {b['status']} {b['appointment_type']} {b['starts_at'].astimezone(rules.zone):%a %d %b %H:%M}")
 
 
-async def _transcript(db: Any, call_sid: str, out: Callable[[str], None]) -> None:
+async def _transcript(db: Queries, call_sid: str, out: Callable[[str], None]) -> None:
     row = await answering.call_transcript(db, call_sid)
     if row is None:
         raise NotFound(f"no answering call {call_sid}")

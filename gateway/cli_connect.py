@@ -23,6 +23,7 @@ from core import identity
 from core.errors import ConfigError, InvalidInput, NotFound, PepperError
 from core.records import connections
 from core.settings import Settings
+from core.store.queries import Queries
 from core.tools.areas.calendar import add_ical_feed, connect_caldav
 from core.tools.connectors import GOOGLE_SCOPES, Connectors, rotate_secrets
 from core.tools.google_api import revoke_grant
@@ -68,7 +69,7 @@ def _read_password() -> str:
     return sys.stdin.readline().rstrip("\n")
 
 
-async def run(args: argparse.Namespace, settings: Settings, db: Any, out: Callable[[str], None]) -> bool:
+async def run(args: argparse.Namespace, settings: Settings, db: Queries, out: Callable[[str], None]) -> bool:
     if args.command != "connect":
         return False
     connectors = connectors_factory(settings)
@@ -104,7 +105,7 @@ async def run(args: argparse.Namespace, settings: Settings, db: Any, out: Callab
     return True
 
 
-async def _list(db: Any, connectors: Connectors, account: identity.Account, out: Callable[[str], None]) -> None:
+async def _list(db: Queries, connectors: Connectors, account: identity.Account, out: Callable[[str], None]) -> None:
     rows = await connections.connections_of(db, account.id)
     feeds = await connections.feeds_of(db, account.id)
     out(f"{account.name} ({account.id})")
@@ -132,7 +133,7 @@ def _secret_state(connectors: Connectors, row: Any) -> str:
     return "sealed"
 
 
-async def _revoke(db: Any, connectors: Connectors, connection_id: UUID) -> str:
+async def _revoke(db: Queries, connectors: Connectors, connection_id: UUID) -> str:
     """Revoke a Google grant before forgetting it; a failure is reported, and removal goes on."""
     if await connections.provider_of(db, connection_id) != "google":
         return ""
@@ -143,7 +144,7 @@ async def _revoke(db: Any, connectors: Connectors, connection_id: UUID) -> str:
     return "; Google's grant is revoked"
 
 
-async def _remove(db: Any, connectors: Connectors, account: identity.Account, ref: str) -> str:
+async def _remove(db: Queries, connectors: Connectors, account: identity.Account, ref: str) -> str:
     ref = ref.strip().lower()
     if ref == "google":
         ids = await connections.google_connections(db, account.id)

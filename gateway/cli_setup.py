@@ -28,6 +28,7 @@ from core import identity
 from core.errors import ConfigError, InvalidInput, PepperError
 from core.settings import Settings
 from core.store import open_store
+from core.store.queries import Queries
 
 PROVIDERS = ("openai", "anthropic", "google", "compatible")
 # Where each provider's key goes in pepper.toml, and the variable that holds it otherwise.
@@ -55,7 +56,7 @@ def add_commands(sub: Any) -> None:
     setup.add_argument("--public-url", help="the public https URL Twilio reaches Pepper at")
 
 
-async def run(args: argparse.Namespace, settings: Settings, db: Any, out: Callable[[str], None]) -> bool:
+async def run(args: argparse.Namespace, settings: Settings, db: Queries, out: Callable[[str], None]) -> bool:
     return False  # `pepper setup` runs before the store opens (gateway.cli calls ``setup``)
 
 
@@ -302,7 +303,7 @@ async def setup(
     return await doctor(settings)
 
 
-async def _owner(db: Any, a: dict[str, Any], region: str, out: Callable[[str], None]) -> None:
+async def _owner(db: Queries, a: dict[str, Any], region: str, out: Callable[[str], None]) -> None:
     found = await identity.accounts_named(db, a["name"])
     if len(found) > 1:
         raise SetupError(f"{len(found)} accounts are named {a['name']!r}; rename one (pepper account rename)")

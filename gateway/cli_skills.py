@@ -17,6 +17,7 @@ from core import identity
 from core.errors import InvalidInput
 from core.records.skills import get_skill, list_skills, remove_skill
 from core.settings import Settings
+from core.store.queries import Queries
 from core.tools.starter import starter_registry
 from text_loop.skills import SkillCatalog, SkillError, limit_problem, parse_skill
 from text_loop.skills.store import add_user_skill
@@ -58,7 +59,7 @@ def _read(file: str) -> str:
         raise InvalidInput(f"{file} is not UTF-8 text") from None
 
 
-async def run(args: argparse.Namespace, settings: Settings, db: Any, out: Callable[[str], None]) -> bool:
+async def run(args: argparse.Namespace, settings: Settings, db: Queries, out: Callable[[str], None]) -> bool:
     if args.command != "skills":
         return False
     catalog = SkillCatalog.load_builtin()

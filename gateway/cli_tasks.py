@@ -20,6 +20,8 @@ from core.scheduling.runs import recent_receipts
 from core.scheduling.schedule import SCHEDULE_HELP, Place, parse_schedule
 from core.scheduling.tasks import account_timezone, cancel_tasks, create_task, list_tasks, set_owner_place
 from core.settings import Settings
+from core.store import Database
+from core.store.queries import Queries
 
 
 def add_commands(subparsers: Any) -> None:
@@ -46,7 +48,7 @@ def add_commands(subparsers: Any) -> None:
     place.add_argument("--label")
 
 
-async def run(args: argparse.Namespace, settings: Settings, db: Any, out: Callable[[str], None]) -> bool:
+async def run(args: argparse.Namespace, settings: Settings, db: Database, out: Callable[[str], None]) -> bool:
     if args.command != "tasks":
         return False
     now = datetime.now(UTC)
@@ -86,7 +88,7 @@ async def run(args: argparse.Namespace, settings: Settings, db: Any, out: Callab
     return True
 
 
-async def _list(db: Any, account_id: Any, include_inactive: bool, out: Callable[[str], None]) -> None:
+async def _list(db: Queries, account_id: Any, include_inactive: bool, out: Callable[[str], None]) -> None:
     tasks = await list_tasks(db, account_id, include_inactive=include_inactive)
     if not tasks:
         out("no scheduled tasks")

@@ -15,6 +15,7 @@ import httpx
 from core import access, identity
 from core.errors import PepperError
 from core.settings import Settings
+from core.store.queries import Queries
 
 
 class ChatError(PepperError):
@@ -49,7 +50,7 @@ def _read_password() -> str:
     return sys.stdin.readline().rstrip("\n")
 
 
-async def run(args: argparse.Namespace, settings: Settings, db: Any, out: Callable[[str], None]) -> bool:
+async def run(args: argparse.Namespace, settings: Settings, db: Queries, out: Callable[[str], None]) -> bool:
     if args.command == "web":
         account = await identity.get_account(db, args.account)
         handle = await access.set_web_password(db, account.id, args.login, _read_password())

@@ -31,6 +31,7 @@ from core.conversation import (
 )
 from core.errors import PepperError
 from core.settings import Settings
+from core.store.queries import Queries
 from core.twilio.signatures import public_request_url
 from gateway.segments import split_message
 from gateway.webhooks import MESSAGE_STATUS
@@ -43,7 +44,7 @@ log = logging.getLogger(__name__)
 class GatewayDeliverer:
     """Implements ``text_loop.scheduler.Deliverer`` over the store and Twilio."""
 
-    def __init__(self, settings: Settings, db: Any, messenger: Any = None, mailer: Any = None):
+    def __init__(self, settings: Settings, db: Queries, messenger: Any = None, mailer: Any = None):
         self.settings = settings
         self.db = db
         self.messenger = messenger

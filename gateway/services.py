@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from core.access import LoginThrottle
 from core.settings import Settings
+from core.store import Database
 from gateway.tasks import BackgroundTasks
 
 if TYPE_CHECKING:
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
 @dataclass
 class Services:
     settings: Settings
-    db: Any  # core.store.Database; None only when the app is built to list its routes
+    db: Database  # None only when the app is built to list its routes
     harness: Any = None  # text_loop.HarnessDeps, when models are configured
     messenger: TwilioMessenger | None = None
     mailer: Any = None  # gateway.mailer.SmtpMailer, when Pepper's SMTP account is configured

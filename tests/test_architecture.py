@@ -320,3 +320,33 @@ def test_profiles_use_the_call_engine_only_through_its_controls():
 def test_the_encapsulation_check_catches_a_profile_reaching_into_the_engine(tmp_path, text):
     _write(tmp_path, "answering_service/profile.py", text)
     assert len(engine_encapsulation(tmp_path)) == 1
+
+
+# The pool helpers take whatever holds a connection (a Database, a pool, a connection) on purpose.
+UNTYPED_STORE_HANDLES = ("core/store/pool.py",)
+
+
+def untyped_store_handles(root: Path) -> list[str]:
+    """Parameters named ``db`` annotated ``Any``: the store handle is a ``Queries`` (or a
+    ``Database`` where a transaction is taken), so what a function may do with it is checked."""
+    found = []
+    for path in source_files(root):
+        rel = path.relative_to(root).as_posix()
+        if rel.startswith(UNTYPED_STORE_HANDLES):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for arg in node.args.args + node.args.kwonlyargs:
+                    if arg.arg == "db" and arg.annotation is not None and ast.unparse(arg.annotation) == "Any":
+                        found.append(f"{rel}:{arg.lineno} {node.name}(db: Any)")
+    return found
+
+
+def test_the_store_handle_is_typed():
+    assert untyped_store_handles(ROOT) == []
+
+
+def test_the_store_handle_check_catches_an_untyped_one(tmp_path):
+    _write(tmp_path, "gateway/x.py", "from typing import Any\nasync def f(db: Any) -> None: ...\n")
+    _write(tmp_path, "core/store/pool.py", "from typing import Any\nasync def connection(db: Any) -> None: ...\n")
+    assert untyped_store_handles(tmp_path) == ["gateway/x.py:2 f(db: Any)"]

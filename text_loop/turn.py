@@ -22,6 +22,7 @@ from core.models.types import ModelService, ToolCall
 from core.owner_context import context_reads, owner_context, session_tools
 from core.records.skills import USER_SKILLS_SELECT, skill_sources
 from core.store.pool import connection
+from core.store.queries import Queries
 from core.tools.connectors import Connectors
 from core.tools.context import SessionContext, SessionKind, Trust
 from core.tools.gate import Gate, default_gate
@@ -52,7 +53,7 @@ def _utc_now() -> datetime:
 class HarnessDeps:
     """Everything a turn needs, built once at start-up and shared by every turn."""
 
-    db: Any
+    db: Queries
     models: ModelService
     registry: ToolRegistry = field(default_factory=starter_registry)
     gate: Gate = field(default_factory=default_gate)
@@ -305,7 +306,7 @@ async def _failed(deps: HarnessDeps, turn_id: UUID, exc: Exception) -> None:
 
 
 async def _record_finished_turn(
-    conn: Any,
+    conn: Queries,
     session: SessionContext,
     result: LoopResult,
     tier: str,

@@ -26,6 +26,7 @@ from typing import Any
 
 from core.conversation import turn_status, update_turn
 from core.records import calls as call_records
+from core.store.queries import Queries
 from core.store.sessions import Listener
 from core.tools.staging import drop_turn_writes
 
@@ -42,7 +43,7 @@ DIED = "process-died"
 CUT_SHORT = "Phone call cut short: the process holding it stopped."
 
 
-async def record_call_status(db: Any, call_sid: str, status: str) -> None:
+async def record_call_status(db: Queries, call_sid: str, status: str) -> None:
     """Record a final status and tell the process holding the call, in one statement."""
     await call_records.record_final_status(db, call_sid, status, channel=CHANNEL)
 

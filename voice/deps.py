@@ -8,11 +8,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib import resources
-from typing import Any
 
 from core.memory import MemoryConfig
 from core.records import calls as call_records
 from core.settings import Settings
+from core.store import Database
 from core.tools.connectors import Connectors
 from core.tools.gate import Gate
 from core.tools.registry import ToolRegistry
@@ -60,7 +60,7 @@ class VoiceConfig:
 class VoiceDeps:
     """Built once at start-up and shared by every call."""
 
-    db: Any
+    db: Database
     model: RealtimeModel | None
     registry: ToolRegistry
     gate: Gate

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 from uuid import UUID
 
 from core import identity
+from core.store.queries import Queries
 
 Route = Literal["owner", "answering", "refused", "blocked"]
 UnknownCaller = Literal["refuse", "answering"]
@@ -36,7 +37,7 @@ class CallRoute:
 
 
 async def classify_call(
-    db: Any, form: Mapping[str, str], *, unknown_caller: UnknownCaller = "refuse", default_region: str = "US"
+    db: Queries, form: Mapping[str, str], *, unknown_caller: UnknownCaller = "refuse", default_region: str = "US"
 ) -> CallRoute:
     line = await identity.find_line(db, form.get("To", ""), default_region=default_region)
     if line is None:

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from core.records import calls as call_records
 from core.security import record_security_event
+from core.store import Database
 from core.twilio import media_streams as media
 from core.twilio import twiml
 from voice import routing
@@ -229,7 +230,7 @@ class CallService:
 
 
 def voice_deps_from_settings(
-    settings: Any, db: Any, *, registry: Any, gate: Any, send_sms: Any, models: Any = None, connectors: Any = None
+    settings: Any, db: Database, *, registry: Any, gate: Any, send_sms: Any, models: Any = None, connectors: Any = None
 ) -> VoiceDeps:
     """What every call shares, with the configured realtime engine (none without its key: calls
     apologise); a line that names another engine gets it, built on its first call. ``models`` is

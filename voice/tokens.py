@@ -11,9 +11,10 @@ import hashlib
 import secrets
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Literal
 
 from core.records import call_tokens
+from core.store.queries import Queries
 
 TokenProblem = Literal["unknown", "reused", "expired", "foreign"]
 
@@ -28,13 +29,13 @@ def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode()).digest()
 
 
-async def issue_token(db: Any, call_sid: str, ttl: timedelta) -> str:
+async def issue_token(db: Queries, call_sid: str, ttl: timedelta) -> str:
     token = secrets.token_urlsafe(32)
     await call_tokens.record_token(db, _digest(token), call_sid, ttl)
     return token
 
 
-async def consume_token(db: Any, token: str | None, call_sid: str) -> TokenCheck:
+async def consume_token(db: Queries, token: str | None, call_sid: str) -> TokenCheck:
     """Burn the token and say whether it admits this call."""
     if not token:
         return TokenCheck(False, "unknown")

@@ -23,11 +23,12 @@ nothing checked once the call is closing) lives in ``voice.owner_profile``.
 
 from __future__ import annotations
 
-from typing import Any
 from uuid import UUID
 
 from core.records import call_verification as attempts
 from core.security import record_security_event
+from core.store import Database
+from core.store.queries import Queries
 
 WRONG_PIN = "pin-wrong"
 WRONG_CODE = "code-wrong"
@@ -36,7 +37,7 @@ PIN_LOCKED = "pin-locked"
 
 
 async def pin_locked(
-    db: Any,
+    db: Queries,
     account_id: UUID,
     source: str | None,
     *,
@@ -52,7 +53,7 @@ async def pin_locked(
 
 
 async def record_wrong(
-    db: Any,
+    db: Database,
     account_id: UUID,
     source: str | None,
     call_sid: str,
@@ -85,7 +86,7 @@ async def record_wrong(
 
 
 async def claim_code_send(
-    db: Any, account_id: UUID, source: str | None, call_sid: str, *, attested: bool, per_hour: int
+    db: Database, account_id: UUID, source: str | None, call_sid: str, *, attested: bool, per_hour: int
 ) -> int | None:
     """Claim one code send for this account within its hourly cap: the claim's id (give it back
     with :func:`release_code_send` if the text could not be sent), or None when the cap is reached."""
@@ -96,5 +97,5 @@ async def claim_code_send(
         return await attempts.record_attempt(conn, account_id, source, call_sid, CODE_SENT, attested=attested)
 
 
-async def release_code_send(db: Any, claim: int) -> None:
+async def release_code_send(db: Queries, claim: int) -> None:
     await attempts.forget_code_send(db, claim)

@@ -284,7 +284,7 @@ async def index_pending(
     return IndexProgress(result.model_id, result.indexed, result.total, added, result.finished, True)
 
 
-async def _index_batch(conn: Any, embedder: Embedder, state: IndexState, config: MemoryConfig) -> tuple[int, bool]:
+async def _index_batch(conn: Queries, embedder: Embedder, state: IndexState, config: MemoryConfig) -> tuple[int, bool]:
     """One batch of messages, then documents. Returns (rows written, whether more may remain)."""
     model_id = embedder.model_id
     messages = await conn.fetch(
@@ -359,7 +359,7 @@ async def _index_batch(conn: Any, embedder: Embedder, state: IndexState, config:
     return len(records), bool(records) or after[0] > before[0] or after[1] > before[1]
 
 
-async def _finish_if_done(conn: Any, state: IndexState, now: datetime) -> None:
+async def _finish_if_done(conn: Queries, state: IndexState, now: datetime) -> None:
     if not state.reindexing:
         return
     old = state.active_model

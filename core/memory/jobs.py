@@ -22,7 +22,6 @@ import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
-from typing import Any
 from uuid import UUID
 
 from core.memory.config import MemoryConfig
@@ -155,7 +154,7 @@ async def claim_jobs(
     return [Job(r["account_id"], r["kind"], r["period_start"], r["attempts"]) for r in rows]
 
 
-async def _finish(conn: Any, job: Job, outcome: str, now: datetime) -> None:
+async def _finish(conn: Queries, job: Job, outcome: str, now: datetime) -> None:
     await conn.execute(
         "UPDATE memory_jobs SET status = 'done', outcome = $4, finished_at = $5, leased_until = NULL, last_error = NULL"
         " WHERE account_id = $1 AND kind = $2 AND period_start = $3",

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
-from typing import Any
 from uuid import UUID
 
 from core.memory.config import MemoryConfig
@@ -125,7 +124,7 @@ async def draft_summary(
     )  # fmt: skip
 
 
-async def store_summary(conn: Any, draft: SummaryDraft) -> SummaryResult:
+async def store_summary(conn: Queries, draft: SummaryDraft) -> SummaryResult:
     """Insert the summary (one statement; run it inside the caller's transaction)."""
     summary_id = await conn.fetchval(
         """

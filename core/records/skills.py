@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Literal
 from uuid import UUID
 
 from core.errors import InvalidInput, NotFound
@@ -22,7 +22,7 @@ class StoredSkill:
 
 
 async def store_skill(
-    db: Any, account_id: UUID, name: str, text: str, *, replace: bool
+    db: Queries, account_id: UUID, name: str, text: str, *, replace: bool
 ) -> Literal["added", "replaced", "unchanged"]:
     """Store ``text`` as the account's skill ``name``. The same text twice is ``unchanged``; another
     text under an existing name needs ``replace=True`` (else InvalidInput, and nothing changes)."""

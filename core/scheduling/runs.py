@@ -54,7 +54,9 @@ def _schedule(row: Any) -> Schedule:
     return Schedule.from_record(json.loads(record) if isinstance(record, str) else record)
 
 
-async def materialize(db: Any, now: datetime, *, window: timedelta, batch: int = 200, missed_limit: int = 200) -> int:
+async def materialize(
+    db: Queries, now: datetime, *, window: timedelta, batch: int = 200, missed_limit: int = 200
+) -> int:
     """Record the occurrences of active tasks that are due by ``now``; returns how many tasks moved.
 
     Per task, of the occurrences between its ``next_run_at`` and ``now``: the newest one within
@@ -84,7 +86,7 @@ async def materialize(db: Any, now: datetime, *, window: timedelta, batch: int =
     return moved
 
 
-async def _materialize_task(conn: Any, row: Any, now: datetime, window: timedelta, missed_limit: int) -> None:
+async def _materialize_task(conn: Queries, row: Any, now: datetime, window: timedelta, missed_limit: int) -> None:
     task_id, zone = row["id"], row["zone"]
     place = Place(row["latitude"], row["longitude"]) if row["latitude"] is not None else None
     first = row["next_run_at"]
@@ -121,7 +123,7 @@ async def _materialize_task(conn: Any, row: Any, now: datetime, window: timedelt
 
 
 async def _insert_run(
-    conn: Any, task_id: int, occurrence: datetime, due: datetime, status: str, reason: str | None, now: datetime
+    conn: Queries, task_id: int, occurrence: datetime, due: datetime, status: str, reason: str | None, now: datetime
 ) -> None:
     finished = now if status in ("missed", "failed") else None
     await conn.execute(
@@ -139,7 +141,7 @@ async def _insert_run(
     )
 
 
-async def expire_stale(db: Any, now: datetime, *, window: timedelta) -> int:
+async def expire_stale(db: Queries, now: datetime, *, window: timedelta) -> int:
     """Occurrences that never started and are now older than the catch-up window become missed."""
     result = await db.execute(
         """
@@ -153,7 +155,7 @@ async def expire_stale(db: Any, now: datetime, *, window: timedelta) -> int:
     return int(result.split()[-1])
 
 
-async def claim(db: Any, owner: str, now: datetime, *, lease: timedelta, limit: int) -> list[Claim]:
+async def claim(db: Queries, owner: str, now: datetime, *, lease: timedelta, limit: int) -> list[Claim]:
     """Claim up to ``limit`` due occurrences for ``owner`` with a lease until ``now + lease``."""
     if limit <= 0:
         return []
@@ -202,7 +204,7 @@ async def claim(db: Any, owner: str, now: datetime, *, lease: timedelta, limit: 
     ]
 
 
-async def extend_lease(db: Any, run_id: int, owner: str, now: datetime, *, lease: timedelta) -> bool:
+async def extend_lease(db: Queries, run_id: int, owner: str, now: datetime, *, lease: timedelta) -> bool:
     """The heartbeat. False when the lease is no longer ours (it expired and another took it)."""
     result = await db.execute(
         """
@@ -219,12 +221,12 @@ async def extend_lease(db: Any, run_id: int, owner: str, now: datetime, *, lease
     return result.endswith(" 1")
 
 
-async def set_turn(db: Any, run_id: int, owner: str, turn_id: UUID) -> None:
+async def set_turn(db: Queries, run_id: int, owner: str, turn_id: UUID) -> None:
     await db.execute("UPDATE task_runs SET turn_id = $3 WHERE id = $1 AND lease_owner = $2", run_id, owner, turn_id)
 
 
 async def finish(
-    db: Any,
+    db: Queries,
     run_id: int,
     owner: str,
     now: datetime,
@@ -254,7 +256,7 @@ async def finish(
 
 
 async def release(
-    db: Any, run_id: int, owner: str, *, due_at: datetime, reason: str | None, count_attempt: bool = True
+    db: Queries, run_id: int, owner: str, *, due_at: datetime, reason: str | None, count_attempt: bool = True
 ) -> bool:
     """Give a claimed run back: due again at ``due_at`` (a retry, or now after a graceful stop)."""
     result = await db.execute(
@@ -273,7 +275,7 @@ async def release(
     return result.endswith(" 1")
 
 
-async def recent_receipts(db: Any, task_id: int, limit: int = 5) -> list[Any]:
+async def recent_receipts(db: Queries, task_id: int, limit: int = 5) -> list[Any]:
     return await db.fetch(
         """
         SELECT id, occurrence_at, status, reason, evidence, attempts, finished_at FROM task_runs

@@ -119,7 +119,7 @@ async def first_occurrence(
 
 
 async def create_task(
-    conn: Any,
+    conn: Queries,
     account_id: UUID,
     *,
     title: str,
@@ -199,7 +199,7 @@ async def cancelled_in_turn(db: Queries, turn_id: UUID) -> int:
 
 
 async def cancel_tasks(
-    conn: Any, account_id: UUID | None, task_ids: Sequence[int], *, now: datetime, turn_id: UUID | None = None
+    conn: Queries, account_id: UUID | None, task_ids: Sequence[int], *, now: datetime, turn_id: UUID | None = None
 ) -> list[int]:
     """Cancel active tasks (of ``account_id`` when given); returns the ids actually cancelled.
 

@@ -23,6 +23,7 @@ from jsonschema.exceptions import best_match
 from jsonschema.validators import extend
 
 from core.models.types import ToolSpec
+from core.store.queries import Queries
 from core.tools.context import SessionContext
 
 OutcomeStatus = Literal["ok", "empty", "failed"]
@@ -76,7 +77,7 @@ class ToolContext:
     """
 
     session: SessionContext
-    db: Any
+    db: Queries
     now: datetime
     flushed_later: bool = False
 

@@ -7,10 +7,11 @@ so a skill stored under older limits is refused then, with the reason.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 from uuid import UUID
 
 from core.records.skills import store_skill
+from core.store.queries import Queries
 from text_loop.skills.catalog import SkillCatalog, limit_problem
 from text_loop.skills.model import Skill, SkillError, parse_skill
 
@@ -27,7 +28,7 @@ def check_user_skill(text: str, catalog: SkillCatalog, *, source: str = "file") 
 
 
 async def add_user_skill(
-    db: Any, account_id: UUID, text: str, catalog: SkillCatalog, *, replace: bool = False, source: str = "file"
+    db: Queries, account_id: UUID, text: str, catalog: SkillCatalog, *, replace: bool = False, source: str = "file"
 ) -> tuple[Skill, Literal["added", "replaced", "unchanged"]]:
     """Store a skill for the account. The same text twice is ``unchanged``; another text under an
     existing name needs ``replace=True`` (else InvalidInput, and nothing changes)."""

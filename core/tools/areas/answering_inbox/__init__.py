@@ -15,6 +15,7 @@ from typing import Any
 from uuid import UUID
 from zoneinfo import ZoneInfo
 
+from core.store.queries import Queries
 from core.tools.registry import Tool, ToolContext, ToolOutcome
 from core.untrusted import quoted
 
@@ -98,7 +99,7 @@ async def _plan_handled(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
     )
 
 
-async def _apply_handled(conn: Any, account_id: UUID, payload: dict[str, Any]) -> None:
+async def _apply_handled(conn: Queries, account_id: UUID, payload: dict[str, Any]) -> None:
     await conn.execute(
         "UPDATE answering_messages SET handled_at = now() WHERE id = $1 AND account_id = $2 AND handled_at IS NULL",
         payload["id"],

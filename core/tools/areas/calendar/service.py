@@ -89,7 +89,7 @@ class Booking:
     created: bool  # False when the booking key had already booked this slot
 
 
-async def lock_bookings(conn: Any, account_id: UUID) -> None:
+async def lock_bookings(conn: Queries, account_id: UUID) -> None:
     """Take the account's booking lock until the transaction ends: bookings (and the answering
     service's holds on slots) of one account are checked and made one at a time."""
     await conn.execute(
@@ -246,9 +246,9 @@ async def find_event(db: Queries, connectors: Connectors, account_id: UUID, ref:
             {"client": client, "res": res, "doc": doc, "master": master},
         )  # fmt: skip
     if cal.kind == "google":
-        client = GoogleClient(db, connectors, cal.connection_id)  # type: ignore[arg-type]
+        google = GoogleClient(db, connectors, cal.connection_id)  # type: ignore[arg-type]
         try:
-            item = await client.call("GET", google_path(cal, key))
+            item = await google.call("GET", google_path(cal, key))
         except GoogleError as exc:
             if exc.status == 404:
                 raise InvalidInput(f"no event {ref!r}; list the events again") from exc
@@ -256,7 +256,7 @@ async def find_event(db: Queries, connectors: Connectors, account_id: UUID, ref:
         ev = google_event(item, cal, ZoneInfo("UTC"))
         return Target(
             cal, key, None, ev.title, ev.start, ev.end, ev.attendees, ev.organizer, ev.recurring,
-            {"client": client, "item": item},
+            {"client": google, "item": item},
         )  # fmt: skip
     raise InvalidInput(f"{cal.name} cannot be changed by Pepper")
 
@@ -271,7 +271,7 @@ def _json(value: Any) -> list[dict[str, Any]]:
 
 
 async def shift_own(
-    conn: Any, account_id: UUID, event_id: UUID, new_start: datetime, new_end: datetime, original: datetime | None
+    conn: Queries, account_id: UUID, event_id: UUID, new_start: datetime, new_end: datetime, original: datetime | None
 ) -> None:
     row = await conn.fetchrow(
         "SELECT * FROM calendar_events WHERE id = $1 AND account_id = $2 FOR UPDATE", event_id, account_id
@@ -304,7 +304,7 @@ async def shift_own(
     )
 
 
-async def cancel_own(conn: Any, account_id: UUID, event_id: UUID, original: datetime | None) -> None:
+async def cancel_own(conn: Queries, account_id: UUID, event_id: UUID, original: datetime | None) -> None:
     row = await conn.fetchrow(
         "SELECT rrule FROM calendar_events WHERE id = $1 AND account_id = $2 FOR UPDATE", event_id, account_id
     )

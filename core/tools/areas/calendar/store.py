@@ -147,7 +147,7 @@ async def own_event(db: Queries, account_id: UUID, key: str) -> Any:
 
 
 async def insert_event(
-    conn: Any,
+    conn: Queries,
     account_id: UUID,
     calendar_id: UUID,
     *,

@@ -145,7 +145,7 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
                     "invitations from this calendar go by Pepper's mail, which is not set up; create the event "
                     "without invitations"
                 )
-        organizer = (await owner_emails(ctx.db, account_id) or [None])[0]
+        organizer = next(iter(await owner_emails(ctx.db, account_id)), None)
         payload = {
             "calendar_id": str(cal.id),
             "kind": cal.kind,
@@ -178,7 +178,7 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
 
     # --- outside effects: an outbox row committed with the change, the effect after the commit ---
 
-    async def _queue(conn: Any, account_id: UUID, tool: str, effect: str, p: dict[str, Any], **extra: Any) -> None:
+    async def _queue(conn: Queries, account_id: UUID, tool: str, effect: str, p: dict[str, Any], **extra: Any) -> None:
         await conn.execute(
             "INSERT INTO calendar_outbox (account_id, effect_key, tool, effect, payload)"
             " VALUES ($1, $2, $3, $4, $5::jsonb)",
@@ -251,7 +251,7 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
 
     # --- applying (in the runner's transaction) -----------------------------------------------
 
-    async def _apply_create(conn: Any, account_id: UUID, p: dict[str, Any]) -> None:
+    async def _apply_create(conn: Queries, account_id: UUID, p: dict[str, Any]) -> None:
         start, end = datetime.fromisoformat(p["start"]), datetime.fromisoformat(p["end"])
         people = [Attendee(a) for a in p["attendees"]]
         uid = new_uid()
@@ -277,7 +277,7 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
         elif p["kind"] == "google":
             await _queue(conn, account_id, "create_event", "google", p)
 
-    async def _apply_move(conn: Any, account_id: UUID, p: dict[str, Any]) -> None:
+    async def _apply_move(conn: Queries, account_id: UUID, p: dict[str, Any]) -> None:
         if p["kind"] != "pepper":
             await _queue(conn, account_id, "move_event", p["kind"], p)
             return
@@ -292,7 +292,7 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
         if mail is not None:
             await _queue(conn, account_id, "move_event", "mail", p, mail=mail)
 
-    async def _apply_cancel(conn: Any, account_id: UUID, p: dict[str, Any]) -> None:
+    async def _apply_cancel(conn: Queries, account_id: UUID, p: dict[str, Any]) -> None:
         if p["kind"] != "pepper":
             await _queue(conn, account_id, "cancel_event", p["kind"], p)
             return
@@ -429,7 +429,7 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
             "notify": told,
             "untold": untold,
             "title": target.title,
-            "organizer": (await owner_emails(ctx.db, ctx.session.account_id) or [None])[0],
+            "organizer": next(iter(await owner_emails(ctx.db, ctx.session.account_id)), None),
             "uid": row["uid"] if row is not None else target.key,
             "sequence": row["sequence"] if row is not None else 0,
         }

@@ -11,6 +11,7 @@ from uuid import UUID
 
 from core.errors import InvalidInput
 from core.identity import normalize_email, normalize_phone
+from core.store.queries import Queries
 from core.tools.registry import Tool, ToolContext, ToolOutcome
 
 AREA = "contacts"
@@ -64,7 +65,7 @@ async def _plan_add(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
     return ToolOutcome.planned(payload, f"contact {name!r} saved")
 
 
-async def _apply_add(conn: Any, account_id: UUID, p: dict[str, Any]) -> None:
+async def _apply_add(conn: Queries, account_id: UUID, p: dict[str, Any]) -> None:
     await conn.execute(
         "INSERT INTO contacts (account_id, name, emails, phones, notes) VALUES ($1, $2, $3, $4, $5)",
         account_id,
@@ -112,7 +113,7 @@ async def _plan_update(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
     return ToolOutcome.planned(payload, f"contact {payload['name'] or row['name']!r} updated")
 
 
-async def _apply_update(conn: Any, account_id: UUID, p: dict[str, Any]) -> None:
+async def _apply_update(conn: Queries, account_id: UUID, p: dict[str, Any]) -> None:
     await conn.execute(
         """
         UPDATE contacts SET name = coalesce($3, name),
@@ -139,7 +140,7 @@ async def _plan_remove(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
     return ToolOutcome.planned({"id": args["id"]}, f"contact {name!r} removed")
 
 
-async def _apply_remove(conn: Any, account_id: UUID, p: dict[str, Any]) -> None:
+async def _apply_remove(conn: Queries, account_id: UUID, p: dict[str, Any]) -> None:
     await conn.execute("DELETE FROM contacts WHERE id = $1 AND account_id = $2", p["id"], account_id)
 
 

@@ -11,6 +11,7 @@ from typing import Any
 from uuid import UUID
 
 from core.memory.dossier import MAX_NOTES_IN_PROMPT, dossier_text
+from core.store.queries import Queries
 from core.tools.registry import Tool, ToolContext, ToolOutcome
 
 __all__ = ["MAX_NOTES_IN_PROMPT", "TOOLS", "dossier_text"]
@@ -23,7 +24,7 @@ async def _plan_note(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
     return ToolOutcome.planned({"note": body}, "dossier note added")
 
 
-async def _apply_note(conn: Any, account_id: UUID, payload: dict[str, Any]) -> None:
+async def _apply_note(conn: Queries, account_id: UUID, payload: dict[str, Any]) -> None:
     await conn.execute("INSERT INTO dossier_notes (account_id, body) VALUES ($1, $2)", account_id, payload["note"])
 
 

@@ -135,7 +135,7 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
             )
         return ToolOutcome.planned(payload, summary)
 
-    async def _apply(conn: Any, account_id: UUID, p: dict[str, Any]) -> None:
+    async def _apply(conn: Queries, account_id: UUID, p: dict[str, Any]) -> None:
         """The outbox row, committed before anything leaves: a draft, or a send ``queued``."""
         draft = p["mode"] != "send"
         row_id = await conn.fetchval(
@@ -251,7 +251,7 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
         who = _who(row["sender"], row["from_address"])
         return ToolOutcome.planned({"draft": row["id"]}, f"draft #{row['id']} sent from {who}")
 
-    async def _apply_send_draft(conn: Any, account_id: UUID, p: dict[str, Any]) -> None:
+    async def _apply_send_draft(conn: Queries, account_id: UUID, p: dict[str, Any]) -> None:
         """Queue the reviewed draft (its card goes); ``_after_send_draft`` sends it."""
         await conn.execute(
             "UPDATE email_messages SET status = 'queued', card = NULL WHERE id = $1 AND account_id = $2"

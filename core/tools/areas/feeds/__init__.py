@@ -97,7 +97,7 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
         title = (parsed.feed.get("title") if parsed else None) or url
         return ToolOutcome.planned({"url": url, "title": title}, f"now following {title!r}")
 
-    async def _apply_follow(conn: Any, account_id: UUID, p: dict[str, Any]) -> None:
+    async def _apply_follow(conn: Queries, account_id: UUID, p: dict[str, Any]) -> None:
         await conn.execute(
             "INSERT INTO feeds (account_id, url, title) VALUES ($1, $2, $3) ON CONFLICT (account_id, url) DO NOTHING",
             account_id,
@@ -126,7 +126,7 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
             return ToolOutcome.failed(f"there is no feed #{args['feed']}")
         return ToolOutcome.planned({"feed": args["feed"]}, f"stopped following {title!r}")
 
-    async def _apply_unfollow(conn: Any, account_id: UUID, p: dict[str, Any]) -> None:
+    async def _apply_unfollow(conn: Queries, account_id: UUID, p: dict[str, Any]) -> None:
         await conn.execute("DELETE FROM feeds WHERE id = $1 AND account_id = $2", p["feed"], account_id)
 
     async def _read(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
@@ -193,7 +193,7 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
             return ToolOutcome.failed("none of those items exist; use the numbers from read_feeds")
         return ToolOutcome.planned({"items": known}, f"{len(known)} feed items marked read")
 
-    async def _apply_mark(conn: Any, account_id: UUID, p: dict[str, Any]) -> None:
+    async def _apply_mark(conn: Queries, account_id: UUID, p: dict[str, Any]) -> None:
         await conn.execute(
             """
             UPDATE feed_items i SET read_at = coalesce(i.read_at, now()) FROM feeds f

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
+from core.store.queries import Queries
 from core.tools.registry import Narrowing, Tool, ToolContext, ToolOutcome
 
 
@@ -20,7 +21,7 @@ async def _plan_add(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
     return ToolOutcome.planned({"text": body}, "note saved")
 
 
-async def _apply_add(conn: Any, account_id: UUID, payload: dict[str, Any]) -> None:
+async def _apply_add(conn: Queries, account_id: UUID, payload: dict[str, Any]) -> None:
     await conn.execute("INSERT INTO notes (account_id, body) VALUES ($1, $2)", account_id, payload["text"])
 
 
@@ -62,7 +63,7 @@ async def _plan_document(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
     return ToolOutcome.planned({"title": title, "text": body}, f"document {title!r} {verb}")
 
 
-async def _apply_document(conn: Any, account_id: UUID, payload: dict[str, Any]) -> None:
+async def _apply_document(conn: Queries, account_id: UUID, payload: dict[str, Any]) -> None:
     await conn.execute(
         """
         INSERT INTO notes (account_id, title, body) VALUES ($1, $2, $3)

@@ -14,6 +14,7 @@ from zoneinfo import ZoneInfo
 from core.errors import InvalidInput
 from core.scheduling.schedule import Schedule, ScheduleError, parse_schedule, to_utc
 from core.scheduling.tasks import DELIVERY_CHANNELS, check_channels, create_task
+from core.store.queries import Queries
 from core.tools.registry import Tool, ToolContext, ToolOutcome
 
 WHEN_HELP = "Write when like: 'in 20 minutes', 'in 2 hours', 'at 17:30', 'tomorrow at 9am', '2025-06-02 09:00'."
@@ -66,7 +67,7 @@ async def _plan_set(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
     return ToolOutcome.planned(payload, f"reminder set for {local:%a %d %b %H:%M}")
 
 
-async def _apply_set(conn: Any, account_id: UUID, payload: dict[str, Any]) -> None:
+async def _apply_set(conn: Queries, account_id: UUID, payload: dict[str, Any]) -> None:
     text = payload["text"]
     await create_task(
         conn,

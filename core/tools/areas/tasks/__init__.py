@@ -25,6 +25,7 @@ from core.scheduling.tasks import (
     first_occurrence,
     list_tasks,
 )
+from core.store.queries import Queries
 from core.tools.registry import Tool, ToolContext, ToolOutcome
 
 NOT_IN_SCHEDULED_RUNS = "a scheduled run cannot create or cancel scheduled tasks; the person must ask in chat"
@@ -62,7 +63,7 @@ async def _plan_create(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
     return ToolOutcome.planned(payload, summary)
 
 
-async def _apply_create(conn: Any, account_id: UUID, payload: dict[str, Any]) -> None:
+async def _apply_create(conn: Queries, account_id: UUID, payload: dict[str, Any]) -> None:
     await create_task(
         conn,
         account_id,
@@ -132,7 +133,7 @@ async def _plan_cancel(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
     return ToolOutcome.planned(payload, f"cancelled {names}")
 
 
-async def _apply_cancel(conn: Any, account_id: UUID, payload: dict[str, Any]) -> None:
+async def _apply_cancel(conn: Queries, account_id: UUID, payload: dict[str, Any]) -> None:
     await cancel_tasks(
         conn,
         account_id,

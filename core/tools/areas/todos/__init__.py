@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
+from core.store.queries import Queries
 from core.tools.registry import Tool, ToolContext, ToolOutcome
 
 
@@ -19,7 +20,7 @@ async def _plan_add(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
     return ToolOutcome.planned({"title": title}, "todo added")
 
 
-async def _apply_add(conn: Any, account_id: UUID, payload: dict[str, Any]) -> None:
+async def _apply_add(conn: Queries, account_id: UUID, payload: dict[str, Any]) -> None:
     await conn.execute("INSERT INTO todos (account_id, title) VALUES ($1, $2)", account_id, payload["title"])
 
 
@@ -51,7 +52,7 @@ async def _plan_complete(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
     return ToolOutcome.planned({"id": row["id"]}, f"todo #{row['id']} marked done")
 
 
-async def _apply_complete(conn: Any, account_id: UUID, payload: dict[str, Any]) -> None:
+async def _apply_complete(conn: Queries, account_id: UUID, payload: dict[str, Any]) -> None:
     await conn.execute(
         "UPDATE todos SET done_at = coalesce(done_at, now()) WHERE id = $1 AND account_id = $2",
         payload["id"],
