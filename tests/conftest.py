@@ -74,7 +74,7 @@ def db_pool(db_factory: DatabaseFactory) -> Iterator[DatabasePool]:
     pool = DatabasePool(db_factory)
     pool.start()
     yield pool
-    pool.close()
+    pool.close(drop=bool(os.environ.get("PEPPER_TEST_DATABASE_URL")))  # the embedded server goes whole
 
 
 @pytest.fixture

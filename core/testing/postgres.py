@@ -57,7 +57,7 @@ def test_server() -> Iterator[str]:
     try:
         yield pg.start()
     finally:
-        pg.stop()
+        pg.stop(discard=True)
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -325,9 +325,12 @@ class DatabasePool:
         finally:
             self._loop.call_soon_threadsafe(self._busy.release)
 
-    def close(self) -> None:
+    def close(self, *, drop: bool = True) -> None:
+        """Finish the work begun and stop; ``drop``: drop the databases too (not worth it on a
+        server about to be deleted: the first DROP DATABASE waits for a checkpoint)."""
         concurrent.futures.wait(self._work, timeout=60)
-        self._call(self._drop_all()).result(timeout=60)
+        if drop:
+            self._call(self._drop_all()).result(timeout=60)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
         self._loop.close()
