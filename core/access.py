@@ -7,9 +7,9 @@ SHA-256 is stored, so a database leak does not leak working credentials.
 from __future__ import annotations
 
 import hashlib
+import math
 import secrets
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -82,67 +82,121 @@ async def check_web_login(db: Queries, login: str, password: str) -> UUID | None
     return handle.account_id if ok and row is not None and handle is not None else None
 
 
-class LoginThrottle:
-    """Failed sign-ins per login and per address within a sliding window, and checks in flight.
+@dataclass
+class _Failures:
+    """One login's or one address's failed sign-ins."""
 
-    An attempt is admitted only while its login has fewer than ``per_login`` failures (attempts
-    still being checked count as failures), its address fewer than ``per_address``, and fewer than
-    ``max_pending`` checks wait in all; a refused attempt costs no argon2 check. A success takes
-    its own attempt back; failures age out after ``window`` seconds. In memory, per process: the
-    web server is the one process that signs people in.
+    count: float = 0.0  # as of ``at`` (an address's fades, see LoginThrottle)
+    at: float = 0.0  # the last attempt let through, or its failure: a wait counts from here
+    pending: int = 0  # checks in flight, counted as failures
+
+
+class LoginThrottle:
+    """Exponential backoff on failed sign-ins, per login and per client address, and a bound on
+    the checks in flight.
+
+    The first ``per_login`` failures of a login (``per_address`` of an address) cost nothing;
+    after that an attempt must wait ``base`` seconds after the last one, twice as long with every
+    further failure, at most ``cap`` (1 s, 2 s, 4 s ... 15 minutes). Attempts still being checked
+    count as failures, so guesses sent together do not slip through together, and at most
+    ``max_pending`` checks wait in all. A refused attempt costs no argon2 check and changes
+    nothing; its ``retry_after`` is the wait left, in whole seconds. A success clears its login's
+    failures and takes its own attempt back from the address. An address forgets one failure every
+    ``address_decay`` seconds (addresses are shared: a household, an office); a login forgets its
+    failures ``forget_after`` seconds after the last one. In memory, per process: the web server
+    is the one process that signs people in. At most ``MAX_KEYS`` logins and as many addresses are
+    remembered: when full, those with nothing held against them go first, then the least recently
+    seen.
     """
 
-    MAX_KEYS = 10_000  # logins and addresses remembered; beyond this the idle ones are forgotten
+    MAX_KEYS = 10_000
 
     def __init__(
-        self, *, per_login: int = 5, per_address: int = 20, window: float = 15 * 60, max_pending: int = 16,
+        self, *, per_login: int = 5, per_address: int = 20, base: float = 1.0, cap: float = 15 * 60,
+        address_decay: float = 5 * 60, forget_after: float = 24 * 3600, max_pending: int = 16,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:  # fmt: skip
-        self.per_login, self.per_address, self.window, self.max_pending = per_login, per_address, window, max_pending
+        self.per_login, self.per_address, self.base, self.cap = per_login, per_address, base, cap
+        self.address_decay, self.forget_after, self.max_pending = address_decay, forget_after, max_pending
         self.clock = clock
         self.pending = 0
-        self._logins: dict[str, deque[float]] = {}
-        self._addresses: dict[str, deque[float]] = {}
+        self._logins: dict[str, _Failures] = {}
+        self._addresses: dict[str, _Failures] = {}
 
-    def _recent(self, book: dict[str, deque[float]], key: str, limit: int, now: float) -> deque[float]:
-        times = book.get(key)
-        if times is None:
+    def _failures(self, entry: _Failures, now: float, *, address: bool) -> float:
+        """The entry's failures now, before any still being checked."""
+        if address:
+            return max(0.0, entry.count - (now - entry.at) / self.address_decay)
+        return 0.0 if now - entry.at >= self.forget_after else entry.count
+
+    def _wait(self, entry: _Failures, now: float, free: int, *, address: bool) -> float:
+        failures = math.ceil(self._failures(entry, now, address=address)) + entry.pending
+        if failures < free:
+            return 0.0
+        wait = min(self.cap, self.base * 2.0 ** min(failures - free, 64))
+        return max(0.0, entry.at + wait - now)
+
+    def _entry(self, book: dict[str, _Failures], key: str, now: float, *, address: bool) -> _Failures:
+        entry = book.pop(key, None)
+        if entry is None:
             if len(book) >= self.MAX_KEYS:
-                for stale in [k for k, v in book.items() if not v or v[-1] <= now - self.window]:
-                    del book[stale]
-                if len(book) >= self.MAX_KEYS:  # all busy: forget the oldest key
+                for idle in [
+                    k for k, e in book.items() if not e.pending and not self._failures(e, now, address=address)
+                ]:
+                    del book[idle]
+                while len(book) >= self.MAX_KEYS:  # all held against: forget the least recently seen
                     del book[next(iter(book))]
-            times = book[key] = deque(maxlen=limit)
-        while times and times[0] <= now - self.window:
-            times.popleft()
-        return times
+            entry = _Failures(at=now)
+        book[key] = entry  # the most recently seen last
+        return entry
+
+    def retry_after(self, login: str, address: str) -> float:
+        """Seconds until an attempt for this login from this address would be let through (0: now)."""
+        now = self.clock()
+        by_login, by_address = self._logins.get(_login_key(login)), self._addresses.get(address)
+        return max(
+            self._wait(by_login, now, self.per_login, address=False) if by_login else 0.0,
+            self._wait(by_address, now, self.per_address, address=True) if by_address else 0.0,
+        )
 
     @contextmanager
-    def attempt(self, login: str, address: str) -> Iterator[LoginAttempt | None]:
-        """``with throttle.attempt(login, address) as attempt``: None when refused; else mark
-        ``attempt.succeeded()`` on a correct password (a failure is the default)."""
-        now = self.clock()
-        by_login = self._recent(self._logins, login.strip().lower()[:100], self.per_login, now)
-        by_address = self._recent(self._addresses, address, self.per_address, now)
-        if len(by_login) >= self.per_login or len(by_address) >= self.per_address or self.pending >= self.max_pending:
-            yield None
+    def attempt(self, login: str, address: str) -> Iterator[LoginAttempt]:
+        """``with throttle.attempt(login, address) as attempt``: refused when ``attempt.retry_after``
+        is set; else mark ``attempt.succeeded()`` on a correct password (a failure is the default)."""
+        wait = self.retry_after(login, address)
+        if wait > 0 or self.pending >= self.max_pending:
+            yield LoginAttempt(retry_after=max(1, math.ceil(wait)))
             return
-        by_login.append(now)
-        by_address.append(now)
+        now = self.clock()
+        entries = (
+            (self._entry(self._logins, _login_key(login), now, address=False), False),
+            (self._entry(self._addresses, address, now, address=True), True),
+        )
+        for entry, is_address in entries:
+            entry.count, entry.at = self._failures(entry, now, address=is_address), now
+            entry.pending += 1
         self.pending += 1
         attempt = LoginAttempt()
         try:
             yield attempt
         finally:
             self.pending -= 1
-            if attempt.ok:
-                for times in (by_login, by_address):
-                    if now in times:
-                        times.remove(now)
+            done = self.clock()
+            for entry, is_address in entries:
+                entry.pending -= 1
+                if attempt.ok and not is_address:
+                    entry.count = 0.0
+                elif not attempt.ok:
+                    entry.count, entry.at = self._failures(entry, done, address=is_address) + 1, done
+
+
+def _login_key(login: str) -> str:
+    return login.strip().lower()[:100]
 
 
 @dataclass
 class LoginAttempt:
+    retry_after: int | None = None  # refused: seconds to wait
     ok: bool = False
 
     def succeeded(self) -> None:

@@ -137,11 +137,13 @@ async def login() -> ResponseReturnValue:
         log.info("web sign-in refused")
         return redirect("/chat?error=1")
     with services.login_throttle.attempt(login_name, request.remote_addr or "") as attempt:
-        if attempt is None:
-            log.warning("web sign-in throttled")
-            await record_security_event(services.db, "web-sign-in-throttled", path=request.path)
-            response = _json_error(429, "throttled", "too many failed sign-ins; try again in a few minutes")
-            response.headers["Retry-After"] = str(int(services.login_throttle.window))
+        if attempt.retry_after is not None:
+            log.warning("web sign-in throttled: retry_after=%s", attempt.retry_after)
+            await record_security_event(
+                services.db, "web-sign-in-throttled", path=request.path, retry_after=str(attempt.retry_after)
+            )
+            response = _json_error(429, "throttled", "too many failed sign-ins; wait before trying again")
+            response.headers["Retry-After"] = str(attempt.retry_after)
             return response
         account_id = await access.check_web_login(services.db, login_name, password)
         if account_id is not None:

@@ -12,7 +12,7 @@ import pytest
 from core.settings import setting_names
 from core.store import Database
 from core.store.embedded import EmbeddedPostgres, wheel_bin_dir
-from core.testing.postgres import DatabaseFactory, test_server
+from core.testing.postgres import DatabaseFactory, DatabasePool, test_server
 from core.testing.scripted import ScriptedModels
 
 
@@ -69,12 +69,29 @@ async def db_factory(pg_server: str) -> DatabaseFactory:
     return factory
 
 
+@pytest.fixture(scope="session")
+def db_pool(db_factory: DatabaseFactory) -> Iterator[DatabasePool]:
+    pool = DatabasePool(db_factory)
+    pool.start()
+    yield pool
+    pool.close(drop=bool(os.environ.get("PEPPER_TEST_DATABASE_URL")))  # the embedded server goes whole
+
+
 @pytest.fixture
-async def db_url(db_factory: DatabaseFactory) -> AsyncIterator[str]:
-    """DSN of a fresh, migrated database of its own for this test."""
-    dsn = await db_factory.create()
+async def db_url(db_pool: DatabasePool) -> AsyncIterator[str]:
+    """DSN of a fresh, migrated database of its own for this test (a clone of the template, or
+    one put back in a clone's state after an earlier test: see ``DatabasePool``)."""
+    dsn = await db_pool.acquire()
     yield dsn
-    await db_factory.drop(dsn)
+    db_pool.release(dsn)
+
+
+@pytest.fixture
+def quiet_server(db_pool: DatabasePool, db_url: str) -> Iterator[None]:
+    """Nothing but the test writes on the run's Postgres meanwhile (the pool's background work
+    waits): for tests that read the server-wide position of the write-ahead log."""
+    with db_pool.quiet():
+        yield
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import io
 import json
+import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -277,6 +278,7 @@ async def test_the_server_keeps_answering_while_wrong_passwords_are_checked(web:
 
 
 async def test_failed_sign_ins_are_throttled_per_login_without_checking_the_password(web: Web):
+    web.app.extensions["pepper"].login_throttle = access.LoginThrottle(clock=lambda: 0.0)  # no wait passes
     async with aiohttp.ClientSession() as session:
         # Twenty guesses at once: five are checked, the rest are refused before any argon2 check.
         tries = await asyncio.gather(
@@ -299,7 +301,7 @@ async def test_failed_sign_ins_are_throttled_per_login_without_checking_the_pass
 async def test_failed_sign_ins_are_throttled_per_address(web: Web):
     bob = await identity.create_account(web.db, "Bob")
     await access.set_web_password(web.db, bob.id, "bob", PASSWORD)
-    web.app.extensions["pepper"].login_throttle = access.LoginThrottle(per_login=5, per_address=3)
+    web.app.extensions["pepper"].login_throttle = access.LoginThrottle(per_login=5, per_address=3, clock=lambda: 0.0)
     async with aiohttp.ClientSession() as session:
         # One address guessing many logins, under the per-login limit for each.
         for i in range(3):
@@ -312,19 +314,91 @@ async def test_failed_sign_ins_are_throttled_per_address(web: Web):
 
 def test_throttled_failures_age_out_and_a_success_takes_its_attempt_back():
     now = [0.0]
-    throttle = access.LoginThrottle(per_login=2, per_address=10, window=60, clock=lambda: now[0])
+    throttle = access.LoginThrottle(per_login=2, per_address=10, clock=lambda: now[0])
     with throttle.attempt("Ada", "a") as first:
-        assert first is not None
+        assert first.retry_after is None
         first.succeeded()
     for _ in range(2):
         with throttle.attempt("ada", "a") as attempt:
-            assert attempt is not None
+            assert attempt.retry_after is None
     with throttle.attempt("ADA ", "b") as refused:
-        assert refused is None
+        assert refused.retry_after is not None
     now[0] = 61.0
     with throttle.attempt("ada", "b") as again:
-        assert again is not None
+        assert again.retry_after is None
     assert throttle.pending == 0
+
+
+async def test_a_guessing_loop_waits_ever_longer_and_the_right_password_works_once_the_wait_is_over(web: Web):
+    now = [0.0]
+    web.app.extensions["pepper"].login_throttle = access.LoginThrottle(clock=lambda: now[0])
+    waits = []
+    async with aiohttp.ClientSession() as session:
+        for i in range(5):  # the first five failures cost no wait
+            assert (await _post_login(session, web.base, "ada", f"guess {i}", "198.51.100.1"))[0] == 302
+        for i in range(6):
+            # Inside the wait even the right password is refused: it is not checked at all.
+            status, cookie, retry = await _post_login(session, web.base, "ada", PASSWORD, "198.51.100.1")
+            assert (status, cookie) == (429, None)
+            waits.append(int(retry))
+            now[0] += waits[-1] / 2  # halfway, from another address: the rest of the wait
+            status, _, retry = await _post_login(session, web.base, "ada", PASSWORD, "198.51.100.2")
+            assert status == 429 and int(retry) == math.ceil(waits[-1] / 2)
+            now[0] += waits[-1] / 2
+            assert (await _post_login(session, web.base, "ada", f"guess {i} again", "198.51.100.1"))[0] == 302
+        assert waits == [1, 2, 4, 8, 16, 32]
+        status, cookie, retry = await _post_login(session, web.base, "ada", PASSWORD, "198.51.100.1")
+        assert (status, cookie, retry) == (429, None, "64")
+        now[0] += 64
+        status, cookie, _ = await _post_login(session, web.base, "ada", PASSWORD, "198.51.100.1")
+        assert status == 302 and cookie is not None
+        # The success cleared the login's failures: the next wrong password is checked at once.
+        assert (await _post_login(session, web.base, "ada", "one more guess", "198.51.100.1"))[0] == 302
+    assert await web.db.fetchval("SELECT count(*) FROM web_sessions WHERE account_id = $1", web.account_id) == 1
+    events = await web.db.fetch("SELECT detail FROM security_events WHERE kind = 'web-sign-in-throttled' ORDER BY id")
+    assert [json.loads(e["detail"])["retry_after"] for e in events][:3] == ["1", "1", "2"] and len(events) == 13
+
+
+def test_the_wait_doubles_up_to_its_cap():
+    now = [0.0]
+    throttle = access.LoginThrottle(per_login=3, cap=900, clock=lambda: now[0])
+    waits = []
+    for i in range(15):  # one login from ever new addresses, each guess as soon as let through
+        waits.append(throttle.retry_after("ada", f"192.0.2.{i}"))
+        now[0] += waits[-1]
+        with throttle.attempt("ada", f"192.0.2.{i}") as attempt:
+            assert attempt.retry_after is None
+    assert waits == [0, 0, 0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 900, 900]
+
+
+def test_an_address_forgets_a_failure_every_five_minutes():
+    now = [0.0]
+    throttle = access.LoginThrottle(per_address=3, clock=lambda: now[0])
+
+    def guess(login: str) -> int | None:
+        with throttle.attempt(login, "192.0.2.1") as attempt:
+            return attempt.retry_after
+
+    assert [guess(f"user{i}") for i in range(4)] == [None, None, None, 1]
+    now[0] = 5 * 60  # one forgotten: one more guess without a wait
+    assert [guess("user4"), guess("user5")] == [None, 1]
+    with throttle.attempt("user6", "192.0.2.2") as elsewhere:  # another address is not held up
+        assert elsewhere.retry_after is None
+    now[0] += 15 * 60  # all three forgotten
+    assert [guess(f"again{i}") for i in range(4)] == [None, None, None, 1]
+
+
+def test_memory_stays_bounded_and_forgets_the_idle_first(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(access.LoginThrottle, "MAX_KEYS", 50)
+    now = [0.0]
+    throttle = access.LoginThrottle(per_login=1, per_address=1000, clock=lambda: now[0])
+    with throttle.attempt("ada", "a"):
+        pass  # a failure: ada must now wait
+    for i in range(200):  # others, who sign in: nothing is held against them
+        with throttle.attempt(f"user{i}", "b") as attempt:
+            attempt.succeeded()
+    assert len(throttle._logins) <= 50 and len(throttle._addresses) <= 50
+    assert throttle.retry_after("ada", "c") == 1.0  # not forgotten for the idle ones
 
 
 async def _one_reply(web: Web, session: aiohttp.ClientSession, csrf: str, text: str = "hi") -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import pwd
+import re
 import shutil
 import stat
 import subprocess
@@ -200,6 +201,17 @@ def test_embedded_postgres_restarts_on_its_data_and_keeps_it(tmp_path: Path):
         assert asyncio.run(write_then_read(None)) == 42
     finally:
         pg.stop()
+
+
+def test_a_server_stopped_to_be_discarded_skips_the_shutdown_checkpoint(tmp_path: Path):
+    pg = EmbeddedPostgres(tmp_path)
+    pg.start()
+    pg.stop(discard=True)
+    assert not pg.is_running()
+    control = subprocess.run(
+        [str(wheel_bin_dir() / "pg_controldata"), str(pg.pgdata)], capture_output=True, text=True, check=True
+    ).stdout
+    assert re.search(r"cluster state:\s+in production", control)  # a clean stop says "shut down"
 
 
 def test_the_embedded_server_starts_with_its_settings(tmp_path: Path):

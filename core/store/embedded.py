@@ -200,10 +200,13 @@ class EmbeddedPostgres:
         self.started_here = True
         return self.dsn()
 
-    def stop(self) -> None:
+    def stop(self, *, discard: bool = False) -> None:
+        """Stop the server; ``discard``: the cluster is deleted next, so stop at once, without
+        writing its changes to the data files first (the shutdown checkpoint)."""
         if not self.is_running():
             return
-        self._run("pg_ctl", "-D", str(self.pgdata), "-w", "-t", "60", "-m", "fast", "stop")
+        mode = "immediate" if discard else "fast"
+        self._run("pg_ctl", "-D", str(self.pgdata), "-w", "-t", "60", "-m", mode, "stop")
 
     def _initdb(self) -> None:
         # initdb into a scratch folder and rename it into place, so an interrupted first start

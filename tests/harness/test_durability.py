@@ -15,6 +15,9 @@ from core.store.pool import connection, transaction
 from core.testing.scripted import calls, reply
 from text_loop import run_turn
 
+# The probe reads the server's log: nothing else may write meanwhile.
+pytestmark = pytest.mark.usefixtures("quiet_server")
+
 
 async def _log_flushed(db) -> bool:
     return await db.fetchval("SELECT pg_current_wal_flush_lsn() >= pg_current_wal_insert_lsn()")

@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import json
 
+import pytest
+
 from core.models.types import ToolSpec
 from core.testing.scripted import ScriptedModels, reply
 from core.tools.connectors import GOOGLE_SCOPES
@@ -146,6 +148,7 @@ async def test_a_record_written_before_the_parts_existed_still_replays(db, deps,
     assert replay_models.prompts[0].tools == sent.tools and replay_models.prompts[0].messages == sent.messages
 
 
+@pytest.mark.usefixtures("quiet_server")  # the probe reads the server's log: nothing else may write meanwhile
 async def test_only_a_record_that_stores_a_part_waits_for_the_disk(db, deps, models, account):
     """A later record may name a part without storing it: the first one stores it durably."""
     models.script(reply("One."), reply("Two."))
