@@ -132,9 +132,9 @@ def _windowed_whisper() -> type:
     return WindowedWhisper
 
 
-def window_frames(samples_16k: int) -> int:
+def window_frames(samples_16k: int, minimum: int = MIN_WINDOW_FRAMES) -> int:
     """The encoder window for a turn of ``samples_16k`` samples: 15 s, or the turn and 1 s, at most 30 s."""
-    return min(3000, max(MIN_WINDOW_FRAMES, samples_16k // 160 + WINDOW_MARGIN_FRAMES))
+    return min(3000, max(minimum, samples_16k // 160 + WINDOW_MARGIN_FRAMES))
 
 
 class WhisperSTT:
@@ -144,11 +144,12 @@ class WhisperSTT:
         self.model = _windowed_whisper()(str(model_path), device="cpu", compute_type="int8", cpu_threads=cpu_threads)
         self.fallbacks = 0  # turns Whisper decoded again at a higher temperature (unsure: slower)
 
-    def transcribe_sync(self, pcm: bytes, rate: int = RATE) -> str:
+    def transcribe_sync(self, pcm: bytes, rate: int = RATE, min_window: int = MIN_WINDOW_FRAMES) -> str:
+        """``min_window``: 3000 encodes the full 30 s (the benchmark's baseline)."""
         audio = np.frombuffer(pcm, np.int16).astype(np.float32) / 32768.0
         if rate != 16000:
             audio = soxr.resample(audio, rate, 16000)
-        window = _window_frames.set(window_frames(len(audio)))
+        window = _window_frames.set(window_frames(len(audio), min_window))
         try:
             segments, _ = self.model.transcribe(
                 audio, language="en", beam_size=1, vad_filter=False, condition_on_previous_text=False,
@@ -438,7 +439,8 @@ class CascadeConnection:
                 self._quiet_ms, self._early = 0, None  # the caller went on: an early transcript is stale
             else:
                 self._quiet_ms += len(pcm) // 16
-                if self._early is None and self._quiet_ms >= EARLY_STT_MS:
+                early_ms = self._engine.early_stt_ms
+                if self._early is None and early_ms is not None and self._quiet_ms >= early_ms:
                     self._transcribe_early()
         elif before in talking:
             item, audio = self._speech_item or self._next("item_user"), bytes(self._speech)
@@ -561,7 +563,7 @@ class CascadeConnection:
             ):
                 if isinstance(event, TextDelta):
                     pending += event.text
-                    cut = first_phrase_end(pending) if not spoken else None
+                    cut = first_phrase_end(pending) if not spoken and self._engine.first_phrase else None
                     if cut is not None:  # the reply's first words are spoken before its first sentence is out
                         await self._speak(rid, item_id, item, pending[:cut], heard_at)
                         spoken.append(pending[:cut])
@@ -651,6 +653,8 @@ class CascadeModel:
     provider's ``tts``, piper is loaded too and speaks any sentence the provider fails on.
     ``lead_in_secs`` is the audio kept from before the VAD's start of speech, ``pad_secs`` the quiet
     left before the words in it (None: all of it; the benchmark's baseline runs the old 0.5 s so).
+    ``early_stt_ms`` is how far into the VAD's wait the turn is transcribed (None: once it ends);
+    ``first_phrase`` False speaks the first sentence whole (both for the benchmark's baseline).
     """
 
     name = "cascade"
@@ -666,6 +670,8 @@ class CascadeModel:
         max_output_tokens: int = 400,
         lead_in_secs: float = LEAD_IN_SECS,
         pad_secs: float | None = PAD_SECS,
+        early_stt_ms: int | None = EARLY_STT_MS,
+        first_phrase: bool = True,
     ):
         self.models = models
         self.tier = tier
@@ -677,6 +683,8 @@ class CascadeModel:
         self.max_output_tokens = max_output_tokens
         self.lead_in_secs = lead_in_secs
         self.pad_secs = pad_secs
+        self.early_stt_ms = early_stt_ms
+        self.first_phrase = first_phrase
         self.timings = TurnTimings()
 
     async def _speech(self) -> tuple[SpeechToText, TextToSpeech]:
