@@ -9,10 +9,13 @@ What the connection promises, mirroring a realtime model with server-side turn d
   stop the turn's audio, with up to 1.5 s of audio from before the VAD's decision
   (:data:`LEAD_IN_SECS`) trimmed to 0.3 s of quiet before the first words (:func:`trim_quiet`),
   is transcribed, reported as a :class:`UserTranscript`, added to the context, and a response
-  starts.
-* **Responses.** The text model streams through :class:`~core.models.types.ModelService`; each
-  finished sentence is synthesised at once and sent as mu-law :class:`AudioDelta` chunks of 100 ms,
-  so the caller hears the first sentence while the model is still writing the rest. Tool calls
+  starts. Whisper starts on the turn :data:`EARLY_STT_MS` into the VAD's ``stop_secs`` of quiet,
+  so the transcript is ready about when the turn ends (dropped if the caller goes on), and
+  encodes a window of 15 s rather than 30 (:func:`window_frames`).
+* **Responses.** The text model streams through :class:`~core.models.types.ModelService`; the
+  reply's first phrase (:func:`first_phrase_end`) and then each finished sentence is synthesised
+  at once and sent as mu-law :class:`AudioDelta` chunks of 100 ms, so the caller hears the first
+  words while the model is still writing the rest and piper is making the next. Tool calls
   become :class:`FunctionCall` events; the session runs them through the gate and sends the
   results back with ``send_tool_output`` then ``create_response``. Responses run one at a time
   in the order asked.
@@ -23,7 +26,7 @@ What the connection promises, mirroring a realtime model with server-side turn d
   back between sentences and the tail of a reply is never lost.
 
 Local models (faster-whisper tiny.en, the piper voice en_US-joe-medium) come from PyPI packages and
-load once per process, on the first call, never from the network.
+load once per process, on the first call, never from the network, each with one warm-up inference.
 """
 
 from __future__ import annotations
@@ -122,7 +125,7 @@ _window_frames: ContextVar[int | None] = ContextVar("whisper_window_frames", def
 def _windowed_whisper() -> type:
     from faster_whisper import WhisperModel
 
-    class WindowedWhisper(WhisperModel):  # type: ignore[misc]
+    class WindowedWhisper(WhisperModel):
         """faster-whisper with the encoder's window cut to :func:`window_frames` of the turn."""
 
         def encode(self, features: Any) -> Any:
@@ -462,8 +465,13 @@ class CascadeConnection:
             return
         task = asyncio.get_running_loop().create_task(self._stt.transcribe(bytes(self._speech)))
         self._tasks.add(task)  # cancelled by aclose; its failure is the turn's to report, or nobody's
-        task.add_done_callback(lambda t: (self._tasks.discard(t), t.cancelled() or t.exception()))
+        task.add_done_callback(self._early_done)
         self._early = self._early_last = task
+
+    def _early_done(self, task: asyncio.Task[str]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: a stale one's failure is nobody's
 
     async def _turn(
         self, previous: asyncio.Task[None] | None, item: str, audio: bytes, early: asyncio.Task[str] | None,
