@@ -1,8 +1,10 @@
 """Time per turn of the cascaded voice engine with the local models (faster-whisper tiny.en, piper
 en_US-joe-medium), on this machine's CPU.
 
-* STT: one caller utterance (espeak-ng, 1.8 s) transcribed; beside it, the utterance's length.
-* TTS: one reply sentence synthesised and resampled to 8 kHz mu-law; beside it, its audio length.
+* STT: one caller utterance (espeak-ng, 1.8 s) transcribed; beside it, the utterance's length and
+  the same with Whisper's 30 s window.
+* TTS: one reply sentence synthesised and resampled to 8 kHz mu-law; beside it, its audio length,
+  and its first phrase alone.
 * TTS through Deepgram (``voice/adapters/deepgram_tts.py``): the same sentence over the SDK's
   ``/v1/speak`` websocket (one socket kept, as a call does) to the loopback Deepgram peer, which
   synthesises it with the same piper and converts it to 8 kHz mu-law. Beside it, piper alone from
@@ -14,11 +16,13 @@ en_US-joe-medium), on this machine's CPU.
   (``tests/calls/data/quiet_caller``, the lines the tests check word for word), and quiet until the
   reply's first audio; the clock starts on the frame on which the VAD ends the turn (its
   ``stop_secs`` of quiet after the caller's last sound are a setting, not counted). The text model
-  is scripted on the loopback OpenAI peer (router, adapter, SDK, HTTP); the reply's first sentence
-  is synthesised by piper. Baseline in the same run, turn for turn: the same engine with the old
-  0.5 s lead-in (untrimmed), which cuts a quiet caller's first word; beside each, how many lines came back word
-  for word and how many turns Whisper decoded again at a higher temperature. The text model's round
-  trip alone is printed too.
+  is scripted on the loopback OpenAI peer (router, adapter, SDK, HTTP); the reply's first phrase
+  is synthesised by piper. Baselines in the same run, turn for turn: the code before the latency
+  work (Whisper's full 30 s window, the turn transcribed once the VAD has ended it, the first
+  sentence synthesised whole), and that with the old 0.5 s lead-in (untrimmed) too, which cuts a
+  quiet caller's first word; beside each, how many lines came back word for word and how many
+  turns Whisper decoded again at a higher temperature. The text model's round trip alone is
+  printed too, and STT and TTS alone beside the 30 s window and the whole first sentence.
 
     PYTHONPATH=. .venv/bin/python bench/cascade.py [--turns 20]
 """
