@@ -565,22 +565,26 @@ class CascadeConnection:
         status = "completed"
         try:
             pending = ""
-            async for event in self._engine.models.stream(
+            # Closed at once when a barge-in cancels this reply: the provider's stream ends then, not
+            # whenever the garbage collector finds it.
+            stream = self._engine.models.stream(
                 self._prompt(instructions), conversation_key=self._key, tier=self._engine.tier
-            ):
-                if isinstance(event, TextDelta):
-                    pending += event.text
-                    cut = first_phrase_end(pending) if not spoken and self._engine.first_phrase else None
-                    if cut is not None:  # the reply's first words are spoken before its first sentence is out
-                        await self._speak(rid, item_id, item, pending[:cut], heard_at)
-                        spoken.append(pending[:cut])
-                        pending = pending[cut:].lstrip()
-                    *done, pending = _SENTENCE_END.split(pending)
-                    for sentence in done:
-                        await self._speak(rid, item_id, item, sentence, heard_at if not spoken else None)
-                        spoken.append(sentence)
-                else:
-                    generation = event
+            )
+            async with contextlib.aclosing(stream):
+                async for event in stream:
+                    if isinstance(event, TextDelta):
+                        pending += event.text
+                        cut = first_phrase_end(pending) if not spoken and self._engine.first_phrase else None
+                        if cut is not None:  # the reply's first words are spoken before its first sentence is out
+                            await self._speak(rid, item_id, item, pending[:cut], heard_at)
+                            spoken.append(pending[:cut])
+                            pending = pending[cut:].lstrip()
+                        *done, pending = _SENTENCE_END.split(pending)
+                        for sentence in done:
+                            await self._speak(rid, item_id, item, sentence, heard_at if not spoken else None)
+                            spoken.append(sentence)
+                    else:
+                        generation = event
             if pending.strip():
                 await self._speak(rid, item_id, item, pending, heard_at if not spoken else None)
                 spoken.append(pending.strip())
