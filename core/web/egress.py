@@ -256,3 +256,12 @@ def _mb(size: int) -> str:
 
 def _short(url: str, limit: int = 80) -> str:
     return url if len(url) <= limit else url[: limit - 3] + "..."
+
+
+def egress_policy(settings: Any) -> EgressPolicy:
+    """The relay's caps from the settings (``web_fetch_*``; the test-only loopback ports)."""
+    return EgressPolicy(
+        max_bytes=settings.web_fetch_max_bytes,
+        timeout=settings.web_fetch_seconds,
+        loopback_ports=frozenset(settings.web_test_loopback_ports),
+    )
