@@ -258,6 +258,10 @@ class Settings(BaseSettings):
     web_test_loopback_ports: tuple[int, ...] = Field(
         (), validation_alias=_env("PEPPER_WEB_TEST_LOOPBACK_PORTS", "web_test_loopback_ports")
     )
+    # Where the research helper listens (a unix socket); `pepper serve` sets it when it starts one.
+    web_research_socket: str | None = Field(
+        None, validation_alias=_env("PEPPER_WEB_RESEARCH_SOCKET", "web_research_socket")
+    )
 
     @field_validator("log_level", mode="before")
     @classmethod

@@ -61,6 +61,9 @@ class Connectors:
     transport: httpx.AsyncBaseTransport | None = None
     # Seals what ``connections`` stores (core.vault); None only where nothing is connected.
     vault: Vault | None = None
+    # The research helper's socket (core.web.helper) and how long one hand-off may take; None: no web research.
+    research_socket: str | None = None
+    research_seconds: float = 60.0
 
     @classmethod
     def from_settings(cls, settings: Any) -> Connectors:
@@ -81,6 +84,8 @@ class Connectors:
             google_token_url=settings.google_token_url,
             google_revoke_url=settings.google_revoke_url,
             vault=Vault.from_settings(settings),
+            research_socket=settings.web_research_socket,
+            research_seconds=settings.web_research_seconds,
         )
 
     def require_vault(self) -> Vault:
