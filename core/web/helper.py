@@ -176,7 +176,8 @@ def main() -> None:
     config = orjson.loads(sys.stdin.buffer.read())
     level = str(config.get("log_level", "INFO"))
     logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s research %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request is noise here
+    for name in ("httpx", "httpx2"):  # a line per request is noise here
+        logging.getLogger(name).setLevel(logging.WARNING)
     asyncio.run(_main(config, Path(sys.argv[1])))
 
 
