@@ -3,25 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 import pytest
-from support import helper_settings
+from web_support import Helper, helper_settings
 
 from core.testing.peers import OpenAIPeer
 from core.testing.web_peer import WebPeer
 from gateway.research import ResearchHelper
-
-
-@dataclass
-class Helper:
-    web: WebPeer
-    model: OpenAIPeer  # the helper's model, apart from the orchestrator's
-    process: ResearchHelper
-
-    @property
-    def socket(self) -> str:
-        return str(self.process.socket_path)
 
 
 @pytest.fixture

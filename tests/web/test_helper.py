@@ -8,7 +8,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from support import HOSTILE_PAGE, QUESTION, helper_settings, web_with_prices
+from web_support import HOSTILE_PAGE, QUESTION, helper_settings, web_with_prices
 
 from core.testing.peers import OpenAIPeer, reply_text, reply_tools
 from core.testing.scripted import ScriptedModels, calls, reply

@@ -7,8 +7,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
 import pytest
-from conftest import Helper
-from support import HOSTILE_PAGE, QUESTION, web_with_prices
+from web_support import HOSTILE_PAGE, QUESTION, Helper, web_with_prices
 
 from core.identity import Account, create_account
 from core.store import Database
@@ -37,8 +36,9 @@ async def models() -> AsyncIterator[WireScriptedModels]:
 
 @pytest.fixture
 def deps(db: Database, models: WireScriptedModels, helper: Helper) -> HarnessDeps:
-    registry = starter_registry(Connectors(research_socket=helper.socket, research_seconds=20))
-    return HarnessDeps(db=db, models=models, registry=registry, clock=lambda: NOW)
+    connectors = Connectors(research_socket=helper.socket, research_seconds=20)
+    return HarnessDeps(db=db, models=models, registry=starter_registry(connectors), connectors=connectors,
+                       clock=lambda: NOW)  # fmt: skip
 
 
 def _tool_results(models: WireScriptedModels, n: int) -> list[str]:

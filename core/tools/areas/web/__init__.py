@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.tools.connectors import Connectors
+from core.tools.connectors import WEB_TOOL, Connectors
 from core.tools.registry import Tool, ToolContext, ToolOutcome
 from core.untrusted import web_research_block
 from core.web.helper import ResearchUnavailable, research
+from core.web.permission import WEB
 from core.web.research import MAX_QUESTION, ResearchReport
 
 DESCRIPTION = (
@@ -57,7 +58,7 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
 
     return (
         Tool(
-            name="web_research",
+            name=WEB_TOOL,
             description=DESCRIPTION,
             parameters={
                 "type": "object",
@@ -74,6 +75,9 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
             },
             handler=web_research,
             area="web",
+            # Shown only in a turn the conversation permits the web (core.web.permission), which
+            # gives its session the "web" connection; calls and other sessions never see it.
+            needs_connection=WEB,
             once_per_turn=True,
         ),
     )

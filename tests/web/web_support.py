@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from core.settings import Settings
+from core.testing.peers import OpenAIPeer
 from core.testing.web_peer import WebPeer
+from gateway.research import ResearchHelper
 
 QUESTION = "What does an NVIDIA RTX 6000 Ada 48 GB cost new today?"
 PRICE_PAGE = """<html><head><title>RTX 6000 Ada price check</title></head><body>
@@ -33,3 +36,14 @@ def helper_settings(web: WebPeer, model_url: str, **extra: Any) -> Settings:
         openai_api_key="sk-test", openai_base_url=model_url, web_search_provider="searxng", searxng_url=web.url,
         web_test_loopback_ports=(web.port,), web_research_seconds=20, **extra,
     )  # fmt: skip
+
+
+@dataclass
+class Helper:
+    web: WebPeer
+    model: OpenAIPeer  # the helper's model, apart from the orchestrator's
+    process: ResearchHelper
+
+    @property
+    def socket(self) -> str:
+        return str(self.process.socket_path)
