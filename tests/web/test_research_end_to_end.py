@@ -9,6 +9,7 @@ import json
 from datetime import timedelta
 
 import aiohttp
+from web_support import QUESTION, web_with_prices
 
 from core import identity
 from core.settings import Settings
@@ -18,7 +19,6 @@ from core.testing.twilio_peer import TwilioPeer
 from core.testing.web_peer import WebPeer
 from core.untrusted import WEB_RESEARCH_LABEL
 from gateway.server import running_app
-from web_support import QUESTION, web_with_prices
 
 TOKEN = "twilio-test-auth-token"
 PUBLIC = "https://pepper.example.org"
