@@ -19,6 +19,9 @@ from core.web.research import Researcher
 from core.web.search import SearxngSearch
 from gateway.research import ResearchHelper
 
+# These start the research helper (or pepper serve) as a process of its own.
+pytestmark = pytest.mark.slow
+
 SECRET_DSN = "postgresql://pepper:hunter2-db@127.0.0.1:5432/pepper"
 SECRET_KEY = "c2VjcmV0LWtleS1mb3ItdGVzdHMtb25seS0xMjM0NTY3ODk="
 

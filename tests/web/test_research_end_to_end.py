@@ -9,6 +9,7 @@ import json
 from datetime import timedelta
 
 import aiohttp
+import pytest
 from web_support import QUESTION, web_with_prices
 
 from core import identity
@@ -19,6 +20,9 @@ from core.testing.twilio_peer import TwilioPeer
 from core.testing.web_peer import WebPeer
 from core.untrusted import WEB_RESEARCH_LABEL
 from gateway.server import running_app
+
+# These start the research helper (or pepper serve) as a process of its own.
+pytestmark = pytest.mark.slow
 
 TOKEN = "twilio-test-auth-token"
 PUBLIC = "https://pepper.example.org"

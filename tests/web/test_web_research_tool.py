@@ -20,6 +20,9 @@ from core.untrusted import WEB_RESEARCH_LABEL
 from text_loop import HarnessDeps, deliver, run_turn
 from text_loop.replay import replay_turn
 
+# These start the research helper (or pepper serve) as a process of its own.
+pytestmark = pytest.mark.slow
+
 NOW = datetime(2026, 6, 2, 12, 30, tzinfo=UTC)
 
 
