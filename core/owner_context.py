@@ -21,12 +21,14 @@ from typing import Any
 from uuid import UUID
 
 from core.memory import NO_MEMORY, MemoryConfig, build_memory_block
+from core.memory.block import memory_view, render_memory
 from core.memory.dossier import MAX_NOTES_IN_PROMPT, dossier_halves, dossier_select, prompt_text
 from core.store.queries import Queries
 from core.tools.connectors import Connectors, connection_names, connections_select
 from core.tools.context import SessionContext
 from core.tools.gate import Gate
 from core.tools.registry import Tool, ToolRegistry
+from core.web.permission import WEB, WebWindow
 
 
 @dataclass(frozen=True)
@@ -59,19 +61,33 @@ async def owner_context(
     memory: MemoryConfig,
     connections: frozenset[str] | None = None,
     exclude_message_ids: Sequence[int] = (),
+    web: WebWindow | None = None,
+    text: str = "",
 ) -> OwnerContext:
     """The context from the values of :func:`context_reads` (``got``), with the memory block read
-    on ``db``. ``connections`` given: the caller already knows them."""
+    on ``db``. ``connections`` given: the caller already knows them.
+
+    ``web``: web research is set up; when the person's message ``text`` and the conversation before
+    it permit the web (``core.web.permission``), the session holds the ``web`` connection and the
+    memory block shows only the person's own messages."""
     if connections is None:
         connections = connection_names(got["connections"])
     dossier = prompt_text(dossier_halves(got["dossier"])) if "dossier" in got else ""
-    if personal:
+    if personal and web is not None:
+        view = await memory_view(
+            db, account_id, conversation_id, timezone, now, config=memory, exclude_message_ids=exclude_message_ids
+        )
+        permitted = web.permits(text, view.messages, now)
+        block = render_memory(view, timezone, memory, web=permitted)
+    elif personal:
+        permitted = False
         block = await build_memory_block(
             db, account_id, conversation_id, timezone, now, config=memory, exclude_message_ids=exclude_message_ids
         )
     else:
+        permitted = web is not None and web.permits(text, (), now)
         block = NO_MEMORY
-    return OwnerContext(connections, dossier, block)
+    return OwnerContext(connections | {WEB} if permitted else connections, dossier, block)
 
 
 async def load_owner_context(

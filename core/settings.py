@@ -227,6 +227,42 @@ class Settings(BaseSettings):
         60.0, ge=0, validation_alias=_env("PEPPER_MEMORY_JOBS_INTERVAL", "memory_jobs_interval")
     )
 
+    # Web research (core/web, docs/research.md): the search service ("auto": the first set up of
+    # Brave, Tavily, SearXNG; "none": no web research), its key or instance URL, where its API is.
+    web_search_provider: Literal["auto", "none", "brave", "tavily", "searxng"] = Field(
+        "auto", validation_alias=_env("PEPPER_WEB_SEARCH_PROVIDER", "web_search_provider")
+    )
+    brave_api_key: SecretStr | None = Field(None, validation_alias=_env("BRAVE_API_KEY", "brave_api_key"))
+    tavily_api_key: SecretStr | None = Field(None, validation_alias=_env("TAVILY_API_KEY", "tavily_api_key"))
+    searxng_url: str | None = Field(None, validation_alias=_env("PEPPER_SEARXNG_URL", "searxng_url"))
+    brave_search_url: str = Field(
+        "https://api.search.brave.com", validation_alias=_env("PEPPER_BRAVE_SEARCH_URL", "brave_search_url")
+    )
+    tavily_url: str = Field("https://api.tavily.com", validation_alias=_env("PEPPER_TAVILY_URL", "tavily_url"))
+    # The model tier the research helper runs on, and how long one hand-off may take in all.
+    web_research_tier: str = Field("small", validation_alias=_env("PEPPER_WEB_RESEARCH_TIER", "web_research_tier"))
+    web_research_seconds: float = Field(
+        60.0, gt=0, validation_alias=_env("PEPPER_WEB_RESEARCH_SECONDS", "web_research_seconds")
+    )
+    # The relay's caps per fetch (core/web/egress.py).
+    web_fetch_seconds: float = Field(15.0, gt=0, validation_alias=_env("PEPPER_WEB_FETCH_SECONDS", "web_fetch_seconds"))
+    web_fetch_max_bytes: int = Field(
+        5 * 1024 * 1024, ge=1024, validation_alias=_env("PEPPER_WEB_FETCH_MAX_BYTES", "web_fetch_max_bytes")
+    )
+    # Once the person asks for the web, this many follow-ups within this many minutes may use it too.
+    web_followups: int = Field(3, ge=0, validation_alias=_env("PEPPER_WEB_FOLLOWUPS", "web_followups"))
+    web_followup_minutes: float = Field(
+        30.0, ge=0, validation_alias=_env("PEPPER_WEB_FOLLOWUP_MINUTES", "web_followup_minutes")
+    )
+    # Tests only: loopback ports the relay may reach (the tests' peers). Empty: none, ever.
+    web_test_loopback_ports: tuple[int, ...] = Field(
+        (), validation_alias=_env("PEPPER_WEB_TEST_LOOPBACK_PORTS", "web_test_loopback_ports")
+    )
+    # Where the research helper listens (a unix socket); `pepper serve` sets it when it starts one.
+    web_research_socket: str | None = Field(
+        None, validation_alias=_env("PEPPER_WEB_RESEARCH_SOCKET", "web_research_socket")
+    )
+
     @field_validator("log_level", mode="before")
     @classmethod
     def _upper(cls, value: Any) -> Any:

@@ -8,11 +8,19 @@ import logging
 import multiprocessing
 import os
 import signal
-from typing import Any
+from typing import Any, Protocol
 
 from core.settings import Settings
 
 log = logging.getLogger(__name__)
+
+
+class Supervised(Protocol):
+    """What ``pepper serve`` starts and stops beside the web server."""
+
+    def start(self) -> None: ...
+
+    async def stop(self, grace: float) -> None: ...
 
 
 class ChildProcesses:
@@ -65,10 +73,7 @@ class ChildProcesses:
 
     async def stop(self, grace: float) -> None:
         self._stopping = True
-        if self._watch is not None:
-            self._watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watch
+        await cancelled(self._watch)
         for process in self._processes:
             if process.is_alive():
                 process.terminate()  # SIGTERM: the child drains its work for ``grace`` seconds
@@ -79,6 +84,14 @@ class ChildProcesses:
                 process.kill()
                 await asyncio.to_thread(process.join, 5)
         log.info("%s processes stopped", self.label)
+
+
+async def cancelled(task: asyncio.Task[Any] | None) -> None:
+    """Cancel a supervisor's watch task and wait until it ended."""
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 def _secret(value: str) -> Any:

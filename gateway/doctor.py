@@ -154,6 +154,7 @@ async def diagnose(settings: Settings, served_paths: set[str]) -> Report:
     )
 
     _voice(report, settings)
+    _web(report, settings)
 
     for hook in WEBHOOKS:
         report.webhooks.append((hook.name, public_url_for(settings, hook), hook.where, hook.path in served_paths))
@@ -177,6 +178,27 @@ def _voice(report: Report, settings: Settings) -> None:
         report.add(area, MISSING, f"{engine} {unready}; until then every call on it hears an apology")
     else:
         report.add(area, OK, f"{engine} by default (a line may name another: pepper line engine)")
+
+
+def _web(report: Report, settings: Settings) -> None:
+    from core.web.egress import Egress
+    from core.web.search import search_provider
+
+    area = "web research"
+    if settings.web_test_loopback_ports:
+        report.add(area, BAD, "PEPPER_WEB_TEST_LOOPBACK_PORTS is set: it is for tests only and opens loopback ports")
+        return
+    try:
+        provider = search_provider(settings, Egress())
+    except ConfigError as exc:
+        report.add(area, BAD, exc.message)
+        return
+    if provider is None:
+        report.add(
+            area, MISSING, "set BRAVE_API_KEY, TAVILY_API_KEY or PEPPER_SEARXNG_URL (optional; docs/research.md)"
+        )
+        return
+    report.add(area, OK, f"{provider.name}; the research helper runs on the {settings.web_research_tier} tier")
 
 
 def _email(report: Report, settings: Settings) -> None:

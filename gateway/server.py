@@ -17,11 +17,12 @@ from core.settings import Settings
 from core.store import SERVING_POOL_SIZE, Database, open_store
 from core.store.sessions import connection_limit, sessions_named
 from gateway.app import ACK_POOL_SIZE, asgi_app, create_app
-from gateway.children import ChildProcesses
+from gateway.children import Supervised
 from gateway.composition import build_calls, check_connection_secrets, freeze_startup_objects, start_memory, turn_parts
 from gateway.media_procs import POOL_SIZE as MEDIA_POOL_SIZE
 from gateway.media_procs import MediaProcesses
 from gateway.port_lock import hold_media_port
+from gateway.research import ResearchHelper
 from gateway.sockets import bind_listener, bind_shared
 from gateway.worker import TurnProcesses, turn_pool_size
 
@@ -131,7 +132,11 @@ async def running_app(
         settings = settings.model_copy(update={"media_port": 0})
     sock = bind_listener(settings.host, settings.port)
     port = sock.getsockname()[1]
-    children: list[ChildProcesses] = []
+    children: list[Supervised] = []
+    research = ResearchHelper(settings) if ResearchHelper.wanted(settings) else None
+    if research is not None:
+        settings = settings.model_copy(update={"web_research_socket": str(research.socket_path)})
+        children.append(research)
     if media_processes > 1:
         media_sock = bind_shared(settings.host, settings.media_port)
         settings = settings.model_copy(
@@ -139,10 +144,10 @@ async def running_app(
         )
         app = build_app(settings, db, media_in_process=False)
         children.append(MediaProcesses(settings, db.dsn, settings.media_processes))
-        app.before_serving(_started(children))
     else:
         media_sock = bind_listener(settings.host, settings.media_port, "PEPPER_MEDIA_PORT")
         app = build_app(settings, db, media_sock)
+    app.before_serving(_started(children))
     stop = asyncio.Event()
     task = asyncio.get_running_loop().create_task(
         serve_http(app, sock, settings.graceful_timeout, stop), name=f"pepper-server-{port}"
@@ -155,14 +160,16 @@ async def running_app(
                 break
             except OSError:
                 await asyncio.sleep(0.01)
-        if children:
+        if media_processes > 1:
             await _media_processes_listening(db, settings.media_processes)
+        if research is not None:
+            await research.ready()
         yield app, port
     finally:
         stop.set()
         await asyncio.gather(*(processes.stop(settings.graceful_timeout) for processes in children))
         await task
-        if children:
+        if media_processes > 1:
             media_sock.close()
 
 
@@ -204,7 +211,7 @@ async def check_connection_budget(db: Database, settings: Settings) -> None:
         )
 
 
-def _started(children: list[ChildProcesses]):  # type: ignore[no-untyped-def]
+def _started(children: list[Supervised]):  # type: ignore[no-untyped-def]
     async def start_child_processes() -> None:
         for processes in children:
             processes.start()
@@ -212,7 +219,7 @@ def _started(children: list[ChildProcesses]):  # type: ignore[no-untyped-def]
     return start_child_processes
 
 
-async def _stop_on(stop: asyncio.Event, children: list[ChildProcesses], grace: float) -> None:
+async def _stop_on(stop: asyncio.Event, children: list[Supervised], grace: float) -> None:
     await stop.wait()
     await asyncio.gather(*(processes.stop(grace) for processes in children))
 
@@ -259,11 +266,15 @@ async def serve(settings: Settings, *, stop: asyncio.Event | None = None) -> Non
             settings = settings.model_copy(update={"media_port": media_sock.getsockname()[1]})
         else:
             media_sock = bind_listener(settings.host, settings.media_port, "PEPPER_MEDIA_PORT")
+        # The research helper's socket goes into the settings every process gets (its turn tools use it).
+        research = ResearchHelper(settings) if ResearchHelper.wanted(settings) else None
+        if research is not None:
+            settings = settings.model_copy(update={"web_research_socket": str(research.socket_path)})
         async with open_store(settings, serving=True) as db:
             await check_connection_budget(db, settings)
             app = build_app(settings, db, None if media_apart else media_sock,
                             turns_in_process=settings.turn_workers == 0, media_in_process=not media_apart)  # fmt: skip
-            children: list[ChildProcesses] = []
+            children: list[Supervised] = [research] if research is not None else []
             if settings.turn_workers:
                 children.append(TurnProcesses(settings, db.dsn, settings.turn_workers))
             if media_apart:

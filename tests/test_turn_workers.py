@@ -32,7 +32,7 @@ from core.conversation import (
 from core.settings import Settings
 from core.store import Database
 from core.testing.peers import OpenAIPeer, reply_text
-from core.testing.processes import alive, free_port, spawned_children, until
+from core.testing.processes import alive, free_port, spawned_children, until, until_healthy
 from core.testing.twilio_peer import TwilioPeer
 from gateway.channels import APOLOGY_TEXT
 from gateway.composition import build_turn_services
@@ -266,15 +266,7 @@ async def test_serve_runs_turns_in_worker_processes_survives_a_killed_worker_and
             )
         try:
             async with aiohttp.ClientSession() as session:
-
-                async def healthy() -> bool:
-                    try:
-                        async with session.get(local + "/healthz") as response:
-                            return response.status == 200
-                    except aiohttp.ClientError:
-                        return False
-
-                await until(healthy, 60, "pepper serve to be healthy")
+                await until_healthy(local, 60)
                 first = await until(lambda: len(spawned_children(server.pid)) == 2 and spawned_children(server.pid),
                                     60, "two turn workers")  # fmt: skip
                 # The turns run at a lower CPU priority than the acknowledgements.

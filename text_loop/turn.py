@@ -23,7 +23,7 @@ from core.owner_context import context_reads, owner_context, session_tools
 from core.records.skills import USER_SKILLS_SELECT, skill_sources
 from core.store.pool import connection
 from core.store.queries import Queries
-from core.tools.connectors import Connectors
+from core.tools.connectors import Connectors, web_window
 from core.tools.context import SessionContext, SessionKind, Trust
 from core.tools.gate import Gate, default_gate
 from core.tools.registry import ToolContext, ToolRegistry
@@ -183,6 +183,7 @@ async def run_turn(
             context = await owner_context(
                 conn, account_id, conversation_id, timezone, now, got, personal=personal, memory=deps.memory,
                 connections=connections, exclude_message_ids=inbound_message_ids,
+                web=web_window(deps.connectors, deps.registry), text=text,
             )  # fmt: skip
             session = SessionContext(
                 kind, trust, channel, account_id, conversation_id, turn_id, timezone, context.connections

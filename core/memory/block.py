@@ -170,9 +170,28 @@ async def memory_view(
     )
 
 
-def render_memory(view: MemoryView, timezone: str, config: MemoryConfig) -> str:
+# A turn that can reach the web (``core.web.permission``): the person's own messages only.
+PERSONS_ONLY = (
+    "Memory (this turn can reach the web, so only the person's own earlier messages are shown: Pepper's"
+    " answers and the summaries are left out; times are the person's, {timezone})."
+)
+
+
+def persons_only(view: MemoryView) -> MemoryView:
+    """``view`` with no summaries (written from both sides) and only the person's messages."""
+    mine = tuple(m for m in view.messages if m.direction == "inbound" and m.author is None)
+    return MemoryView((), (), (), mine, view.older_left_out, view.today_starts)
+
+
+def render_memory(view: MemoryView, timezone: str, config: MemoryConfig, *, web: bool = False) -> str:
+    if web:
+        view = persons_only(view)
+        if not view.messages:
+            return PERSONS_ONLY.format(timezone=timezone) + "\n\nNo earlier messages of the person are shown."
     parts = [
-        f"Memory: one conversation across every channel, oldest first; times are the person's ({timezone})."
+        PERSONS_ONLY.format(timezone=timezone)
+        if web
+        else f"Memory: one conversation across every channel, oldest first; times are the person's ({timezone})."
         " For details not shown here, search past messages."
     ]
     for title, summaries in (

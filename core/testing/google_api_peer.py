@@ -30,6 +30,8 @@ from zoneinfo import ZoneInfo
 from aiohttp import web
 from dateutil.rrule import rrulestr
 
+from core.testing.loopback import serve_loopback
+
 STAMP = "%Y%m%dT%H%M%SZ"
 JSON_BODY = web.RequestKey("json_body", object)
 
@@ -93,11 +95,7 @@ class GoogleApiPeer:
                 web.post("/gmail/v1/users/me/messages/send", self._send),
             ]
         )
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.1)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._runner, self.port = await serve_loopback(app)
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -15,8 +15,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def spawned_children(parent: int) -> set[int]:
-    """The children ``parent`` started with multiprocessing's spawn (turn workers, media processes)."""
+def children_of(parent: int, marker: bytes) -> set[int]:
+    """The processes ``parent`` started whose command line holds ``marker``."""
     pids = set()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -26,9 +26,30 @@ def spawned_children(parent: int) -> set[int]:
             cmdline = (entry / "cmdline").read_bytes()
         except (OSError, IndexError, ValueError):
             continue
-        if ppid == parent and b"spawn_main" in cmdline:
+        if ppid == parent and marker in cmdline:
             pids.add(int(entry.name))
     return pids
+
+
+def spawned_children(parent: int) -> set[int]:
+    """The children ``parent`` started with multiprocessing's spawn (turn workers, media processes)."""
+    return children_of(parent, b"spawn_main")
+
+
+async def until_healthy(base_url: str, within: float = 60.0) -> None:
+    """Wait until a server at ``base_url`` answers ``/healthz`` with 200."""
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session:
+
+        async def healthy() -> bool:
+            try:
+                async with session.get(base_url + "/healthz") as response:
+                    return response.status == 200
+            except aiohttp.ClientError:
+                return False
+
+        await until(healthy, within, "the server to be healthy")
 
 
 def alive(pid: int) -> bool:

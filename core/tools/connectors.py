@@ -11,6 +11,8 @@ Connection names a session can hold (``SessionContext.connections``):
 * ``gmail``: a Google connection granted the Gmail compose scope;
 * ``google_calendar``: a Google connection granted the Calendar events scope;
 * ``caldav``: a CalDAV server.
+* ``web``: not an account: this turn may hand a question to the web research helper (the
+  conversation asked for the web, ``core.web.permission``); only a text turn adds it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import json
 import logging
 import socket
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit
 from uuid import UUID
@@ -30,6 +33,9 @@ import httpx
 from core.errors import ConfigError, InvalidInput
 from core.store.queries import Queries
 from core.vault import SecretKeyError, Vault
+from core.web.permission import WebWindow
+
+WEB_TOOL = "web_research"
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +67,12 @@ class Connectors:
     transport: httpx.AsyncBaseTransport | None = None
     # Seals what ``connections`` stores (core.vault); None only where nothing is connected.
     vault: Vault | None = None
+    # The research helper's socket (core.web.helper) and how long one hand-off may take; None: no web research.
+    research_socket: str | None = None
+    research_seconds: float = 60.0
+    # After a message that asks for the web, this many follow-ups within this many minutes may use it.
+    research_followups: int = 3
+    research_followup_minutes: float = 30.0
 
     @classmethod
     def from_settings(cls, settings: Any) -> Connectors:
@@ -81,6 +93,10 @@ class Connectors:
             google_token_url=settings.google_token_url,
             google_revoke_url=settings.google_revoke_url,
             vault=Vault.from_settings(settings),
+            research_socket=settings.web_research_socket,
+            research_seconds=settings.web_research_seconds,
+            research_followups=settings.web_followups,
+            research_followup_minutes=settings.web_followup_minutes,
         )
 
     def require_vault(self) -> Vault:
@@ -229,3 +245,10 @@ async def _seal_row(db: Queries, vault: Vault, connection_id: UUID, plain: dict[
 
 def _json(value: Any) -> dict[str, Any]:
     return json.loads(value) if isinstance(value, str) else dict(value or {})
+
+
+def web_window(connectors: Connectors | None, registry: Any) -> WebWindow | None:
+    """How long a request for the web lasts in a conversation; None when the registry has no web tool."""
+    if connectors is None or connectors.research_socket is None or WEB_TOOL not in registry:
+        return None
+    return WebWindow(connectors.research_followups, timedelta(minutes=connectors.research_followup_minutes))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -248,12 +249,63 @@ def _describe(forced: dict[str, Any]) -> str:
     return " and ".join(parts)
 
 
+# (turn, tool) pairs of tools marked ``once_per_turn`` that already ran; the oldest forgotten first.
+_RAN_ONCE: OrderedDict[tuple[Any, str], None] = OrderedDict()
+# Turns in which such a tool ran: text from outside is in their model's context (``AFTER_WEB_POLICY``).
+_WEB_TURNS: OrderedDict[Any, None] = OrderedDict()
+_RAN_ONCE_KEPT = 10_000
+
+
+def _once_check(tool: Tool, args: dict[str, Any], session: SessionContext) -> Verdict:
+    """A tool marked ``once_per_turn`` (the web research hand-off) runs at most once in a turn:
+    a second call could carry what this turn's first result put in the model's context."""
+    if not tool.once_per_turn:
+        return Verdict.allow()
+    if session.turn_id is None:
+        return Verdict.deny(f"{tool.name} runs only inside a turn")
+    key = (session.turn_id, tool.name)
+    if key in _RAN_ONCE:
+        return Verdict.deny(f"{tool.name} already ran once in this turn, and one is the limit; answer from its result")
+    _RAN_ONCE[key] = None
+    _WEB_TURNS[session.turn_id] = None
+    for kept in (_RAN_ONCE, _WEB_TURNS):
+        while len(kept) > _RAN_ONCE_KEPT:
+            kept.popitem(last=False)
+    return Verdict.allow()
+
+
 CONNECTION_POLICY = Policy("connection", _connection_check, _missing_connection)
 TRUST_POLICY = Policy("trust", _trust_check, _trust_hides)
 ROOM_POLICY = Policy("room-scope", _room_check, _room_hides)
 SCHEDULED_POLICY = Policy("scheduled-run", _scheduled_check)
+ONCE_PER_TURN_POLICY = Policy("once-per-turn", _once_check)
+
+
+def _after_web_check(tool: Tool, args: dict[str, Any], session: SessionContext) -> Verdict:
+    """Once a tool marked ``once_per_turn`` (web research) ran in a turn, text from the web is in
+    its model's context and may steer it: for the rest of the turn, what would reach people
+    outside is held back as in a scheduled run (a send becomes a draft, no invitations go out),
+    and other changes with outside effects wait for the person's next message."""
+    if tool.once_per_turn or session.turn_id is None or session.turn_id not in _WEB_TURNS:
+        return Verdict.allow()
+    if tool.scheduled:
+        forced = dict(tool.scheduled)
+        if all(args.get(key, _MISSING) == value for key, value in forced.items()):
+            return Verdict.allow()
+        return Verdict.modify({**args, **forced}, "this turn brought in text from the web, so " + _describe(forced))
+    if tool.after_commit is not None:
+        return Verdict.deny(
+            "this turn brought in text from the web, so changes that reach outside Pepper wait for the person's"
+            " next message; say what you would do and ask"
+        )
+    return Verdict.allow()
+
+
+AFTER_WEB_POLICY = Policy("after-web", _after_web_check)
 
 
 def default_gate() -> Gate:
     """The checks every session passes, in order."""
-    return Gate((CONNECTION_POLICY, TRUST_POLICY, ROOM_POLICY, SCHEDULED_POLICY))
+    return Gate(
+        (CONNECTION_POLICY, TRUST_POLICY, ROOM_POLICY, SCHEDULED_POLICY, AFTER_WEB_POLICY, ONCE_PER_TURN_POLICY)
+    )

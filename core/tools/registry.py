@@ -187,6 +187,8 @@ class Tool:
     # added as ``Narrowing.to``. A policy that changes any other argument, or changes one the wrong
     # way, is a deny: policies can only narrow.
     narrowing: tuple[tuple[str, Narrowing], ...] = ()
+    # At most one call per turn (the gate refuses a second): the web research hand-off.
+    once_per_turn: bool = False
 
     def __post_init__(self) -> None:
         if self.writes and self.apply is None:

@@ -15,6 +15,7 @@ from core.tools.areas import (
     reminders,
     tasks,
     todos,
+    web,
 )
 from core.tools.connectors import Connectors
 from core.tools.registry import ToolRegistry
@@ -33,5 +34,6 @@ def starter_registry(connectors: Connectors | None = None) -> ToolRegistry:
         *reminders.TOOLS,
         *memory.TOOLS,
         *answering_inbox.TOOLS,
+        *web.make_tools(c),
     )
     return ToolRegistry((*clock.TOOLS, *notes.TOOLS, *todos.TOOLS, *dossier.TOOLS, *areas))

@@ -17,15 +17,13 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 from phone_support import LINE, NOTICE, OWNER, PUBLIC, TOKEN, _set_pin, until
 
 from core import identity
 from core.errors import StartupError
 from core.store import Database
-from core.testing.processes import alive, free_port, spawned_children
-from core.testing.processes import until as until_sync
+from core.testing.processes import alive, free_port, spawned_children, until_healthy
 from core.testing.twilio_peer import TwilioPeer
 from gateway.sockets import bind_shared
 from voice.control import POLL_SECONDS, CallControl
@@ -181,16 +179,7 @@ async def test_serve_spreads_calls_over_media_processes_and_controls_them_across
             return answer.call_sid
 
         try:
-            async with aiohttp.ClientSession() as http:
-
-                async def healthy() -> bool:
-                    try:
-                        async with http.get(f"http://127.0.0.1:{port}/healthz") as response:
-                            return response.status == 200
-                    except aiohttp.ClientError:
-                        return False
-
-                await until_sync(healthy, 60, "pepper serve to be healthy")
+            await until_healthy(f"http://127.0.0.1:{port}", 60)
             holders = await until(lambda: _two(_media_holders(db)), 90, "two media processes")
             assert set(holders.values()) == spawned_children(server.pid)
 

@@ -1,0 +1,151 @@
+"""The ``web_search`` slot: one interface, several real search services behind it.
+
+Each provider sends its service's documented request through the egress relay
+(:mod:`core.web.egress`) and reads its documented response into :class:`SearchHit` items:
+
+* ``brave``: Brave Search API, ``GET /res/v1/web/search`` with ``X-Subscription-Token``
+  (``BRAVE_API_KEY``); hits in ``web.results[]`` (``title``, ``url``, ``description``).
+* ``tavily``: Tavily, ``POST /search`` with ``Authorization: Bearer`` (``TAVILY_API_KEY``); hits in
+  ``results[]`` (``title``, ``url``, ``content``).
+* ``searxng``: a SearXNG instance (``PEPPER_SEARXNG_URL``, with the JSON format turned on in its
+  ``settings.yml``), ``GET /search?format=json``; hits in ``results[]`` (``title``, ``url``, ``content``).
+
+A search that did not work (an HTTP error, a rate limit, a body that is not the service's shape)
+raises :class:`SearchFailed`: a model told "no results" when the service was down tells the
+person nothing exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+from core.errors import ConfigError, PepperError
+from core.settings import Settings
+from core.web.egress import Egress, EgressError, WebResponse
+
+BRAVE_URL = "https://api.search.brave.com"
+TAVILY_URL = "https://api.tavily.com"
+SNIPPET_CHARS = 400
+
+
+class SearchFailed(PepperError):
+    code = "search-failed"
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    title: str
+    url: str
+    snippet: str
+
+
+class SearchProvider(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    async def search(self, query: str, count: int = 5) -> list[SearchHit]: ...
+
+
+def _checked(response: WebResponse, service: str) -> Any:
+    if response.status == 429:
+        raise SearchFailed(f"{service} refused the search: rate limited (HTTP 429)", retryable=True)
+    if response.status >= 400:
+        raise SearchFailed(f"{service} answered HTTP {response.status}", retryable=response.status >= 500)
+    try:
+        return response.json()
+    except ValueError:
+        raise SearchFailed(f"{service} did not answer with JSON") from None
+
+
+def _hits(items: Any, service: str, snippet_key: str, count: int) -> list[SearchHit]:
+    if not isinstance(items, list):
+        raise SearchFailed(f"{service} answered without a result list")
+    hits = []
+    for item in items:
+        if isinstance(item, dict) and isinstance(item.get("url"), str):
+            snippet = " ".join(str(item.get(snippet_key) or "").split())[:SNIPPET_CHARS]
+            hits.append(SearchHit(str(item.get("title") or item["url"]), item["url"], snippet))
+    return hits[:count]
+
+
+async def _send(egress: Egress, service: str, url: str, **kw: Any) -> WebResponse:
+    try:
+        return await egress.fetch(url, **kw)
+    except EgressError as exc:
+        raise SearchFailed(f"{service} could not be reached: {exc.message}", retryable=exc.retryable) from None
+
+
+@dataclass
+class _KeyedService:
+    egress: Egress
+    api_key: str
+    base_url: str
+
+
+@dataclass
+class BraveSearch(_KeyedService):
+    base_url: str = BRAVE_URL
+    name: ClassVar[str] = "brave"
+
+    async def search(self, query: str, count: int = 5) -> list[SearchHit]:
+        headers = {"Accept": "application/json", "X-Subscription-Token": self.api_key}
+        url = f"{self.base_url.rstrip('/')}/res/v1/web/search"
+        response = await _send(self.egress, "Brave Search", url, headers=headers, params={"q": query, "count": count})
+        body = _checked(response, "Brave Search")
+        # Brave leaves "web" out when nothing was found.
+        web = body.get("web", {"results": []}) if isinstance(body, dict) else None
+        return _hits(web.get("results") if isinstance(web, dict) else None, "Brave Search", "description", count)
+
+
+@dataclass
+class TavilySearch(_KeyedService):
+    base_url: str = TAVILY_URL
+    name: ClassVar[str] = "tavily"
+
+    async def search(self, query: str, count: int = 5) -> list[SearchHit]:
+        headers = {"Authorization": f"Bearer {self.api_key}", "Content-Type": "application/json"}
+        body = {"query": query, "max_results": count, "search_depth": "basic"}
+        url = f"{self.base_url.rstrip('/')}/search"
+        response = await _send(self.egress, "Tavily", url, method="POST", headers=headers, json=body)
+        found = _checked(response, "Tavily")
+        return _hits(found.get("results") if isinstance(found, dict) else None, "Tavily", "content", count)
+
+
+@dataclass
+class SearxngSearch:
+    egress: Egress
+    base_url: str
+    name: ClassVar[str] = "searxng"
+
+    async def search(self, query: str, count: int = 5) -> list[SearchHit]:
+        url = f"{self.base_url.rstrip('/')}/search"
+        response = await _send(self.egress, "SearXNG", url, headers={"Accept": "application/json"},
+                               params={"q": query, "format": "json"})  # fmt: skip
+        if response.status == 403:
+            raise SearchFailed("SearXNG refused the JSON format (turn on 'json' under search.formats)")
+        found = _checked(response, "SearXNG")
+        return _hits(found.get("results") if isinstance(found, dict) else None, "SearXNG", "content", count)
+
+
+def search_provider(settings: Settings, egress: Egress) -> SearchProvider | None:
+    """The provider ``web_search_provider`` names; "auto" takes the first one set up (Brave,
+    Tavily, SearXNG); None when none is."""
+    choice = settings.web_search_provider
+    brave = settings.brave_api_key.get_secret_value() if settings.brave_api_key else ""
+    tavily = settings.tavily_api_key.get_secret_value() if settings.tavily_api_key else ""
+    if choice == "auto":
+        choice = "brave" if brave else "tavily" if tavily else "searxng" if settings.searxng_url else "none"
+    if choice == "none":
+        return None
+    if choice == "brave":
+        if not brave:
+            raise ConfigError("PEPPER_WEB_SEARCH_PROVIDER is brave but BRAVE_API_KEY is not set")
+        return BraveSearch(egress, brave, settings.brave_search_url)
+    if choice == "tavily":
+        if not tavily:
+            raise ConfigError("PEPPER_WEB_SEARCH_PROVIDER is tavily but TAVILY_API_KEY is not set")
+        return TavilySearch(egress, tavily, settings.tavily_url)
+    if not settings.searxng_url:
+        raise ConfigError("PEPPER_WEB_SEARCH_PROVIDER is searxng but PEPPER_SEARXNG_URL is not set")
+    return SearxngSearch(egress, settings.searxng_url)
