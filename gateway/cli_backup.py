@@ -67,12 +67,12 @@ async def run_command(args: argparse.Namespace, settings: Settings, out: Callabl
     if args.command == "backup":
         done = await backup(settings, path, passphrase(args, confirm=True))
         key = "and secret.key" if done.secret_key else "(no secret.key in the data dir)"
-        out(f"backed up the {done.store} store (schema version {done.schema_version}) {key} to {path}")
+        out(f"backed up {done.store} (schema version {done.schema_version}) {key} to {path}")
         if settings.secret_key is not None:
             out("note: PEPPER_SECRET_KEY is set and is not in the backup; keep it with the backup")
         return 0
     done = await restore(settings, path, passphrase(args, confirm=False))
     key = "and secret.key" if done.secret_key else "(the backup had no secret.key)"
     out(f"restored the backup of {done.created_at} {key} into {settings.data_dir}"
-        f" ({done.store} store, schema version {done.schema_version})")  # fmt: skip
+        f" ({done.store}, schema version {done.schema_version})")  # fmt: skip
     return 0

@@ -291,7 +291,7 @@ def _restore_from(dsn: str, dump: Iterable[bytes]) -> None:
 
 @dataclass(frozen=True)
 class Outcome:
-    store: str  # "embedded" or the external server (redacted)
+    store: str  # "the embedded store" or "the store at <its DSN, redacted>"
     schema_version: int | None
     secret_key: bool  # a secret.key went with it
     created_at: str
@@ -312,11 +312,11 @@ async def backup(settings: Settings, path: Path, passphrase: str) -> Outcome:
     key_text = _key_to_back_up(settings, path)
     if settings.database_url is not None:
         dsn = settings.database_url.get_secret_value()
-        return await _backup_from(dsn, redact_dsn(dsn), key_text, path, passphrase)
+        return await _backup_from(dsn, f"the store at {redact_dsn(dsn)}", key_text, path, passphrase)
     if not (EmbeddedPostgres(settings.data_dir).pgdata / "PG_VERSION").exists():
         raise BackupError(f"no store to back up in {settings.data_dir} (its embedded Postgres was never created)")
     async with embedded_dsn(settings.data_dir) as dsn:
-        return await _backup_from(dsn, "embedded", key_text, path, passphrase)
+        return await _backup_from(dsn, "the embedded store", key_text, path, passphrase)
 
 
 def _key_to_back_up(settings: Settings, path: Path) -> str | None:
@@ -401,7 +401,7 @@ async def restore(settings: Settings, path: Path, passphrase: str) -> Outcome:
         else:
             shutil.rmtree(data_dir, ignore_errors=True)
         raise
-    store = "embedded" if external is None else redact_dsn(external)
+    store = "the embedded store" if external is None else f"the store at {redact_dsn(external)}"
     return Outcome(store, version, manifest.get("secret_key") is not None, str(manifest.get("created_at")))
 
 
