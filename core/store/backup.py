@@ -387,7 +387,8 @@ async def restore(settings: Settings, path: Path, passphrase: str) -> Outcome:
         if external is not None:
             version = await _restore_into(external, path, passphrase)
         else:
-            async with embedded_dsn(data_dir) as dsn:
+            # Holding the lock throughout: a server started on this folder meanwhile is refused.
+            async with embedded_dsn(data_dir, serving=True) as dsn:
                 version = await _restore_into(dsn, path, passphrase)
         if manifest.get("secret_key") is not None:
             fd = os.open(data_dir / KEY_FILE_NAME, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
