@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import os
 import signal
 import subprocess
@@ -255,3 +256,18 @@ def test_chunks_cannot_be_dropped_reordered_or_cut_at_a_chunk_boundary():
     ):
         with pytest.raises(BackupError, match=expected):
             b"".join(decrypt(io.BytesIO(broken), PASSPHRASE))
+
+
+def test_a_restore_that_fails_half_way_leaves_the_data_dir_as_empty_as_it_was(monkeypatch, capsys, tmp_path):
+    # Sealed with the right passphrase, but what it holds is no dump: pg_restore refuses it after the
+    # new cluster is made.
+    manifest = json.dumps({"pepper_backup": 1, "created_at": "2026-01-01T00:00:00+00:00", "secret_key": "k"}).encode()
+    path = tmp_path / "bad-dump.backup"
+    with path.open("wb") as out:
+        encrypt([len(manifest).to_bytes(4, "big") + manifest, b"not a dump at all"], out, PASSPHRASE)
+    monkeypatch.setenv("PEPPER_BACKUP_PASSPHRASE", PASSPHRASE)
+    target = tmp_path / "target"
+    target.mkdir()
+    code, err = _restore(monkeypatch, capsys, path, target)
+    assert code == 1 and "pg_restore failed" in _one_error(err)
+    assert list(target.iterdir()) == []
