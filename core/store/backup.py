@@ -194,7 +194,12 @@ def _split_payload(chunks: Iterator[bytes]) -> tuple[dict[str, Any], Iterator[by
             break
     if len(buffer) < 4 or len(buffer) < 4 + (size := struct.unpack(">I", buffer[:4])[0]):
         raise BackupError("the backup file holds no manifest (damaged); nothing was restored")
-    manifest = json.loads(buffer[4 : 4 + size])
+    try:
+        manifest = json.loads(buffer[4 : 4 + size])
+    except ValueError:
+        manifest = None
+    if not isinstance(manifest, dict):
+        raise BackupError("the backup file's manifest is damaged; nothing was restored")
 
     def rest() -> Iterator[bytes]:
         if len(buffer) > 4 + size:
