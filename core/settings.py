@@ -335,7 +335,9 @@ def _config_file() -> Path | None:
 
 
 # PEPPER_ variables that are not settings: read by one command, or by the test suite.
-OTHER_PEPPER_VARIABLES = frozenset({"PEPPER_TOKEN", "PEPPER_CALDAV_PASSWORD", "PEPPER_TEST_DATABASE_URL"})
+OTHER_PEPPER_VARIABLES = frozenset(
+    {"PEPPER_TOKEN", "PEPPER_CALDAV_PASSWORD", "PEPPER_BACKUP_PASSPHRASE", "PEPPER_TEST_DATABASE_URL"}
+)
 
 
 def setting_names() -> tuple[frozenset[str], frozenset[str]]:

@@ -125,6 +125,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "gateway.cli_answering",
     "gateway.cli_connect",
     "gateway.cli_setup",
+    "gateway.cli_backup",
 )
 
 
@@ -336,6 +337,10 @@ async def _run(args: argparse.Namespace, out: Callable[[str], None]) -> int:
         return 0
     if args.command == "doctor":
         return await _doctor(settings, out, online=args.online)
+    if args.command in ("backup", "restore"):
+        from gateway.cli_backup import run_command
+
+        return await run_command(args, settings, out)
     if args.command == "chat":
         import os
 

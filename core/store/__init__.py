@@ -21,6 +21,7 @@ __all__ = [
     "Database",
     "EmbeddedPostgres",
     "StoreReport",
+    "embedded_dsn",
     "inspect_store",
     "open_store",
     "prepare_data_dir",
@@ -59,6 +60,34 @@ async def create_database_if_missing(admin_dsn: str, name: str) -> None:
 
 
 @asynccontextmanager
+async def embedded_dsn(data_dir: Path, *, serving: bool = False) -> AsyncIterator[str]:
+    """The DSN of the Pepper database in the embedded Postgres of ``data_dir``, running meanwhile.
+
+    ``serving=True`` takes the data dir lock and owns the server, stopping it on exit. Otherwise a
+    running server's Postgres is used when one holds the lock, and else it is started (and the
+    database created) for the duration.
+    """
+    lock = DataDirLock(data_dir)
+    pg = EmbeddedPostgres(data_dir)
+    if not serving and lock.is_held_elsewhere():
+        if not pg.is_running():
+            raise DatabaseUnavailable(f"a Pepper server holds {data_dir} but its embedded Postgres is not running")
+        yield pg.dsn(EMBEDDED_DATABASE)
+        return
+
+    lock.acquire()
+    try:
+        admin_dsn = await asyncio.to_thread(pg.start)
+        try:
+            await create_database_if_missing(admin_dsn, EMBEDDED_DATABASE)
+            yield pg.dsn(EMBEDDED_DATABASE)
+        finally:
+            await asyncio.to_thread(pg.stop)
+    finally:
+        lock.release()
+
+
+@asynccontextmanager
 async def open_store(settings: Settings, *, serving: bool) -> AsyncIterator[Database]:
     """Open the migrated store for this process.
 
@@ -75,33 +104,12 @@ async def open_store(settings: Settings, *, serving: bool) -> AsyncIterator[Data
             await db.close()
         return
 
-    data_dir = prepare_data_dir(settings.data_dir)
-    lock = DataDirLock(data_dir)
-    pg = EmbeddedPostgres(data_dir)
-    if not serving and lock.is_held_elsewhere():
-        if not pg.is_running():
-            raise DatabaseUnavailable(f"a Pepper server holds {data_dir} but its embedded Postgres is not running")
-        db = await Database.open(pg.dsn(EMBEDDED_DATABASE), max_size=2)
+    async with embedded_dsn(prepare_data_dir(settings.data_dir), serving=serving) as dsn:
+        db = await Database.open(dsn, max_size=pool)
         try:
             yield db
         finally:
             await db.close()
-        return
-
-    lock.acquire()
-    try:
-        admin_dsn = await asyncio.to_thread(pg.start)
-        try:
-            await create_database_if_missing(admin_dsn, EMBEDDED_DATABASE)
-            db = await Database.open(pg.dsn(EMBEDDED_DATABASE), max_size=pool)
-            try:
-                yield db
-            finally:
-                await db.close()
-        finally:
-            await asyncio.to_thread(pg.stop)
-    finally:
-        lock.release()
 
 
 @dataclass
