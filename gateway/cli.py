@@ -125,6 +125,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "gateway.cli_answering",
     "gateway.cli_connect",
     "gateway.cli_setup",
+    "gateway.cli_turns",
 )
 
 

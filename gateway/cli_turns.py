@@ -1,0 +1,225 @@
+"""``pepper turns``: find recorded turns and read one whole, from the command line.
+
+pepper turns list [--account A] [--since WHEN] [--channel C] [--kind K] [--flagged] [--limit N]
+pepper turns show ID
+
+``show`` reads the record ``pepper replay`` starts from (``core.conversation.turn_record``) and the
+turn's staged writes (``core.tools.staging.staged_for_turn``); tool results are printed as recorded,
+untrusted ones included, with control characters escaped so a recorded result cannot drive the
+terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from uuid import UUID
+from zoneinfo import ZoneInfo
+
+from core import identity
+from core.conversation import MESSAGE_CHANNELS, TURN_KINDS, turn_record
+from core.errors import InvalidInput, NotFound
+from core.records.turns import TurnFilter, list_turns, turn_account
+from core.scheduling.schedule import to_utc, zone
+from core.settings import Settings
+from core.store import Database
+from core.tools.staging import staged_for_turn
+
+_RELATIVE = re.compile(r"^(\d+)\s*(m|min|h|d|w)$")
+_UNITS = {"m": "minutes", "min": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+# Every C0/C1 control character but newline and tab: a recorded text may hold escape sequences.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def add_commands(subparsers: Any) -> None:
+    turns = subparsers.add_parser("turns", help="recorded turns: find them, and read one whole").add_subparsers(
+        dest="action", required=True
+    )
+    listing = turns.add_parser("list", help="one line per turn, newest first")
+    listing.add_argument("--account", help="only this account (id or unique name)")
+    listing.add_argument("--since", help="an ISO date or time (the account's zone), or 30m, 2h, 3d, 1w ago")
+    listing.add_argument("--channel", choices=MESSAGE_CHANNELS)
+    listing.add_argument("--kind", choices=TURN_KINDS)
+    listing.add_argument("--flagged", action="store_true", help="only turns with a flag (capped, failed, ...)")
+    listing.add_argument("--limit", type=int, default=50, help="at most this many turns (default 50)")
+    show = turns.add_parser("show", help="a turn's prompt, rounds, tool calls, reply and writes")
+    show.add_argument("turn", help="the turn id")
+
+
+async def run(args: argparse.Namespace, settings: Settings, db: Database, out: Callable[[str], None]) -> bool:
+    if args.command != "turns":
+        return False
+    if args.action == "list":
+        await _list(args, db, out)
+    else:
+        await _show(args.turn, db, out)
+    return True
+
+
+def parse_since(text: str, *, now: datetime, timezone: str) -> datetime:
+    """``2h`` / ``3d`` before ``now``, or an ISO date or date and time; a time without an offset is
+    read in ``timezone``, a date alone is its midnight there."""
+    raw = text.strip().lower()
+    found = _RELATIVE.match(raw)
+    if found:
+        return now - timedelta(**{_UNITS[found[2]]: int(found[1])})
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise InvalidInput(
+            f"not a time for --since: {text!r} (write 2h, 3d, 1w, 2025-06-02 or 2025-06-02T09:00)"
+        ) from None
+    return to_utc(moment, zone(timezone)) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+async def _list(args: argparse.Namespace, db: Database, out: Callable[[str], None]) -> None:
+    if args.limit < 1:
+        raise InvalidInput("--limit must be at least 1")
+    account = await identity.get_account(db, args.account) if args.account else None
+    since = None
+    if args.since is not None:
+        since = parse_since(args.since, now=datetime.now(UTC), timezone=account.timezone if account else "UTC")
+    rows = await list_turns(
+        db,
+        TurnFilter(
+            account_id=account.id if account else None,
+            since=since,
+            channel=args.channel,
+            kind=args.kind,
+            flagged=args.flagged,
+            limit=args.limit,
+        ),
+    )
+    if not rows:
+        out("no turns")
+        return
+    out(f"{'turn':<36}  {'time':<20}  {'account':<12}  {'channel':<9}  {'kind':<9}  "
+        f"{'model':<16}  rounds  tokens in/out  flags")  # fmt: skip
+    for r in rows:
+        when = f"{r['started_at'].astimezone(ZoneInfo(r['timezone'])):%Y-%m-%d %H:%M %Z}"
+        tokens = f"{r['input_tokens'] or 0}/{r['output_tokens'] or 0}"
+        flags = ", ".join(r["flags"]) or "-"
+        out(f"{r['id']}  {when:<20}  {_clip(r['account_name'], 12):<12}  {r['channel']:<9}  {r['kind']:<9}  "
+            f"{_clip(r['model'] or '-', 16):<16}  {r['rounds']:>6}  {tokens:>13}  {flags}")  # fmt: skip
+
+
+async def _show(ref: str, db: Database, out: Callable[[str], None]) -> None:
+    try:
+        turn_id = UUID(ref)
+    except ValueError:
+        raise InvalidInput(f"not a turn id: {ref!r}") from None
+    row = await turn_record(db, turn_id)
+    if row is None:
+        raise NotFound(f"no turn {turn_id}")
+    owner = await turn_account(db, turn_id)
+    tz = ZoneInfo(owner["timezone"])
+
+    def at(moment: datetime | None) -> str:
+        return f"{moment.astimezone(tz):%Y-%m-%d %H:%M:%S %Z}" if moment else "-"
+
+    usage = _json(row["usage"]) or {}
+    timings = _json(row["timings"]) or {}
+    out(f"turn {turn_id}" + (f" (replay of {row['replay_of']})" if row["replay_of"] else ""))
+    out(f"  account {owner['name']}  channel {row['channel']}  kind {row['kind']}  status {row['status']}")
+    out(f"  started {at(row['started_at'])}  finished {at(row['finished_at'])}  delivered {at(row['delivered_at'])}")
+    out(f"  model {row['model'] or '-'}  tier {row['tier'] or '-'}  tokens {usage.get('input_tokens', 0)} in"
+        f" / {usage.get('output_tokens', 0)} out (cached {usage.get('cached_input_tokens', 0)})")  # fmt: skip
+    if timings:
+        out(f"  time {timings.get('total_ms', 0):.0f} ms, model {timings.get('model_ms', 0):.0f} ms")
+    out(f"  flags: {', '.join(owner['flags']) or 'none'}")
+    if row["error"]:
+        out(f"  error: {row['error']}")
+    _prompt(_json(row["whole_prompt"]), out)
+    calls = {c["id"]: c for c in _json(row["tool_calls"]) or []}
+    for record in _json(row["rounds"]) or []:
+        _round(record, calls, out, indent="")
+    skills = _json(row["skills"]) or {}
+    for worker in skills.get("workers", []):
+        out(f"worker {worker['skill']} (run {worker.get('run', 1)}, call {worker.get('call_id')}):"
+            f" {worker.get('status')}, tier {worker.get('tier')}")  # fmt: skip
+        for record in worker.get("rounds", []):
+            _round(record, calls, out, indent="  ")
+        out(f"  report: {_text(worker.get('report') or '')}")
+    out("reply:")
+    out(_indented(row["reply"] or "(none)", "  "))
+    _writes(await staged_for_turn(db, turn_id), out)
+
+
+def _prompt(prompt: dict[str, Any] | None, out: Callable[[str], None]) -> None:
+    out("prompt:")
+    if not prompt:
+        out("  (not recorded)")
+        return
+    stable = prompt.get("system_stable")
+    if stable is not None:
+        out(f"  stable prefix: {len(stable)} characters; {len(prompt.get('tools') or [])} tools offered")
+    memory = prompt.get("system_dynamic") or ""
+    out(f"  memory block: {len(memory)} characters" + (":" if memory else ""))
+    if memory:
+        out(_indented(memory, "    "))
+    messages = prompt.get("messages") or []
+    out("  newest message:")
+    out(_indented(messages[-1].get("content", "") if messages else "(none)", "    "))
+
+
+def _round(record: dict[str, Any], calls: dict[str, Any], out: Callable[[str], None], *, indent: str) -> None:
+    response = record.get("response") or {}
+    tokens = response.get("usage") or [0, 0]
+    notes = [f"tier {record['tier']}"] if record.get("tier") else []
+    if record.get("counted") is False:
+        notes.append("not counted")
+    if record.get("wasted"):
+        notes.append("wasted")
+    if record.get("cap"):
+        notes.append(f"cap: {record['cap']}")
+    if record.get("error"):
+        notes.append(f"error: {record['error']}")
+    if record.get("purpose") == "repair":
+        out(f"{indent}round {record.get('n')} repair: {'changed' if record.get('changed') else 'unchanged'}"
+            f" ({record.get('verdict')})")  # fmt: skip
+        return
+    out(f"{indent}round {record.get('n')} {record.get('purpose', 'turn')}: {response.get('model') or '-'}"
+        f"  tokens {tokens[0]} in / {tokens[1]} out" + (f"  ({', '.join(notes)})" if notes else ""))  # fmt: skip
+    for asked in response.get("tool_calls") or []:
+        call = calls.get(asked.get("id"), {})
+        arguments = json.dumps(asked.get("arguments"), ensure_ascii=False, sort_keys=True)
+        out(f"{indent}  call {asked.get('name')} {_text(arguments)} -> {call.get('status', 'no result recorded')}")
+        if "gated_arguments" in call:
+            out(f"{indent}    ran with {_text(json.dumps(call['gated_arguments'], ensure_ascii=False))}")
+        for step in (call.get("gate") or {}).get("steps", []):
+            if step.get("action") != "allow":  # every call is checked; only a refusal or a change tells
+                why = step.get("reason") or step.get("error") or ""
+                out(f"{indent}    gate {step.get('policy')}: {step.get('action')}" + (f": {_text(why)}" if why else ""))
+        if "content" in call:
+            out(_indented(call["content"], f"{indent}    "))
+    if response.get("text"):
+        out(f"{indent}  text:")
+        out(_indented(response["text"], f"{indent}    "))
+
+
+def _writes(writes: list[dict[str, Any]], out: Callable[[str], None]) -> None:
+    out("writes:")
+    if not writes:
+        out("  none staged")
+    for w in writes:
+        out(f"  {w['status']:<9} #{w['id']} {w['tool']}: {_text(w['summary'])}")
+
+
+def _json(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def _text(value: str) -> str:
+    return _CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}", value)
+
+
+def _indented(text: str, prefix: str) -> str:
+    return "\n".join(prefix + line for line in _text(text).splitlines() or [""])
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
