@@ -126,17 +126,30 @@ async def _show(ref: str, db: Database, out: Callable[[str], None]) -> None:
     out(f"turn {turn_id}" + (f" (replay of {row['replay_of']})" if row["replay_of"] else ""))
     out(f"  account {owner['name']}  channel {row['channel']}  kind {row['kind']}  status {row['status']}")
     out(f"  started {at(row['started_at'])}  finished {at(row['finished_at'])}  delivered {at(row['delivered_at'])}")
-    out(f"  model {row['model'] or '-'}  tier {row['tier'] or '-'}  tokens {usage.get('input_tokens', 0)} in"
-        f" / {usage.get('output_tokens', 0)} out (cached {usage.get('cached_input_tokens', 0)})")  # fmt: skip
+    tokens = (
+        f"{usage.get('input_tokens', 0)} in / {usage.get('output_tokens', 0)} out"
+        f" (cached {usage.get('cached_input_tokens', 0)})"
+        if usage
+        else "not recorded"
+    )
+    out(f"  model {row['model'] or '-'}  tier {row['tier'] or '-'}  tokens {tokens}")
     if timings:
         out(f"  time {timings.get('total_ms', 0):.0f} ms, model {timings.get('model_ms', 0):.0f} ms")
     out(f"  flags: {', '.join(owner['flags']) or 'none'}")
     if row["error"]:
         out(f"  error: {row['error']}")
+    delivery = {k: v for k, v in (_json(row["delivery"]) or {}).items() if k != "stats"}  # a call's stats: long
+    if delivery:
+        out(f"  delivery: {_text(json.dumps(delivery, ensure_ascii=False, sort_keys=True))}")
     _prompt(_json(row["whole_prompt"]), out)
-    calls = {c["id"]: c for c in _json(row["tool_calls"]) or []}
-    for record in _json(row["rounds"]) or []:
-        _round(record, calls, out, indent="")
+    recorded_calls = _json(row["tool_calls"]) or []
+    calls = {c["id"]: c for c in recorded_calls}
+    rounds = _json(row["rounds"]) or []
+    if rounds and "role" in rounds[0]:  # a call's record: what was said, not model rounds
+        _transcript(rounds, recorded_calls, out)
+    else:
+        for record in rounds:
+            _round(record, calls, out, indent="")
     skills = _json(row["skills"]) or {}
     for worker in skills.get("workers", []):
         out(f"worker {worker['skill']} (run {worker.get('run', 1)}, call {worker.get('call_id')}):"
@@ -157,6 +170,10 @@ def _prompt(prompt: dict[str, Any] | None, out: Callable[[str], None]) -> None:
     stable = prompt.get("system_stable")
     if stable is not None:
         out(f"  stable prefix: {len(stable)} characters; {len(prompt.get('tools') or [])} tools offered")
+    if "notice" in prompt:  # a call's record: its prompt is the opening notice
+        out(f"  opening notice: {len(prompt['notice'] or '')} characters:")
+        out(_indented(prompt["notice"] or "", "    "))
+        return
     memory = prompt.get("system_dynamic") or ""
     out(f"  memory block: {len(memory)} characters" + (":" if memory else ""))
     if memory:
@@ -185,20 +202,38 @@ def _round(record: dict[str, Any], calls: dict[str, Any], out: Callable[[str], N
     out(f"{indent}round {record.get('n')} {record.get('purpose', 'turn')}: {response.get('model') or '-'}"
         f"  tokens {tokens[0]} in / {tokens[1]} out" + (f"  ({', '.join(notes)})" if notes else ""))  # fmt: skip
     for asked in response.get("tool_calls") or []:
-        call = calls.get(asked.get("id"), {})
-        arguments = json.dumps(asked.get("arguments"), ensure_ascii=False, sort_keys=True)
-        out(f"{indent}  call {asked.get('name')} {_text(arguments)} -> {call.get('status', 'no result recorded')}")
-        if "gated_arguments" in call:
-            out(f"{indent}    ran with {_text(json.dumps(call['gated_arguments'], ensure_ascii=False))}")
-        for step in (call.get("gate") or {}).get("steps", []):
-            if step.get("action") != "allow":  # every call is checked; only a refusal or a change tells
-                why = step.get("reason") or step.get("error") or ""
-                out(f"{indent}    gate {step.get('policy')}: {step.get('action')}" + (f": {_text(why)}" if why else ""))
-        if "content" in call:
-            out(_indented(call["content"], f"{indent}    "))
+        _call(asked.get("name"), asked.get("arguments"), calls.get(asked.get("id"), {}), out, indent=f"{indent}  ")
     if response.get("text"):
         out(f"{indent}  text:")
         out(_indented(response["text"], f"{indent}    "))
+
+
+def _call(name: str, arguments: Any, call: dict[str, Any], out: Callable[[str], None], *, indent: str) -> None:
+    """One tool call as the model asked for it, and what the record says came of it."""
+    asked = json.dumps(arguments, ensure_ascii=False, sort_keys=True)
+    out(f"{indent}call {name} {_text(asked)} -> {call.get('status', 'no result recorded')}")
+    if "gated_arguments" in call:
+        out(f"{indent}  ran with {_text(json.dumps(call['gated_arguments'], ensure_ascii=False, sort_keys=True))}")
+    for step in (call.get("gate") or {}).get("steps", []):
+        if step.get("action") != "allow":  # every call is checked; only a refusal or a change tells
+            why = step.get("reason") or step.get("error") or ""
+            out(f"{indent}  gate {step.get('policy')}: {step.get('action')}" + (f": {_text(why)}" if why else ""))
+    if "content" in call:
+        out(_indented(call["content"], f"{indent}  "))
+
+
+def _transcript(entries: list[dict[str, Any]], calls: list[dict[str, Any]], out: Callable[[str], None]) -> None:
+    out("transcript:")
+    for entry in entries:
+        if entry.get("role") == "tool":  # the calls follow in full
+            continue
+        said = entry.get("text", entry.get("event", ""))
+        note = " (interrupted)" if entry.get("interrupted") else ""
+        out(f"  +{(entry.get('at_ms') or 0) / 1000:.1f}s {entry.get('role')}: {_text(str(said))}{note}")
+    if calls:
+        out("tool calls:")
+    for call in calls:
+        _call(call.get("name", "?"), call.get("arguments"), call, out, indent="  ")
 
 
 def _writes(writes: list[dict[str, Any]], out: Callable[[str], None]) -> None:

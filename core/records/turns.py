@@ -22,7 +22,8 @@ async def turn_status(db: Queries, turn_id: UUID) -> str | None:
 
 # What a turn record says went wrong or out of the ordinary, as one flag each, computed where the
 # record is (``pepper turns list --flagged`` filters on it before LIMIT). Each flag and its source:
-#   failed            the turn raised (status failed, ``error`` names the exception)
+#   failed            the turn raised (``error`` names the exception), or a call ended failed
+#                     (its model failed, or its process died): status failed, not for delivery
 #   <error code>      the model did not answer: no-model, model-error, empty-reply (``error``)
 #   undelivered       the channel reported the reply was not delivered (``delivery.ok`` false)
 #   abandoned         the turn was abandoned before it replied
@@ -36,8 +37,8 @@ async def turn_status(db: Queries, turn_id: UUID) -> str | None:
 #   skipped-required-step / required-step-failed   the skill detector's flags (``skills.flags``)
 TURN_FLAGS_SQL = """
     array_remove(ARRAY[
-        CASE WHEN t.status = 'failed' AND t.error IS NOT NULL THEN 'failed' END,
-        CASE WHEN t.status <> 'failed' AND t.error IS NOT NULL THEN t.error END,
+        CASE WHEN t.status = 'failed' AND t.delivery->>'ok' IS DISTINCT FROM 'false' THEN 'failed' END,
+        CASE WHEN t.error IS NOT NULL AND (t.status <> 'failed' OR t.delivery->>'ok' = 'false') THEN t.error END,
         CASE WHEN t.delivery->>'ok' = 'false' THEN 'undelivered' END,
         CASE WHEN t.status IN ('abandoned', 'running') THEN t.status END,
         CASE WHEN jsonb_path_exists(t.rounds, '$[*] ? (exists (@.cap))') THEN 'capped' END,

@@ -12,6 +12,7 @@ from cli_support import run_cli
 
 from core.identity import create_account
 from core.testing.scripted import calls, reply
+from core.tools.gate import Policy, Verdict, default_gate
 from text_loop import deliver, run_turn
 
 
@@ -119,11 +120,42 @@ async def test_turns_show_prints_prompt_rounds_calls_reply_and_writes(db, deps, 
 
     out = (await pepper("turns", "show", str(dropped)))[1]
     assert "status failed" in out and "flags: undelivered, writes-dropped" in out
+    assert 'delivery: {"dropped": 1, "ok": false}' in out
     assert out.splitlines()[-1].startswith("  dropped   #") and "complete_todo: " in out.splitlines()[-1]
 
     out = (await pepper("turns", "show", str(capped)))[1]
     assert "round 2 final:" in out and "(tier small, not counted, cap: rounds)" in out
     assert "flags: capped" in out and out.splitlines()[-1] == "  none staged"
+
+
+async def test_turns_flags_a_failed_a_repaired_and_a_refused_turn(db, deps, models, account, pepper):
+    models.script(RuntimeError("the model adapter broke"))
+    with pytest.raises(RuntimeError):
+        await run_turn(deps, account.id, "web", "hello?")
+    failed = await db.fetchval("SELECT id FROM turns ORDER BY started_at DESC LIMIT 1")
+
+    original = "Your train probably leaves at 9:40. Your train probably leaves at 9:40. Bring the blue ticket."
+    models.script(reply(original), reply("Your train probably leaves at 9:40. Bring the blue ticket."))
+    repaired = (await run_turn(deps, account.id, "sms", "when is my train?")).turn_id
+
+    no_notes = Policy(
+        "no-notes", lambda tool, a, s: Verdict.deny("notes are off") if tool.area == "notes" else Verdict.allow()
+    )
+    deps.gate = default_gate().with_policy(no_notes)
+    models.script(calls(("add_note", {"text": "x"})), reply("I could not save that."))
+    refused = (await run_turn(deps, account.id, "web", "note x")).turn_id
+
+    line = {row.split()[0]: row for row in (await pepper("turns", "list", "--flagged"))[1].splitlines()[1:]}
+    assert line[str(failed)].endswith("  failed")
+    assert line[str(repaired)].endswith("  repaired") and " sms " in line[str(repaired)]
+    assert line[str(refused)].endswith("  denied")
+    out = (await pepper("turns", "show", str(failed)))[1]
+    assert "status failed" in out and "flags: failed" in out and "error: RuntimeError" in out
+    out = (await pepper("turns", "show", str(repaired)))[1]
+    assert "round 2 repair: changed (accepted)" in out
+    assert "reply:\n  Your train probably leaves at 9:40. Bring the blue ticket.\nwrites:" in out
+    out = (await pepper("turns", "show", str(refused)))[1]
+    assert 'call add_note {"text": "x"} -> denied' in out and "gate no-notes: deny: notes are off" in out
 
 
 async def test_turns_mistakes_are_one_line_errors(db, pepper, capsys):
