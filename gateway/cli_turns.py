@@ -103,8 +103,9 @@ async def _list(args: argparse.Namespace, db: Database, out: Callable[[str], Non
         when = f"{r['started_at'].astimezone(ZoneInfo(r['timezone'])):%Y-%m-%d %H:%M %Z}"
         tokens = f"{r['input_tokens'] or 0}/{r['output_tokens'] or 0}"
         flags = ", ".join(r["flags"]) or "-"
+        rounds = "-" if r["rounds"] is None else str(r["rounds"])
         out(f"{r['id']}  {when:<20}  {_clip(r['account_name'], 12):<12}  {r['channel']:<9}  {r['kind']:<9}  "
-            f"{_clip(r['model'] or '-', 16):<16}  {r['rounds']:>6}  {tokens:>13}  {flags}")  # fmt: skip
+            f"{_clip(r['model'] or '-', 16):<16}  {rounds:>6}  {tokens:>13}  {flags}")  # fmt: skip
 
 
 async def _show(ref: str, db: Database, out: Callable[[str], None]) -> None:

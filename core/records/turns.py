@@ -56,6 +56,16 @@ TURN_FLAGS_SQL = """
 """
 
 
+# Model calls: the turn's rounds and its skill workers' rounds (the token totals cover both). A
+# call's ``rounds`` are its transcript, not model calls: NULL.
+TURN_ROUNDS_SQL = """
+    CASE WHEN NOT coalesce(t.rounds->0 ? 'role', false) THEN jsonb_array_length(t.rounds) + coalesce((
+        SELECT sum(jsonb_array_length(coalesce(w->'rounds', '[]')))::int
+        FROM jsonb_array_elements(coalesce(t.skills->'workers', '[]')) w
+    ), 0) END
+"""
+
+
 @dataclass(frozen=True)
 class TurnFilter:
     account_id: UUID | None = None
@@ -68,13 +78,13 @@ class TurnFilter:
 
 async def list_turns(db: Queries, wanted: TurnFilter) -> list[Any]:
     """The newest turns matching ``wanted``, newest first: one row each with the account's name and
-    time zone, the number of model rounds, the token totals and the record's flags."""
+    time zone, the number of model rounds (None for a call), the token totals and the record's flags."""
     return await db.fetch(
         f"""
         SELECT * FROM (
             SELECT t.id, t.started_at, t.channel, t.kind, t.status, t.model, t.tier, t.replay_of,
                    a.id AS account_id, a.name AS account_name, a.timezone,
-                   jsonb_array_length(t.rounds) AS rounds,
+                   {TURN_ROUNDS_SQL} AS rounds,
                    (t.usage->>'input_tokens')::bigint AS input_tokens,
                    (t.usage->>'output_tokens')::bigint AS output_tokens,
                    {TURN_FLAGS_SQL} AS flags

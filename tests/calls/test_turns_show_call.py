@@ -36,3 +36,4 @@ async def test_a_call_turn_shows_its_transcript_and_calls_and_a_failed_model_fla
     code, out, _ = await asyncio.to_thread(run_cli, monkeypatch, capsys, "turns", "list", "--flagged", "--kind", "call")
     lines = out.splitlines()[1:]
     assert code == 0 and len(lines) == 1 and lines[0].startswith(str(turn)) and lines[0].endswith("  failed")
+    assert lines[0].split()[-3] == "-"  # a call records what was said, not model rounds
