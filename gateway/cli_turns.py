@@ -168,9 +168,11 @@ def _prompt(prompt: dict[str, Any] | None, out: Callable[[str], None]) -> None:
     if not prompt:
         out("  (not recorded)")
         return
-    stable = prompt.get("system_stable")
-    if stable is not None:
-        out(f"  stable prefix: {len(stable)} characters; {len(prompt.get('tools') or [])} tools offered")
+    if "system_stable" in prompt:
+        stable, tools = prompt["system_stable"], prompt.get("tools")
+        # A part the record names but prompt_parts lacks comes back null (``turn_prompt``): say so.
+        out(f"  stable prefix: {'missing from prompt_parts' if stable is None else f'{len(stable)} characters'}; "
+            + ("tools missing from prompt_parts" if tools is None else f"{len(tools)} tools offered"))  # fmt: skip
     if "notice" in prompt:  # a call's record: its prompt is the opening notice
         out(f"  opening notice: {len(prompt['notice'] or '')} characters:")
         out(_indented(prompt["notice"] or "", "    "))

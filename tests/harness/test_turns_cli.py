@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from uuid import uuid4
 from zoneinfo import ZoneInfo
 
 import pytest
 from cli_support import run_cli
 
+from core.errors import InvalidInput
 from core.identity import create_account
 from core.testing.scripted import calls, reply
 from core.tools.gate import Policy, Verdict, default_gate
+from gateway.cli_turns import parse_since
 from text_loop import deliver, run_turn
 
 
@@ -127,6 +130,11 @@ async def test_turns_show_prints_prompt_rounds_calls_reply_and_writes(db, deps, 
     assert "round 2 final:" in out and "(tier small, not counted, cap: rounds)" in out
     assert "flags: capped" in out and out.splitlines()[-1] == "  none staged"
 
+    # A prompt part the record names but the store lost is named as missing, not shown as empty.
+    await db.execute("DELETE FROM prompt_parts WHERE hash = (SELECT prompt_prefix FROM turns WHERE id = $1)", kept)
+    out = (await pepper("turns", "show", str(kept)))[1]
+    assert "  stable prefix: missing from prompt_parts; " in out and " tools offered" in out
+
 
 async def test_turns_flags_a_failed_a_repaired_and_a_refused_turn(db, deps, models, account, pepper):
     models.script(RuntimeError("the model adapter broke"))
@@ -173,3 +181,20 @@ async def test_turns_mistakes_are_one_line_errors(db, pepper, capsys):
         await pepper("turns", "list", "--channel", "fax")
     err = capsys.readouterr().err
     assert usage.value.code == 1 and err.startswith("pepper: error: argument --channel: invalid choice 'fax'")
+
+
+def test_since_reads_relative_spans_and_iso_times_in_the_accounts_zone():
+    now = datetime(2025, 6, 2, 12, 0, tzinfo=UTC)
+    assert parse_since("90m", now=now, timezone="UTC") == now - timedelta(minutes=90)
+    assert parse_since("2h", now=now, timezone="UTC") == now - timedelta(hours=2)
+    assert parse_since("3d", now=now, timezone="UTC") == now - timedelta(days=3)
+    assert parse_since("1w", now=now, timezone="UTC") == now - timedelta(weeks=1)
+    # Paris is two hours ahead in June: its 09:00 and its midnight, in UTC.
+    assert parse_since("2025-06-02T09:00", now=now, timezone="Europe/Paris") == datetime(2025, 6, 2, 7, 0, tzinfo=UTC)
+    assert parse_since("2025-06-02", now=now, timezone="Europe/Paris") == datetime(2025, 6, 1, 22, 0, tzinfo=UTC)
+    assert parse_since("2025-06-02 09:00+00:00", now=now, timezone="Europe/Paris") == datetime(
+        2025, 6, 2, 9, 0, tzinfo=UTC
+    )
+    for bad in ("yesterday", "2h ago", "-2h", "2025-13-01", ""):
+        with pytest.raises(InvalidInput, match="not a time for --since"):
+            parse_since(bad, now=now, timezone="UTC")
