@@ -41,13 +41,15 @@ def add_commands(subparsers: Any) -> None:
     )
     listing = turns.add_parser("list", help="one line per turn, newest first")
     listing.add_argument("--account", help="only this account (id or unique name)")
-    listing.add_argument("--since", help="an ISO date or time (the account's zone), or 30m, 2h, 3d, 1w ago")
+    listing.add_argument(
+        "--since", metavar="WHEN", help="30m, 2h, 3d or 1w ago, or an ISO date or time (in --account's zone, else UTC)"
+    )
     listing.add_argument("--channel", choices=MESSAGE_CHANNELS)
     listing.add_argument("--kind", choices=TURN_KINDS)
     listing.add_argument("--flagged", action="store_true", help="only turns with a flag (capped, failed, ...)")
-    listing.add_argument("--limit", type=int, default=50, help="at most this many turns (default 50)")
+    listing.add_argument("--limit", type=int, default=50, metavar="N", help="at most this many turns (default 50)")
     show = turns.add_parser("show", help="a turn's prompt, rounds, tool calls, reply and writes")
-    show.add_argument("turn", help="the turn id")
+    show.add_argument("turn", metavar="ID", help="the turn id")
 
 
 async def run(args: argparse.Namespace, settings: Settings, db: Database, out: Callable[[str], None]) -> bool:
