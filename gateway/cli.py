@@ -126,6 +126,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "gateway.cli_connect",
     "gateway.cli_setup",
     "gateway.cli_backup",
+    "gateway.cli_turns",
 )
 
 
