@@ -177,10 +177,19 @@ class PiperTTS:
 
         self.voice = PiperVoice.load(str(model_path))
         self.rate = int(self.voice.config.sample_rate)
+        self.config: Any = None  # the voice's own synthesis settings
+
+    def without_noise(self) -> None:
+        """Synthesise without piper's sampled noise: the same text gives the same audio every time.
+        Callers hear a slightly flatter voice; tests that check the words a caller heard use it, as
+        noisy audio makes Whisper's transcript of it vary from run to run."""
+        from piper import SynthesisConfig
+
+        self.config = SynthesisConfig(noise_scale=0.0, noise_w_scale=0.0)
 
     def pcm_sync(self, text: str) -> bytes:
         """16-bit PCM at the voice's own rate (22.05 kHz)."""
-        return b"".join(chunk.audio_int16_bytes for chunk in self.voice.synthesize(text))
+        return b"".join(chunk.audio_int16_bytes for chunk in self.voice.synthesize(text, syn_config=self.config))
 
     def mulaw_sync(self, text: str) -> bytes:
         pcm = np.frombuffer(self.pcm_sync(text), np.int16)
