@@ -119,7 +119,7 @@ async def test_a_worker_sees_only_its_tools_and_its_report_is_the_reply(db, deps
         "Skill agenda: Say what is on the calendar on a day.\nSteps:\n1. List the events"
         in (worker.body["instructions"])
     )
-    assert "Task from Pepper's main assistant: what is on today" in user_texts(worker)[0]
+    assert "Request from Pepper's main assistant: what is on today" in user_texts(worker)[0]
     assert "what's on today?" in user_texts(worker)[0]
     results = outputs(worker_2)
     assert results[0].startswith("09:00-09:30 Dentist")

@@ -338,7 +338,7 @@ class SkillRuntime:
             system_stable=system,
             system_dynamic="",
             tools=specs,
-            messages=[self._task_message(call)],
+            messages=[self._request_message(call)],
             tool_round=lambda: self.open_round(visible, worker_intercept),
             round_cap=cap,
             conversation_key=self.conversation_key,
@@ -381,9 +381,9 @@ class SkillRuntime:
         setattr(state, attr, call.arguments[key].strip())
         return self._outcome(call, "ok", "Done: your run ends after this round.")
 
-    def _task_message(self, call: ToolCall) -> ChatMessage:
+    def _request_message(self, call: ToolCall) -> ChatMessage:
         args = call.arguments
-        parts = [f"{LABEL}\nTask from Pepper's main assistant: {args.get('request') or 'do what the person asked.'}"]
+        parts = [f"{LABEL}\nRequest from Pepper's main assistant: {args.get('request') or 'do what the person asked.'}"]
         if args.get("details"):
             parts.append("The information you handed back for, found by the main assistant:\n" + args["details"])
         parts.append("The person's message:\n" + self.person_message.content)
