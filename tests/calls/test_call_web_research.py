@@ -110,12 +110,16 @@ async def test_a_verified_call_inside_the_conversations_web_window_sees_the_tool
     assert "is the Louvre open" in config["instructions"] and "closes on Tuesdays" not in config["instructions"]
 
 
-async def _asks_the_web_unseen(phone, helper_model, answer) -> None:
+async def _asks_the_web_unseen(phone, helper_model, answer, *, then_verify: bool = False) -> None:
     """The caller asks for the web and the model calls the tool anyway: refused as unknown, never
-    shown to any session of the call, and the helper never asked."""
+    shown to any session of the call (``then_verify``: not even once the caller proved who they
+    are, since they asked before), and the helper never asked."""
     async with phone.caller.media(answer) as call:
         assert (await first_tool_output(phone, call, speech("hello"))).startswith("Unknown tool 'web_research'")
         await asyncio.sleep(0.3)  # a reconfiguration would have come by now
+        if then_verify:
+            await verify_by_keypad(phone, call)
+            assert "add_todo" in _tools(phone.model.sessions[0])
         assert all("web_research" not in _tools(s) for s in phone.model.sessions)
         await call.hang_up()
     await phone.call_row(answer.call_sid)
@@ -127,10 +131,10 @@ def _the_model_tries_the_web(phone) -> None:
     phone.model.hear("search the web for what a Framework Laptop 16 costs")
 
 
-async def test_a_restricted_call_never_sees_the_tool_even_when_the_caller_asks_for_the_web(phone_web):
+async def test_a_restricted_call_never_sees_the_tool_and_asking_before_verification_does_not_count(phone_web):
     phone, _, helper_model = phone_web
     _the_model_tries_the_web(phone)
-    await _asks_the_web_unseen(phone, helper_model, await phone.dial_owner())
+    await _asks_the_web_unseen(phone, helper_model, await phone.dial_owner(), then_verify=True)
 
 
 async def test_an_answering_call_never_sees_the_tool(phone_web):
