@@ -101,16 +101,19 @@ async def load_owner_context(
     memory: MemoryConfig,
     personal: bool = True,
     exclude_message_ids: Sequence[int] = (),
+    web: WebWindow | None = None,
+    text: str = "",
 ) -> OwnerContext:
     """The context read in one statement of its own, then the memory block (without
-    ``exclude_message_ids``: what the session already has in front of it)."""
+    ``exclude_message_ids``: what the session already has in front of it). ``web`` and ``text``
+    as for :func:`owner_context` (a call's ``text``: the caller's words that asked for the web)."""
     reads = context_reads(connectors, personal=personal)
     names = list(reads)
     row = await db.fetchrow("SELECT " + ", ".join(f"{reads[n]} AS {n}" for n in names), account_id)
     got = {n: row[n] for n in names}
     return await owner_context(
         db, account_id, conversation_id, timezone, now, got, personal=personal, memory=memory,
-        exclude_message_ids=exclude_message_ids,
+        exclude_message_ids=exclude_message_ids, web=web, text=text,
     )  # fmt: skip
 
 

@@ -6,7 +6,7 @@ its settings object, and the helper must hold neither. Its environment is built 
 (``core.web.helper.helper_environment``), its settings come down its standard input (only the
 model, search and relay ones), and it runs in a directory of its own, where no ``pepper.toml``
 is. It listens on a unix socket in a private temporary directory (mode 0700); the turn workers
-learn the path from ``PEPPER_WEB_RESEARCH_SOCKET`` in their settings. A helper that dies is
+and media processes learn the path from ``PEPPER_WEB_RESEARCH_SOCKET`` in their settings. A helper that dies is
 started again; the stop is SIGTERM, then a kill after the grace period.
 """
 

@@ -266,7 +266,7 @@ async def serve(settings: Settings, *, stop: asyncio.Event | None = None) -> Non
             settings = settings.model_copy(update={"media_port": media_sock.getsockname()[1]})
         else:
             media_sock = bind_listener(settings.host, settings.media_port, "PEPPER_MEDIA_PORT")
-        # The research helper's socket goes into the settings every process gets (its turn tools use it).
+        # The research helper's socket goes into the settings every process gets (its turns and calls use it).
         research = ResearchHelper(settings) if ResearchHelper.wanted(settings) else None
         if research is not None:
             settings = settings.model_copy(update={"web_research_socket": str(research.socket_path)})

@@ -590,6 +590,7 @@ class CallEngine:
                 text = self._profile.caller_text(event.item_id, text)
                 self.note("caller", text=text)
                 self._records.put_nowait(("in", event.item_id, text))
+                self._profile.on_caller_words(event.item_id, text)
         elif type(event) is AssistantTranscript:
             text = self._profile.pepper_text(event.text.strip())
             if text:

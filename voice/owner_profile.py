@@ -7,6 +7,12 @@ proves who they are.
   passes to ``verify_pin``) or a one-time code sent by SMS is checked in code; on success the same
   model session is reconfigured with the memory block and the full tool set. Repeated failures end
   the call and notify the owner. The limits kept across calls are ``voice.verification``'s.
+* **Web research** (``core.web.permission``), decided as for a text turn, from the person's own
+  words: a verified call sees ``web_research`` when the conversation's web window is open when the
+  caller proves who they are, or once an utterance begun after that asks for the web (the tool is
+  added at once and the model reconfigured; what was said before verification never counts). A
+  call is one turn, so the gate lets it hand off one question per call, and after it the rest of
+  the call is an after-web turn (sends become drafts). The caller hears the filler while it runs.
 * **Records.** The transcript lands in the person's one conversation as it comes; speech begun
   before verification is recorded as an unverified caller's, and a PIN or code the caller gave
   never reaches the records.
@@ -27,8 +33,10 @@ from core.owner_context import dossier_section, load_owner_context, session_tool
 from core.persona import CONFIRM_FIRST, NEVER_PRETEND, RESULT_WORDING, runtime_note_rule
 from core.records import calls as call_records
 from core.security import record_security_event
+from core.tools.connectors import web_window
 from core.tools.context import SessionContext
 from core.tools.registry import Tool, ToolContext, ToolOutcome, ToolRegistry
+from core.web.permission import WEB, asks_for_web
 from voice import verification
 from voice.deps import VoiceDeps
 from voice.profile import AdmittedCall, CallControls, CallProfile, withhold_digits
@@ -82,6 +90,9 @@ class OwnerProfile(CallProfile):
         self._secrets: set[str] = set()
         self._spoken_verified: set[str] = set()
         self._connections: frozenset[str] = frozenset()  # the person's, read once they proved who they are
+        # Web research on this server (None: none), and the caller's verified words that asked for it.
+        self._web = web_window(deps.connectors, deps.registry)
+        self._web_words: str | None = None
 
     @property
     def notice(self) -> str:  # type: ignore[override]
@@ -139,7 +150,8 @@ class OwnerProfile(CallProfile):
         own = await call_records.call_message_ids(db, conversation_id, self.controls.turn_id, self._call.call_sid)
         context = await load_owner_context(
             db, self._account, conversation_id, self.controls.timezone, self.deps.clock(),
-            connectors=self.deps.connectors, memory=self.deps.memory, exclude_message_ids=own,
+            connectors=self.deps.connectors, memory=self.deps.memory, exclude_message_ids=own, web=self._web,
+            text=self._web_words or "",
         )  # fmt: skip
         self._connections = context.connections
         return "\n\n".join([PERSONA, VERIFIED, dossier_section(context.dossier), context.memory])
@@ -155,6 +167,24 @@ class OwnerProfile(CallProfile):
         # model), so what counts is when the speech began, not the trust at this moment.
         verified = item_id in self._spoken_verified
         return withhold_digits(text, only=self._secrets if verified else None)
+
+    def on_caller_words(self, item_id: str, text: str) -> None:
+        # Only the person's words grant the web: speech begun after they proved who they are.
+        if self._web is None or self._web_words is not None or item_id not in self._spoken_verified:
+            return
+        if not asks_for_web(text):
+            return
+        self._web_words = text
+        if WEB in self._connections:
+            return  # the conversation's window had it open already
+        # At once: the model's call of the tool may already be on its way (the transcript often
+        # comes beside the reply); the model is reconfigured and told in a task of the call.
+        self._connections = self._connections | {WEB}
+        self.controls.spawn("web-permitted", self._web_permitted())
+
+    async def _web_permitted(self) -> None:
+        await self.controls.reconfigure()
+        await self.controls.tell_model("The caller asked for the web: web_research is available now, once per call.")
 
     def pepper_text(self, text: str) -> str:
         # Pepper's side too: a model may read a PIN back. Before verification every run of

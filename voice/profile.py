@@ -166,6 +166,10 @@ class CallProfile(ABC):
         of digits withheld."""
         return withhold_digits(text)
 
+    def on_caller_words(self, item_id: str, text: str) -> None:
+        """One transcribed utterance of the caller, as the records keep it (after :meth:`caller_text`)."""
+        return None
+
     def pepper_text(self, text: str) -> str:
         """What of Pepper's speech goes into the transcript and records."""
         return text

@@ -12,7 +12,8 @@ Connection names a session can hold (``SessionContext.connections``):
 * ``google_calendar``: a Google connection granted the Calendar events scope;
 * ``caldav``: a CalDAV server.
 * ``web``: not an account: this turn may hand a question to the web research helper (the
-  conversation asked for the web, ``core.web.permission``); only a text turn adds it.
+  conversation asked for the web, ``core.web.permission``); a text turn adds it, and a verified
+  owner's call (``voice.owner_profile``).
 """
 
 from __future__ import annotations

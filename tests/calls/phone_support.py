@@ -55,6 +55,23 @@ async def until(predicate: Any, within: float = 10.0, what: str = "the condition
         await asyncio.sleep(0.02)
 
 
+async def verify_by_keypad(phone: Phone, call: MediaCall, pin: str = PIN) -> None:
+    """Key the PIN in and wait for the model session to be reconfigured for the verified caller."""
+    session = phone.model.sessions[-1]
+    updates = len([e for e in session.events if e["type"] == "session.update"])
+    await call.keypad(pin + "#")
+    await phone.model.wait_for(lambda: len([e for e in session.events if e["type"] == "session.update"]) > updates)
+
+
+async def first_tool_output(phone: Phone, call: MediaCall, audio: bytes) -> str:
+    """Once the notice played, the caller says ``audio``: the output of the first tool call it leads to."""
+    await phone.until_listening(call)
+    call.say(audio)
+    session = phone.model.sessions[0]
+    await phone.model.wait_for(lambda: session.tool_outputs, within=15)
+    return str(session.tool_outputs[0]["output"])
+
+
 def workday(days_ahead: int = 3) -> date:
     """A weekday at least ``days_ahead`` days from now (UTC): inside the default booking hours."""
     day = datetime.now(UTC).date() + timedelta(days=days_ahead)

@@ -8,20 +8,13 @@ import asyncio
 import dataclasses
 from datetime import UTC, datetime
 
-from phone_support import PIN, speech, until
+from phone_support import speech, until, verify_by_keypad
 
 from core.scheduling.schedule import parse_schedule
 from core.scheduling.tasks import create_task
 from core.tools.registry import ToolRegistry
 from core.tools.starter import starter_registry
 from voice.testing.realtime_peer import ScriptedResponse, speak, tone
-
-
-async def _verify_by_keypad(phone, call) -> None:
-    session = phone.model.sessions[-1]
-    updates = len([e for e in session.events if e["type"] == "session.update"])
-    await call.keypad(PIN + "#")
-    await phone.model.wait_for(lambda: len([e for e in session.events if e["type"] == "session.update"]) > updates)
 
 
 async def test_a_staged_write_is_not_saved_by_a_response_the_model_began_while_its_tool_ran(phone):
@@ -54,7 +47,7 @@ async def test_a_staged_write_is_not_saved_by_a_response_the_model_began_while_i
     answer = await phone.dial_owner()
     async with phone.caller.media(answer) as call:
         await phone.until_listening(call)
-        await _verify_by_keypad(phone, call)
+        await verify_by_keypad(phone, call)
         session = phone.model.sessions[0]
         await phone.model.wait_for(lambda: len(session.response_creates) >= 2)  # "You're verified."
         call.say(speech("todo"))
@@ -103,7 +96,7 @@ async def test_four_cancellations_at_once_on_a_call_still_stop_at_two_without_th
     answer = await phone.dial_owner()
     async with phone.caller.media(answer) as call:
         await phone.until_listening(call)
-        await _verify_by_keypad(phone, call)
+        await verify_by_keypad(phone, call)
         session = phone.model.sessions[0]
         await phone.model.wait_for(lambda: len(session.response_creates) >= 2)
         call.say(speech("todo"))
@@ -134,7 +127,7 @@ async def test_a_write_whose_confirmation_was_cut_by_a_model_drop_is_not_saved_b
     answer = await phone.dial_owner()
     async with phone.caller.media(answer) as call:
         await phone.until_listening(call)
-        await _verify_by_keypad(phone, call)
+        await verify_by_keypad(phone, call)
         session = phone.model.sessions[0]
         await phone.model.wait_for(lambda: len(session.response_creates) >= 2)
         phone.model.pace = 0.1  # the confirmation streams in real time

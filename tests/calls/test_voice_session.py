@@ -8,7 +8,7 @@ import json
 import re
 from datetime import UTC, datetime
 
-from phone_support import PIN, speech, until
+from phone_support import PIN, first_tool_output, speech, until, verify_by_keypad
 
 from core.conversation import conversation_for, record_inbound
 from core.tools.registry import Tool, ToolOutcome
@@ -20,13 +20,6 @@ RESTRICTED_TOOLS = {"check_code", "end_call", "send_code", "verify_pin"}
 
 def _tools(session) -> set[str]:
     return set(session.tool_names())
-
-
-async def _verify_by_keypad(phone, call, pin: str = PIN) -> None:
-    session = phone.model.sessions[-1]
-    updates = len([e for e in session.events if e["type"] == "session.update"])
-    await call.keypad(pin + "#")
-    await phone.model.wait_for(lambda: len([e for e in session.events if e["type"] == "session.update"]) > updates)
 
 
 async def test_a_call_starts_restricted_and_the_keypad_pin_unlocks_the_same_session(phone):
@@ -41,7 +34,7 @@ async def test_a_call_starts_restricted_and_the_keypad_pin_unlocks_the_same_sess
         assert RESTRICTED_TOOLS <= restricted
         assert not restricted & {"add_todo", "list_todos", "complete_todo", "add_note"}
         assert "blue door" not in session.config["instructions"]
-        await _verify_by_keypad(phone, call)
+        await verify_by_keypad(phone, call)
         assert "blue door" in session.config["instructions"]
         unlocked = _tools(session)
         assert {"add_todo", "list_todos", "complete_todo"} <= unlocked
@@ -62,11 +55,8 @@ async def test_a_spoken_pin_is_checked_in_code_and_never_stored(phone):
     phone.model.hear("my pin is two four six eight")
     answer = await phone.dial_owner()
     async with phone.caller.media(answer) as call:
-        await phone.until_listening(call)
-        call.say(speech("pin"))
+        assert (await first_tool_output(phone, call, speech("pin"))).startswith("PIN correct")
         session = phone.model.sessions[0]
-        await phone.model.wait_for(lambda: session.tool_outputs, within=15)
-        assert session.tool_outputs[0]["output"].startswith("PIN correct")
         await phone.model.wait_for(lambda: "add_todo" in _tools(session))
         await call.hang_up()
     row = await phone.call_row(answer.call_sid)
@@ -128,7 +118,7 @@ async def test_a_one_time_code_by_sms_unlocks_the_call(phone):
         [sms] = await phone.twilio.wait_for_sent(1, within=15)
         assert sms.to == "+14155552671" and sms.from_ == "+14155550100"
         code = re.search(r"\d{6}", sms.body).group(0)
-        await _verify_by_keypad(phone, call, code)
+        await verify_by_keypad(phone, call, code)
         assert "add_todo" in _tools(phone.model.sessions[0])
         await call.hang_up()
     assert (await phone.call_row(answer.call_sid))["verified_by"] == "sms-code-keypad"
@@ -158,11 +148,7 @@ async def test_tools_pass_the_same_gate_unverified_writes_are_refused(phone):
     phone.model.hear("add buy milk to my todos")
     answer = await phone.dial_owner()
     async with phone.caller.media(answer) as call:
-        await phone.until_listening(call)
-        call.say(speech("todo"))
-        session = phone.model.sessions[0]
-        await phone.model.wait_for(lambda: session.tool_outputs, within=15)
-        assert session.tool_outputs[0]["output"].startswith("Unknown tool 'add_todo'")
+        assert (await first_tool_output(phone, call, speech("todo"))).startswith("Unknown tool 'add_todo'")
         await call.hang_up()
     await phone.call_row(answer.call_sid)
     assert await phone.db.fetchval("SELECT count(*) FROM todos") == 0
@@ -180,11 +166,7 @@ async def test_a_slow_tool_plays_a_filler_and_its_result_reaches_the_model(phone
     phone.model.hear("what's the weather")
     answer = await phone.dial_owner()
     async with phone.caller.media(answer) as call:
-        await phone.until_listening(call)
-        call.say(speech("hello"))
-        session = phone.model.sessions[0]
-        await phone.model.wait_for(lambda: session.tool_outputs, within=15)
-        assert session.tool_outputs[0]["output"] == "It is sunny."
+        assert (await first_tool_output(phone, call, speech("hello"))) == "It is sunny."
         assert phone.calls.sessions[answer.call_sid].stats.fillers == 1
         filler = phone.calls.deps.filler
         await call.wait(lambda: filler[:800] in bytes(call.heard), what="the filler to play")
@@ -236,7 +218,7 @@ async def test_a_staged_write_commits_when_the_confirming_sentence_was_heard(pho
     answer = await phone.dial_owner()
     async with phone.caller.media(answer) as call:
         await phone.until_listening(call)
-        await _verify_by_keypad(phone, call)
+        await verify_by_keypad(phone, call)
         await asyncio.sleep(0.5)
         call.say(speech("todo"))
         session = phone.model.sessions[0]
@@ -264,7 +246,7 @@ async def test_a_barge_in_before_the_confirmation_drops_the_write_and_tells_the_
     answer = await phone.dial_owner()
     async with phone.caller.media(answer) as call:
         await phone.until_listening(call)
-        await _verify_by_keypad(phone, call)
+        await verify_by_keypad(phone, call)
         await asyncio.sleep(0.5)
         call.say(speech("todo"))
         session = phone.model.sessions[0]
@@ -287,7 +269,7 @@ async def test_a_hang_up_before_the_confirmation_drops_the_write(phone):
     answer = await phone.dial_owner()
     async with phone.caller.media(answer) as call:
         await phone.until_listening(call)
-        await _verify_by_keypad(phone, call)
+        await verify_by_keypad(phone, call)
         await asyncio.sleep(0.5)
         call.say(speech("todo"))
         session = phone.model.sessions[0]
@@ -329,7 +311,7 @@ async def test_a_dropped_model_socket_reconnects_and_the_call_goes_on(phone):
     answer = await phone.dial_owner()
     async with phone.caller.media(answer) as call:
         await phone.until_listening(call)
-        await _verify_by_keypad(phone, call)
+        await verify_by_keypad(phone, call)
         await phone.model.drop(0)
         await phone.model.wait_for(lambda: len(phone.model.sessions) == 2)
         second = phone.model.sessions[1]
@@ -430,7 +412,7 @@ async def test_what_a_caller_said_before_proving_who_they_are_is_never_remembere
         await phone.model.wait_for(lambda: session.tool_outputs, within=15)
         await until(lambda: phone.db.fetchval("SELECT count(*) FROM messages WHERE direction = 'inbound'"), 15,
                     "the first line recorded")  # fmt: skip
-        await _verify_by_keypad(phone, call)
+        await verify_by_keypad(phone, call)
         started = len(session.speech_started_at)
         call.say(speech("hello"))
         await phone.model.wait_for(lambda: len(session.speech_started_at) > started, within=15)
@@ -512,7 +494,7 @@ async def test_a_verified_call_sees_the_same_tools_and_memory_block_as_a_text_tu
     answer = await phone.dial_owner()
     async with phone.caller.media(answer) as call:
         await phone.until_listening(call)
-        await _verify_by_keypad(phone, call)
+        await verify_by_keypad(phone, call)
         session = phone.model.sessions[0]
         call_tools = _tools(session)
         instructions = session.config["instructions"]

@@ -76,7 +76,8 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
             handler=web_research,
             area="web",
             # Shown only in a turn the conversation permits the web (core.web.permission), which
-            # gives its session the "web" connection; calls and other sessions never see it.
+            # gives its session the "web" connection (a text turn, or a verified owner's call);
+            # other sessions never see it.
             needs_connection=WEB,
             once_per_turn=True,
         ),
