@@ -413,10 +413,6 @@ async def turn_tool_calls(db: Queries, turn_id: UUID) -> Any:
     return await db.fetchval("SELECT tool_calls FROM turns WHERE id = $1", turn_id)
 
 
-async def turn_status(db: Queries, turn_id: UUID) -> str | None:
-    return await db.fetchval("SELECT status FROM turns WHERE id = $1", turn_id)
-
-
 @dataclass(frozen=True)
 class OpenedTurn:
     turn_id: UUID

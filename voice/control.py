@@ -24,8 +24,9 @@ import logging
 import os
 from typing import Any
 
-from core.conversation import turn_status, update_turn
+from core.conversation import update_turn
 from core.records import calls as call_records
+from core.records.turns import turn_status
 from core.store.queries import Queries
 from core.store.sessions import Listener
 from core.tools.staging import drop_turn_writes
