@@ -20,7 +20,6 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
-from answering_service.notify import OwnerNotifier, SendEmail
 from answering_service.profile import AnsweringProfile
 from answering_service.rules import load_rules, text_countries
 from answering_service.tools import ANSWERING_POLICY
@@ -67,13 +66,11 @@ class AnsweringService:
         db: Database,
         gate: Gate,
         *,
-        notifier: OwnerNotifier,
         default_region: str = "US",
         connectors: Connectors | None = None,
         silence_seconds: float = 15.0,
     ):
         self.db = db
-        self.notifier = notifier
         self.default_region = default_region
         self.connectors = connectors
         self.silence_seconds = silence_seconds
@@ -132,7 +129,6 @@ def call_service_from_settings(
     registry: Any,
     gate: Any,
     send_sms: Any,
-    send_email: SendEmail | None = None,
     connectors: Connectors | None = None,
     models: Any = None,
 ) -> CallService:
@@ -141,9 +137,7 @@ def call_service_from_settings(
     deps: VoiceDeps = voice_deps_from_settings(
         settings, db, registry=registry, gate=gate, send_sms=send_sms, models=models, connectors=connectors
     )
-    notifier = OwnerNotifier(db, send_sms=send_sms, send_email=send_email, public_url=settings.public_url)
-    answering = AnsweringService(db, gate, notifier=notifier, default_region=settings.default_region,
-                                 connectors=connectors)  # fmt: skip
+    answering = AnsweringService(db, gate, default_region=settings.default_region, connectors=connectors)
     return CallService(
         deps,
         answering,

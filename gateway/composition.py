@@ -154,7 +154,7 @@ def build_calls(
 
     return call_service_from_settings(
         settings, db, registry=harness.registry, gate=harness.gate, send_sms=send_sms,
-        send_email=_owner_mail(settings), connectors=harness.connectors, models=harness.models,
+        connectors=harness.connectors, models=harness.models,
     )  # fmt: skip
 
 
