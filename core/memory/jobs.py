@@ -31,6 +31,7 @@ from core.memory.periods import PERIODS, Period, due_at, local_date, period_end,
 from core.memory.summaries import SummaryResult, draft_summary, store_summary
 from core.models.errors import ModelNotConfigured
 from core.models.types import ModelService
+from core.records import call_verification
 from core.security import prune_security_events
 from core.store.pool import transaction
 from core.store.queries import Queries
@@ -300,10 +301,11 @@ async def memory_jobs_tick(
     config = config or MemoryConfig()
     if enqueue:
         report = await run_nightly_summaries(db, models, now, config=config)
-        try:  # housekeeping beside the memory work: old refusals go (``core.security``)
+        try:  # housekeeping beside the memory work: old refusals and verification attempts go
             await prune_security_events(db, now)
+            await call_verification.prune_attempts(db, now)
         except Exception as exc:
-            log.warning("pruning security events failed: error=%s", type(exc).__name__, exc_info=exc)
+            log.warning("pruning old security records failed: error=%s", type(exc).__name__, exc_info=exc)
     else:
         report = await run_due_jobs(db, models, now, config=config)
     try:

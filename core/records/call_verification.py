@@ -6,7 +6,7 @@ number (``source``) and whether the carrier attested the call; what was tried is
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from uuid import UUID
 
 from core.store.queries import Queries
@@ -79,3 +79,14 @@ async def codes_sent_this_hour(db: Queries, account_id: UUID, *, attested: bool)
 async def forget_code_send(db: Queries, claim: int) -> None:
     """Take back a claimed code send (``record_attempt`` of ``code-sent``) whose text did not go."""
     await db.execute("DELETE FROM call_verification_attempts WHERE id = $1 AND kind = 'code-sent'", claim)
+
+
+# Every count reads the last hour (``voice.verification``'s window, an hour by default): a month
+# covers any window an owner would set, and the table stops growing with every wrong PIN.
+RETENTION = timedelta(days=30)
+
+
+async def prune_attempts(db: Queries, now: datetime, retention: timedelta = RETENTION) -> int:
+    """Delete attempts older than ``retention``; how many went."""
+    status = await db.execute("DELETE FROM call_verification_attempts WHERE created_at < $1", now - retention)
+    return int(status.split()[-1])

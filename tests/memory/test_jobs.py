@@ -160,3 +160,17 @@ async def test_the_tick_prunes_old_security_events(db, ada, peer_router) -> None
     await memory_jobs_tick(db, router, NOW, config=CONFIG)
     kept = await db.fetch("SELECT created_at FROM security_events ORDER BY created_at")
     assert [NOW - r["created_at"] for r in kept] == [timedelta(days=89), timedelta(hours=1)]
+
+
+async def test_the_tick_prunes_verification_attempts_older_than_a_month(db, ada, peer_router) -> None:
+    _peer, router = peer_router
+    for age in (timedelta(days=31), timedelta(days=29), timedelta(minutes=5)):
+        await db.execute(
+            "INSERT INTO call_verification_attempts (account_id, source, kind, created_at)"
+            " VALUES ($1, '+15550001111', 'pin-wrong', $2)",
+            ada.id,
+            NOW - age,
+        )
+    await memory_jobs_tick(db, router, NOW, config=CONFIG)
+    kept = await db.fetch("SELECT created_at FROM call_verification_attempts ORDER BY created_at")
+    assert [NOW - r["created_at"] for r in kept] == [timedelta(days=29), timedelta(minutes=5)]
