@@ -181,8 +181,13 @@ async def _admin(args: argparse.Namespace, settings: Settings, db: Database, out
             account = await identity.get_account(db, args.account)
             if not args.yes:
                 _confirm_deletion(account.name)
+            # Google keeps a grant until it is revoked: ask it to forget Pepper before Pepper forgets
+            # the token (a refusal is said, and the deletion goes on).
+            from gateway.cli_connect import revoke_google_grants  # the Google client, only when needed
+
+            note = await revoke_google_grants(db, settings, account.id)
             await identity.delete_account(db, account.id)
-            out(f"deleted account {account.id} ({account.name}) and everything Pepper held about them")
+            out(f"deleted account {account.id} ({account.name}) and everything Pepper held about them{note}")
         elif args.action == "list":
             for account in await identity.list_accounts(db):
                 pin = "PIN set" if account.has_pin else "no PIN"

@@ -144,6 +144,14 @@ async def _revoke(db: Queries, connectors: Connectors, connection_id: UUID) -> s
     return "; Google's grant is revoked"
 
 
+async def revoke_google_grants(db: Queries, settings: Settings, account_id: UUID) -> str:
+    """Revoke every Google grant of an account that is about to be deleted (what ``pepper connect
+    remove google`` does for each one); what happened, for the command's output."""
+    connectors = connectors_factory(settings)
+    notes = [await _revoke(db, connectors, cid) for cid in await connections.google_connections(db, account_id)]
+    return "".join(notes)
+
+
 async def _remove(db: Queries, connectors: Connectors, account: identity.Account, ref: str) -> str:
     ref = ref.strip().lower()
     if ref == "google":

@@ -437,3 +437,18 @@ async def test_the_server_seals_old_plaintext_secrets_at_start_and_names_a_wrong
     [error] = [r for r in caplog.records if "connection secrets" in r.getMessage()]
     assert error.levelname == "ERROR" and "does not open with PEPPER_SECRET_KEY" in error.getMessage()
     assert await db.fetchval("SELECT count(*) FROM connections") == 1  # still connected
+
+
+async def test_deleting_an_account_revokes_its_google_grant_first(site: Site, capsys):
+    env = site_env(site)
+    code, out = await asyncio.to_thread(cli, env, "connect", "google", "--account", "Ada", "--area", "gmail")
+    assert code == 0, capsys.readouterr().err
+    async with site.browser() as browser:
+        async with browser.get(out.splitlines()[-1], allow_redirects=False) as answer:
+            back = answer.headers["Location"]
+        status, _page = await visit(browser, site.local(back))
+        assert status == 200
+    code, out = await asyncio.to_thread(cli, env, "account", "delete", "Ada", "--yes")
+    assert code == 0 and "deleted account" in out and "grant is revoked" in out, out
+    assert site.google.revoked == ["refresh-1"]
+    assert await site.connections() == []
