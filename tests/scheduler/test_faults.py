@@ -198,3 +198,26 @@ async def test_a_postgres_restart_while_runs_are_due_loses_nothing(own_postgres)
         assert await db.fetchval("SELECT count(*) FROM messages WHERE direction = 'outbound'") == len(ids)
     finally:
         await db.close()
+
+
+async def test_a_run_cancelled_while_it_gives_the_conversation_back_still_gives_it_back(db, monkeypatch):
+    """The heartbeat cancels a run whose lease it cannot extend, and a run that has just finished is
+    no longer running: cancelled while releasing the person's conversation, the release must still
+    happen, or every other run (and message) of the person waits out the lease."""
+    import text_loop.scheduler.service as service
+
+    await _due_tasks(db, 1)
+    release = service.release_hold
+
+    async def cancelled_on_the_way(*args, **kwargs):  # the run is cancelled just as it releases
+        [run] = [t for t in asyncio.all_tasks() if t.get_name().startswith("scheduled-turn-")]
+        run.cancel()
+        await release(*args, **kwargs)
+
+    monkeypatch.setattr(service, "release_hold", cancelled_on_the_way)
+    config = SchedulerConfig(slots=1, lease=timedelta(seconds=30), heartbeat=timedelta(seconds=30))
+    models = ScriptedModels(default=reply("Your brief."))
+    scheduler = Scheduler(HarnessDeps(db=db, models=models), GatewayDeliverer(Settings(), db), config, owner="one")
+    with pytest.raises(asyncio.CancelledError):
+        await scheduler.run_due()
+    assert await db.fetchval("SELECT held_until FROM conversations") is None

@@ -198,6 +198,11 @@ class Scheduler:
                     log.warning("lease heartbeat failed: run=%s error=%s", claim.run_id, type(exc).__name__)
                     continue
                 if not kept:
+                    # A run that has just finished is no longer running either: let it end.
+                    done, _ = await asyncio.wait({work}, timeout=self.config.heartbeat.total_seconds())
+                    if done:
+                        work.result()
+                        return
                     log.warning("lease lost; abandoning the run: run=%s", claim.run_id)
                     work.cancel()
                     await asyncio.gather(work, return_exceptions=True)
@@ -283,7 +288,10 @@ class Scheduler:
             await self._run_held(claim)
         finally:
             self._holds.pop(claim.run_id, None)
-            await release_hold(db, conversation_id)
+            # Shielded: a run cancelled here must still give the conversation back, or its messages
+            # and the person's other runs wait out the lease. The heartbeat cancels a run whose lease
+            # it cannot extend, and that includes a run that has just finished (no longer running).
+            await asyncio.shield(release_hold(db, conversation_id))
 
     async def _run_held(self, claim: Claim) -> None:
         db = self.db
