@@ -24,13 +24,13 @@ from answering_service.profile import AnsweringProfile
 from answering_service.rules import load_rules, text_countries
 from answering_service.tools import ANSWERING_POLICY
 from core import identity
+from core.adapters.twilio import media_streams as media
 from core.errors import InvalidInput
 from core.records import answering as answering_records
 from core.store import Database
 from core.store.queries import Queries
 from core.tools.connectors import Connectors
 from core.tools.gate import Gate
-from core.twilio import media_streams as media
 from voice import routing
 from voice.deps import VoiceDeps
 from voice.profile import AdmittedCall, CallProfile

@@ -74,7 +74,7 @@ async def bench(queries: int, calls: int) -> None:
             await add_handle(db, account.id, "phone", "+14155552671", verified=True)
             await assign_line(db, "+14155550100", "personal", account.id)
             async with TwilioPeer(auth_token="bench-token") as twilio:
-                from core.twilio.rest import TwilioMessenger
+                from core.adapters.twilio.rest import TwilioMessenger
 
                 settings = Settings(twilio_account_sid=twilio.account_sid, twilio_auth_token="bench-token",
                                     twilio_api_url=twilio.api_url)  # fmt: skip

@@ -21,9 +21,9 @@ from gateway.tasks import BackgroundTasks
 
 if TYPE_CHECKING:  # imported where used: a turn worker need not load what only the web server uses
     from answering_service.notify import OwnerNotifier
+    from core.adapters.twilio.rest import TwilioMessenger
     from core.memory.worker import MemoryWorker
     from core.models.router import ModelRouter
-    from core.twilio.rest import TwilioMessenger
     from gateway.channels import Channel
     from gateway.mailer import SmtpMailer
     from text_loop import HarnessDeps
@@ -55,7 +55,7 @@ def turn_parts(
     router = ModelRouter.from_settings(settings)
     messenger: TwilioMessenger | None = None
     if settings.twilio_account_sid and settings.twilio_auth_token is not None:
-        from core.twilio.rest import TwilioMessenger
+        from core.adapters.twilio.rest import TwilioMessenger
 
         messenger = TwilioMessenger(settings)
     connectors = Connectors.from_settings(settings)

@@ -280,7 +280,7 @@ async def check_online(settings: Settings) -> list[Check]:
             checks.append(Check(area, OK, ok(result)))
 
     if _set(settings.twilio_account_sid) and _set(settings.twilio_auth_token):
-        from core.twilio.rest import check_account
+        from core.adapters.twilio.rest import check_account
 
         await attempt("online: Twilio", check_account(settings), lambda status: f"account {status}")
     from core.models.router import ModelRouter

@@ -38,7 +38,7 @@ from picows import (
     ws_create_server,
 )
 
-from core.twilio.signatures import twilio_signature_ok
+from core.adapters.twilio.signatures import twilio_signature_ok
 from gateway.services import Services
 from gateway.webhooks import MEDIA_STREAM, public_url_for
 from voice.ws_frames import text_frame_head

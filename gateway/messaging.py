@@ -19,13 +19,13 @@ from uuid import UUID
 from quart import Blueprint, Response, current_app, request
 
 from core import identity
+from core.adapters.twilio import twiml
+from core.adapters.twilio.signatures import public_request_url, twilio_signature_ok
 from core.conversation import UNSENT, conversation_for, mark_part_sent, mark_parts_failed, record_outbound
 from core.errors import PepperError
 from core.records import messages
 from core.records.turns import SETTLED
 from core.security import record_security_event
-from core.twilio import twiml
-from core.twilio.signatures import public_request_url, twilio_signature_ok
 from gateway.channels import AWAITING_RECEIPT, Claimed, Delivery, Limits, failed, receive, settle_delivery
 from gateway.segments import MESSAGE_LIMIT
 from gateway.services import Services

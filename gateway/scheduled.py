@@ -21,6 +21,7 @@ from email.utils import formataddr, formatdate, make_msgid
 from typing import Any
 
 from core import identity
+from core.adapters.twilio.signatures import public_request_url
 from core.conversation import (
     conversation_for,
     mark_part_sent,
@@ -32,7 +33,6 @@ from core.conversation import (
 from core.errors import PepperError
 from core.settings import Settings
 from core.store.queries import Queries
-from core.twilio.signatures import public_request_url
 from gateway.segments import split_message
 from gateway.webhooks import MESSAGE_STATUS
 from text_loop import HarnessDeps

@@ -11,7 +11,7 @@ from core.store import Database
 from gateway.tasks import BackgroundTasks
 
 if TYPE_CHECKING:
-    from core.twilio.rest import TwilioMessenger
+    from core.adapters.twilio.rest import TwilioMessenger
     from gateway.live import LiveFeed
 
 

@@ -10,8 +10,8 @@ import logging
 
 from quart import Blueprint, Response, current_app, request
 
+from core.adapters.twilio.signatures import public_request_url, twilio_signature_ok
 from core.security import record_security_event
-from core.twilio.signatures import public_request_url, twilio_signature_ok
 from gateway.services import Services
 from gateway.webhooks import MEDIA_STREAM, VOICE, VOICE_AFTER_STREAM, VOICE_STATUS, public_url_for
 

@@ -31,7 +31,7 @@ SDK_HOMES: dict[str, tuple[str, ...]] = {
     "anthropic": ("core/models/adapters/",),
     "google.genai": ("core/models/adapters/", "voice/adapters/"),
     "deepgram": ("voice/adapters/",),
-    "twilio": ("core/twilio/",),
+    "twilio": ("core/adapters/twilio/",),
     "pipecat": ("voice/",),
     # The cascade's local speech models.
     "faster_whisper": ("voice/adapters/",),
@@ -188,10 +188,10 @@ def test_the_checker_allows_what_the_design_allows(tmp_path):
     _write(tmp_path, "voice/realtime.py", "import pipecat\nfrom core.models import types\n")
     _write(tmp_path, "core/models/adapters/openai_responses.py", "import openai\n")
     _write(tmp_path, "core/tools/areas/todos/tools.py", "from core.tools.registry import Tool\nfrom . import store\n")
-    _write(tmp_path, "core/twilio/rest.py", "from twilio.rest import Client\n")
-    _write(tmp_path, "core/twilio/twiml.py", "from twilio.twiml.voice_response import VoiceResponse\n")
-    _write(tmp_path, "voice/call.py", "from core.twilio import media_streams\n")
-    _write(tmp_path, "core/testing/twilio_peer.py", "from core.twilio.signatures import sign\n")
+    _write(tmp_path, "core/adapters/twilio/rest.py", "from twilio.rest import Client\n")
+    _write(tmp_path, "core/adapters/twilio/twiml.py", "from twilio.twiml.voice_response import VoiceResponse\n")
+    _write(tmp_path, "voice/call.py", "from core.adapters.twilio import media_streams\n")
+    _write(tmp_path, "core/testing/twilio_peer.py", "from core.adapters.twilio.signatures import sign\n")
     _write(tmp_path, "core/records/calls.py", 'import asyncpg\nQ = "UPDATE calls SET held_by = $1"\n')
     _write(tmp_path, "core/memory/index.py", "from core.store.pool import transaction\nfrom core.models import types\n")
     _write(tmp_path, "core/tools/areas/memory/tools.py", "from core.memory import search\n")

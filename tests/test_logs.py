@@ -56,7 +56,7 @@ def test_an_sms_sent_through_the_twilio_sdk_logs_nothing_of_it(subprocess_env):
         from core.settings import Settings
         from core.testing.twilio_peer import TwilioPeer
         from gateway.logs import setup_logging
-        from core.twilio.rest import TwilioMessenger
+        from core.adapters.twilio.rest import TwilioMessenger
 
         async def main():
             async with TwilioPeer(auth_token="tok") as twilio:

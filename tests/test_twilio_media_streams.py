@@ -1,4 +1,4 @@
-"""Twilio Media Streams frames (core/twilio/media_streams.py): built as strings, parsed with orjson."""
+"""Twilio Media Streams frames (core/adapters/twilio/media_streams.py): built as strings, parsed with orjson."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from core.twilio import media_streams as media
+from core.adapters.twilio import media_streams as media
 
 
 def test_payload_sizes_are_counted_without_decoding():

@@ -36,13 +36,13 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 from uuid import UUID
 
+from core.adapters.twilio import media_streams as media
 from core.conversation import conversation_for, start_turn, update_turn
 from core.models.types import ToolCall
 from core.records import calls as call_records
 from core.tools.registry import Tool, ToolContext, ToolOutcome
 from core.tools.runner import CallOutcome, run_call
 from core.tools.staging import commit_writes, drop_turn_writes, drop_writes
-from core.twilio import media_streams as media
 from core.untrusted import neutralise_labels
 from voice.deps import VoiceDeps
 from voice.profile import AdmittedCall, CallProfile, labelled

@@ -1,4 +1,4 @@
-"""Who a call is for, decided in code (the TwiML that answers it: ``core.twilio.twiml``).
+"""Who a call is for, decided in code (the TwiML that answers it: ``core.adapters.twilio.twiml``).
 
 * a call to a personal line from a number verified to that line's account, not blocked: the
   owner's session (restricted until the caller proves who they are);

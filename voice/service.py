@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Protocol
 
+from core.adapters.twilio import media_streams as media
+from core.adapters.twilio import twiml
 from core.records import calls as call_records
 from core.security import record_security_event
 from core.store import Database
-from core.twilio import media_streams as media
-from core.twilio import twiml
 from voice import routing
 from voice.control import FINAL_STATUSES, record_call_status
 from voice.deps import VoiceConfig, VoiceDeps

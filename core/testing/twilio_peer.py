@@ -5,7 +5,7 @@
         await twilio.deliver_message(app_url, public_url, "/twilio/sms", From=..., To=..., Body=...)
         twilio.sent  # messages Pepper asked to send, in order
 
-Signatures come from ``core.twilio.signatures.sign`` (the SDK's computation) over the *public* URL,
+Signatures come from ``core.adapters.twilio.signatures.sign`` (the SDK's computation) over the *public* URL,
 while the request itself goes to the loopback address, exactly as behind a proxy.
 """
 
@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 import aiohttp
 from aiohttp import web
 
-from core.twilio.signatures import sign
+from core.adapters.twilio.signatures import sign
 
 # What Twilio reports for a message that reaches the phone, in order.
 RECEIPTS = ("sent", "delivered")

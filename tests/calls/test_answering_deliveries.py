@@ -9,9 +9,9 @@ from contextlib import asynccontextmanager
 from answering_service.deliveries import MAX_ATTEMPTS, deliver_due
 from answering_service.notify import OwnerNotifier
 from core import identity
+from core.adapters.twilio.rest import TwilioMessenger
 from core.settings import Settings
 from core.testing.twilio_peer import TwilioPeer
-from core.twilio.rest import TwilioMessenger
 from gateway.composition import plain_sms
 
 CALLER = "+14155559999"

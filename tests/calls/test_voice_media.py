@@ -249,7 +249,7 @@ async def test_an_owner_call_is_classified_once_and_its_opening_frames_parsed_on
     from pathlib import Path
 
     import answering_service
-    from core.twilio import media_streams as media
+    from core.adapters.twilio import media_streams as media
     from voice import routing
 
     classified: list[str] = []

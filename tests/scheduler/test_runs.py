@@ -363,10 +363,10 @@ async def test_a_long_scheduled_text_is_recorded_whole_before_its_first_part_goe
     """So Twilio's receipt for part 1, arriving while part 2 is being sent, cannot settle the run."""
     import asyncio
 
+    from core.adapters.twilio.rest import TwilioMessenger
     from core.identity import add_handle, assign_line
     from core.settings import Settings
     from core.testing.twilio_peer import TwilioPeer
-    from core.twilio.rest import TwilioMessenger
     from gateway.scheduled import GatewayDeliverer
     from text_loop.scheduler import DeliveryRequest
 

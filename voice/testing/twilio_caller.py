@@ -36,7 +36,7 @@ import aiohttp
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from core.twilio.signatures import sign
+from core.adapters.twilio.signatures import sign
 
 FRAME = 160
 TICK = 0.02
