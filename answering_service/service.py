@@ -51,9 +51,9 @@ async def _rate_verdict(
     """The verdict ("answering" or "refused") and what a refused caller hears. Each caller ID has its own hourly
     count; every anonymous or withheld caller shares one (a withheld number is not a way round
     the limit); and each line has a cap over all callers."""
-    if await answering_records.recent_answering_calls(conn, account_id, caller) >= rules.max_calls_per_hour:
+    if await answering_records.recent_answering_calls(conn, account_id, caller=caller) >= rules.max_calls_per_hour:
         return "refused", RATE_LIMITED_TEXT
-    if await answering_records.recent_line_answering_calls(conn, account_id, line) >= rules.max_line_calls_per_hour:
+    if await answering_records.recent_answering_calls(conn, account_id, line=line) >= rules.max_line_calls_per_hour:
         return "refused", LINE_BUSY_TEXT
     return "answering", None
 

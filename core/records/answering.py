@@ -7,11 +7,13 @@ Bookings and the holds taken while a booking is confirmed are in ``core.records.
 
 from __future__ import annotations
 
+import enum
 import json
 from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
+from core.records import calls
 from core.store.queries import Queries
 
 # --- The owner's settings -------------------------------------------------------------------------
@@ -234,6 +236,15 @@ async def record_caller_text(db: Queries, account_id: UUID, call_sid: str, *, to
 # --- Answering calls ----------------------------------------------------------------------------
 
 
+class Unset(enum.Enum):
+    """An argument left out (None is a value here: a withheld caller ID, a call with no line)."""
+
+    UNSET = "unset"
+
+
+UNSET = Unset.UNSET
+
+
 async def lock_answering_screen(conn: Queries, account_id: UUID) -> None:
     """One screening at a time per owner, until the transaction ends."""
     await conn.execute(
@@ -241,23 +252,20 @@ async def lock_answering_screen(conn: Queries, account_id: UUID) -> None:
     )
 
 
-async def recent_answering_calls(conn: Queries, account_id: UUID, caller: str | None) -> int:
-    """Answering calls from this caller ID (None: every withheld one) in the last hour."""
+async def recent_answering_calls(
+    conn: Queries, account_id: UUID, *, caller: str | Unset | None = UNSET, line: str | Unset | None = UNSET
+) -> int:
+    """Answering calls in the last hour: from this caller ID (None: every withheld one), on this
+    line, or both; an argument left out does not narrow the count."""
     return await conn.fetchval(
-        "SELECT count(*) FROM answering_calls WHERE account_id = $1 AND caller IS NOT DISTINCT FROM $2"
-        " AND started_at > now() - interval '1 hour'",
+        "SELECT count(*) FROM calls c JOIN answering_calls a USING (call_sid)"
+        " WHERE c.account_id = $1 AND c.route = 'answering' AND c.started_at > now() - interval '1 hour'"
+        " AND ($2 OR a.caller IS NOT DISTINCT FROM $3) AND ($4 OR c.line_number IS NOT DISTINCT FROM $5)",
         account_id,
-        caller,
-    )
-
-
-async def recent_line_answering_calls(conn: Queries, account_id: UUID, line: str | None) -> int:
-    """Answering calls on this line in the last hour."""
-    return await conn.fetchval(
-        "SELECT count(*) FROM calls WHERE account_id = $1 AND line_number IS NOT DISTINCT FROM $2"
-        " AND route = 'answering' AND started_at > now() - interval '1 hour'",
-        account_id,
-        line,
+        isinstance(caller, Unset),
+        None if isinstance(caller, Unset) else caller,
+        isinstance(line, Unset),
+        None if isinstance(line, Unset) else line,
     )
 
 
@@ -274,16 +282,16 @@ async def record_answering_call(
 ) -> bool:
     """A screened call: ``ringing`` when answered, else ``refused`` on route ``verdict``, with its
     ``answering_calls`` row when answered; False when it was recorded already."""
-    inserted = await conn.fetchval(
-        """
-        INSERT INTO calls (call_sid, account_id, line_number, route, status)
-        VALUES ($1, $2, $3, $4, CASE WHEN $4 = 'answering' THEN 'ringing' ELSE 'refused' END)
-        ON CONFLICT (call_sid) DO NOTHING RETURNING true
-        """,
+    inserted = await calls.record_call(
+        conn,
         call_sid,
-        account_id,
-        line_number,
-        verdict,
+        account_id=account_id,
+        line_number=line_number,
+        caller=None,  # the caller ID is kept on the answering_calls row
+        handle_id=None,
+        route=verdict,
+        attested=False,
+        answered_route="answering",
     )
     if inserted and verdict == "answering":
         await conn.execute(

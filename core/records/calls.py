@@ -99,13 +99,15 @@ async def record_call(
     handle_id: UUID | None,
     route: str,
     attested: bool,
+    answered_route: str = "owner",
 ) -> bool:
-    """A new call, ``ringing`` on the owner's route, else ``refused``; False when it was recorded
-    already (a retried webhook)."""
+    """A new call, ``ringing`` when ``route`` is the one that answers (``answered_route``: the
+    owner's, or the answering service's), else ``refused``; False when it was recorded already (a
+    retried webhook)."""
     inserted = await db.fetchval(
         """
         INSERT INTO calls (call_sid, account_id, line_number, caller, handle_id, route, status, attested)
-        VALUES ($1, $2, $3, $4, $5, $6, CASE WHEN $6 = 'owner' THEN 'ringing' ELSE 'refused' END, $7)
+        VALUES ($1, $2, $3, $4, $5, $6, CASE WHEN $6 = $8 THEN 'ringing' ELSE 'refused' END, $7)
         ON CONFLICT (call_sid) DO NOTHING RETURNING true
         """,
         call_sid,
@@ -115,6 +117,7 @@ async def record_call(
         handle_id,
         route,
         attested,
+        answered_route,
     )
     return bool(inserted)
 

@@ -30,7 +30,7 @@ from zoneinfo import ZoneInfo
 from aiohttp import web
 from dateutil.rrule import rrulestr
 
-from core.testing.loopback import serve_loopback
+from core.testing.loopback import HttpPeer
 
 STAMP = "%Y%m%dT%H%M%SZ"
 JSON_BODY = web.RequestKey("json_body", object)
@@ -45,7 +45,7 @@ def _parse(value: dict[str, Any]) -> datetime:
     return datetime.fromisoformat(value["date"]).replace(tzinfo=UTC)
 
 
-class GoogleApiPeer:
+class GoogleApiPeer(HttpPeer):
     def __init__(self, *, client_id: str = "client-id", client_secret: str = "client-secret"):
         self.client_id, self.client_secret = client_id, client_secret
         self.events: dict[str, dict[str, Any]] = {}
@@ -64,12 +64,6 @@ class GoogleApiPeer:
         self.revoked: list[str] = []
         self.fail_next: int | None = None
         self._ids = itertools.count(1)
-        self._runner: web.AppRunner | None = None
-        self.port = 0
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     @property
     def token_url(self) -> str:
@@ -78,29 +72,23 @@ class GoogleApiPeer:
     def expire_tokens(self) -> None:
         self.tokens.clear()
 
-    async def __aenter__(self) -> GoogleApiPeer:
-        app = web.Application(middlewares=[self._middleware])
-        app.add_routes(
-            [
-                web.get("/auth", self._auth),
-                web.post("/token", self._token),
-                web.post("/revoke", self._revoke),
-                web.get("/calendar/v3/calendars/{cal}/events", self._list),
-                web.post("/calendar/v3/calendars/{cal}/events", self._insert),
-                web.get("/calendar/v3/calendars/{cal}/events/{id}", self._get),
-                web.patch("/calendar/v3/calendars/{cal}/events/{id}", self._patch),
-                web.delete("/calendar/v3/calendars/{cal}/events/{id}", self._delete),
-                web.post("/gmail/v1/users/me/drafts", self._draft),
-                web.post("/gmail/v1/users/me/drafts/send", self._draft_send),
-                web.post("/gmail/v1/users/me/messages/send", self._send),
-            ]
-        )
-        self._runner, self.port = await serve_loopback(app)
-        return self
+    def middlewares(self) -> list[Any]:
+        return [self._middleware]
 
-    async def __aexit__(self, *exc: object) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.get("/auth", self._auth),
+            web.post("/token", self._token),
+            web.post("/revoke", self._revoke),
+            web.get("/calendar/v3/calendars/{cal}/events", self._list),
+            web.post("/calendar/v3/calendars/{cal}/events", self._insert),
+            web.get("/calendar/v3/calendars/{cal}/events/{id}", self._get),
+            web.patch("/calendar/v3/calendars/{cal}/events/{id}", self._patch),
+            web.delete("/calendar/v3/calendars/{cal}/events/{id}", self._delete),
+            web.post("/gmail/v1/users/me/drafts", self._draft),
+            web.post("/gmail/v1/users/me/drafts/send", self._draft_send),
+            web.post("/gmail/v1/users/me/messages/send", self._send),
+        ]
 
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:

@@ -28,48 +28,36 @@ from typing import Any
 
 from aiohttp import web
 
-from core.testing.loopback import serve_loopback
+from core.testing.loopback import HttpPeer
 
 BRAVE_KEY = "brave-test-key"
 TAVILY_KEY = "tvly-test-key"
 
 
-class WebPeer:
+class WebPeer(HttpPeer):
     def __init__(self) -> None:
         self.pages: dict[str, tuple[int, str, bytes]] = {}
         self.results: list[dict[str, str]] = []
         self.search_status: int | None = None
         self.requests: list[tuple[str, str, dict[str, str], dict[str, str]]] = []
         self.searches: list[tuple[str, str]] = []  # (service, query)
-        self._runner: web.AppRunner | None = None
-        self.port = 0
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     def page(self, path: str, body: str | bytes, *, content_type: str = "text/html; charset=utf-8", status: int = 200):
         self.pages[path] = (status, content_type, body.encode() if isinstance(body, str) else body)
 
-    async def __aenter__(self) -> WebPeer:
-        app = web.Application(middlewares=[self._record])
-        app.add_routes(
-            [
-                web.get("/redirect", self._redirect),
-                web.get("/huge", self._huge),
-                web.get("/slow", self._slow),
-                web.get("/res/v1/web/search", self._brave),
-                web.post("/search", self._tavily),
-                web.get("/search", self._searxng),
-                web.route("*", "/{path:.*}", self._page),
-            ]
-        )
-        self._runner, self.port = await serve_loopback(app)
-        return self
+    def middlewares(self) -> list[Any]:
+        return [self._record]
 
-    async def __aexit__(self, *exc: object) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.get("/redirect", self._redirect),
+            web.get("/huge", self._huge),
+            web.get("/slow", self._slow),
+            web.get("/res/v1/web/search", self._brave),
+            web.post("/search", self._tavily),
+            web.get("/search", self._searxng),
+            web.route("*", "/{path:.*}", self._page),
+        ]
 
     @web.middleware
     async def _record(self, request: web.Request, handler: Any) -> web.StreamResponse:

@@ -44,7 +44,11 @@ CGNAT = ipaddress.ip_network("100.64.0.0/10")
 
 
 class EgressError(PepperError):
-    """A fetch that did not complete; the message says why, in words a model can repeat."""
+    """A fetch that did not complete; the message says why, in words a model can repeat.
+
+    ``code`` tells the kinds apart: ``egress-too-large``, ``egress-timeout`` (retryable), or the
+    refusal below.
+    """
 
     code = "egress-failed"
 
@@ -55,13 +59,12 @@ class EgressRefused(EgressError):
     code = "egress-refused"
 
 
-class EgressTooLarge(EgressError):
-    code = "egress-too-large"
+def _too_large(message: str) -> EgressError:
+    return EgressError(message, code="egress-too-large")
 
 
-class EgressTimeout(EgressError):
-    code = "egress-timeout"
-    retryable = True
+def _timeout(message: str) -> EgressError:
+    return EgressError(message, code="egress-timeout", retryable=True)
 
 
 @dataclass(frozen=True)
@@ -155,7 +158,7 @@ class Egress:
                 target = httpx.URL(url) if params is None else httpx.URL(url).copy_merge_params(dict(params))
                 return await self._fetch(target, method, dict(headers or {}), json, deadline)
         except TimeoutError:
-            raise EgressTimeout(f"{_short(url)} did not answer within {self.policy.timeout:g} s") from None
+            raise _timeout(f"{_short(url)} did not answer within {self.policy.timeout:g} s") from None
 
     async def _fetch(
         self, url: httpx.URL, method: str, headers: dict[str, str], body: Any, deadline: float
@@ -177,7 +180,7 @@ class Egress:
                 try:
                     response = await client.send(request, stream=True)
                 except httpx.TimeoutException:
-                    raise EgressTimeout(f"{_short(str(url))} did not answer in time") from None
+                    raise _timeout(f"{_short(str(url))} did not answer in time") from None
                 except httpx.HTTPError as exc:
                     raise EgressError(f"could not reach {url.host} ({type(exc).__name__})") from None
                 try:
@@ -231,17 +234,17 @@ class Egress:
         cap = self.policy.max_bytes
         declared = response.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > cap:
-            raise EgressTooLarge(f"{_short(str(url))} is {_mb(int(declared))}, over the {_mb(cap)} limit; not read")
+            raise _too_large(f"{_short(str(url))} is {_mb(int(declared))}, over the {_mb(cap)} limit; not read")
         chunks: list[bytes] = []
         size = 0
         try:
             async for chunk in response.aiter_bytes():
                 size += len(chunk)
                 if size > cap:
-                    raise EgressTooLarge(f"{_short(str(url))} is over the {_mb(cap)} limit; reading stopped there")
+                    raise _too_large(f"{_short(str(url))} is over the {_mb(cap)} limit; reading stopped there")
                 chunks.append(chunk)
         except httpx.TimeoutException:
-            raise EgressTimeout(f"{_short(str(url))} stopped sending in time") from None
+            raise _timeout(f"{_short(str(url))} stopped sending in time") from None
         except httpx.HTTPError as exc:
             raise EgressError(f"reading {url.host} failed ({type(exc).__name__})") from None
         return b"".join(chunks)

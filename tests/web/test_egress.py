@@ -7,7 +7,7 @@ import time
 import pytest
 
 from core.testing.web_peer import WebPeer
-from core.web.egress import Egress, EgressError, EgressPolicy, EgressRefused, EgressTimeout, EgressTooLarge, refusal
+from core.web.egress import Egress, EgressError, EgressPolicy, EgressRefused, refusal
 
 
 def _egress(web: WebPeer, **kw) -> Egress:
@@ -123,23 +123,26 @@ async def test_an_api_key_never_follows_a_redirect_to_another_host() -> None:
 async def test_a_50_mb_page_is_cut_off_at_the_cap() -> None:
     async with WebPeer() as web:
         started = time.monotonic()
-        with pytest.raises(EgressTooLarge, match=r"over the 5.0 MB limit; reading stopped"):
+        with pytest.raises(EgressError, match=r"over the 5.0 MB limit; reading stopped") as caught:
             await _egress(web).fetch(web.url + "/huge?mb=50")
+        assert caught.value.code == "egress-too-large" and not caught.value.retryable
         assert time.monotonic() - started < 10
 
 
 async def test_a_declared_length_over_the_cap_is_not_read() -> None:
     async with WebPeer() as web:
         web.page("/big", b"x" * (2 * 1024 * 1024))
-        with pytest.raises(EgressTooLarge, match="not read"):
+        with pytest.raises(EgressError, match="not read") as caught:
             await _egress(web, max_bytes=1024 * 1024).fetch(web.url + "/big")
+        assert caught.value.code == "egress-too-large"
 
 
 async def test_a_slow_server_times_out() -> None:
     async with WebPeer() as web:
         started = time.monotonic()
-        with pytest.raises(EgressTimeout, match=r"did not answer within 0\.5 s|in time"):
+        with pytest.raises(EgressError, match=r"did not answer within 0\.5 s|in time") as caught:
             await _egress(web, timeout=0.5).fetch(web.url + "/slow?seconds=30")
+        assert caught.value.code == "egress-timeout" and caught.value.retryable
         assert time.monotonic() - started < 3
 
 

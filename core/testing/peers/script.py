@@ -19,6 +19,8 @@ from typing import Any
 
 from aiohttp import web
 
+from core.testing.loopback import HttpPeer
+
 
 @dataclass(frozen=True)
 class ScriptedCall:
@@ -95,18 +97,19 @@ class _CallCounter:
         return f"{prefix}{self.n}"
 
 
-class LoopbackPeer:
+class LoopbackPeer(HttpPeer):
     """A scripted HTTP peer on 127.0.0.1. Use as ``async with Peer() as peer:``.
 
     Subclasses add routes in :meth:`routes` and turn a :class:`Reply` into their wire format.
     """
 
+    # Requests carry audio and images.
+    client_max_size = 64 * 1024 * 1024
+
     def __init__(self) -> None:
         self._queue: deque[Reply] = deque()
         self.requests: list[Received] = []
         self.unscripted = 0
-        self._runner: web.AppRunner | None = None
-        self.port = 0
         self._ids = _CallCounter()
         # The one key the models list accepts (``pepper doctor --online``); None accepts any.
         self.api_key: str | None = None
@@ -119,36 +122,9 @@ class LoopbackPeer:
     def pending(self) -> int:
         return len(self._queue)
 
-    def routes(self) -> list[web.RouteDef]:
-        raise NotImplementedError
-
     @property
     def root(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    # Lifecycle.
-    async def start(self) -> None:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
-        app.add_routes(self.routes())
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.1)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        server = site._server
-        assert server is not None
-        self.port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-
-    async def close(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    async def __aenter__(self) -> LoopbackPeer:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+        return self.url
 
     # Shared request handling.
     async def _take(self, request: web.Request) -> tuple[Received, Reply | None]:
