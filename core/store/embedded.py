@@ -24,6 +24,7 @@ import stat
 import subprocess
 import tempfile
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import quote
 
@@ -116,8 +117,9 @@ class DataDirLock:
 class EmbeddedPostgres:
     """One Postgres cluster in ``<data_dir>/postgres``; ``start`` is idempotent."""
 
-    def __init__(self, data_dir: Path, *, bin_dir: Path | None = None):
+    def __init__(self, data_dir: Path, *, bin_dir: Path | None = None, settings: Mapping[str, str] | None = None):
         self.data_dir = data_dir
+        self.settings = {**SERVER_SETTINGS, **(settings or {})}
         self.pgdata = data_dir / "postgres"
         self._bin_dir = bin_dir
         self._run_as = SYSTEM_USER if os.geteuid() == 0 else None
@@ -189,7 +191,7 @@ class EmbeddedPostgres:
                 log.info("embedded postgres running with an old socket folder; restarting it")
                 self._run("pg_ctl", "-D", str(self.pgdata), "-w", "-t", "60", "-m", "fast", "stop")
             self._prepare_socket_dir()
-            settings = " ".join(f"-c {name}={value}" for name, value in SERVER_SETTINGS.items())
+            settings = " ".join(f"-c {name}={value}" for name, value in self.settings.items())
             self._run(
                 "pg_ctl",
                 "-D", str(self.pgdata), "-w", "-t", "60",
