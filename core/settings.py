@@ -228,8 +228,9 @@ class Settings(BaseSettings):
     )
 
     # Web research (core/web, docs/research.md): the search service ("auto": the first set up of
-    # Brave, Tavily, SearXNG; "none": no web research), its key or instance URL, where its API is.
-    web_search_provider: Literal["auto", "none", "brave", "tavily", "searxng"] = Field(
+    # Brave, Tavily, SearXNG; "hosted": the research tier's model searches with its provider's own
+    # search tool; "none": no web research), its key or instance URL, where its API is.
+    web_search_provider: Literal["auto", "none", "brave", "tavily", "searxng", "hosted"] = Field(
         "auto", validation_alias=_env("PEPPER_WEB_SEARCH_PROVIDER", "web_search_provider")
     )
     brave_api_key: SecretStr | None = Field(None, validation_alias=_env("BRAVE_API_KEY", "brave_api_key"))

@@ -181,24 +181,26 @@ def _voice(report: Report, settings: Settings) -> None:
 
 
 def _web(report: Report, settings: Settings) -> None:
-    from core.web.egress import Egress
-    from core.web.search import search_provider
+    from core.web.search import search_choice
 
     area = "web research"
     if settings.web_test_loopback_ports:
         report.add(area, BAD, "PEPPER_WEB_TEST_LOOPBACK_PORTS is set: it is for tests only and opens loopback ports")
         return
     try:
-        provider = search_provider(settings, Egress())
+        provider = search_choice(settings)
     except ConfigError as exc:
         report.add(area, BAD, exc.message)
         return
     if provider is None:
         report.add(
-            area, MISSING, "set BRAVE_API_KEY, TAVILY_API_KEY or PEPPER_SEARXNG_URL (optional; docs/research.md)"
+            area,
+            MISSING,
+            "set BRAVE_API_KEY, TAVILY_API_KEY or PEPPER_SEARXNG_URL, or PEPPER_WEB_SEARCH_PROVIDER=hosted"
+            " (optional; docs/research.md)",
         )
         return
-    report.add(area, OK, f"{provider.name}; the research helper runs on the {settings.web_research_tier} tier")
+    report.add(area, OK, f"{provider}; the research helper runs on the {settings.web_research_tier} tier")
 
 
 def _email(report: Report, settings: Settings) -> None:

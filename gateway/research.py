@@ -23,9 +23,8 @@ from pathlib import Path
 import orjson
 
 from core.settings import Settings
-from core.web.egress import Egress
 from core.web.helper import ResearchUnavailable, ask, helper_config, helper_environment
-from core.web.search import search_provider
+from core.web.search import search_choice
 from gateway.children import cancelled
 
 log = logging.getLogger(__name__)
@@ -47,7 +46,7 @@ class ResearchHelper:
     @classmethod
     def wanted(cls, settings: Settings) -> bool:
         """Whether a search service is set up (without one there is nothing for a helper to do)."""
-        return settings.web_research_socket is None and search_provider(settings, Egress()) is not None
+        return settings.web_research_socket is None and search_choice(settings) is not None
 
     @property
     def pids(self) -> list[int]:

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 from core.models.adapters.base import CallOptions, ModelAdapter
 from core.models.config import ModelChoiceConfig, ModelsConfig
 from core.models.errors import ModelError, ModelNotConfigured, ModelTransientError
-from core.models.types import Generation, Prompt, StreamEvent, TextDelta
+from core.models.types import Generation, Prompt, StreamEvent, TextDelta, WebSource
 
 if TYPE_CHECKING:
     from core.settings import Settings
@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 
 OPENAI, ANTHROPIC, GOOGLE, COMPATIBLE = "openai", "anthropic", "google", "openai-compatible"
 PROVIDER_ORDER = (OPENAI, ANTHROPIC, GOOGLE, COMPATIBLE)
+# The hosted search is the research helper's, not a conversation's: one key, so one model a day.
+HOSTED_SEARCH_KEY = "web-research"
 _PREFIXES = {"openai:": OPENAI, "anthropic:": ANTHROPIC, "google:": GOOGLE, "compat:": COMPATIBLE}
 _OPENAI_NAME = re.compile(r"^(gpt-|chatgpt-|codex-|o\d)")
 KEY_NAMES = {
@@ -162,6 +164,22 @@ def _default_choice(provider: str, tier: str, config: ModelsConfig) -> ModelChoi
     table = DEFAULT_TIER_MODELS[provider]
     model, effort = table.get(tier, table["small"])
     return ModelChoice(model, effort)
+
+
+HOSTED_SEARCH_PROVIDERS = frozenset({OPENAI, ANTHROPIC, GOOGLE})
+
+
+def hosted_search_model(settings: Settings, tier: str) -> tuple[str | None, str | None]:
+    """The model ``tier`` picks today for the hosted search, and the provider that searches for it
+    (None when that model's provider has no hosted search or no key). Builds no SDK client."""
+    found = tiers_from_settings(settings).get(tier)
+    if found is None:
+        return None, None
+    model = pick(found.mix, HOSTED_SEARCH_KEY, datetime.now(UTC).date()).model
+    provider = provider_for(model)[0]
+    if provider not in HOSTED_SEARCH_PROVIDERS or provider not in configured_providers(settings):
+        return model, None
+    return model, provider
 
 
 def tiers_from_settings(settings: Settings) -> dict[str, Tier]:
@@ -356,6 +374,26 @@ class ModelRouter:
         async with contextlib.aclosing(adapter.stream(prompt, replace(options, background=False))) as events:
             async for event in events:
                 yield event
+
+    # The providers' own web search (the research helper's ``hosted`` search occupant).
+    def offers_hosted_search(self, tier: str, conversation_key: str = HOSTED_SEARCH_KEY) -> bool:
+        """Whether the model this tier picks today can search the web itself."""
+        try:
+            adapter, _ = self._resolve(self.choose(tier, conversation_key), False)
+        except ModelNotConfigured:
+            return False
+        return adapter.supports_hosted_search
+
+    async def hosted_search(
+        self, query: str, *, tier: str, count: int, conversation_key: str = HOSTED_SEARCH_KEY
+    ) -> list[WebSource]:
+        """The pages the tier's model finds with its provider's search tool. No failover: another
+        provider's search is another occupant, which the person chose or not."""
+        choice = self.choose(tier, conversation_key)
+        adapter, options = self._resolve(choice, False)
+        if not adapter.supports_hosted_search:
+            raise ModelNotConfigured(f"{choice.model} has no hosted web search", provider=adapter.provider)
+        return await adapter.hosted_search(query, options, count)
 
     def describe(self) -> list[tuple[str, str]]:
         """``(tier, one line)`` for each tier: its mix with shares, and its alternate."""

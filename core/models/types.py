@@ -103,6 +103,15 @@ class Generation:
 
 
 @dataclass(frozen=True)
+class WebSource:
+    """A page a provider's hosted web search found: its title, address and the words it cited."""
+
+    title: str
+    url: str
+    snippet: str
+
+
+@dataclass(frozen=True)
 class TextDelta:
     text: str
 

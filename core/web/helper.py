@@ -102,7 +102,7 @@ async def serve_helper(settings: Settings, socket_path: Path, stop: asyncio.Even
 
     router = ModelRouter.from_settings(settings)
     egress = Egress(egress_policy(settings))
-    provider = search_provider(settings, egress)
+    provider = search_provider(settings, egress, router)
     researcher = Researcher(router, provider, egress, tier=settings.web_research_tier) if provider else None
     with contextlib.suppress(FileNotFoundError):
         os.unlink(socket_path)  # a socket left by a helper that was killed

@@ -9,6 +9,11 @@ Each provider sends its service's documented request through the egress relay
   ``results[]`` (``title``, ``url``, ``content``).
 * ``searxng``: a SearXNG instance (``PEPPER_SEARXNG_URL``, with the JSON format turned on in its
   ``settings.yml``), ``GET /search?format=json``; hits in ``results[]`` (``title``, ``url``, ``content``).
+* ``hosted``: the research tier's own model searches, with its provider's search tool (OpenAI's
+  ``web_search``, Anthropic's web search, Google Search grounding); the hits are the pages its
+  answer cites, with the words it cites. Only the search query goes to the model, as with the
+  others; the pages are then read through the egress relay like any hit. Never chosen by
+  ``auto``: the provider bills each search on top of the tokens, so it is the person's choice.
 
 A search that did not work (an HTTP error, a rate limit, a body that is not the service's shape)
 raises :class:`SearchFailed`: a model told "no results" when the service was down tells the
@@ -21,6 +26,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 from core.errors import ConfigError, PepperError
+from core.models.errors import ModelError
+from core.models.router import hosted_search_model
+from core.models.types import WebSource
 from core.settings import Settings
 from core.web.egress import Egress, EgressError, WebResponse
 
@@ -128,9 +136,29 @@ class SearxngSearch:
         return _hits(found.get("results") if isinstance(found, dict) else None, "SearXNG", "content", count)
 
 
-def search_provider(settings: Settings, egress: Egress) -> SearchProvider | None:
-    """The provider ``web_search_provider`` names; "auto" takes the first one set up (Brave,
-    Tavily, SearXNG); None when none is."""
+class HostedSearcher(Protocol):
+    """The part of the model router a hosted search needs (``core.models.router.ModelRouter``)."""
+
+    async def hosted_search(self, query: str, *, tier: str, count: int) -> list[WebSource]: ...
+
+
+@dataclass
+class HostedSearch:
+    models: HostedSearcher
+    tier: str
+    name: ClassVar[str] = "hosted"
+
+    async def search(self, query: str, count: int = 5) -> list[SearchHit]:
+        try:
+            sources = await self.models.hosted_search(query, tier=self.tier, count=count)
+        except ModelError as exc:
+            raise SearchFailed(f"the model's web search did not work: {exc.message}", retryable=exc.retryable) from None
+        return [SearchHit(s.title, s.url, " ".join(s.snippet.split())[:SNIPPET_CHARS]) for s in sources]
+
+
+def search_choice(settings: Settings) -> str | None:
+    """The search service in force (what ``web_search_provider`` names; "auto": the first set up
+    of Brave, Tavily, SearXNG), None for none; a choice that is not set up raises ``ConfigError``."""
     choice = settings.web_search_provider
     brave = settings.brave_api_key.get_secret_value() if settings.brave_api_key else ""
     tavily = settings.tavily_api_key.get_secret_value() if settings.tavily_api_key else ""
@@ -138,14 +166,31 @@ def search_provider(settings: Settings, egress: Egress) -> SearchProvider | None
         choice = "brave" if brave else "tavily" if tavily else "searxng" if settings.searxng_url else "none"
     if choice == "none":
         return None
-    if choice == "brave":
-        if not brave:
-            raise ConfigError("PEPPER_WEB_SEARCH_PROVIDER is brave but BRAVE_API_KEY is not set")
-        return BraveSearch(egress, brave, settings.brave_search_url)
-    if choice == "tavily":
-        if not tavily:
-            raise ConfigError("PEPPER_WEB_SEARCH_PROVIDER is tavily but TAVILY_API_KEY is not set")
-        return TavilySearch(egress, tavily, settings.tavily_url)
-    if not settings.searxng_url:
+    if choice == "brave" and not brave:
+        raise ConfigError("PEPPER_WEB_SEARCH_PROVIDER is brave but BRAVE_API_KEY is not set")
+    if choice == "tavily" and not tavily:
+        raise ConfigError("PEPPER_WEB_SEARCH_PROVIDER is tavily but TAVILY_API_KEY is not set")
+    if choice == "searxng" and not settings.searxng_url:
         raise ConfigError("PEPPER_WEB_SEARCH_PROVIDER is searxng but PEPPER_SEARXNG_URL is not set")
-    return SearxngSearch(egress, settings.searxng_url)
+    if choice == "hosted":
+        model, provider = hosted_search_model(settings, settings.web_research_tier)
+        if provider is None:
+            raise ConfigError(
+                f"PEPPER_WEB_SEARCH_PROVIDER is hosted but the {settings.web_research_tier} tier's model"
+                f" ({model or 'none set up'}) has no hosted web search: OpenAI, Anthropic and Google models do"
+            )
+    return choice
+
+
+def search_provider(settings: Settings, egress: Egress, models: HostedSearcher) -> SearchProvider | None:
+    """The provider :func:`search_choice` names, built; ``models`` does the hosted search."""
+    choice = search_choice(settings)
+    if choice is None:
+        return None
+    if choice == "brave":
+        return BraveSearch(egress, settings.brave_api_key.get_secret_value(), settings.brave_search_url)  # type: ignore[union-attr]
+    if choice == "tavily":
+        return TavilySearch(egress, settings.tavily_api_key.get_secret_value(), settings.tavily_url)  # type: ignore[union-attr]
+    if choice == "hosted":
+        return HostedSearch(models, settings.web_research_tier)
+    return SearxngSearch(egress, settings.searxng_url)  # type: ignore[arg-type]

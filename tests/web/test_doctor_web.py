@@ -23,3 +23,13 @@ def test_doctor_refuses_a_provider_without_its_key_and_the_test_ports(tmp_path, 
     monkeypatch.setenv("PEPPER_WEB_TEST_LOOPBACK_PORTS", "[8080]")
     code, out, _ = run_cli(monkeypatch, capsys, "doctor")
     assert code != 0 and "PEPPER_WEB_TEST_LOOPBACK_PORTS is set: it is for tests only" in out
+
+
+def test_doctor_reports_the_hosted_search_and_a_model_that_has_none(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("PEPPER_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("PEPPER_WEB_SEARCH_PROVIDER", "hosted")
+    code, out, _ = run_cli(monkeypatch, capsys, "doctor")
+    assert code != 0 and "hosted but the small tier's model (none set up) has no hosted web search" in out
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test")
+    code, out, _ = run_cli(monkeypatch, capsys, "doctor")
+    assert "hosted; the research helper runs on the small tier" in out

@@ -9,7 +9,7 @@ from core.settings import Settings
 from core.testing.web_peer import BRAVE_KEY, TAVILY_KEY, WebPeer
 from core.web.egress import Egress, EgressError, EgressPolicy
 from core.web.pages import read_page
-from core.web.search import BraveSearch, SearchFailed, SearxngSearch, TavilySearch, search_provider
+from core.web.search import BraveSearch, SearchFailed, SearxngSearch, TavilySearch, search_choice, search_provider
 
 HITS = [
     {"title": "RTX 6000 Ada price", "url": "https://shop.example/rtx6000", "snippet": "From $6,800 at Shop."},
@@ -63,16 +63,16 @@ async def test_a_search_api_inside_the_house_is_refused() -> None:
 
 
 def test_the_provider_comes_from_the_settings() -> None:
-    egress = Egress()
-    assert search_provider(Settings(), egress) is None
-    assert search_provider(Settings(brave_api_key="k"), egress).name == "brave"  # type: ignore[union-attr]
-    assert search_provider(Settings(tavily_api_key="k"), egress).name == "tavily"  # type: ignore[union-attr]
-    chosen = search_provider(Settings(searxng_url="https://searx.example", brave_api_key="k",
-                                      web_search_provider="searxng"), egress)  # fmt: skip
-    assert chosen is not None and chosen.name == "searxng"
-    assert search_provider(Settings(brave_api_key="k", web_search_provider="none"), egress) is None
+    assert search_choice(Settings()) is None
+    assert search_choice(Settings(brave_api_key="k")) == "brave"
+    assert search_choice(Settings(tavily_api_key="k")) == "tavily"
+    assert search_choice(Settings(searxng_url="https://searx.example", brave_api_key="k",
+                                  web_search_provider="searxng")) == "searxng"  # fmt: skip
+    assert search_choice(Settings(brave_api_key="k", web_search_provider="none")) is None
     with pytest.raises(ConfigError, match="TAVILY_API_KEY"):
-        search_provider(Settings(web_search_provider="tavily"), egress)
+        search_choice(Settings(web_search_provider="tavily"))
+    built = search_provider(Settings(tavily_api_key="k"), Egress(), models=None)  # type: ignore[arg-type]
+    assert isinstance(built, TavilySearch) and built.api_key == "k"
 
 
 ARTICLE = """<html><head><title>RTX 6000 Ada: price check</title></head><body>

@@ -18,9 +18,27 @@ from typing import Any
 
 import anthropic
 
-from core.models.adapters.base import CallOptions, ModelAdapter, error_for_status, finish_for, parse_arguments
+from core.models.adapters.base import (
+    HOSTED_SEARCH_ASK,
+    HOSTED_SEARCH_TOKENS,
+    CallOptions,
+    ModelAdapter,
+    error_for_status,
+    finish_for,
+    parse_arguments,
+)
 from core.models.errors import ModelError, ModelTransientError
-from core.models.types import ChatMessage, FinishReason, Generation, Prompt, StreamEvent, TextDelta, ToolCall, Usage
+from core.models.types import (
+    ChatMessage,
+    FinishReason,
+    Generation,
+    Prompt,
+    StreamEvent,
+    TextDelta,
+    ToolCall,
+    Usage,
+    WebSource,
+)
 
 PROVIDER = "anthropic"
 _FINISH: dict[str | None, FinishReason] = {
@@ -115,8 +133,32 @@ def _state(block: dict[str, Any]) -> dict[str, Any]:
     return {"provider": PROVIDER, **block}
 
 
+# Anthropic's server-side web search, the version every current model takes.
+WEB_SEARCH_TOOL = {"type": "web_search_20250305", "name": "web_search", "max_uses": 3}
+
+
+def _searched_sources(message: Any) -> list[WebSource]:
+    """The pages of the ``web_search_tool_result`` blocks, each with the words the reply's
+    citations quote from it. A search the tool reports failed raises (it is not "no results")."""
+    quotes: dict[str, str] = {}
+    pages: list[tuple[str, str]] = []
+    for block in message.content:
+        if block.type == "web_search_tool_result":
+            content = block.content
+            if not isinstance(content, list):
+                code = getattr(content, "error_code", "unknown")
+                raise ModelTransientError(f"anthropic's web search failed: {code}", provider=PROVIDER)
+            pages.extend((page.title or page.url, page.url) for page in content if page.type == "web_search_result")
+        elif block.type == "text":
+            for citation in getattr(block, "citations", None) or ():
+                if citation.type == "web_search_result_location" and citation.url not in quotes:
+                    quotes[citation.url] = citation.cited_text or ""
+    return [WebSource(title, url, quotes.get(url, "")) for title, url in pages]
+
+
 class AnthropicAdapter(ModelAdapter):
     provider = PROVIDER
+    supports_hosted_search = True
 
     def __init__(self, *, api_key: str, base_url: str | None = None, timeout: float = 120.0) -> None:
         self._client = anthropic.AsyncAnthropic(api_key=api_key, base_url=base_url, max_retries=0, timeout=timeout)
@@ -210,6 +252,15 @@ class AnthropicAdapter(ModelAdapter):
             extras={"provider_model": model},
             provider_state=tuple(state),
         )
+
+    async def _hosted_search(self, query: str, options: CallOptions, count: int) -> list[WebSource]:
+        message = await self._client.messages.create(
+            model=options.model,
+            max_tokens=HOSTED_SEARCH_TOKENS,
+            messages=[{"role": "user", "content": HOSTED_SEARCH_ASK.format(query=query)}],
+            tools=[WEB_SEARCH_TOOL],  # type: ignore[list-item]
+        )
+        return _searched_sources(message)
 
     async def _list_models(self) -> list[str]:
         page = await self._client.models.list(limit=20)  # the first page is proof enough

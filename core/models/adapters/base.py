@@ -29,7 +29,7 @@ from core.models.errors import (
     ModelTransientError,
     StreamInterrupted,
 )
-from core.models.types import FinishReason, Generation, Prompt, StreamEvent, TextDelta
+from core.models.types import FinishReason, Generation, Prompt, StreamEvent, TextDelta, WebSource
 
 try:  # The OpenAI and Anthropic SDKs ship on httpx2, a fork under its own import name.
     import httpx2
@@ -96,6 +96,12 @@ def system_text(prompt: Prompt) -> str:
     return prompt.system_stable
 
 
+# What a hosted search is asked: the query alone (the research helper's own words, never the
+# person's conversation), and to cite what it used, which is what comes back as the results.
+HOSTED_SEARCH_ASK = "Search the web for: {query}\nAnswer in a few sentences, citing the pages you used."
+HOSTED_SEARCH_TOKENS = 1024
+
+
 def finish_for(tool_calls: tuple[Any, ...], reason: FinishReason) -> FinishReason:
     return "tool_calls" if tool_calls and reason == "stop" else reason
 
@@ -105,6 +111,9 @@ class ModelAdapter(ABC):
 
     provider: str = "unknown"
     supports_background: bool = False
+    # The provider runs a web search itself when asked (OpenAI's web_search tool, Anthropic's web
+    # search tool, Google Search grounding): see ``hosted_search``.
+    supports_hosted_search: bool = False
 
     async def _converting(self, call: Awaitable[T]) -> T:
         """``call``'s result, its failure converted into the error tree (``ModelError`` as it is)."""
@@ -155,6 +164,19 @@ class ModelAdapter(ABC):
 
     async def _list_models(self) -> list[str]:
         raise NotImplementedError(f"{self.provider} lists no models")
+
+    async def hosted_search(self, query: str, options: CallOptions, count: int) -> list[WebSource]:
+        """The pages the provider's own web search cites for ``query`` (at most ``count``, each
+        address once), from one non-streaming call with the provider's search tool on."""
+        by_url: dict[str, WebSource] = {}
+        for source in await self._converting(self._hosted_search(query, options, count)):
+            known = by_url.get(source.url)
+            if known is None or (not known.snippet and source.snippet):
+                by_url[source.url] = WebSource(known.title if known else source.title, source.url, source.snippet)
+        return list(by_url.values())[:count]
+
+    async def _hosted_search(self, query: str, options: CallOptions, count: int) -> list[WebSource]:
+        raise NotImplementedError(f"{self.provider} has no hosted web search")
 
     def _convert_any(self, exc: Exception) -> ModelError | None:
         error = self._convert(exc)

@@ -21,9 +21,27 @@ from google import genai
 from google.genai import errors as genai_errors
 from google.genai import types as gt
 
-from core.models.adapters.base import CallOptions, ModelAdapter, error_for_status, finish_for, system_text
+from core.models.adapters.base import (
+    HOSTED_SEARCH_ASK,
+    HOSTED_SEARCH_TOKENS,
+    CallOptions,
+    ModelAdapter,
+    error_for_status,
+    finish_for,
+    system_text,
+)
 from core.models.errors import ModelError, ModelTransientError
-from core.models.types import ChatMessage, FinishReason, Generation, Prompt, StreamEvent, TextDelta, ToolCall, Usage
+from core.models.types import (
+    ChatMessage,
+    FinishReason,
+    Generation,
+    Prompt,
+    StreamEvent,
+    TextDelta,
+    ToolCall,
+    Usage,
+    WebSource,
+)
 
 PROVIDER = "google"
 _LEVELS = {
@@ -174,9 +192,30 @@ class _Collector:
         )
 
 
+def _grounding_sources(response: gt.GenerateContentResponse) -> list[WebSource]:
+    """The web pages of the answer's grounding metadata, each with the words of the answer it
+    supports (Google's addresses are its own redirect links to the page; the egress relay follows them)."""
+    sources: list[WebSource] = []
+    for candidate in response.candidates or ():
+        meta = candidate.grounding_metadata
+        if meta is None:
+            continue
+        chunks = meta.grounding_chunks or []
+        words: dict[int, str] = {}
+        for support in meta.grounding_supports or ():
+            text = support.segment.text if support.segment and support.segment.text else ""
+            for index in support.grounding_chunk_indices or ():
+                words.setdefault(index, text)
+        for index, chunk in enumerate(chunks):
+            if chunk.web is not None and chunk.web.uri:
+                sources.append(WebSource(chunk.web.title or chunk.web.uri, chunk.web.uri, words.get(index, "")))
+    return sources
+
+
 class GoogleAdapter(ModelAdapter):
     provider = PROVIDER
     supports_background = True
+    supports_hosted_search = True
 
     def __init__(self, *, api_key: str, base_url: str | None = None, timeout: float = 120.0) -> None:
         http = gt.HttpOptions(
@@ -209,6 +248,15 @@ class GoogleAdapter(ModelAdapter):
         if collector.finish is None:
             raise ModelTransientError("the google stream ended without a finish reason", provider=PROVIDER)
         yield collector.generation(options)
+
+    async def _hosted_search(self, query: str, options: CallOptions, count: int) -> list[WebSource]:
+        config = gt.GenerateContentConfig(
+            tools=[gt.Tool(google_search=gt.GoogleSearch())], max_output_tokens=HOSTED_SEARCH_TOKENS
+        )
+        response = await self._client.aio.models.generate_content(
+            model=options.model, contents=HOSTED_SEARCH_ASK.format(query=query), config=config
+        )
+        return _grounding_sources(response)
 
     async def _list_models(self) -> list[str]:
         pager = await self._client.aio.models.list(config={"page_size": 20})  # the first page is proof enough

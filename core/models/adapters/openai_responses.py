@@ -15,6 +15,8 @@ from typing import Any
 import openai
 
 from core.models.adapters.base import (
+    HOSTED_SEARCH_ASK,
+    HOSTED_SEARCH_TOKENS,
     CallOptions,
     ModelAdapter,
     error_for_status,
@@ -23,7 +25,17 @@ from core.models.adapters.base import (
     system_text,
 )
 from core.models.errors import ModelError, ModelTransientError
-from core.models.types import ChatMessage, FinishReason, Generation, Prompt, StreamEvent, TextDelta, ToolCall, Usage
+from core.models.types import (
+    ChatMessage,
+    FinishReason,
+    Generation,
+    Prompt,
+    StreamEvent,
+    TextDelta,
+    ToolCall,
+    Usage,
+    WebSource,
+)
 
 PROVIDER = "openai"
 
@@ -145,9 +157,31 @@ def _generation(response: Any, options: CallOptions) -> Generation:
     )
 
 
+def _cited_sources(response: Any) -> list[WebSource]:
+    """The ``url_citation`` annotations of the reply (with the words they cite), then the search
+    call's own sources (addresses only) that no citation named."""
+    cited: list[WebSource] = []
+    found: list[str] = []
+    for item in response.output or ():
+        if item.type == "web_search_call":
+            for source in getattr(getattr(item, "action", None), "sources", None) or ():
+                if getattr(source, "url", None):
+                    found.append(source.url)
+        elif item.type == "message":
+            for part in item.content:
+                if part.type != "output_text":
+                    continue
+                for note in part.annotations or ():
+                    if note.type == "url_citation" and note.url:
+                        words = part.text[note.start_index : note.end_index].strip()
+                        cited.append(WebSource(note.title or note.url, note.url, words))
+    return cited + [WebSource(url, url, "") for url in found]
+
+
 class OpenAIResponsesAdapter(ModelAdapter):
     provider = PROVIDER
     supports_background = True
+    supports_hosted_search = True
 
     def __init__(self, *, api_key: str, base_url: str | None = None, timeout: float = 120.0) -> None:
         self._client = openai.AsyncOpenAI(api_key=api_key, base_url=base_url, max_retries=0, timeout=timeout)
@@ -179,6 +213,17 @@ class OpenAIResponsesAdapter(ModelAdapter):
 
     async def _list_models(self) -> list[str]:
         return [model.id async for model in self._client.models.list()]
+
+    async def _hosted_search(self, query: str, options: CallOptions, count: int) -> list[WebSource]:
+        params = {
+            "model": options.model,
+            "input": HOSTED_SEARCH_ASK.format(query=query),
+            "tools": [{"type": "web_search"}],
+            "include": ["web_search_call.action.sources"],
+            "max_output_tokens": HOSTED_SEARCH_TOKENS,
+            "store": False,
+        }
+        return _cited_sources(await self._client.responses.create(**sdk_arguments(params)))
 
     def _convert(self, exc: Exception) -> ModelError | None:
         return convert_openai_error(exc, PROVIDER)

@@ -12,10 +12,20 @@ connection drops after three events).
 from core.testing.peers.anthropic_peer import AnthropicPeer
 from core.testing.peers.google_peer import GooglePeer
 from core.testing.peers.openai_peer import OpenAIPeer, fake_embedding
-from core.testing.peers.script import LoopbackPeer, Received, Reply, ScriptedCall, fault, reply_text, reply_tools
+from core.testing.peers.script import (
+    Cited,
+    LoopbackPeer,
+    Received,
+    Reply,
+    ScriptedCall,
+    fault,
+    reply_text,
+    reply_tools,
+)
 
 __all__ = [
     "AnthropicPeer",
+    "Cited",
     "GooglePeer",
     "LoopbackPeer",
     "OpenAIPeer",

@@ -64,6 +64,20 @@ class AnthropicPeer(LoopbackPeer):
             return _error(reply)
         self._msg += 1
         content: list[dict[str, Any]] = []
+        searched = any(str(tool.get("type", "")).startswith("web_search_") for tool in received.body.get("tools") or ())
+        if searched and (reply.cited or reply.search_error):
+            tool_id = f"srvtoolu_{self._msg}"
+            content.append({"type": "server_tool_use", "id": tool_id, "name": "web_search",
+                            "input": {"query": "the question"}})  # fmt: skip
+            results: Any = [{"type": "web_search_result", "url": c.url, "title": c.title, "encrypted_content": "e",
+                             "page_age": None} for c in reply.cited]  # fmt: skip
+            if reply.search_error:
+                results = {"type": "web_search_tool_result_error", "error_code": reply.search_error}
+            content.append({"type": "web_search_tool_result", "tool_use_id": tool_id, "content": results})
+            for c in reply.cited:
+                citation = {"type": "web_search_result_location", "url": c.url, "title": c.title,
+                            "cited_text": c.quote, "encrypted_index": "i"}  # fmt: skip
+                content.append({"type": "text", "text": c.quote, "citations": [citation]})
         if reply.text:
             content.append({"type": "text", "text": reply.text})
         for call in reply.tool_calls:

@@ -54,7 +54,7 @@ class GooglePeer(LoopbackPeer):
         model, _, action = request.match_info["model_action"].partition(":")
         if action not in ("generateContent", "streamGenerateContent"):
             return json_response({"error": {"code": 404, "message": "unknown action", "status": "NOT_FOUND"}}, 404)
-        _, reply = await self._take(request)
+        received, reply = await self._take(request)
         if reply is None:
             return _error(Reply(status=400, error_message="the peer has no scripted reply"))
         if reply.status:
@@ -81,6 +81,22 @@ class GooglePeer(LoopbackPeer):
             return out
 
         if action == "generateContent":
+            searched = any(
+                "googleSearch" in tool or "google_search" in tool for tool in received.body.get("tools") or ()
+            )
+            if searched and reply.cited:
+                text = reply.cited_text()
+                found = response([{"text": text}], True)
+                found["candidates"][0]["groundingMetadata"] = {
+                    "webSearchQueries": ["the question"],
+                    "groundingChunks": [{"web": {"uri": c.url, "title": c.title}} for c in reply.cited],
+                    "groundingSupports": [
+                        {"segment": {"startIndex": text.index(c.quote), "endIndex": text.index(c.quote) + len(c.quote),
+                                     "text": c.quote}, "groundingChunkIndices": [n]}
+                        for n, c in enumerate(reply.cited)
+                    ],
+                }  # fmt: skip
+                return json_response(found)
             parts = ([{"text": reply.text}] if reply.text else []) + calls
             return json_response(response(parts, True))
 

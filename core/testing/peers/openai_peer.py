@@ -78,14 +78,36 @@ class OpenAIPeer(LoopbackPeer):
     def _response_object(self, received: Received, reply: Reply, status: str = "completed") -> dict[str, Any]:
         self._resp += 1
         output: list[dict[str, Any]] = []
-        if reply.text:
+        searched = any(tool.get("type") == "web_search" for tool in received.body.get("tools") or ())
+        text, annotations = reply.text, []
+        if searched and reply.cited:
+            text = reply.cited_text()
+            output.append(
+                {
+                    "type": "web_search_call",
+                    "id": f"ws_{self._resp}",
+                    "status": "completed",
+                    "action": {
+                        "type": "search",
+                        "query": str(received.body.get("input", ""))[:200],
+                        "sources": [{"type": "url", "url": c.url} for c in reply.cited],
+                    },
+                }
+            )
+            for c in reply.cited:
+                start = text.index(c.quote)
+                annotations.append(
+                    {"type": "url_citation", "start_index": start, "end_index": start + len(c.quote),
+                     "url": c.url, "title": c.title}
+                )  # fmt: skip
+        if text:
             output.append(
                 {
                     "type": "message",
                     "id": f"msg_{self._resp}",
                     "role": "assistant",
                     "status": "completed",
-                    "content": [{"type": "output_text", "text": reply.text, "annotations": []}],
+                    "content": [{"type": "output_text", "text": text, "annotations": annotations}],
                 }
             )
         for n, call in enumerate(reply.tool_calls, start=1):

@@ -30,13 +30,23 @@ class ScriptedCall:
 
 
 @dataclass(frozen=True)
+class Cited:
+    """A page a hosted web search "found" and the reply cites, with the words it quotes."""
+
+    title: str
+    url: str
+    quote: str
+
+
+@dataclass(frozen=True)
 class Reply:
     """One scripted answer (or fault) of a peer.
 
     ``text`` streams in word-sized deltas. ``status`` answers with that HTTP status and the
     provider's error body instead. ``delay`` seconds pass before the answer starts.
     ``cut_after`` closes the connection abruptly after that many stream events (streaming only).
-    ``hold`` keeps the answer back until the test sets that event.
+    ``hold`` keeps the answer back until the test sets that event. ``cited``: the pages a hosted
+    web search found, answered in the provider's own shape when the request turned its search on.
     """
 
     text: str = ""
@@ -53,6 +63,16 @@ class Reply:
     delay: float = 0.0
     cut_after: int | None = None
     hold: asyncio.Event | None = field(default=None, compare=False)
+    cited: tuple[Cited, ...] = ()
+    search_error: str | None = None  # Anthropic: the search tool's error code instead of results
+
+    def cited_text(self) -> str:
+        """The reply's text with every cited quote in it (each found by ``str.index``)."""
+        text = self.text
+        for source in self.cited:
+            if source.quote not in text:
+                text = f"{text} {source.quote}".strip()
+        return text
 
     def words(self) -> list[str]:
         """The text as streamed: word-sized pieces that join back to ``text``."""
