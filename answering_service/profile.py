@@ -64,6 +64,8 @@ TRANSCRIBED = "This call is transcribed."
 
 
 class AnsweringProfile(CallProfile):
+    route = "answering"
+
     def __init__(
         self,
         db: Queries,

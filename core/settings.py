@@ -227,6 +227,10 @@ class Settings(BaseSettings):
         60.0, ge=0, validation_alias=_env("PEPPER_MEMORY_JOBS_INTERVAL", "memory_jobs_interval")
     )
 
+    # GET /metrics (gateway/metrics_route.py): the bearer token a scraper sends; unset, only this
+    # machine's own scrapers, talking to Pepper directly, may read it.
+    metrics_token: SecretStr | None = Field(None, validation_alias=_env("PEPPER_METRICS_TOKEN", "metrics_token"))
+
     # Web research (core/web, docs/research.md): the search service ("auto": the first set up of
     # Brave, Tavily, SearXNG; "hosted": the research tier's model searches with its provider's own
     # search tool; "none": no web research), its key or instance URL, where its API is.

@@ -9,7 +9,7 @@ from quart import Quart, jsonify
 from core.conversation import ANNOUNCE_LATER
 from core.errors import DatabaseUnavailable
 from core.settings import Settings
-from gateway import answering_routes, connect_routes, email_channel, messaging, voice_routes, webchat
+from gateway import answering_routes, connect_routes, email_channel, messaging, metrics_route, voice_routes, webchat
 from gateway.limits import PathLimitedRequest
 from gateway.live import LiveFeed
 from gateway.media_procs import stop_calls, stop_taking_calls
@@ -76,6 +76,8 @@ def create_app(settings: Settings, db, *, turns_in_process: bool = True, media_i
             control = CallControl(shared.calls, db.dsn, name="pepper-web")
             await control.start()
             shared.media = await start_media_server(shared, settings.host, settings.media_port, shared.media_listener)
+
+    metrics_route.register(app, settings)
 
     @app.get("/healthz")
     async def health():  # type: ignore[no-untyped-def]

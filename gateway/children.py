@@ -10,6 +10,7 @@ import os
 import signal
 from typing import Any, Protocol
 
+from core.metrics import process_gone
 from core.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ class ChildProcesses:
                 if not self._stopping and not process.is_alive():
                     log.error("%s process %s exited with %s; starting another", self.label, process.pid,
                               process.exitcode)  # fmt: skip
+                    process_gone(process.pid)
                     process.close()
                     self._processes[index] = self._spawn(index)
 

@@ -21,6 +21,7 @@ from urllib.parse import parse_qsl
 from werkzeug.datastructures import MultiDict
 
 from gateway.messaging import Answer, answer_inbound, answer_status
+from gateway.metrics_route import count_webhook
 from gateway.services import Services
 from gateway.webhooks import MESSAGE_STATUS, SMS, WHATSAPP
 
@@ -79,6 +80,7 @@ class MessagingWebhooks:
         if body is None:
             return  # the client went away
         if len(body) > self.max_body_bytes:
+            count_webhook(route[0], TOO_LARGE.status)
             return await _send(send, TOO_LARGE)
         form = MultiDict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
         services: Services = self.app.extensions["pepper"]
@@ -89,6 +91,7 @@ class MessagingWebhooks:
             log.exception("the %s webhook failed", name)
             answer = FAILED
         await _send(send, answer)
+        count_webhook(name, answer.status)
 
     async def _body(self, receive: Receive) -> bytes | None:
         """The whole body, or as much as shows it is over the limit; None on a disconnect."""

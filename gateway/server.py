@@ -13,6 +13,7 @@ import uvicorn
 from quart import Quart
 
 from core.errors import StartupError
+from core.metrics import use_directory as use_metrics_directory
 from core.settings import Settings
 from core.store import SERVING_POOL_SIZE, Database, open_store
 from core.store.sessions import connection_limit, sessions_named
@@ -253,6 +254,8 @@ async def serve(settings: Settings, *, stop: asyncio.Event | None = None) -> Non
         loop.add_signal_handler(signum, stop.set)
 
     media_port_lock = hold_media_port(settings.media_port, settings.data_dir)  # noqa: F841 (held until return)
+    # Every process of this server (children inherit the environment) reports its metrics here.
+    use_metrics_directory(settings.data_dir / "metrics")
     sock = bind_listener(settings.host, settings.port)
     port = sock.getsockname()[1]
     handed_over = False

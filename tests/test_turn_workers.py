@@ -16,6 +16,7 @@ from pathlib import Path
 
 import aiohttp
 import asyncpg
+from prometheus_client.parser import text_string_to_metric_families
 
 from core import identity
 from core.conversation import (
@@ -308,6 +309,23 @@ async def test_serve_runs_turns_in_worker_processes_survives_a_killed_worker_and
                 await twilio.post_form(local, PUBLIC, "/twilio/sms", form, session=session)
                 [_, reply] = await twilio.wait_for_sent(2, within=60)
                 assert reply.body == "Here now." and reply.status_callback == PUBLIC + "/twilio/status"
+
+                # The web server's /metrics adds up every process's: the turn was a worker's, the
+                # webhooks the web server's.
+                async def sample(name: str, **labels: str) -> float:
+                    async with session.get(local + "/metrics") as response:
+                        text = await response.text()
+                    return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples
+                               if s.name == name and s.labels == labels)  # fmt: skip
+
+                turns = {"channel": "sms", "kind": "live", "status": "replied"}
+
+                async def turn_counted() -> float:
+                    return await sample("pepper_turns_total", **turns)
+
+                await until(turn_counted, 10, "the worker's turn in /metrics")
+                assert await sample("pepper_turns_total", **turns) == 1
+                assert await sample("pepper_webhooks_total", provider="sms", outcome="accepted") == 2
         finally:
             # A server that already exited (it crashed) has nothing to signal: say so with its log,
             # rather than hiding the failure behind the ProcessLookupError of signalling it.

@@ -18,6 +18,7 @@ from uuid import UUID
 
 from core.conversation import PromptPart, PromptRecord, open_turn, update_turn
 from core.memory import MemoryConfig
+from core.metrics import metrics
 from core.models.types import ModelService, ToolCall
 from core.owner_context import context_reads, owner_context, session_tools
 from core.records.skills import USER_SKILLS_SELECT, skill_sources
@@ -192,7 +193,7 @@ async def run_turn(
             own_skills = skill_sources(got["skills"]) if "skills" in got else []
     except Exception as exc:
         if turn_id is not None:
-            await _failed(deps, turn_id, exc)  # after the connection went back to the pool
+            await _failed(deps, turn_id, exc, channel, kind)  # after the connection went back to the pool
         raise
     wrote = False  # whether a call of this turn (a worker's included) wrote or staged anything
     try:
@@ -296,12 +297,13 @@ async def run_turn(
             prompt=prompt_record(system_stable=system_stable, system_dynamic=memory, tools=specs, messages=messages),
         )
     except Exception as exc:
-        await _failed(deps, turn_id, exc)
+        await _failed(deps, turn_id, exc, channel, kind)
         raise
 
 
-async def _failed(deps: HarnessDeps, turn_id: UUID, exc: Exception) -> None:
+async def _failed(deps: HarnessDeps, turn_id: UUID, exc: Exception, channel: str, kind: str) -> None:
     log.error("turn failed: turn=%s error=%s", turn_id, type(exc).__name__, exc_info=exc)
+    metrics().turns.labels(channel, kind, "crashed").inc()
     await drop_turn_writes(deps.db, deps.registry, turn_id)
     await update_turn(deps.db, turn_id, status="failed", error=type(exc).__name__, finished_at=deps.clock())
 
@@ -388,12 +390,18 @@ async def finish_turn(
         known.update(p.hash for p in new_parts)
     timings = parts["timings"]
     # The outcome's figure also covers writing the record itself, which the record cannot hold.
-    harness_ms = (time.perf_counter() - started) * 1000 - timings["model_ms"]
+    elapsed = time.perf_counter() - started
+    harness_ms = elapsed * 1000 - timings["model_ms"]
+    rounds = len([r for r in result.rounds if r.get("counted")])
+    counted = metrics()
+    counted.turns.labels(session.channel, session.kind, result.status).inc()
+    counted.turn_seconds.labels(session.channel).observe(elapsed)
+    counted.turn_rounds.labels(session.channel).observe(rounds)
     return TurnOutcome(
         turn_id=session.turn_id,
         reply=reply,
         status=result.status,
-        rounds=len([r for r in result.rounds if r.get("counted")]),
+        rounds=rounds,
         staged_writes=len(parts["staged_writes"]) if result.answered else 0,
         model=result.model,
         repaired=bool(repair and repair.changed),

@@ -38,6 +38,7 @@ from uuid import UUID
 
 from core.adapters.twilio import media_streams as media
 from core.conversation import conversation_for, start_turn, update_turn
+from core.metrics import Metrics, metrics
 from core.models.types import ToolCall
 from core.records import calls as call_records
 from core.tools.registry import Tool, ToolContext, ToolOutcome
@@ -306,6 +307,9 @@ class CallEngine:
         self._timezone = await call_records.account_timezone(db, call.account_id)
         self._turn_id = await start_turn(db, self._conversation_id, channel="voice", kind="call")
         await call_records.call_started(db, call.call_sid, self._turn_id, self.deps.holder)
+        counted = metrics()
+        counted.calls_started.labels(self._profile.route).inc()
+        counted.calls_active.inc()
         recorder = self.spawn("recorder", self._record_loop())
         try:
             self.model = await self.deps.model_for_line(call.line_number)
@@ -324,7 +328,19 @@ class CallEngine:
         except RealtimeDisconnected:
             self._end("model-failed")
         finally:
-            await self._shutdown(recorder)
+            counted.calls_active.dec()
+            try:
+                await self._shutdown(recorder)
+            finally:
+                self._count_end(counted)
+
+    def _count_end(self, counted: Metrics) -> None:
+        """The call's figures into the metrics, once, when it is over (nothing per frame)."""
+        counted.calls_ended.labels(self.end_reason or "unknown").inc()
+        for ms in self.stats.clear_ms:
+            counted.call_clear_ms.observe(ms)
+        if self.stats.barge_ins:
+            counted.call_barge_ins.inc(self.stats.barge_ins)
 
     async def _shutdown(self, recorder: asyncio.Task[Any]) -> None:
         for task in list(self._tasks):

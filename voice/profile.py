@@ -124,6 +124,7 @@ class CallProfile(ABC):
     """Who a call is for. The engine calls :meth:`attach` once, before anything else."""
 
     trust: str
+    route: str = "owner"  # the call's route, as metrics count calls (owner, answering)
     verified_by: str | None = None  # how the caller proved who they are, if they did
     registry: ToolRegistry  # the call's tools, built in attach
     gate: Gate

@@ -25,6 +25,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
+from core.metrics import metrics
 from core.scheduling.schedule import Place, Schedule, ScheduleError
 from core.store.pool import transaction
 from core.store.queries import Queries
@@ -152,7 +153,10 @@ async def expire_stale(db: Queries, now: datetime, *, window: timedelta) -> int:
         now,
         window,
     )
-    return int(result.split()[-1])
+    expired = int(result.split()[-1])
+    if expired:
+        metrics().scheduled_runs.labels("missed").inc(expired)
+    return expired
 
 
 async def claim(db: Queries, owner: str, now: datetime, *, lease: timedelta, limit: int) -> list[Claim]:
@@ -252,7 +256,10 @@ async def finish(
         turn_id,
         now,
     )
-    return result.endswith(" 1")
+    finished = result.endswith(" 1")
+    if finished:
+        metrics().scheduled_runs.labels(status).inc()
+    return finished
 
 
 async def release(

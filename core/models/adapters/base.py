@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import aiohttp
 import httpx
 
+from core.metrics import metrics
 from core.models.errors import (
     ModelAuthError,
     ModelError,
@@ -128,7 +129,23 @@ class ModelAdapter(ABC):
             raise error from exc
 
     async def generate(self, prompt: Prompt, options: CallOptions) -> Generation:
-        return await self._converting(self._generate(prompt, options))
+        try:
+            generation = await self._converting(self._generate(prompt, options))
+        except ModelError as exc:
+            self._count(exc.code)
+            raise
+        self._count("ok", generation)
+        return generation
+
+    def _count(self, outcome: str, generation: Generation | None = None) -> None:
+        counted = metrics()
+        counted.model_calls.labels(self.provider, outcome).inc()
+        if generation is not None:
+            usage = generation.usage
+            tokens = counted.model_tokens
+            tokens.labels(self.provider, "input").inc(usage.input_tokens)
+            tokens.labels(self.provider, "output").inc(usage.output_tokens)
+            tokens.labels(self.provider, "cached").inc(usage.cached_input_tokens)
 
     async def stream(self, prompt: Prompt, options: CallOptions) -> AsyncGenerator[StreamEvent, None]:
         """TextDelta items, then exactly one Generation. A failure after the first delta raises
@@ -139,13 +156,17 @@ class ModelAdapter(ABC):
                 async for event in events:
                     if isinstance(event, TextDelta):
                         started = True
+                    else:
+                        self._count("ok", event)
                     yield event
-        except StreamInterrupted:
+        except StreamInterrupted as exc:
+            self._count(exc.code)
             raise
         except Exception as exc:
             error = exc if isinstance(exc, ModelError) else self._convert_any(exc)
             if error is None:
                 raise
+            self._count(StreamInterrupted.code if started else error.code)
             if started:
                 log.warning(
                     "model stream interrupted after it began: provider=%s status=%s", self.provider, error.status
