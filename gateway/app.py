@@ -9,7 +9,7 @@ from quart import Quart, jsonify
 from core.conversation import ANNOUNCE_LATER
 from core.errors import DatabaseUnavailable
 from core.settings import Settings
-from gateway import answering_routes, connect_routes, email_channel, messaging, voice_routes, webchat
+from gateway import answering_routes, browser_calls, connect_routes, email_channel, messaging, voice_routes, webchat
 from gateway.limits import PathLimitedRequest
 from gateway.live import LiveFeed
 from gateway.media_procs import stop_calls, stop_taking_calls
@@ -52,6 +52,7 @@ def create_app(settings: Settings, db, *, turns_in_process: bool = True, media_i
     app.register_blueprint(voice_routes.blueprint)
     app.register_blueprint(answering_routes.blueprint)
     app.register_blueprint(connect_routes.blueprint)
+    app.register_blueprint(browser_calls.blueprint)
 
     @app.before_serving
     async def start_live_feed() -> None:
