@@ -146,7 +146,6 @@ async def hang_up(call_id: str) -> Response:
     if call_id in active.values():
         return _json_error(404, "no-such-call", "no browser call with that id in this session")
     # Over already (hung up twice, or ended by Pepper): fine, if it was this account's call.
-    row = await services.db.fetchrow("SELECT account_id FROM calls WHERE call_sid = $1", call_id)
-    if row is not None and row["account_id"] == account_id and call_id.startswith(CALL_PREFIX):
+    if call_id.startswith(CALL_PREFIX) and await call_records.call_account(services.db, call_id) == account_id:
         return Response(json.dumps({"ok": True, "duplicate": True}), content_type="application/json")
     return _json_error(404, "no-such-call", "no browser call with that id in this session")
