@@ -14,6 +14,12 @@
   button.textContent = "Call Pepper";
   button.hidden = false;
 
+  const style = document.createElement("style");
+  style.textContent =
+    "#call-panel { font-size: .85rem; max-width: 28rem; }" +
+    "#call-transcript { margin: .25rem 0 0; padding-left: 1.2rem; max-height: 8rem; overflow-y: auto; }" +
+    "#call-transcript .you { font-weight: 600; }";
+  document.head.appendChild(style);
   const panel = document.createElement("div");
   panel.id = "call-panel";
   panel.hidden = true;
@@ -31,7 +37,13 @@
   const audio = panel.querySelector("#call-audio");
 
   // What the page heard, for people (the status) and for tests: the received track's level.
-  const state = { phase: "idle", callId: null, levels: [], reason: null, error: null };
+  // ``audio``: the microphone's processing; the echo canceller keeps Pepper from hearing itself
+  // through the speakers (a test with a fake microphone turns it off: it cannot tell a file from
+  // a person talking over the reply).
+  const state = {
+    phase: "idle", callId: null, levels: [], reason: null, error: null,
+    audio: { echoCancellation: true, noiseSuppression: true, autoGainControl: true },
+  };
   window.pepperCall = state;
   let pc = null, mic = null, meter = null, context = null;
 
@@ -101,7 +113,7 @@
     say("Connecting…");
     try {
       const token = await csrf();
-      mic = await navigator.mediaDevices.getUserMedia({ audio: true });
+      mic = await navigator.mediaDevices.getUserMedia({ audio: state.audio });
       pc = new RTCPeerConnection({ iceServers: [] });
       mic.getTracks().forEach((t) => pc.addTrack(t, mic));
       const channel = pc.createDataChannel("transcript");

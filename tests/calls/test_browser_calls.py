@@ -3,6 +3,7 @@ through the one call engine, against the loopback OpenAI Realtime server."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import dataclasses
 from collections.abc import AsyncIterator
@@ -162,7 +163,7 @@ async def test_signalling_refuses_garbage_forgery_and_a_second_call(web: Web):
             await web.ended_row(again.json()["call_id"])
 
 
-def test_the_browser_link_plays_in_20ms_frames_echoes_marks_and_a_clear_drops_what_is_queued():
+async def test_the_browser_link_plays_in_20ms_frames_echoes_marks_and_a_clear_drops_what_is_queued():
     echoed: list[str] = []
     link = BrowserLink("MZ1", lambda: None)
     link.echo = echoed.append
@@ -175,5 +176,7 @@ def test_the_browser_link_plays_in_20ms_frames_echoes_marks_and_a_clear_drops_wh
     link.send(media.media_frame("MZ1", base64.b64encode(tone * 4).decode()))
     link.send(media.mark_frame("MZ1", "a2"))
     link.send(media.clear_frame("MZ1"))  # barge-in: nothing queued plays, the waiting mark comes back
+    assert len(echoed) == 1  # not at once: the engine marks it cancelled after sending the clear
+    await asyncio.sleep(0)
     assert echoed[-1] == media.mark_frame("MZ1", "a2") and link.frames_cleared == 10
     assert link.next_frame() == b"\xff" * 160

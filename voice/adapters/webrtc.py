@@ -119,7 +119,9 @@ class BrowserLink:
             self.playback.mark(media.mark_name(frame))
         elif event == "clear":
             self.frames_cleared += (self.playback.written - self.playback.played) // FRAME_SAMPLES
-            self._echo(self.playback.clear())
+            # Echoed after the engine's barge-in has marked them cancelled (it sends ``clear``
+            # first), as Twilio's echo comes back over the network: never taken for played.
+            asyncio.get_running_loop().call_soon(self._echo, self.playback.clear())
 
     def send_many(self, texts: Sequence[str]) -> None:
         for text in texts:
