@@ -6,12 +6,13 @@ frames out, ``mark`` frames out and back once the audio before them has played, 
 barge-in. A browser call's link plays Twilio's part, so a browser call has the same notice, gate,
 barge-in, staged writes and records as a phone call:
 
-* **Caller -> model.** aiortc decodes the browser's Opus (48 kHz stereo, 20 ms); each frame is
-  resampled once, by libswresample (PyAV), to 8 kHz mono in fixed 20 ms frames, mu-law encoded
-  and handed to :meth:`CallEngine.feed_audio`, as a Twilio ``media`` frame's payload is.
+* **Caller -> model.** aiortc decodes the browser's Opus (48 kHz stereo, 20 ms) as each packet
+  arrives (no jitter-buffer hold: :class:`_PacketJitterBuffer`); each frame is resampled once, by
+  libswresample (PyAV), to 8 kHz mono (20 ms in, 20 ms out), mu-law encoded and handed to
+  :meth:`CallEngine.feed_audio`, as a Twilio ``media`` frame's payload is.
 * **Model -> caller.** The engine's ``media`` frames are queued as mu-law; an outgoing track paced
-  by the event loop's clock takes 20 ms of it every 20 ms (silence when there is none) as an 8 kHz
-  mono frame, which aiortc's Opus encoder resamples once to 48 kHz. A ``mark`` is echoed to the
+  by the event loop's clock takes 20 ms of it every 20 ms (silence when there is none), resampled
+  once to 48 kHz mono for aiortc's Opus encoder. A ``mark`` is echoed to the
   engine when the audio queued before it has been handed to the encoder (the caller heard it, as
   far as the server can tell); ``clear`` empties the queue and echoes every mark waiting, as
   Twilio does.
@@ -36,6 +37,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc.jitterbuffer import JitterBuffer, JitterFrame
 from aiortc.mediastreams import MediaStreamError
 from av import AudioFrame, AudioResampler
 
@@ -47,7 +49,36 @@ log = logging.getLogger(__name__)
 FRAME_SECONDS = 0.02
 FRAME_SAMPLES = 160  # 20 ms at 8 kHz: what the engine takes, one mu-law byte a sample
 SILENCE = b"\xff" * FRAME_SAMPLES
+OPUS_SAMPLES = 960  # 20 ms at 48 kHz, the browser's side
 MAX_OFFER_CHARS = 20_000
+
+
+class _PacketJitterBuffer(JitterBuffer):
+    """Each Opus packet is a whole 20 ms frame: decoded as it arrives. aiortc's audio receiver
+    holds four frames (80 ms) before it decodes any (``prefetch=4``, fixed in ``RTCRtpReceiver``),
+    and even without prefetch releases a frame only when the next packet shows it complete: 20 to
+    80 ms on every frame, most of a browser call's caller -> model latency in ``bench/webrtc.py``.
+    A packet that comes after a later one is dropped (the decoder conceals the gap); voice from
+    a browser is rarely reordered, and a late frame played out of order would be worse."""
+
+    def __init__(self) -> None:
+        super().__init__(capacity=16)
+        self._last: int | None = None
+
+    def add(self, packet: Any) -> tuple[bool, JitterFrame | None]:
+        seq = packet.sequence_number
+        if self._last is not None and not 0 < (seq - self._last) % 65536 < 32768:
+            return False, None  # a duplicate, or older than a frame already decoded
+        self._last = seq
+        return False, JitterFrame(data=packet._data, timestamp=packet.timestamp)
+
+
+def low_latency(pc: RTCPeerConnection) -> None:
+    """Decode each received audio packet as it arrives (see :class:`_PacketJitterBuffer`)."""
+    for transceiver in pc.getTransceivers():
+        if transceiver.kind == "audio":
+            # Name-mangled: RTCRtpReceiver keeps it private and offers no setting.
+            vars(transceiver.receiver)["_RTCRtpReceiver__jitter_buffer"] = _PacketJitterBuffer()
 
 
 class BadOffer(ValueError):
@@ -181,13 +212,28 @@ class _PlaybackTrack(MediaStreamTrack):
     def __init__(self, link: BrowserLink):
         super().__init__()
         self._link = link
-        self._clock = FrameClock(FRAME_SAMPLES, 8000)
+        self._clock = FrameClock(OPUS_SAMPLES, 48000)
+        self._resampler = AudioResampler(format="s16", layout="mono", rate=48000)
+        self._out = bytearray()
 
     async def recv(self) -> AudioFrame:
         if self.readyState != "live":
             raise MediaStreamError
         pts = await self._clock.tick()
-        return pcm_frame(audioop.ulaw2lin(self._link.next_frame(), 2), 8000, pts)
+        return pcm_frame(self.upsampled(self._link.next_frame()), 48000, pts)
+
+    def upsampled(self, ulaw: bytes) -> bytes:
+        """20 ms of mu-law as exactly 20 ms at 48 kHz. Resampled here, once, rather than by aiortc's
+        encoder: its resampler emits only whole 20 ms frames, so the few samples libswresample
+        holds back would delay every frame by nearly a frame. The first frame is padded to size
+        with silence at its start; from then on each 160 samples in give 960 out."""
+        for out in self._resampler.resample(pcm_frame(audioop.ulaw2lin(ulaw, 2), 8000, 0)):
+            self._out += bytes(out.planes[0])[: out.samples * 2]
+        if len(self._out) < OPUS_SAMPLES * 2:
+            self._out[:0] = bytes(OPUS_SAMPLES * 2 - len(self._out))
+        pcm = bytes(self._out[: OPUS_SAMPLES * 2])
+        del self._out[: OPUS_SAMPLES * 2]
+        return pcm
 
 
 def pcm_frame(pcm: bytes, rate: int, pts: int) -> AudioFrame:
@@ -251,6 +297,7 @@ class BrowserCall:
             if not audio:
                 raise BadOffer("the offer has no audio")
             audio[0].sender.replaceTrack(self._track)
+            low_latency(self.pc)
             audio[0].direction = "sendrecv"
             await self.pc.setLocalDescription(await self.pc.createAnswer())
         except BadOffer:
@@ -280,7 +327,9 @@ class BrowserCall:
 
     async def _read_caller(self, track: MediaStreamTrack) -> None:
         """Every decoded 20 ms frame from the browser, resampled once to 8 kHz mono 20 ms frames."""
-        resampler = AudioResampler(format="s16", layout="mono", rate=8000, frame_size=FRAME_SAMPLES)
+        # No fixed frame size: each 20 ms in gives what libswresample has for it (160 samples, but
+        # for the few its filter holds back at the start), so no frame waits for the next one.
+        resampler = AudioResampler(format="s16", layout="mono", rate=8000)
         timings = self.timings
         try:
             while True:
@@ -292,7 +341,7 @@ class BrowserCall:
                 for out in resampler.resample(frame):
                     if engine is None:
                         continue
-                    payload = base64.b64encode(audioop.lin2ulaw(bytes(out.planes[0])[: FRAME_SAMPLES * 2], 2))
+                    payload = base64.b64encode(audioop.lin2ulaw(bytes(out.planes[0])[: out.samples * 2], 2))
                     rest = engine.feed_audio(payload.decode())
                     if rest is not None:
                         await rest
