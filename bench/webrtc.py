@@ -163,11 +163,11 @@ async def browser_level(
     r["open_s"], r["failed"] = time.monotonic() - t_open, opened["failed"]
     try:
         await asyncio.sleep(1.0)
-        cpu0, t0 = server.cpu_times(), time.perf_counter()
+        cpu0, t0, load0 = server.cpu_times(), time.perf_counter(), browsers.cpu + model.cpu
         await asyncio.gather(*(p.ask(op="measure", on=True) for p in (model, browsers)))
         await asyncio.sleep(seconds)
         await asyncio.gather(*(p.ask(op="measure", on=False) for p in (model, browsers)))
-        cpu1, t1 = server.cpu_times(), time.perf_counter()
+        cpu1, t1, load1 = server.cpu_times(), time.perf_counter(), browsers.cpu + model.cpu
         side = await model.ask(op="collect")
         got = await browsers.ask(op="collect")
     finally:
@@ -179,6 +179,8 @@ async def browser_level(
         in_onset=twilio_bench.join_onsets(twilio_bench._keyed(got["sent"]), twilio_bench._keyed(side["seen"])),
         out_onset=twilio_bench.join_onsets(twilio_bench._keyed(side["sent"]), twilio_bench._keyed(got["seen"])),
         cpu_ms_per_call_s=busy / window / max(1, ok) * 1000,
+        server_cores=busy / window,
+        load_cores=(load1 - load0) / window,
         expected=ok * window * 1000,
         ms_in=side["ms_in"],
         ms_heard=got["ms_heard"],
@@ -194,6 +196,7 @@ def _line(name: str, r: dict[str, Any]) -> str:
     cpu = r.get("cpu_ms_per_call_s")
     return (f"  {name:<8} caller->model {twilio_bench._fmt(r['in_onset'])}   model->caller"
             f" {twilio_bench._fmt(r['out_onset'])}   server CPU {cpu:.1f} ms per call-second"
+            f" ({r['server_cores']:.2f} cores; load side {r.get('load_cores', r.get('generator', 0)):.2f})"
             if cpu is not None else f"  {name:<8} no figures")  # fmt: skip
 
 
@@ -233,9 +236,6 @@ async def main() -> None:
                 browser = await browser_level(count, args.seconds, model, browsers, server, http, sessions)
                 print(f"\n{count} concurrent call(s):")
                 print(_line("twilio", phone))
-                if phone["in_frame"]:
-                    print(f"           (per frame, by tag: caller->model {twilio_bench._fmt(phone['in_frame'])},"
-                          f" model->caller {twilio_bench._fmt(phone['out_frame'])})")  # fmt: skip
                 print(_line("browser", browser))
                 for note in phone["notes"] + browser["notes"]:
                     print(f"  note: {note}")
