@@ -105,6 +105,15 @@ async def test_a_call_from_the_chat_page_reaches_the_model_plays_its_reply_and_b
                 await wait_for(lambda: driver.find_elements(By.CSS_SELECTOR, "#call-transcript .call-line"), 10)
                 await asyncio.to_thread(driver.save_screenshot, str(shots / "browser-call.png"))
                 levels = driver.execute_script("return window.pepperCall.levels")
+                # Muted, the microphone sends silence: a whole loop of the file (speech included)
+                # reaches the model as nothing.
+                await asyncio.to_thread(driver.find_element(By.ID, "call-mute").click)
+                await asyncio.sleep(0.3)
+                muted_from = len(session.audio_in)
+                await model.wait_for(lambda: len(session.audio_in) - muted_from >= 8 * int(LOOP_SECONDS * 1000), 10)
+                muted = bytes(session.audio_in[muted_from : muted_from + 8 * int(LOOP_SECONDS * 1000)])
+                assert audioop.rms(audioop.ulaw2lin(muted, 2), 2) < 50
+                assert driver.find_element(By.ID, "call-mute").text == "Unmute"
                 await asyncio.to_thread(driver.find_element(By.ID, "call-hangup").click)
                 await wait_for(lambda: driver.execute_script("return window.pepperCall.phase") == "idle", 10)
 
