@@ -70,13 +70,18 @@ def create_app(settings: Settings, db, *, turns_in_process: bool = True, media_i
     @app.before_serving
     async def start_media() -> None:
         nonlocal control
-        if shared.calls is not None and media_in_process:
-            from gateway.media_server import start_media_server
+        if shared.calls is not None:
             from voice.control import CallControl
 
+            # Browser calls (gateway.browser_calls) are held here even when media processes hold
+            # the phone calls: recorded under this process's session, swept if it dies.
             control = CallControl(shared.calls, db.dsn, name="pepper-web")
             await control.start()
-            shared.media = await start_media_server(shared, settings.host, settings.media_port, shared.media_listener)
+            if media_in_process:
+                from gateway.media_server import start_media_server
+
+                shared.media = await start_media_server(shared, settings.host, settings.media_port,
+                                                        shared.media_listener)  # fmt: skip
 
     @app.get("/healthz")
     async def health():  # type: ignore[no-untyped-def]

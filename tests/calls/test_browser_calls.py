@@ -180,3 +180,32 @@ async def test_the_browser_link_plays_in_20ms_frames_echoes_marks_and_a_clear_dr
     await asyncio.sleep(0)
     assert echoed[-1] == media.mark_frame("MZ1", "a2") and link.frames_cleared == 10
     assert link.next_frame() == b"\xff" * 160
+
+
+@pytest.mark.slow
+async def test_a_browser_call_is_held_by_the_web_server_when_media_processes_hold_the_phone_calls(
+    db: Database, db_url: str
+):
+    """``pepper serve``'s default: the web server answers the offer and holds the call, so its row
+    names the web server's call-control session (a crash of the web server is swept, as a media
+    process's calls are)."""
+    ada = await identity.create_account(db, "Ada")
+    token, session = await access.create_session(db, ada.id)
+    async with RealtimePeer() as model:
+        model.script(speak(NOTICE, ms=300))
+        settings = Settings(database_url=db_url, openai_api_key="sk-test", openai_realtime_url=model.websocket_url,
+                            voice_notice=NOTICE, port=0, media_port=0, graceful_timeout=2)  # fmt: skip
+        async with running_app(settings, db, media_processes=2) as (_app, port), BrowserPeer() as browser:
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", cookies={"pepper_session": token},
+                                         timeout=15, headers={"X-CSRF-Token": session.csrf_token}) as http:  # fmt: skip
+                answer = (await http.post("/api/calls", json=await browser.offer())).json()
+                await browser.accept(answer["sdp"])
+
+                async def holder() -> Any:
+                    return await db.fetchval(
+                        "SELECT a.application_name FROM calls c JOIN pg_stat_activity a ON a.pid = c.held_by"
+                        " WHERE c.call_sid = $1", answer["call_id"],
+                    )  # fmt: skip
+
+                assert (await until(holder, 10, "the call held")).startswith("pepper-web ")
+                assert (await http.post(f"/api/calls/{answer['call_id']}/hangup")).status_code == 200
