@@ -153,6 +153,8 @@ async def test_signalling_refuses_garbage_forgery_and_a_second_call(web: Web):
             assert (await web.offer(await other.offer())).json()["error"] == "call-in-progress"
         call_id = first.json()["call_id"]
         assert (await web.hang_up("WB" + "0" * 32)).status_code == 404
+        forged = await web.http.post(f"/api/calls/{call_id}/hangup", headers={"X-CSRF-Token": "forged"})
+        assert forged.status_code == 403 and call_id in web.services.calls.sessions  # still running
         assert (await web.hang_up(call_id)).status_code == 200
         await web.ended_row(call_id)
         # Once it is over, the session may call again.
