@@ -392,8 +392,12 @@ class ModelConn(WSListener):
         self.index = peer.sockets
         peer.sockets += 1
         self.level = peer.level
-        # pipecat's sockets name their call in the path; Pepper's are known by the tags they carry.
+        # pipecat's sockets name their call in the path; Pepper's are known by the tags they carry,
+        # except a browser call's (Opus erases tags): ``bench/webrtc.py`` opens those one at a time,
+        # so the level's n-th socket is its n-th call.
         self.call: int | None = int(path.split("/c", 1)[1].split("?")[0]) if "/realtime/c" in path else None
+        if self.level["mode"] == "browser":
+            self.call = self.index - peer.level_base
         self.t: WSTransport | None = None
         self.pcmu_in = self.pcmu_out = False
         self.responses = 0
@@ -482,7 +486,7 @@ class ModelConn(WSListener):
         self.emit({"type": "response.created", "response": {"id": rid, "object": "realtime.response",
                    "status": "in_progress", "output": []}})  # fmt: skip
         # Pepper's first response is its opening notice (100 ms); every other one streams until cancelled.
-        self.left = 5 if self.responses == 1 and self.level["mode"] == "pepper" else None
+        self.left = 5 if self.responses == 1 and self.level["mode"] != "pipecat" else None
         self.streaming, self.item, self.chunk = rid, item, 0
         self.delta_head = (b'{"type":"response.output_audio.delta","response_id":"' + rid.encode()
                            + b'","item_id":"' + item.encode() + b'","output_index":0,"content_index":0,'
@@ -505,7 +509,7 @@ class ModelConn(WSListener):
                        "transcript": "Hi, this call is transcribed."})  # fmt: skip
         self.emit({"type": "response.done", "response": {"id": rid, "object": "realtime.response", "status": status,
                    "output": [{"type": "message", "id": item, "role": "assistant"}]}})  # fmt: skip
-        if status == "completed" and self.level["mode"] == "pepper" and self.responses == 1:
+        if status == "completed" and self.level["mode"] != "pipecat" and self.responses == 1:
             self.start_response()  # after the notice, a reply streams unprompted (as after server VAD)
 
     def tick(self) -> None:
@@ -549,6 +553,7 @@ class ModelPeer:
         self.state: dict[str, Any] = {"measuring": False}
         self.level: dict[str, Any] = {"mode": "pepper"}
         self.sockets = 0
+        self.level_base = 0  # sockets opened before this level
         self.conns: list[ModelConn] = []
         self.groups: list[list[ModelConn]] = [[] for _ in range(SLOTS)]
         self.onsets = Onsets()
@@ -579,6 +584,7 @@ class ModelPeer:
                 conn.t.send_close()  # type: ignore[union-attr]
                 conn.t.disconnect()  # type: ignore[union-attr]
             self.level = {"mode": cmd["mode"]}
+            self.level_base = self.sockets
             return {"left_open": len(left)}
         if op == "measure":
             if cmd["on"]:

@@ -52,6 +52,8 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from core.testing.figures import percentile as _pct
@@ -481,6 +483,30 @@ async def _stop_server(proc: asyncio.subprocess.Process, within: float) -> None:
         await proc.wait()
 
 
+@asynccontextmanager
+async def owner_database() -> AsyncIterator[tuple[str, Any, Any]]:
+    """A fresh database on an embedded Postgres with the owner (their phone, PIN and line):
+    ``(dsn, db, account)``; dropped afterwards."""
+    from core import identity
+    from core.store import Database
+    from core.testing.postgres import DatabaseFactory, test_server
+
+    with test_server() as admin:
+        factory = DatabaseFactory(admin)
+        await factory.prepare_template()
+        dsn = await factory.create()
+        db = await Database.open(dsn, max_size=4)
+        try:
+            ada = await identity.create_account(db, "Ada")
+            await identity.add_handle(db, ada.id, "phone", OWNER, verified=True)
+            await identity.set_pin(db, ada.id, PIN)
+            await identity.assign_line(db, LINE, "personal", ada.id)
+            yield dsn, db, ada
+        finally:
+            await db.close()
+            await factory.drop(dsn)
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", default="1,50,100,300")
@@ -495,20 +521,8 @@ async def main() -> None:
     base_levels = {int(c) for c in args.baseline.split(",") if c}
     media_counts = [int(c) for c in args.media_processes.split(",")]
 
-    from core import identity
-    from core.store import Database
-    from core.testing.postgres import DatabaseFactory, test_server
-
     env = dict(os.environ, PYTHONPATH=os.getcwd(), PYTHONWARNINGS="ignore")
-    with test_server() as admin:
-        factory = DatabaseFactory(admin)
-        await factory.prepare_template()
-        dsn = await factory.create()
-        db = await Database.open(dsn, max_size=4)
-        ada = await identity.create_account(db, "Ada")
-        await identity.add_handle(db, ada.id, "phone", OWNER, verified=True)
-        await identity.set_pin(db, ada.id, PIN)
-        await identity.assign_line(db, LINE, "personal", ada.id)
+    async with owner_database() as (dsn, db, _owner):
         procs: list[asyncio.subprocess.Process] = []
         loads: list[Proc] = []
         try:
@@ -562,8 +576,6 @@ async def main() -> None:
                 await load.stop()
             for proc in procs:
                 await _stop_server(proc, 20)
-        await db.close()
-        await factory.drop(dsn)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,16 @@ from quart import Quart, jsonify
 from core.conversation import ANNOUNCE_LATER
 from core.errors import DatabaseUnavailable
 from core.settings import Settings
-from gateway import answering_routes, connect_routes, email_channel, messaging, metrics_route, voice_routes, webchat
+from gateway import (
+    answering_routes,
+    browser_calls,
+    connect_routes,
+    email_channel,
+    messaging,
+    metrics_route,
+    voice_routes,
+    webchat,
+)
 from gateway.limits import PathLimitedRequest
 from gateway.live import LiveFeed
 from gateway.media_procs import stop_calls, stop_taking_calls
@@ -52,6 +61,7 @@ def create_app(settings: Settings, db, *, turns_in_process: bool = True, media_i
     app.register_blueprint(voice_routes.blueprint)
     app.register_blueprint(answering_routes.blueprint)
     app.register_blueprint(connect_routes.blueprint)
+    app.register_blueprint(browser_calls.blueprint)
 
     @app.before_serving
     async def start_live_feed() -> None:
@@ -69,13 +79,18 @@ def create_app(settings: Settings, db, *, turns_in_process: bool = True, media_i
     @app.before_serving
     async def start_media() -> None:
         nonlocal control
-        if shared.calls is not None and media_in_process:
-            from gateway.media_server import start_media_server
+        if shared.calls is not None:
             from voice.control import CallControl
 
+            # Browser calls (gateway.browser_calls) are held here even when media processes hold
+            # the phone calls: recorded under this process's session, swept if it dies.
             control = CallControl(shared.calls, db.dsn, name="pepper-web")
             await control.start()
-            shared.media = await start_media_server(shared, settings.host, settings.media_port, shared.media_listener)
+            if media_in_process:
+                from gateway.media_server import start_media_server
+
+                shared.media = await start_media_server(shared, settings.host, settings.media_port,
+                                                        shared.media_listener)  # fmt: skip
 
     metrics_route.register(app, settings)
 

@@ -190,8 +190,9 @@ def connections_needed(settings: Settings) -> int:
     web = SERVING_POOL_SIZE + ACK_POOL_SIZE + 1  # + the live feed's listener
     # Each turn worker's pool and its wake-up listener; with none, one worker in the web server.
     turns = settings.turn_workers * (turn_pool_size(settings) + 1) if settings.turn_workers else 1
-    # Each media process's pool and its call-control listener; with one, the web server's listener.
-    media = settings.media_processes * (MEDIA_POOL_SIZE + 1) if settings.media_processes > 1 else 1
+    # The web server's call-control listener (its browser calls, and the phone calls with one media
+    # process), and each media process's pool and listener.
+    media = 1 + (settings.media_processes * (MEDIA_POOL_SIZE + 1) if settings.media_processes > 1 else 0)
     return web + turns + media
 
 

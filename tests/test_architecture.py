@@ -36,6 +36,9 @@ SDK_HOMES: dict[str, tuple[str, ...]] = {
     # The cascade's local speech models.
     "faster_whisper": ("voice/adapters/",),
     "piper": ("voice/adapters/",),
+    # Browser calls over WebRTC, and the loopback browser that tests them.
+    "aiortc": ("voice/adapters/", "voice/testing/"),
+    "av": ("voice/adapters/", "voice/testing/"),
     # The database driver: the store and its records.
     "asyncpg": ("core/",),
 }

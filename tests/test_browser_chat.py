@@ -7,11 +7,10 @@ pointed at /usr/bin/chromedriver, so it never tries to download a driver.
 from __future__ import annotations
 
 import asyncio
-import shutil
-import tempfile
 from collections.abc import Iterator
 
 import pytest
+from browser_support import chromium, needs_chromium, sign_in, wait_for
 
 from core import access, identity
 from core.settings import Settings
@@ -19,49 +18,13 @@ from core.store import Database
 from core.testing.peers import OpenAIPeer, reply_text, reply_tools
 from gateway.server import running_app
 
-CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
-pytestmark = pytest.mark.skipif(
-    not (CHROMIUM and CHROMEDRIVER), reason="needs Debian's chromium and chromium-driver (scripts/test installs them)"
-)
+pytestmark = needs_chromium
 
 
 @pytest.fixture
 def driver() -> Iterator[object]:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    profile = tempfile.mkdtemp(prefix="pepper-chromium-")
-    for flag in (
-        "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
-        "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        f"--user-data-dir={profile}",
-    ):  # fmt: skip
-        options.add_argument(flag)
-    browser = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
-    browser.set_page_load_timeout(30)
-    try:
+    with chromium() as browser:
         yield browser
-    finally:
-        browser.quit()
-        shutil.rmtree(profile, ignore_errors=True)
-
-
-async def wait_for(predicate, within: float = 20.0):  # type: ignore[no-untyped-def]
-    from selenium.common.exceptions import WebDriverException
-
-    deadline = asyncio.get_running_loop().time() + within
-    while True:
-        try:
-            value = await asyncio.to_thread(predicate)
-        except WebDriverException:  # the page is between loads: its elements come and go
-            value = None
-        if value:
-            return value
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("the page never got there")
-        await asyncio.sleep(0.1)
 
 
 async def test_sign_in_send_see_the_reply_reload_and_see_the_history(db: Database, db_url: str, driver):
@@ -79,14 +42,8 @@ async def test_sign_in_send_see_the_reply_reload_and_see_the_history(db: Databas
             def texts() -> list[str]:
                 return [e.text.split("\n")[0] for e in driver.find_elements(By.CSS_SELECTOR, "#log .msg")]
 
-            await asyncio.to_thread(driver.get, base + "/chat")
-            login = await wait_for(lambda: driver.find_element(By.ID, "login").is_displayed() and driver)
-            login.find_element(By.ID, "login").send_keys("ada")
-            driver.find_element(By.ID, "password").send_keys("correct horse battery")
-            await asyncio.to_thread(driver.find_element(By.ID, "signin-button").click)
-
-            box = await wait_for(lambda: driver.find_element(By.ID, "text").is_displayed() and driver)
-            box.find_element(By.ID, "text").send_keys("I fed the cat")
+            await sign_in(driver, base, "ada", "correct horse battery")
+            driver.find_element(By.ID, "text").send_keys("I fed the cat")
             await asyncio.to_thread(driver.find_element(By.ID, "send-button").click)
             await wait_for(lambda: texts() == ["I fed the cat", "The cat is fed, ticked off."])
 

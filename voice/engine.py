@@ -408,24 +408,7 @@ class CallEngine:
             frame = media.parse(raw)
             event = frame["event"]
             if event == "media":
-                payload = media.media_payload(frame)
-                stats = self.stats
-                stats.frames_in += 1
-                if not self._listening:
-                    stats.frames_discarded += 1
-                    return None
-                conn = self._conn
-                if conn is None:
-                    stats.frames_dropped += 1
-                    return None
-                try:
-                    if conn.append_audio_nowait(payload):
-                        stats.frames_to_model += 1
-                        return None
-                except RealtimeDisconnected:
-                    stats.frames_dropped += 1
-                    return None
-                return self._append(conn, payload)
+                return self.feed_audio(media.media_payload(frame))
             if event == "mark":
                 self._on_mark(media.mark_name(frame))
             elif event == "dtmf":
@@ -437,6 +420,27 @@ class CallEngine:
         except media.MalformedFrame:
             self.stats.frames_malformed += 1
         return None
+
+    def feed_audio(self, payload: str) -> Awaitable[None] | None:
+        """One 20 ms frame of caller audio (base64 mu-law 8 kHz), as :meth:`feed` returns: a
+        Twilio ``media`` frame's payload, or a browser call's audio (``voice.adapters.webrtc``)."""
+        stats = self.stats
+        stats.frames_in += 1
+        if not self._listening:
+            stats.frames_discarded += 1
+            return None
+        conn = self._conn
+        if conn is None:
+            stats.frames_dropped += 1
+            return None
+        try:
+            if conn.append_audio_nowait(payload):
+                stats.frames_to_model += 1
+                return None
+        except RealtimeDisconnected:
+            stats.frames_dropped += 1
+            return None
+        return self._append(conn, payload)
 
     async def _append(self, conn: RealtimeConnection, payload: str) -> None:
         try:
@@ -818,7 +822,7 @@ class CallEngine:
         dropped = [w["summary"] for w in self._resolved if w["status"] == "dropped"]
         caller_lines = [e["text"] for e in self._transcript if e.get("role") == "caller" and e.get("text")]
         verified_by = self._profile.verified_by
-        parts = [f"Phone call, {seconds // 60} min {seconds % 60} s"]
+        parts = [f"{self._profile.medium}, {seconds // 60} min {seconds % 60} s"]
         parts.append(f"caller verified ({verified_by})" if verified_by else "caller not verified")
         if caller_lines:
             first = caller_lines[0]

@@ -399,3 +399,27 @@ class OwnerProfile(CallProfile):
             await self.deps.send_sms(call.caller, call.line_number, body)
         except Exception:
             log.exception("could not text the owner about failed verification on a call")
+
+
+class BrowserOwnerProfile(OwnerProfile):
+    """A call from the owner's signed-in web session (``voice.adapters.webrtc``): the browser
+    proved who they are when it signed in and sent the session's CSRF token with the offer, so the
+    call is verified from its first word (no PIN, no code, no keypad). Everything else is the
+    owner's profile: the notice, the gate, the tools, the records. ``on_line`` gets each transcript
+    line as it is stored (the page's live transcript)."""
+
+    medium = "Browser call"
+
+    def __init__(self, deps: VoiceDeps, call: AdmittedCall, on_line: Any = None):
+        super().__init__(deps, call)
+        self.trust = "owner_verified"
+        self.verified_by = "web-session"
+        self._on_line = on_line
+
+    def on_dtmf(self, digit: str) -> None:
+        return None
+
+    async def record(self, direction: str, item_id: str, text: str) -> None:
+        await super().record(direction, item_id, text)
+        if self._on_line is not None:
+            self._on_line(direction, text)

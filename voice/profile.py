@@ -129,6 +129,7 @@ class CallProfile(ABC):
     registry: ToolRegistry  # the call's tools, built in attach
     gate: Gate
     notice: str  # what the model says first, before any caller audio counts
+    medium = "Phone call"  # how the call's summary names it
 
     @abstractmethod
     def attach(self, call: CallControls) -> None:

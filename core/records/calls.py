@@ -122,6 +122,11 @@ async def record_call(
     return bool(inserted)
 
 
+async def call_account(db: Queries, call_sid: str) -> UUID | None:
+    """The account a call was for (None for an unknown call)."""
+    return await db.fetchval("SELECT account_id FROM calls WHERE call_sid = $1", call_sid)
+
+
 async def call_state(db: Queries, call_sid: str) -> Any:
     """The call's ``route``, ``status`` and ``ended_at``, or None."""
     return await db.fetchrow("SELECT route, status, ended_at FROM calls WHERE call_sid = $1", call_sid)
