@@ -38,7 +38,9 @@ from core.conversation import (
     turn_tool_calls,
 )
 from core.scheduling import runs
+from core.scheduling.heartbeat import Pulse, pulse_allowed
 from core.scheduling.runs import Claim
+from core.usage.ledger import usage_tier
 from text_loop.prompt import labelled
 from text_loop.scheduler.delivery import Deliverer, DeliveryRequest, DeliveryResult, delivery_key
 from text_loop.scheduler.silence import SILENT_MARK, Evidence, judge, strip_mark
@@ -50,7 +52,7 @@ log = logging.getLogger(__name__)
 _USUAL: dict[str, str] = {"sms": "sms", "whatsapp": "whatsapp", "email": "email"}
 # The turn's channel for each delivery channel (decides e.g. the repair pass).
 _TURN_CHANNEL: dict[str, str] = {"chat": "web", "sms": "sms", "whatsapp": "whatsapp", "email": "email"}
-FAILED_TURN_STATUSES = frozenset({"no-model", "model-error", "empty"})
+FAILED_TURN_STATUSES = frozenset({"no-model", "model-error", "empty", "over-cap", "harness-error"})
 
 
 @dataclass(frozen=True)
@@ -275,6 +277,12 @@ class Scheduler:
         if claim.task_status == "cancelled":
             await runs.finish(db, claim.run_id, self.owner, now, status="missed", reason="the task was cancelled")
             return
+        if claim.kind != "reminder":
+            tier = await usage_tier(db, claim.account_id, now, self.deps.usage)
+            if not await pulse_allowed(db, Pulse(claim.account_id, claim.task_id, claim.title, tier)):
+                await runs.finish(db, claim.run_id, self.owner, now, status="missed",
+                                  reason="skipped by the heartbeat_interval slot")  # fmt: skip
+                return
         # The turn takes its turn in the person's conversation, as a message turn does.
         conversation_id = await conversation_for(db, claim.account_id)
         loop = asyncio.get_running_loop()
