@@ -75,6 +75,11 @@ def _parser() -> argparse.ArgumentParser:
     delete.add_argument("--yes", action="store_true", help="do not ask to type the name to confirm")
     show = account.add_parser("show", help="an account with its handles and lines")
     show.add_argument("account", help="account id or unique name")
+    limits = account.add_parser("limits", help="an account's daily caps, its use today and this month, its tier")
+    limits.add_argument("account", help="account id or unique name")
+    limits.add_argument("--tokens", help="daily token cap ('default': the settings' cap)")
+    limits.add_argument("--cost", help="daily cost cap in US dollars ('default': the settings' cap)")
+    limits.add_argument("--minutes", help="daily call-minute cap ('default': the settings' cap)")
 
     handle = sub.add_parser("handle", help="phone numbers, emails and web logins").add_subparsers(
         dest="action", required=True
@@ -127,6 +132,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "gateway.cli_setup",
     "gateway.cli_backup",
     "gateway.cli_turns",
+    "gateway.cli_slots",
 )
 
 
@@ -188,6 +194,10 @@ async def _admin(args: argparse.Namespace, settings: Settings, db: Database, out
             note = await revoke_google_grants(db, settings, account.id)
             await identity.delete_account(db, account.id)
             out(f"deleted account {account.id} ({account.name}) and everything Pepper held about them{note}")
+        elif args.action == "limits":
+            from gateway.cli_slots import account_limits
+
+            await account_limits(args, settings, db, out)
         elif args.action == "list":
             for account in await identity.list_accounts(db):
                 pin = "PIN set" if account.has_pin else "no PIN"

@@ -52,10 +52,15 @@ class BuiltinSandbox:
     async def run(
         self, program: str, argv: Sequence[str], *, env: Mapping[str, str], time_limit: float
     ) -> SandboxResult:
-        proc = await asyncio.create_subprocess_exec(
-            program, *argv, env=dict(env), stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                program, *argv, env=dict(env), stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+        except OSError as exc:  # not found, not executable: the shell's statuses
+            return SandboxResult(
+                f"{program}: {exc.strerror or type(exc).__name__}", 127 if isinstance(exc, FileNotFoundError) else 126
+            )
         try:
             async with asyncio.timeout(time_limit):
                 out, _ = await proc.communicate()

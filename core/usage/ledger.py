@@ -216,3 +216,14 @@ def usage_state(value: Any, config: UsageConfig) -> UsageState:
         float(day.get("call_seconds") or 0) / 60, int(day.get("model_calls") or 0), told,
     )  # fmt: skip
     return UsageState(tier_of(ratio_of(used, caps), config), told)
+
+
+async def own_limits(db: Queries, account_id: UUID) -> Caps:
+    """The account's own caps (None where it follows the settings)."""
+    row = await db.fetchrow(
+        "SELECT daily_tokens, daily_cost, daily_minutes FROM account_limits WHERE account_id = $1", account_id
+    )
+    if row is None:
+        return Caps(None, None, None)
+    cost = row["daily_cost"]
+    return Caps(row["daily_tokens"], float(cost) if cost is not None else None, row["daily_minutes"])
