@@ -1,0 +1,153 @@
+"""A loopback plugin: one occupant for each slot, whose behaviour a test picks per plugin name.
+
+``MODES[name]``: "answer" (default), "raise", "slow" (sleeps past any slot's limit), "malformed"
+(returns something the slot does not accept). ``CALLS[name]`` counts the calls each received and
+``SEEN[name]`` keeps the last arguments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from datetime import UTC, datetime
+from typing import Any
+
+MODES: dict[str, str] = {}
+CALLS: Counter[str] = Counter()
+SEEN: dict[str, Any] = {}
+
+
+async def _behave(name: str, args: Any, answer: Any) -> Any:
+    CALLS[name] += 1
+    SEEN[name] = args
+    mode = MODES.get(name, "answer")
+    if mode == "raise":
+        raise RuntimeError(f"{name} is down")
+    if mode == "slow":
+        await asyncio.sleep(3600)
+    if mode == "malformed":
+        return {"not": "the slot's type"}
+    return answer() if callable(answer) else answer
+
+
+class _Memory:
+    name = "loopback_memory"
+    slot = "memory"
+
+    async def search(self, db: Any, account_id: Any, query: str, *, limit: int) -> Any:
+        from core.memory.search import SearchHit
+
+        def hit() -> list[Any]:
+            text = f"{self.name} found {query}"
+            return [
+                SearchHit("message", 1, datetime(2025, 1, 1, tzinfo=UTC), "sms", "inbound", None, None, text, "meaning")
+            ]
+
+        return await _behave(self.name, (account_id, query, limit), hit)
+
+
+class LoopbackMemory(_Memory):
+    pass
+
+
+class OtherMemory(_Memory):
+    name = "other_memory"
+
+
+class LoopbackWeb:
+    name = "loopback_web"
+    slot = "web_search"
+
+    async def search(self, query: str, count: int = 5) -> Any:
+        from core.web.search import SearchHit
+
+        return await _behave(
+            self.name, (query, count), lambda: [SearchHit("Loopback", "https://loopback.test/", query)]
+        )
+
+
+class LoopbackSandbox:
+    name = "loopback_sandbox"
+    slot = "sandbox"
+
+    async def run(self, program: str, argv: list[str], *, env: dict[str, str], time_limit: float) -> Any:
+        from core.slots.sandbox import SandboxResult
+
+        return await _behave(
+            self.name, {"program": program, "argv": argv, "env": env}, lambda: SandboxResult("loopback ran", 0)
+        )
+
+
+class LoopbackSelect:
+    name = "loopback_select"
+    slot = "model_select"
+    TIERS: tuple[str, ...] = ("large",)
+
+    async def chain_for(self, request: Any) -> Any:
+        from core.models.select import ModelPlan
+
+        return await _behave(self.name, request, lambda: ModelPlan(self.TIERS))
+
+
+class LoopbackHeartbeat:
+    name = "loopback_heartbeat"
+    slot = "heartbeat_interval"
+
+    async def allowed(self, pulse: Any) -> Any:
+        return await _behave(self.name, pulse, pulse.usage not in ("critical", "dead"))
+
+
+class LoopbackCompaction:
+    name = "loopback_compaction"
+    slot = "compaction"
+
+    async def compact(self, account_id: Any, view: Any, timezone: str, config: Any, *, web: bool) -> Any:
+        return await _behave(self.name, view, f"Memory (loopback): {len(view.messages)} message(s).")
+
+
+class LoopbackHarness:
+    name = "loopback_harness"
+    slot = "harness"
+
+    async def run(self, loop: Any) -> Any:
+        from text_loop.loop import LoopResult
+
+        return await _behave(self.name, loop, lambda: LoopResult("the loopback harness answered", "replied"))
+
+
+class NoClaim:
+    """Has a memory search but never claims the slot: naming it for memory is stale."""
+
+    name = "no_claim"
+
+    async def search(self, *args: Any, **kw: Any) -> Any:
+        return []
+
+
+class LoopbackProtocol:
+    """An additive model protocol adapter; it tries to take the name "openai" too (refused)."""
+
+    name = "loopback_protocol"
+    kind = "model_protocol"
+    protocols = ("loopback", "openai")
+
+    def adapter(self, settings: Any) -> Any:
+        from core.testing.scripted import ScriptedModels
+
+        return ScriptedModels()
+
+
+class LoopbackRoute:
+    """An additive HTTP route, mounted under /plugins/loopback_route/."""
+
+    name = "loopback_route"
+    kind = "route"
+
+    def routes(self) -> list[Any]:
+        from starlette.responses import JSONResponse
+        from starlette.routing import Route
+
+        async def hello(request: Any) -> Any:
+            return JSONResponse({"plugin": self.name, "path": request.url.path})
+
+        return [Route("/hello", hello, methods=["GET"])]
