@@ -20,7 +20,8 @@ from core.slots import SLOTS
 PLUGIN = Path(__file__).resolve().parent / "loopback_plugin"
 
 
-@pytest.fixture(scope="session")
+# Module scope: other test modules of the run never see the plugin (their apps mount no routes of it).
+@pytest.fixture(scope="module")
 def loopback(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModuleType]:
     root = tmp_path_factory.mktemp("site")
     shutil.copy(PLUGIN / "pepper_loopback_plugin.py", root)

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import Counter
 from datetime import UTC, datetime
 from typing import Any
@@ -132,22 +133,52 @@ class LoopbackProtocol:
     protocols = ("loopback", "openai")
 
     def adapter(self, settings: Any) -> Any:
-        from core.testing.scripted import ScriptedModels
+        from core.models.adapters.base import ModelAdapter
+        from core.models.types import Generation, Usage
 
-        return ScriptedModels()
+        class Adapter(ModelAdapter):
+            provider = "loopback"
+
+            async def _generate(self, prompt: Any, options: Any) -> Any:
+                said = prompt.messages[-1].content if prompt.messages else ""
+                return Generation(
+                    f"loopback {options.model} heard: {said}", (), Usage(3, 4), options.model, self.provider, "stop"
+                )
+
+            async def _stream(self, prompt: Any, options: Any) -> Any:
+                yield await self._generate(prompt, options)
+
+            def _convert(self, exc: Exception) -> Any:
+                return None
+
+        return Adapter()
 
 
 class LoopbackRoute:
-    """An additive HTTP route, mounted under /plugins/loopback_route/."""
+    """Additive HTTP routes under /plugins/loopback_route/; two of them are refused (a path that
+    climbs out of the prefix, and the same method and path twice)."""
 
     name = "loopback_route"
     kind = "route"
 
     def routes(self) -> list[Any]:
-        from starlette.responses import JSONResponse
-        from starlette.routing import Route
+        from core.slots.plugins import PluginResponse, PluginRoute
 
         async def hello(request: Any) -> Any:
-            return JSONResponse({"plugin": self.name, "path": request.url.path})
+            return PluginResponse(200, json.dumps({"plugin": self.name, "path": request.path, "query": request.query}))
 
-        return [Route("/hello", hello, methods=["GET"])]
+        async def echo(request: Any) -> Any:
+            if request.body[:1] != b"{":
+                return PluginResponse(400, json.dumps({"error": "not JSON"}))
+            return PluginResponse(200, request.body)
+
+        async def boom(request: Any) -> Any:
+            raise RuntimeError("the plugin's handler failed")
+
+        return [
+            PluginRoute("GET", "/hello", hello),
+            PluginRoute("POST", "/echo", echo),
+            PluginRoute("GET", "/boom", boom),
+            PluginRoute("GET", "/../healthz", hello),
+            PluginRoute("GET", "/hello", boom),
+        ]
