@@ -109,3 +109,18 @@ def test_account_limits_sets_and_shows_caps(db_url, monkeypatch, capsys):
     assert out.splitlines()[0] == "Ada: daily caps no cap tokens, no cap cost, 30.0 call minutes"
     code, _, err = run_cli(monkeypatch, capsys, "account", "limits", "Ada", "--cost", "lots")
     assert code == 1 and "not a number: 'lots'" in err
+
+
+async def test_call_minutes_count_once_when_a_call_ends(db, ada) -> None:
+    started = DAY
+    await db.execute(
+        "INSERT INTO calls (call_sid, account_id, route, status, started_at) VALUES ('CA1', $1, 'owner', 'in-progress', $2)",
+        ada.id,
+        started,
+    )
+    await db.execute("UPDATE calls SET ended_at = $1 WHERE call_sid = 'CA1'", started + timedelta(minutes=3))
+    await db.execute("UPDATE calls SET ended_at = $1 WHERE call_sid = 'CA1'", started + timedelta(minutes=9))
+    assert (await day_usage(db, ada.id, DAY.date())).minutes == 3.0
+    # At the minute cap, the person is at the fixed line too.
+    await set_limits(db, ada.id, tokens=None, cost=None, minutes=3)
+    assert await usage_tier(db, ada.id, DAY, CONFIG) == "dead"
