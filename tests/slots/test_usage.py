@@ -114,7 +114,8 @@ def test_account_limits_sets_and_shows_caps(db_url, monkeypatch, capsys):
 async def test_call_minutes_count_once_when_a_call_ends(db, ada) -> None:
     started = DAY
     await db.execute(
-        "INSERT INTO calls (call_sid, account_id, route, status, started_at) VALUES ('CA1', $1, 'owner', 'in-progress', $2)",
+        "INSERT INTO calls (call_sid, account_id, route, status, started_at)"
+        " VALUES ('CA1', $1, 'owner', 'in-progress', $2)",
         ada.id,
         started,
     )
