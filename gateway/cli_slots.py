@@ -7,6 +7,7 @@ pepper plugin list                                installed plugins (entry point
 pepper plugin install PATH|PACKAGE                pip-installs it into Pepper's environment
 pepper household create NAME | list | add NAME ACCOUNT | remove ACCOUNT | delete NAME
 pepper sandbox run PROGRAM [ARG ...]              runs it through the sandbox slot
+pepper breaker list | reset [KEY]                 what the circuit breaker paused (core.usage.breaker)
 """
 
 from __future__ import annotations
@@ -86,6 +87,7 @@ def add_commands(subparsers: Any) -> None:
     run_cmd.add_argument("--seconds", type=float, default=30.0, help="time limit (default 30)")
     run_cmd.add_argument("program")
     run_cmd.add_argument("args", nargs=argparse.REMAINDER)
+    add_breaker_commands(subparsers)
 
 
 async def run(args: argparse.Namespace, settings: Settings, db: Database, out: Callable[[str], None]) -> bool:
@@ -97,6 +99,8 @@ async def run(args: argparse.Namespace, settings: Settings, db: Database, out: C
         await _household(args, db, out)
     elif args.command == "sandbox":
         return await _sandbox(args, settings, db, out)
+    elif args.command == "breaker":
+        await run_breaker(args, db, out)
     else:
         return False
     return True
@@ -273,3 +277,27 @@ async def account_limits(
         out(f"  {label}: {used.tokens} tokens, ${used.cost:.4f}, {used.minutes:.1f} call minutes, "
             f"{used.model_calls} model calls")  # fmt: skip
     out(f"  tier now: {await usage_tier(db, account.id, now, config)}")
+
+
+def add_breaker_commands(subparsers: Any) -> None:
+    breaker = subparsers.add_parser(
+        "breaker", help="conversations and tasks the circuit breaker paused"
+    ).add_subparsers(dest="action", required=True)
+    breaker.add_parser("list", help="strikes and pauses")
+    reset = breaker.add_parser("reset", help="resume a paused conversation or task (every one without KEY)")
+    reset.add_argument("key", nargs="?", help="conversation:ACCOUNT_ID or task:ID, as listed")
+
+
+async def run_breaker(args: argparse.Namespace, db: Database, out: Callable[[str], None]) -> None:
+    from core.usage import breaker
+
+    if args.action == "reset":
+        n = await breaker.reset(db, args.key)
+        out(f"cleared {n} breaker(s)")
+        return
+    rows = await breaker.list_breakers(db)
+    if not rows:
+        out("no strikes and nothing paused")
+    for b in rows:
+        state = f"paused since {b.paused_at:%Y-%m-%d %H:%M} UTC" if b.paused_at else "running"
+        out(f"{b.key}  {b.strikes} strike(s), last {b.reason}  {state}")

@@ -31,6 +31,15 @@ from core.tools.registry import ToolContext, ToolRegistry
 from core.tools.runner import CallOutcome, run_call
 from core.tools.staging import ResolvedWrite, commit_turn_writes, drop_turn_writes
 from core.tools.starter import starter_registry
+from core.usage.breaker import (
+    BREAKER_SELECT,
+    PAUSE_FOR,
+    PAUSED_REPLY,
+    STRIKES,
+    conversation_key_for,
+    tripped_notice,
+)
+from core.usage.breaker import record as record_strike
 from core.usage.config import UsageConfig
 from core.usage.ledger import add_usage, rounds_usage, tier_change, tier_notice, usage_select, usage_state
 from text_loop.config import HarnessConfig
@@ -83,7 +92,10 @@ class TurnOutcome:
     """What the gateway needs after a turn. ``reply`` is always set, even when the model failed.
 
     ``status``: replied, capped, recovered (an empty reply was rescued), empty (not rescued),
-    no-model (none configured), model-error. When the model did not answer, the reply is a plain
+    no-model (none configured, or the ``model_select`` slot chose none), model-error, over-cap (the
+    person is at the day's usage cap: a fixed line, no model call), harness-error (the ``harness``
+    slot's occupant failed; the turn was not run again), paused (the circuit breaker paused the
+    conversation, ``core.usage.breaker``). When the model did not answer, the reply is a plain
     apology and the turn's staged writes are already dropped.
     """
 
@@ -182,6 +194,8 @@ async def run_turn(
         if catalog and trust == "owner_verified":
             reads["skills"] = USER_SKILLS_SELECT
         reads["usage"] = usage_select(now)
+        if kind != "scheduled":  # a scheduled task has a breaker of its own (``text_loop.scheduler``)
+            reads["breaker"] = BREAKER_SELECT
         wanted = list(reads)
         async with connection(db, stateless=True) as conn:
             opened = await open_turn(
@@ -309,7 +323,10 @@ async def run_turn(
         )
         if runtime is not None:
             runtime.attach(loop)
-        if plan.reply is not None:
+        breaker = got.get("breaker")
+        if breaker is not None and now - breaker < PAUSE_FOR:
+            result = LoopResult(PAUSED_REPLY, "paused")
+        elif plan.reply is not None:
             result = LoopResult(plan.reply, "over-cap")
         elif not plan.tiers:
             result = LoopResult(NO_MODEL_REPLY, "no-model", error="no-model-selected")
@@ -318,6 +335,10 @@ async def run_turn(
         tokens, cost, model_calls = rounds_usage(result.rounds, deps.usage)
         if model_calls:
             await add_usage(db, account_id, now, tokens=tokens, cost=cost, model_calls=model_calls)
+        if "breaker" in got and (result.status in STRIKES or breaker is not None) and result.status != "paused":
+            key = conversation_key_for(account_id)
+            if await record_strike(db, key, account_id, result.status, now, deps.usage.breaker_failures):
+                notice = tripped_notice("this conversation", deps.usage.breaker_failures)
         if notice is not None and plan.reply is None:
             result.reply = f"{result.reply}\n\n({notice})"
         return await finish_turn(

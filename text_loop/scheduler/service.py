@@ -40,6 +40,7 @@ from core.conversation import (
 from core.scheduling import runs
 from core.scheduling.heartbeat import Pulse, pulse_allowed
 from core.scheduling.runs import Claim
+from core.usage import breaker
 from core.usage.ledger import usage_tier
 from text_loop.prompt import labelled
 from text_loop.scheduler.delivery import Deliverer, DeliveryRequest, DeliveryResult, delivery_key
@@ -277,6 +278,11 @@ class Scheduler:
         if claim.task_status == "cancelled":
             await runs.finish(db, claim.run_id, self.owner, now, status="missed", reason="the task was cancelled")
             return
+        if await breaker.paused(db, f"task:{claim.task_id}", now):
+            await runs.finish(
+                db, claim.run_id, self.owner, now, status="missed", reason="paused by the circuit breaker"
+            )
+            return
         if claim.kind != "reminder":
             tier = await usage_tier(db, claim.account_id, now, self.deps.usage)
             if not await pulse_allowed(db, Pulse(claim.account_id, claim.task_id, claim.title, tier)):
@@ -308,6 +314,9 @@ class Scheduler:
             self.deps, claim.account_id, _TURN_CHANNEL[channels[0]], self._text(claim), kind="scheduled"
         )
         await runs.set_turn(db, claim.run_id, self.owner, outcome.turn_id)
+        limit = self.deps.usage.breaker_failures
+        if await breaker.record(db, f"task:{claim.task_id}", claim.account_id, outcome.status, self.clock(), limit):
+            await self._deliver_all(claim, breaker.tripped_notice(f"the task “{claim.title}”", limit), None)
         calls = await turn_tool_calls(db, outcome.turn_id)
         evidence = judge(outcome.reply, outcome.status, _json_list(calls), staged_writes=outcome.staged_writes)
         failed_turn = outcome.status in FAILED_TURN_STATUSES
