@@ -21,6 +21,7 @@ from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
+from core.store.database import NO_FLUSH
 from core.store.queries import Queries
 from core.usage.config import DEAD_REPLY, UsageConfig, UsageTier, tier_of
 
@@ -125,12 +126,15 @@ async def add_usage(
     db: Queries, account_id: UUID, now: datetime, *, tokens: int = 0, cost: Decimal = Decimal(0),
     call_seconds: float = 0.0, model_calls: int = 0,
 ) -> None:  # fmt: skip
+    """Add to the person's UTC day. The commit does not wait for the disk: a turn's record, committed
+    durably after it, flushes it too; a crash before that may lose one turn's count."""
     await db.execute(
-        """
+        f"""
         INSERT INTO usage_days (account_id, day, tokens, cost, call_seconds, model_calls)
         VALUES ($1, $2, $3, $4, $5, $6)
         ON CONFLICT (account_id, day) DO UPDATE SET tokens = usage_days.tokens + $3, cost = usage_days.cost + $4,
             call_seconds = usage_days.call_seconds + $5, model_calls = usage_days.model_calls + $6
+        RETURNING {NO_FLUSH}
         """,
         account_id,
         now.date(),
