@@ -75,3 +75,22 @@ def test_plugins_are_listed_with_what_they_claim(db_url, monkeypatch, capsys, pl
     assert "loopback_memory" in out and "claims the memory slot" in out
     assert "no_claim" in out and "claims no slot and declares no kind" in out
     assert "loopback_route" in out and "adds a route" in out
+
+
+def test_sandbox_run_strips_the_settings_secrets_from_the_child(db_url, monkeypatch, capsys, plugin):
+    import sys
+
+    monkeypatch.setenv("DATABASE_URL", db_url)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-cli-secret")
+    monkeypatch.setenv("HARMLESS", "holds sk-cli-secret inside")
+    monkeypatch.setenv("VISIBLE", "yes")
+    program = "import os; print(sorted(k for k in os.environ if k in ('OPENAI_API_KEY', 'HARMLESS', 'VISIBLE')))"
+    code, out, _ = run_cli(monkeypatch, capsys, "sandbox", "run", sys.executable, "-c", program)
+    assert (code, out) == (0, "['VISIBLE']\n(exit status 0)")
+    code, out, _ = run_cli(monkeypatch, capsys, "sandbox", "run", "/no/such/program")
+    assert code == 0 and out.endswith("(exit status 127)")
+
+
+def test_plugin_install_of_something_pip_cannot_install_is_one_error(monkeypatch, capsys, tmp_path, plugin):
+    code, _, err = run_cli(monkeypatch, capsys, "plugin", "install", str(tmp_path / "missing"))
+    assert code == 1 and err.startswith("pepper: error: pip could not install")
