@@ -45,6 +45,12 @@ class _Parser(argparse.ArgumentParser):
         self.exit(1, f"pepper: error: {message} (see {self.prog} --help)\n")
 
 
+def _engine_name(value: str) -> str:
+    if value in (*VOICE_ENGINES, "default") or (value.startswith("plugin:") and len(value) > len("plugin:")):
+        return value
+    raise argparse.ArgumentTypeError(f"not a voice engine: {value!r} (one of {', '.join(VOICE_ENGINES)}, plugin:NAME)")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="pepper", description="Pepper, a voice-first personal assistant.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -109,7 +115,11 @@ def _parser() -> argparse.ArgumentParser:
     line.add_parser("list", help="list the numbers Pepper answers")
     engine = line.add_parser("engine", help="the realtime engine calls on a line run on")
     engine.add_argument("number")
-    engine.add_argument("engine", choices=(*VOICE_ENGINES, "default"), help="'default' follows PEPPER_VOICE_ENGINE")
+    engine.add_argument(
+        "engine",
+        type=_engine_name,
+        help=f"{', '.join(VOICE_ENGINES)}, plugin:NAME (a voice_provider plugin) or 'default' (PEPPER_VOICE_ENGINE)",
+    )
 
     replay = sub.add_parser("replay", help="run a recorded turn again on another tier; tools return recorded results")
     replay.add_argument("turn", help="the turn id")

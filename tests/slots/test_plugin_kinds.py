@@ -42,3 +42,27 @@ async def test_a_model_protocol_plugin_adds_a_protocol_but_never_replaces_a_buil
     generation = await router.generate(prompt, conversation_key="c")
     assert (generation.text, generation.model) == ("loopback echo-1 heard: hi", "plugin:loopback:echo-1")
     await router.aclose()
+
+
+async def test_a_voice_provider_plugin_adds_an_engine_a_line_can_run_on(db_url, monkeypatch, capsys, plugin) -> None:
+    import asyncio
+
+    from cli_support import run_cli
+
+    from voice.engines import RealtimeEngines, engine_available
+
+    engines = RealtimeEngines(Settings(), models="text models")
+    assert engines.get("plugin:loopback_voice") is not None
+    assert plugin.SEEN["loopback_voice"][1] == "text models"
+    assert engine_available("plugin:loopback_voice") and not engine_available("plugin:nothing")
+    monkeypatch.setenv("DATABASE_URL", db_url)
+
+    def cli(*argv: str) -> tuple[int, str, str]:
+        return run_cli(monkeypatch, capsys, *argv)
+
+    await asyncio.to_thread(cli, "account", "create", "Ada")
+    await asyncio.to_thread(cli, "line", "assign", "+14155550100", "personal", "Ada")
+    code, out, _ = await asyncio.to_thread(cli, "line", "engine", "+14155550100", "plugin:loopback_voice")
+    assert (code, out) == (0, "calls on +14155550100 now run on plugin:loopback_voice")
+    code, _, err = await asyncio.to_thread(cli, "line", "engine", "+14155550100", "plugin:nothing")
+    assert code == 1 and "not part of this build; nothing changed" in err

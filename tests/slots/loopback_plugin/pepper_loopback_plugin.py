@@ -182,3 +182,14 @@ class LoopbackRoute:
             PluginRoute("GET", "/../healthz", hello),
             PluginRoute("GET", "/hello", boom),
         ]
+
+
+class LoopbackVoice:
+    """An additive realtime voice provider: engine ``plugin:loopback_voice``."""
+
+    name = "loopback_voice"
+    kind = "voice_provider"
+
+    def engine(self, settings: Any, models: Any) -> Any:
+        SEEN[self.name] = (settings, models)
+        return self
