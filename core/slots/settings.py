@@ -152,7 +152,6 @@ async def join_household(
 
 
 async def delete_household(db: Queries, household_id: UUID, registry: SlotRegistry = SLOTS) -> None:
-    """Delete the household and its slot settings; its accounts stay, in no household."""
-    await db.execute("DELETE FROM slot_settings WHERE scope = 'household' AND scope_id = $1", household_id)
+    """Delete the household and (a trigger) its slot settings; its accounts stay, in no household."""
     await db.execute("DELETE FROM households WHERE id = $1", household_id)
     registry.invalidate()

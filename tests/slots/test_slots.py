@@ -233,3 +233,18 @@ async def test_the_builtin_sandbox_stops_a_program_at_its_time_limit(db, plugin)
     result = await run_sandboxed(db, None, sys.executable, ["-c", "import time; time.sleep(60)"],
                                  env={"PATH": "/usr/bin:/bin"}, secrets=(), time_limit=0.3)  # fmt: skip
     assert result.timed_out and result.exit_status == -1
+
+
+async def test_deleting_an_account_or_household_forgets_its_slot_settings(db, ada, bob, plugin) -> None:
+    from core.identity import delete_account
+    from core.slots.settings import delete_household, slot_settings
+
+    home = await create_household(db, "Home")
+    await join_household(db, bob.id, home.id)
+    await set_slot(db, "memory", "loopback_memory", scope="account", scope_id=ada.id)
+    await set_slot(db, "memory", "other_memory", scope="household", scope_id=home.id)
+    await set_slot(db, "harness", "loopback_harness")
+    await delete_account(db, ada.id)
+    await delete_household(db, home.id)
+    assert [(s.scope, s.slot) for s in await slot_settings(db)] == [("installation", "harness")]
+    assert await db.fetchval("SELECT household_id FROM accounts WHERE id = $1", bob.id) is None

@@ -50,3 +50,14 @@ CREATE TABLE account_limits (
     daily_minutes  double precision CHECK (daily_minutes >= 0),
     updated_at     timestamptz NOT NULL DEFAULT now()
 );
+
+-- A deleted account or household takes its slot settings with it (scope_id names either table).
+CREATE FUNCTION slot_settings_forget() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM slot_settings WHERE scope = TG_ARGV[0] AND scope_id = OLD.id;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER accounts_slot_settings AFTER DELETE ON accounts
+    FOR EACH ROW EXECUTE FUNCTION slot_settings_forget('account');
+CREATE TRIGGER households_slot_settings AFTER DELETE ON households
+    FOR EACH ROW EXECUTE FUNCTION slot_settings_forget('household');
