@@ -391,8 +391,8 @@ def _line(row: Any) -> PhoneLine:
 
 async def set_line_engine(db: Queries, raw_number: str, engine: str | None, *, default_region: str = "US") -> PhoneLine:
     """Which realtime engine calls on this line run on; ``None`` goes back to the setting."""
-    if engine is not None and engine not in VOICE_ENGINES:
-        raise InvalidInput(f"a voice engine is one of {', '.join(VOICE_ENGINES)}")
+    if engine is not None and engine not in VOICE_ENGINES and not engine.startswith("plugin:"):
+        raise InvalidInput(f"a voice engine is one of {', '.join(VOICE_ENGINES)}, or plugin:NAME")
     number = normalize_phone(raw_number, default_region)
     row = await db.fetchrow("UPDATE phone_lines SET voice_engine = $2 WHERE number = $1 RETURNING *", number, engine)
     if row is None:

@@ -21,7 +21,7 @@ from typing import Any
 from uuid import UUID
 
 from core.memory import NO_MEMORY, MemoryConfig, build_memory_block
-from core.memory.block import memory_view, render_memory
+from core.memory.block import compact_memory, memory_view
 from core.memory.dossier import MAX_NOTES_IN_PROMPT, dossier_halves, dossier_select, prompt_text
 from core.store.queries import Queries
 from core.tools.connectors import Connectors, connection_names, connections_select
@@ -78,7 +78,7 @@ async def owner_context(
             db, account_id, conversation_id, timezone, now, config=memory, exclude_message_ids=exclude_message_ids
         )
         permitted = web.permits(text, view.messages, now)
-        block = render_memory(view, timezone, memory, web=permitted)
+        block = await compact_memory(db, account_id, view, timezone, memory, web=permitted)
     elif personal:
         permitted = False
         block = await build_memory_block(

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator
+from pydantic import AliasChoices, BaseModel, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -31,6 +31,7 @@ from pydantic_settings import (
 
 from core.errors import ConfigError
 from core.models.config import ModelsConfig
+from core.usage.config import UsageConfig
 
 DEFAULT_DATA_DIR = Path("~/.pepper")
 DEFAULT_TWILIO_API_URL = "https://api.twilio.com"
@@ -94,6 +95,8 @@ class Settings(BaseSettings):
     deepgram_api_key: SecretStr | None = Field(None, validation_alias=_env("DEEPGRAM_API_KEY", "deepgram_api_key"))
     # Model tiers, mixes, alternates, an OpenAI-compatible endpoint: a [models] table or JSON.
     models: ModelsConfig = Field(default_factory=ModelsConfig, validation_alias=_env("PEPPER_MODELS", "models"))
+    # Prices, daily caps per person and the usage tiers (core.usage): [usage] or JSON in PEPPER_USAGE.
+    usage: UsageConfig = Field(default_factory=UsageConfig, validation_alias=_env("PEPPER_USAGE", "usage"))
 
     # Twilio.
     twilio_account_sid: str | None = Field(None, validation_alias=_env("TWILIO_ACCOUNT_SID", "twilio_account_sid"))
@@ -313,6 +316,28 @@ class Settings(BaseSettings):
         if self.public_url is None:
             return None
         return "wss://" + self.public_url.removeprefix("https://").removeprefix("http://")
+
+    def secret_values(self) -> frozenset[str]:
+        """Every secret these settings hold, in the clear (the sandbox strips them from a child's
+        environment): each ``SecretStr``, nested sections' included, and the database URL."""
+        found: set[str] = set()
+
+        def walk(value: Any) -> None:
+            if isinstance(value, SecretStr):
+                if value.get_secret_value():
+                    found.add(value.get_secret_value())
+            elif isinstance(value, BaseModel):
+                for name in type(value).model_fields:
+                    walk(getattr(value, name))
+            elif isinstance(value, dict):
+                for item in value.values():
+                    walk(item)
+            elif isinstance(value, list | tuple):
+                for item in value:
+                    walk(item)
+
+        walk(self)
+        return frozenset(found)
 
     def redacted(self) -> dict[str, Any]:
         """Every setting, secrets masked: safe to print or log."""

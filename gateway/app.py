@@ -23,6 +23,7 @@ from gateway.limits import PathLimitedRequest
 from gateway.live import LiveFeed
 from gateway.media_procs import stop_calls, stop_taking_calls
 from gateway.messaging_asgi import MessagingWebhooks
+from gateway.plugin_routes import mount_plugin_routes
 from gateway.services import Services
 from gateway.tasks import BackgroundTasks
 from gateway.webhooks import MEDIA_STREAM
@@ -62,6 +63,7 @@ def create_app(settings: Settings, db, *, turns_in_process: bool = True, media_i
     app.register_blueprint(answering_routes.blueprint)
     app.register_blueprint(connect_routes.blueprint)
     app.register_blueprint(browser_calls.blueprint)
+    mount_plugin_routes(app)
 
     @app.before_serving
     async def start_live_feed() -> None:

@@ -45,6 +45,12 @@ class _Parser(argparse.ArgumentParser):
         self.exit(1, f"pepper: error: {message} (see {self.prog} --help)\n")
 
 
+def _engine_name(value: str) -> str:
+    if value in (*VOICE_ENGINES, "default") or (value.startswith("plugin:") and len(value) > len("plugin:")):
+        return value
+    raise argparse.ArgumentTypeError(f"not a voice engine: {value!r} (one of {', '.join(VOICE_ENGINES)}, plugin:NAME)")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="pepper", description="Pepper, a voice-first personal assistant.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -75,6 +81,11 @@ def _parser() -> argparse.ArgumentParser:
     delete.add_argument("--yes", action="store_true", help="do not ask to type the name to confirm")
     show = account.add_parser("show", help="an account with its handles and lines")
     show.add_argument("account", help="account id or unique name")
+    limits = account.add_parser("limits", help="an account's daily caps, its use today and this month, its tier")
+    limits.add_argument("account", help="account id or unique name")
+    limits.add_argument("--tokens", help="daily token cap ('default': the settings' cap)")
+    limits.add_argument("--cost", help="daily cost cap in US dollars ('default': the settings' cap)")
+    limits.add_argument("--minutes", help="daily call-minute cap ('default': the settings' cap)")
 
     handle = sub.add_parser("handle", help="phone numbers, emails and web logins").add_subparsers(
         dest="action", required=True
@@ -104,7 +115,11 @@ def _parser() -> argparse.ArgumentParser:
     line.add_parser("list", help="list the numbers Pepper answers")
     engine = line.add_parser("engine", help="the realtime engine calls on a line run on")
     engine.add_argument("number")
-    engine.add_argument("engine", choices=(*VOICE_ENGINES, "default"), help="'default' follows PEPPER_VOICE_ENGINE")
+    engine.add_argument(
+        "engine",
+        type=_engine_name,
+        help=f"{', '.join(VOICE_ENGINES)}, plugin:NAME (a voice_provider plugin) or 'default' (PEPPER_VOICE_ENGINE)",
+    )
 
     replay = sub.add_parser("replay", help="run a recorded turn again on another tier; tools return recorded results")
     replay.add_argument("turn", help="the turn id")
@@ -127,6 +142,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "gateway.cli_setup",
     "gateway.cli_backup",
     "gateway.cli_turns",
+    "gateway.cli_slots",
 )
 
 
@@ -188,6 +204,10 @@ async def _admin(args: argparse.Namespace, settings: Settings, db: Database, out
             note = await revoke_google_grants(db, settings, account.id)
             await identity.delete_account(db, account.id)
             out(f"deleted account {account.id} ({account.name}) and everything Pepper held about them{note}")
+        elif args.action == "limits":
+            from gateway.cli_slots import account_limits
+
+            await account_limits(args, settings, db, out)
         elif args.action == "list":
             for account in await identity.list_accounts(db):
                 pin = "PIN set" if account.has_pin else "no PIN"

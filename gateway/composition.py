@@ -61,7 +61,7 @@ def turn_parts(
     connectors = Connectors.from_settings(settings)
     harness = HarnessDeps(
         db=db, models=router, registry=starter_registry(connectors), skills=SkillCatalog.load_builtin(),
-        connectors=connectors,
+        connectors=connectors, usage=settings.usage,
     )  # fmt: skip
     mailer = SmtpMailer(settings) if smtp_configured(settings) else None
     use_embedder(settings)

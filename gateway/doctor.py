@@ -155,10 +155,25 @@ async def diagnose(settings: Settings, served_paths: set[str]) -> Report:
 
     _voice(report, settings)
     _web(report, settings)
+    _slots(report, store)
 
     for hook in WEBHOOKS:
         report.webhooks.append((hook.name, public_url_for(settings, hook), hook.where, hook.path in served_paths))
     return report
+
+
+def _slots(report: Report, store: StoreReport) -> None:
+    """A slot setting whose occupant cannot answer (removed, renamed, never claimed the slot)."""
+    from gateway.cli_slots import slots
+
+    reg = slots()
+    for where, slot, occupant in store.slot_settings:
+        problem = None if occupant == "builtin" or slot not in reg.specs else reg.problem(slot, occupant)
+        if problem is not None:
+            report.add(f"slot: {slot} ({where})", MISSING,
+                       f"{occupant} {problem}: using the default instead (pepper slot clear {slot})")  # fmt: skip
+        else:
+            report.add(f"slot: {slot} ({where})", OK, f"occupied by {occupant}")
 
 
 def _voice(report: Report, settings: Settings) -> None:

@@ -19,6 +19,7 @@ from uuid import UUID
 from core.conversation import PromptPart, PromptRecord, open_turn, update_turn
 from core.memory import MemoryConfig
 from core.metrics import metrics
+from core.models.select import ModelPlan, SelectRequest, select_models
 from core.models.types import ModelService, ToolCall
 from core.owner_context import context_reads, owner_context, session_tools
 from core.records.skills import USER_SKILLS_SELECT, skill_sources
@@ -31,8 +32,20 @@ from core.tools.registry import ToolContext, ToolRegistry
 from core.tools.runner import CallOutcome, run_call
 from core.tools.staging import ResolvedWrite, commit_turn_writes, drop_turn_writes
 from core.tools.starter import starter_registry
+from core.usage.breaker import (
+    BREAKER_SELECT,
+    PAUSE_FOR,
+    PAUSED_REPLY,
+    STRIKES,
+    conversation_key_for,
+    tripped_notice,
+)
+from core.usage.breaker import record as record_strike
+from core.usage.config import UsageConfig
+from core.usage.ledger import add_usage, rounds_usage, tier_change, tier_notice, usage_select, usage_state
 from text_loop.config import HarnessConfig
-from text_loop.loop import CallRunner, LoopResult, TurnLoop
+from text_loop.harness import drive
+from text_loop.loop import NO_MODEL_REPLY, CallRunner, LoopResult, TurnLoop
 from text_loop.prompt import PERSONA, RULES, newest_message, stable_prefix
 from text_loop.records import prompt_record
 from text_loop.repair import RepairResult, repair_reply
@@ -68,6 +81,8 @@ class HarnessDeps:
     # Postgres they decide which connected tools a turn sees.
     connectors: Connectors | None = None
     memory: MemoryConfig = field(default_factory=MemoryConfig)
+    # Prices, caps and usage tiers (``core.usage``), applied by the ``model_select`` slot.
+    usage: UsageConfig = field(default_factory=UsageConfig)
     # Hashes of the prompt parts (``core.conversation.PromptPart``) this process stored durably or
     # found stored: a turn record names them without sending them again.
     stored_prompt_parts: set[bytes] = field(default_factory=set)
@@ -78,7 +93,10 @@ class TurnOutcome:
     """What the gateway needs after a turn. ``reply`` is always set, even when the model failed.
 
     ``status``: replied, capped, recovered (an empty reply was rescued), empty (not rescued),
-    no-model (none configured), model-error. When the model did not answer, the reply is a plain
+    no-model (none configured, or the ``model_select`` slot chose none), model-error, over-cap (the
+    person is at the day's usage cap: a fixed line, no model call), harness-error (the ``harness``
+    slot's occupant failed; the turn was not run again), paused (the circuit breaker paused the
+    conversation, ``core.usage.breaker``). When the model did not answer, the reply is a plain
     apology and the turn's staged writes are already dropped.
     """
 
@@ -153,12 +171,16 @@ async def run_turn(
 
     Records the turn (every round, call, gate decision and staged write) in ``turns``. Raises
     ``NotFound`` for an unknown account; model failures do not raise (see ``TurnOutcome.status``).
+
+    ``tier`` given: the turn runs on it and the ``model_select`` slot is not asked; otherwise the
+    slot's occupant plans the turn once (``core.models.select``), from the person's usage tier.
     Cancelling the task cancels the turn: its staged writes stay staged and the crash rule in
     ``core.tools.staging`` drops them later.
     """
     started = time.perf_counter()
     db = deps.db
     now = deps.clock()
+    explicit_tier = tier
     tier = tier or deps.config.tier
     # Memory and the dossier are personal: only a verified owner outside a room sees them.
     personal = trust == "owner_verified" and kind != "room"
@@ -172,6 +194,9 @@ async def run_turn(
         reads = context_reads(deps.connectors, personal=personal, connections=connections is None)
         if catalog and trust == "owner_verified":
             reads["skills"] = USER_SKILLS_SELECT
+        reads["usage"] = usage_select(now)
+        if kind != "scheduled":  # a scheduled task has a breaker of its own (``text_loop.scheduler``)
+            reads["breaker"] = BREAKER_SELECT
         wanted = list(reads)
         async with connection(db, stateless=True) as conn:
             opened = await open_turn(
@@ -197,7 +222,19 @@ async def run_turn(
         raise
     wrote = False  # whether a call of this turn (a worker's included) wrote or staged anything
     try:
+        usage = usage_state(got["usage"], deps.usage)
+        notice = None
+        if usage.tier != usage.told:
+            notice = tier_notice(usage.tier)
+            await tier_change(db, account_id, now, usage.tier)
+        if explicit_tier is None:
+            request = SelectRequest(account_id, tier, kind, usage.tier, deps.usage)
+            plan = await select_models(db, request)
+        else:
+            plan = ModelPlan((explicit_tier,))
         tools = session_tools(deps.registry, deps.gate, session)
+        if plan.read_only:
+            tools = [t for t in tools if not t.writes]
         messages = [newest_message(text, now, timezone)]
 
         def open_round(names: frozenset[str], intercept: Interceptor | None) -> AbstractAsyncContextManager[CallRunner]:
@@ -269,6 +306,8 @@ async def run_turn(
         listing = runtime.view.listing() if runtime is not None else ()
         system_stable = stable_prefix(persona=deps.persona, rules=deps.rules, skills=listing, dossier=dossier)
 
+        if plan.tiers:
+            tier = plan.tiers[0]
         loop = TurnLoop(
             deps.models,
             deps.config,
@@ -285,7 +324,24 @@ async def run_turn(
         )
         if runtime is not None:
             runtime.attach(loop)
-        result = await loop.run()
+        breaker = got.get("breaker")
+        if breaker is not None and now - breaker < PAUSE_FOR:
+            result = LoopResult(PAUSED_REPLY, "paused")
+        elif plan.reply is not None:
+            result = LoopResult(plan.reply, "over-cap")
+        elif not plan.tiers:
+            result = LoopResult(NO_MODEL_REPLY, "no-model", error="no-model-selected")
+        else:
+            result = await drive(db, account_id, loop)
+        tokens, cost, model_calls = rounds_usage(result.rounds, deps.usage)
+        if model_calls:
+            await add_usage(db, account_id, now, tokens=tokens, cost=cost, model_calls=model_calls)
+        if "breaker" in got and (result.status in STRIKES or breaker is not None) and result.status != "paused":
+            key = conversation_key_for(account_id)
+            if await record_strike(db, key, account_id, result.status, now, deps.usage.breaker_failures):
+                notice = tripped_notice("this conversation", deps.usage.breaker_failures)
+        if notice is not None and plan.reply is None:
+            result.reply = f"{result.reply}\n\n({notice})"
         return await finish_turn(
             deps,
             session,

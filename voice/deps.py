@@ -16,6 +16,7 @@ from core.store import Database
 from core.tools.connectors import Connectors
 from core.tools.gate import Gate
 from core.tools.registry import ToolRegistry
+from core.usage.config import UsageConfig
 from voice.engines import RealtimeEngines
 from voice.realtime import RealtimeModel
 
@@ -73,6 +74,8 @@ class VoiceDeps:
     # connected tools of a verified call, as of a text turn (``core.owner_context``).
     connectors: Connectors | None = None
     memory: MemoryConfig = field(default_factory=MemoryConfig)
+    # Caps and usage tiers (``core.usage``): a person at the day's cap gets a short recorded message.
+    usage: UsageConfig = field(default_factory=UsageConfig)
     # The backend pid of this process's call-control session (``voice.control``), recorded on each
     # call it holds so a status callback elsewhere reaches it; None when nothing listens.
     holder: int | None = None

@@ -109,8 +109,22 @@ def resolve_engine(settings: Any) -> str:
     return "openai-realtime" if settings.openai_api_key is not None else "cascade"
 
 
+PLUGIN_PREFIX = "plugin:"
+
+
+def plugin_engines() -> dict[str, Any]:
+    """Realtime voice providers of installed plugins (kind ``voice_provider``), by engine name
+    ``plugin:NAME``: each has ``engine(settings, models)`` returning a ``RealtimeModel``. They add
+    engines; the built-in ones keep their names."""
+    from core.slots.plugins import discover, of_kind
+
+    return {PLUGIN_PREFIX + p.name: p.obj for p in of_kind(discover(), "voice_provider")}
+
+
 def engine_available(name: str) -> bool:
     """Whether this build has the engine's code (not whether its key is set)."""
+    if name.startswith(PLUGIN_PREFIX):
+        return name in plugin_engines()
     return name in BUILDERS and (name != "cascade" or importlib.util.find_spec(CASCADE_MODULE) is not None)
 
 
@@ -128,6 +142,8 @@ class RealtimeEngines:
             name = resolve_engine(self.settings)
         if name not in self._built:
             builder = BUILDERS.get(name)
+            if builder is None and name.startswith(PLUGIN_PREFIX) and name in plugin_engines():
+                builder = plugin_engines()[name].engine
             if builder is None:
                 raise EngineUnavailable(f"unknown voice engine {name!r}; one of {', '.join(BUILDERS)}")
             self._built[name] = builder(self.settings, self.models)

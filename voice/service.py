@@ -23,6 +23,8 @@ from core.adapters.twilio import twiml
 from core.records import calls as call_records
 from core.security import record_security_event
 from core.store import Database
+from core.usage.config import DEAD_CALL_MESSAGE
+from core.usage.ledger import usage_tier
 from voice import routing
 from voice.control import FINAL_STATUSES, record_call_status
 from voice.deps import VoiceConfig, VoiceDeps
@@ -112,6 +114,10 @@ class CallService:
             refusal = await self.refuse_retried_webhook(call_sid, route.route)
             if refusal is not None:
                 return route, refusal
+        if route.account_id is not None and await usage_tier(db, route.account_id, self.deps.clock(),
+                                                             self.deps.usage) == "dead":  # fmt: skip
+            log.info("call answered with the usage-limit message: route=%s", route.route)
+            return route, twiml.say_and_hang_up(DEAD_CALL_MESSAGE)
         token = await issue_token(db, call_sid, self.token_ttl)
         return route, twiml.connect_stream(stream_url, token, action_url=action_url, name=f"call-{call_sid[-8:]}")
 
@@ -242,4 +248,5 @@ def voice_deps_from_settings(
     return VoiceDeps(
         db=db, model=engines.get(settings.voice_engine), registry=registry, gate=gate,
         config=VoiceConfig.from_settings(settings), send_sms=send_sms, engines=engines, connectors=connectors,
+        usage=settings.usage,
     )  # fmt: skip

@@ -9,6 +9,9 @@ detailed recall is the search the model can run.
 
 It goes in ``Prompt.system_dynamic``, after the byte-stable prefix, and only for a verified
 owner outside a room: the caller decides that (``text_loop.turn``).
+
+The rendering occupies the ``compaction`` slot (``core.slots``): :func:`render_memory` is the
+built-in, and a plugin named for the slot condenses the same view its own way.
 """
 
 from __future__ import annotations
@@ -16,17 +19,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
-from typing import Any
+from typing import Any, Protocol
 from uuid import UUID
 
 from core.conversation import Message, _message
 from core.memory.config import MemoryConfig
 from core.memory.exchanges import render_exchanges, split_exchanges
 from core.memory.periods import Period, label, local_date, local_midnight
+from core.slots import COMPACTION, SLOTS, SlotSpec
 from core.store.queries import Queries
 from core.untrusted import neutralise_labels
 
 NO_MEMORY = "Memory: not available in this session."
+COMPACTION_TIMEOUT = 5.0  # seconds an occupant has to condense one block
 # After the heading of a summary written from records that held callers' words.
 FROM_CALLERS = (
     "(written from records that include callers' words: what a caller said or asked is theirs,"
@@ -241,4 +246,41 @@ async def build_memory_block(
     view = await memory_view(
         db, account_id, conversation_id, timezone, now, config=config, exclude_message_ids=exclude_message_ids
     )
-    return render_memory(view, timezone, config)
+    return await compact_memory(db, account_id, view, timezone, config)
+
+
+class Compaction(Protocol):
+    """What occupies the ``compaction`` slot: how the conversation is condensed into the block.
+
+    Always returns the block's text, even when it condenses nothing."""
+
+    async def compact(
+        self, account_id: UUID, view: MemoryView, timezone: str, config: MemoryConfig, *, web: bool
+    ) -> str: ...
+
+
+class BuiltinCompaction:
+    """Summaries oldest and coarsest first, then the uncovered messages (:func:`render_memory`)."""
+
+    async def compact(
+        self, account_id: UUID, view: MemoryView, timezone: str, config: MemoryConfig, *, web: bool
+    ) -> str:
+        return render_memory(view, timezone, config, web=web)
+
+
+def _valid_block(_method: str, result: Any) -> bool:
+    return isinstance(result, str) and bool(result.strip())
+
+
+COMPACTION_SPEC = SLOTS.register(
+    SlotSpec(COMPACTION, ("compact",), BuiltinCompaction(), _valid_block, COMPACTION_TIMEOUT,
+             "how the conversation is condensed into the memory block")
+)  # fmt: skip
+
+
+async def compact_memory(
+    db: Queries, account_id: UUID, view: MemoryView, timezone: str, config: MemoryConfig, *, web: bool = False
+) -> str:
+    """The memory block from ``view``, by the occupant of the ``compaction`` slot for the account."""
+    block: str = await SLOTS.call(db, COMPACTION, account_id, "compact", account_id, view, timezone, config, web=web)
+    return block

@@ -1,8 +1,8 @@
 """Search on request: meaning search over the person's messages and documents, and keyword search
 over messages for each quoted phrase. Every query is scoped to one person.
 
-The built-in search sits in a slot (:data:`MEMORY_SEARCH`): a plugin may occupy it, and a call on
-which the plugin fails falls back to the built-in for that one call.
+The built-in search occupies the ``memory`` slot (:data:`MEMORY_SEARCH`, ``core.slots``) unless a
+plugin is named for it; a call on which the plugin fails falls back to the built-in.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from uuid import UUID
 from core.errors import PepperError
 from core.memory.config import MemoryConfig
 from core.memory.index import EMBEDDERS, Embedders, index_state, person_filter, vector_sql
+from core.slots import MEMORY, SLOTS, SlotRegistry, SlotSpec, is_list_of
 from core.store.pool import transaction
 from core.store.queries import Queries
 
@@ -24,6 +25,7 @@ log = logging.getLogger(__name__)
 
 _QUOTED = re.compile(r'"([^"]+)"|“([^”]+)”')
 SNIPPET_CHARS = 320
+MEMORY_TIMEOUT = 10.0  # seconds an occupant has for one search
 
 
 class SearchUnavailable(PepperError):
@@ -194,20 +196,19 @@ class BuiltinMemorySearch:
 
 
 class MemorySearchSlot:
-    """The slot: the built-in answers unless a plugin occupies it; a plugin that raises on a call
-    is logged and the built-in answers that call instead."""
+    """The ``memory`` slot (``core.slots``): the occupant named for the account answers, the
+    built-in when none is, and the built-in for any call on which the occupant fails."""
 
-    def __init__(self, builtin: MemorySearch):
-        self.builtin = builtin
-        self.occupant: MemorySearch | None = None
+    def __init__(self, builtin: MemorySearch, registry: SlotRegistry = SLOTS):
+        self.registry = registry
+        self.spec = registry.register(
+            SlotSpec(MEMORY, ("search",), builtin, is_list_of(SearchHit), MEMORY_TIMEOUT,
+                     "search on request over the person's messages and documents")
+        )  # fmt: skip
 
     async def search(self, db: Queries, account_id: UUID, query: str, *, limit: int) -> list[SearchHit]:
-        if self.occupant is not None:
-            try:
-                return await self.occupant.search(db, account_id, query, limit=limit)
-            except Exception:
-                log.exception("memory search plugin failed; the built-in answers this call")
-        return await self.builtin.search(db, account_id, query, limit=limit)
+        hits = await self.registry.call(db, MEMORY, account_id, "search", db, account_id, query, limit=limit)
+        return list(hits)
 
 
 MEMORY_SEARCH = MemorySearchSlot(BuiltinMemorySearch())

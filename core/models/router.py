@@ -7,7 +7,10 @@
 * ``gpt-``, ``chatgpt-``, ``codex-`` and the o-series (``o1``, ``o3-mini``, ``o4-mini``...) go to
   OpenAI (Responses API); ``claude-`` to Anthropic; ``gemini-`` and ``gemma-`` to Google;
 * any other name goes to the OpenAI-compatible endpoint (``models.compatible_base_url``), so
-  ``llama3.2`` or ``qwen3:8b`` work as Ollama names them.
+  ``llama3.2`` or ``qwen3:8b`` work as Ollama names them;
+* ``plugin:PROTOCOL:model`` goes to the model protocol adapter a plugin registered under
+  ``PROTOCOL`` (:func:`plugin_adapters`). A plugin can add protocols, never replace the built-in
+  ones: its adapters live under ``plugin:`` names, and a protocol named like a built-in is refused.
 
 **A tier** is one model with a reasoning effort, or a weighted mix. Inside a mix the choice is
 rendezvous (highest-random-weight) hashing of (conversation key, UTC date, model): one conversation
@@ -77,8 +80,16 @@ NOT_CONFIGURED = (
 )
 
 
+PLUGIN_PREFIX = "plugin:"
+RESERVED_PROTOCOLS = frozenset({OPENAI, ANTHROPIC, GOOGLE, COMPATIBLE, "compat", "openai-responses",
+                                "anthropic-messages"})  # fmt: skip
+
+
 def provider_for(model: str) -> tuple[str, str]:
     """``(provider, the provider's model name)`` for a configured model name."""
+    if model.startswith(PLUGIN_PREFIX):
+        protocol, _, name = model[len(PLUGIN_PREFIX) :].partition(":")
+        return PLUGIN_PREFIX + protocol, name
     for prefix, provider in _PREFIXES.items():
         if model.startswith(prefix):
             return provider, model[len(prefix) :]
@@ -251,6 +262,7 @@ class ModelRouter:
                     api_key=secret.get_secret_value() if secret else None,
                     timeout=timeout,
                 )
+        adapters.update(plugin_adapters(settings))
         return cls(adapters, tiers_from_settings(settings))
 
     async def aclose(self) -> None:
@@ -274,9 +286,8 @@ class ModelRouter:
         provider, model = provider_for(choice.model)
         adapter = self.adapters.get(provider)
         if adapter is None:
-            raise ModelNotConfigured(
-                f"the model {choice.model} needs {KEY_NAMES[provider]}, which is not set", provider=provider
-            )
+            need = KEY_NAMES.get(provider) or f"the plugin protocol {provider.removeprefix(PLUGIN_PREFIX)}"
+            raise ModelNotConfigured(f"the model {choice.model} needs {need}, which is not set", provider=provider)
         return adapter, CallOptions(model, choice.effort, choice.thinking_budget, background)
 
     def _can_fail_over(self, tier: Tier, choice: ModelChoice, error: ModelError) -> ModelChoice | None:
@@ -398,6 +409,29 @@ class ModelRouter:
     def describe(self) -> list[tuple[str, str]]:
         """``(tier, one line)`` for each tier: its mix with shares, and its alternate."""
         return describe_tiers(self.tiers)
+
+
+def plugin_adapters(settings: Settings) -> dict[str, ModelAdapter]:
+    """The adapters of installed ``model_protocol`` plugins, under ``plugin:PROTOCOL``.
+
+    A plugin exports ``protocols`` (names) and ``adapter(settings)`` (a ``ModelAdapter``). A
+    protocol named like a built-in one, or already taken by another plugin, is refused (logged);
+    a plugin whose adapter cannot be built is left out (logged), the others still load.
+    """
+    from core.slots.plugins import discover, of_kind
+
+    adapters: dict[str, ModelAdapter] = {}
+    for plugin in of_kind(discover(), "model_protocol"):
+        protocols = [p for p in getattr(plugin.obj, "protocols", ()) if isinstance(p, str) and p]
+        for protocol in protocols:
+            if protocol in RESERVED_PROTOCOLS or PLUGIN_PREFIX + protocol in adapters:
+                log.warning("plugin protocol refused: plugin=%s protocol=%s", plugin.name, protocol)
+                continue
+            try:
+                adapters[PLUGIN_PREFIX + protocol] = plugin.obj.adapter(settings)
+            except Exception:
+                log.exception("plugin protocol adapter failed to build: plugin=%s", plugin.name)
+    return adapters
 
 
 def describe_tiers(tiers: Mapping[str, Tier]) -> list[tuple[str, str]]:

@@ -125,6 +125,7 @@ class StoreReport:
     accounts: int | None = None
     lines: list[tuple[str, str, str]] = field(default_factory=list)
     connection_limit: int | None = None  # see CONNECTION_LIMIT_SQL
+    slot_settings: list[tuple[str, str, str]] = field(default_factory=list)  # (where, slot, occupant)
 
 
 async def _describe(report: StoreReport, dsn: str) -> None:
@@ -141,6 +142,13 @@ async def _describe(report: StoreReport, dsn: str) -> None:
                 " ORDER BY l.kind, l.number"
             )
             report.lines = [(r["number"], r["kind"], r["name"]) for r in rows]
+            if await conn.fetchval("SELECT to_regclass('slot_settings') IS NOT NULL"):
+                rows = await conn.fetch(
+                    "SELECT s.scope || coalesce(' ' || coalesce(h.name, a.name), '') AS scope, s.slot, s.occupant"
+                    " FROM slot_settings s LEFT JOIN households h ON h.id = s.scope_id"
+                    " LEFT JOIN accounts a ON a.id = s.scope_id ORDER BY 1, 2"
+                )
+                report.slot_settings = [(r["scope"], r["slot"], r["occupant"]) for r in rows]
     finally:
         await conn.close()
 

@@ -28,9 +28,10 @@ from pydantic import BaseModel, SecretStr
 
 from core.errors import PepperError
 from core.settings import Settings
+from core.slots import BUILTIN
 from core.web.egress import Egress, egress_policy
 from core.web.research import MAX_QUESTION, Researcher, ResearchReport
-from core.web.search import search_provider
+from core.web.search import BUILTIN_WEB_SEARCH, SlottedSearch, search_provider
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,10 @@ async def _handle(researcher: Researcher | None, limit: float, reader: Any, writ
             question = str(request.get("question", ""))[:MAX_QUESTION]
             try:
                 async with asyncio.timeout(limit):
-                    answer = (await researcher.answer(question)).as_record()
+                    slotted = SlottedSearch(str(request.get("web_search") or BUILTIN), [])
+                    report = await researcher.answer(question, search=slotted)
+                    report.slot_fallbacks = slotted.fallbacks
+                    answer = report.as_record()
             except TimeoutError:
                 answer = {"unavailable": f"the research took longer than {limit:g} s and was stopped"}
         writer.write(orjson.dumps(answer) + b"\n")
@@ -103,6 +107,7 @@ async def serve_helper(settings: Settings, socket_path: Path, stop: asyncio.Even
     router = ModelRouter.from_settings(settings)
     egress = Egress(egress_policy(settings))
     provider = search_provider(settings, egress, router)
+    BUILTIN_WEB_SEARCH.provider = provider
     researcher = Researcher(router, provider, egress, tier=settings.web_research_tier) if provider else None
     with contextlib.suppress(FileNotFoundError):
         os.unlink(socket_path)  # a socket left by a helper that was killed
@@ -143,9 +148,16 @@ async def ask(socket_path: str | Path, request: dict[str, Any], timeout: float) 
     return answer
 
 
-async def research(socket_path: str | Path, question: str, timeout: float) -> ResearchReport:  # noqa: ASYNC109
-    """Hand ``question`` to the helper and return its report."""
-    answer = await ask(socket_path, {"question": question}, timeout)
+async def research(
+    socket_path: str | Path,
+    question: str,
+    timeout: float,  # noqa: ASYNC109
+    *,
+    web_search: str = BUILTIN,
+) -> ResearchReport:
+    """Hand ``question`` to the helper and return its report; ``web_search`` names the occupant of
+    the slot that answers its searches (the caller resolved it for the person)."""
+    answer = await ask(socket_path, {"question": question, "web_search": web_search}, timeout)
     if "unavailable" in answer:
         raise ResearchUnavailable(str(answer["unavailable"]))
     return ResearchReport.from_record(answer)

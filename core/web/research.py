@@ -73,6 +73,7 @@ class ResearchReport:
     rounds: int = 0
     elapsed_ms: float = 0.0
     error: str | None = None
+    slot_fallbacks: list[str] = field(default_factory=list)  # why the web_search occupant was passed over
 
     def as_record(self) -> dict[str, Any]:
         return asdict(self)
@@ -91,8 +92,10 @@ class Researcher:
     def __init__(self, models: ModelService, search: SearchProvider, egress: Egress, *, tier: str = "small"):
         self.models, self.search, self.egress, self.tier = models, search, egress, tier
 
-    async def answer(self, question: str) -> ResearchReport:
+    async def answer(self, question: str, *, search: SearchProvider | None = None) -> ResearchReport:
+        """``search``: who answers this question's searches (default: the one given at start)."""
         started = time.perf_counter()
+        searcher = search or self.search
         report = ResearchReport(question[:MAX_QUESTION])
         history: list[ChatMessage] = [ChatMessage("user", report.question)]
         try:
@@ -108,7 +111,7 @@ class Researcher:
                     break
                 history.append(generation.as_message())
                 for call in generation.tool_calls:
-                    content = await self._run(call, report)
+                    content = await self._run(call, report, searcher)
                     history.append(ChatMessage("tool", tool_result=ToolResult(call.id, call.name, content)))
         except ModelError as exc:
             log.warning("research model failed: code=%s", exc.code)
@@ -117,11 +120,11 @@ class Researcher:
         report.elapsed_ms = round((time.perf_counter() - started) * 1000, 3)
         return report
 
-    async def _run(self, call: ToolCall, report: ResearchReport) -> str:
+    async def _run(self, call: ToolCall, report: ResearchReport, searcher: SearchProvider) -> str:
         if call.name == "web_search":
             query = str(call.arguments.get("query", ""))[:300]
             try:
-                hits = await self.search.search(query, count=5)
+                hits = await searcher.search(query, count=5)
             except SearchFailed as exc:
                 report.searches.append({"query": query, "status": "failed", "error": exc.message})
                 return _failed(f"the search did not work: {exc.message}")

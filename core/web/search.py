@@ -1,5 +1,10 @@
 """The ``web_search`` slot: one interface, several real search services behind it.
 
+The built-in occupant (:class:`BuiltinWebSearch`) is the service ``web_search_provider`` names; a
+plugin named for the slot answers instead (:class:`SlottedSearch`), and a search on which it
+fails is answered by the built-in. The untrusted-text labelling stays in the research code, whoever
+answers: an occupant returns plain :class:`SearchHit` items, never prompt text.
+
 Each provider sends its service's documented request through the egress relay
 (:mod:`core.web.egress`) and reads its documented response into :class:`SearchHit` items:
 
@@ -30,11 +35,13 @@ from core.models.errors import ModelError
 from core.models.router import hosted_search_model
 from core.models.types import WebSource
 from core.settings import Settings
+from core.slots import SLOTS, WEB_SEARCH, SlotSpec, is_list_of
 from core.web.egress import Egress, EgressError, WebResponse
 
 BRAVE_URL = "https://api.search.brave.com"
 TAVILY_URL = "https://api.tavily.com"
 SNIPPET_CHARS = 400
+WEB_SEARCH_TIMEOUT = 20.0  # seconds an occupant has for one search
 
 
 class SearchFailed(PepperError):
@@ -194,3 +201,43 @@ def search_provider(settings: Settings, egress: Egress, models: HostedSearcher) 
     if choice == "hosted":
         return HostedSearch(models, settings.web_research_tier)
     return SearxngSearch(egress, settings.searxng_url)  # type: ignore[arg-type]
+
+
+class BuiltinWebSearch:
+    """The configured service (:func:`search_provider`); the research helper sets ``provider``."""
+
+    def __init__(self) -> None:
+        self.provider: SearchProvider | None = None
+
+    async def search(self, query: str, count: int = 5) -> list[SearchHit]:
+        if self.provider is None:
+            raise SearchFailed("no web search service is set up")
+        return await self.provider.search(query, count)
+
+
+BUILTIN_WEB_SEARCH = BuiltinWebSearch()
+WEB_SEARCH_SPEC = SLOTS.register(
+    SlotSpec(WEB_SEARCH, ("search",), BUILTIN_WEB_SEARCH, is_list_of(SearchHit), WEB_SEARCH_TIMEOUT,
+             "web search for the research helper (Brave, Tavily, SearXNG or hosted built in)")
+)  # fmt: skip
+
+
+@dataclass
+class SlottedSearch:
+    """A :class:`SearchProvider` over the slot for one research request, whose occupant the
+    caller resolved (the helper has no database): ``fallbacks`` collects the reasons of the
+    searches the built-in answered instead, for the caller to count."""
+
+    occupant: str
+    fallbacks: list[str]
+
+    @property
+    def name(self) -> str:
+        return self.occupant
+
+    async def search(self, query: str, count: int = 5) -> list[SearchHit]:
+        resolved = SLOTS.named(WEB_SEARCH, self.occupant)
+        hits, reason = await SLOTS.run(WEB_SEARCH, resolved, "search", query, count)
+        if reason is not None:
+            self.fallbacks.append(reason)
+        return list(hits)

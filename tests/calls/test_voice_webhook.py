@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from phone_support import ANSWERING_LINE, LINE, OWNER, PUBLIC, STRANGER
 
 from core import identity
@@ -71,3 +73,15 @@ async def test_a_stop_blocked_caller_is_refused(phone):
 async def test_a_number_pepper_does_not_answer_is_refused(phone):
     answer = await phone.caller.dial(from_=OWNER, to="+14155550199")
     assert not answer.connected and answer.says == [routing.REFUSED_TEXT]
+
+
+async def test_an_owner_at_the_days_usage_cap_gets_a_short_recorded_message(phone):
+    from core.usage.config import DEAD_CALL_MESSAGE
+    from core.usage.ledger import add_usage, set_limits
+
+    await set_limits(phone.db, phone.account_id, tokens=100, cost=None, minutes=None)
+    await add_usage(phone.db, phone.account_id, datetime.now(UTC), tokens=100)
+    answer = await phone.caller.dial(from_=OWNER, to=LINE)
+    assert not answer.connected
+    assert DEAD_CALL_MESSAGE in answer.twiml and "<Hangup" in answer.twiml
+    assert await phone.db.fetchval("SELECT count(*) FROM call_stream_tokens") == 0

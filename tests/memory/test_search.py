@@ -14,6 +14,9 @@ from core.memory.index import EMBEDDERS, Embedders, add_document, index_pending,
 from core.memory.search import BuiltinMemorySearch, MemorySearchSlot, quoted_phrases
 from core.models.adapters.openai_embeddings import OpenAIEmbedder
 from core.models.embeddings import LocalEmbedder
+from core.slots import SlotRegistry
+from core.slots.plugins import Plugin
+from core.slots.settings import set_slot
 from core.testing.peers import OpenAIPeer
 from core.testing.scripted import calls, reply
 from text_loop import HarnessDeps, run_turn
@@ -111,10 +114,12 @@ async def test_a_failing_plugin_falls_back_to_the_builtin(db, ada, search) -> No
         async def search(self, *args, **kw):
             raise RuntimeError("plugin down")
 
+    Broken.slot = "memory"
     ids = await seed(db, ada.id)
     await index_pending(db, now=NOW)
-    slot = MemorySearchSlot(search)
-    slot.occupant = Broken()
+    registry = SlotRegistry(plugins=lambda: {"broken": Plugin("broken", "tests:Broken", None, Broken())})
+    slot = MemorySearchSlot(search, registry)
+    await set_slot(db, "memory", "broken", registry=registry)
     hits = await slot.search(db, ada.id, "passport", limit=1)
     assert hits[0].source_id == ids[3]
 

@@ -38,7 +38,10 @@ from core.conversation import (
     turn_tool_calls,
 )
 from core.scheduling import runs
+from core.scheduling.heartbeat import Pulse, pulse_allowed
 from core.scheduling.runs import Claim
+from core.usage import breaker
+from core.usage.ledger import usage_tier
 from text_loop.prompt import labelled
 from text_loop.scheduler.delivery import Deliverer, DeliveryRequest, DeliveryResult, delivery_key
 from text_loop.scheduler.silence import SILENT_MARK, Evidence, judge, strip_mark
@@ -50,7 +53,7 @@ log = logging.getLogger(__name__)
 _USUAL: dict[str, str] = {"sms": "sms", "whatsapp": "whatsapp", "email": "email"}
 # The turn's channel for each delivery channel (decides e.g. the repair pass).
 _TURN_CHANNEL: dict[str, str] = {"chat": "web", "sms": "sms", "whatsapp": "whatsapp", "email": "email"}
-FAILED_TURN_STATUSES = frozenset({"no-model", "model-error", "empty"})
+FAILED_TURN_STATUSES = frozenset({"no-model", "model-error", "empty", "over-cap", "harness-error"})
 
 
 @dataclass(frozen=True)
@@ -275,6 +278,17 @@ class Scheduler:
         if claim.task_status == "cancelled":
             await runs.finish(db, claim.run_id, self.owner, now, status="missed", reason="the task was cancelled")
             return
+        if await breaker.paused(db, f"task:{claim.task_id}", now):
+            await runs.finish(
+                db, claim.run_id, self.owner, now, status="missed", reason="paused by the circuit breaker"
+            )
+            return
+        if claim.kind != "reminder":
+            tier = await usage_tier(db, claim.account_id, now, self.deps.usage)
+            if not await pulse_allowed(db, Pulse(claim.account_id, claim.task_id, claim.title, tier)):
+                await runs.finish(db, claim.run_id, self.owner, now, status="missed",
+                                  reason="skipped by the heartbeat_interval slot")  # fmt: skip
+                return
         # The turn takes its turn in the person's conversation, as a message turn does.
         conversation_id = await conversation_for(db, claim.account_id)
         loop = asyncio.get_running_loop()
@@ -300,6 +314,9 @@ class Scheduler:
             self.deps, claim.account_id, _TURN_CHANNEL[channels[0]], self._text(claim), kind="scheduled"
         )
         await runs.set_turn(db, claim.run_id, self.owner, outcome.turn_id)
+        limit = self.deps.usage.breaker_failures
+        if await breaker.record(db, f"task:{claim.task_id}", claim.account_id, outcome.status, self.clock(), limit):
+            await self._deliver_all(claim, breaker.tripped_notice(f"the task “{claim.title}”", limit), None)
         calls = await turn_tool_calls(db, outcome.turn_id)
         evidence = judge(outcome.reply, outcome.status, _json_list(calls), staged_writes=outcome.staged_writes)
         failed_turn = outcome.status in FAILED_TURN_STATUSES

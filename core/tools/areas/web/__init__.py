@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from core.slots import BUILTIN, SLOTS, WEB_SEARCH
 from core.tools.connectors import WEB_TOOL, Connectors
 from core.tools.registry import Tool, ToolContext, ToolOutcome
 from core.untrusted import web_research_block
@@ -48,9 +49,13 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
     async def web_research(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
         question = " ".join(str(args["question"]).split())
         try:
-            report = await research(socket, question, timeout)
+            occupant = await SLOTS.resolve(ctx.db, WEB_SEARCH, ctx.session.account_id)
+            name = occupant.name if occupant.occupant is not None else BUILTIN
+            report = await research(socket, question, timeout, web_search=name)
         except ResearchUnavailable as exc:
             return ToolOutcome.failed(f"web research did not run: {exc.message}")
+        for reason in report.slot_fallbacks:
+            await SLOTS.count(ctx.db, WEB_SEARCH, name, reason)
         if report.status != "answered":
             return ToolOutcome.failed(f"web research failed: {report.answer} ({report.error})")
         sources = [(s.get("title") or s["url"], s["url"]) for s in report.sources]
