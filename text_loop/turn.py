@@ -27,6 +27,7 @@ from core.store.queries import Queries
 from core.tools.connectors import Connectors, web_window
 from core.tools.context import SessionContext, SessionKind, Trust
 from core.tools.gate import Gate, default_gate
+from core.tools.mcp import McpHub, account_tools, server_toolsets
 from core.tools.registry import ToolContext, ToolRegistry
 from core.tools.runner import CallOutcome, run_call
 from core.tools.staging import ResolvedWrite, commit_turn_writes, drop_turn_writes
@@ -68,6 +69,8 @@ class HarnessDeps:
     # Postgres they decide which connected tools a turn sees.
     connectors: Connectors | None = None
     memory: MemoryConfig = field(default_factory=MemoryConfig)
+    # The process's MCP sessions (``core.tools.mcp``); None: MCP servers people connected are not used.
+    mcp: McpHub | None = None
     # Hashes of the prompt parts (``core.conversation.PromptPart``) this process stored durably or
     # found stored: a turn record names them without sending them again.
     stored_prompt_parts: set[bytes] = field(default_factory=set)
@@ -191,13 +194,18 @@ async def run_turn(
             )
             dossier, memory = context.dossier, context.memory
             own_skills = skill_sources(got["skills"]) if "skills" in got else []
+            # The person's approved MCP tools exist for this turn only, behind their tool sets.
+            servers = sorted(n.removeprefix("mcp:") for n in context.connections if n.startswith("mcp:"))
+            mcp_tools = await account_tools(conn, deps.mcp, account_id) if deps.mcp and servers and catalog else []
     except Exception as exc:
         if turn_id is not None:
             await _failed(deps, turn_id, exc, channel, kind)  # after the connection went back to the pool
         raise
     wrote = False  # whether a call of this turn (a worker's included) wrote or staged anything
     try:
+        # The orchestrator's tools come from the shared registry only; MCP tools join the turn's.
         tools = session_tools(deps.registry, deps.gate, session)
+        registry = deps.registry.with_tools(mcp_tools) if mcp_tools else deps.registry
         messages = [newest_message(text, now, timezone)]
 
         def open_round(names: frozenset[str], intercept: Interceptor | None) -> AbstractAsyncContextManager[CallRunner]:
@@ -224,7 +232,7 @@ async def run_turn(
                     # The turn's finished record is a durable commit made before the reply goes
                     # out whenever a call wrote or staged something: the calls need not wait.
                     ctx = ToolContext(session, held[0], now, flushed_later=True)
-                    outcome = await run_call(deps.registry, deps.gate, ctx, call, visible=names)
+                    outcome = await run_call(registry, deps.gate, ctx, call, visible=names)
                     if outcome.write is not None:
                         wrote = True
                     return outcome
@@ -238,7 +246,9 @@ async def run_turn(
 
         runtime: SkillRuntime | None = None
         if catalog is not None:
-            view = catalog.view(deps.registry, own_skills)
+            if servers:
+                catalog = catalog.with_servers(server_toolsets(servers))
+            view = catalog.view(registry, own_skills)
             for problem in view.problems:
                 if problem.origin == "user":
                     log.warning("user skill unusable: skill=%s problem=%s", problem.skill, problem.problem)
@@ -251,7 +261,7 @@ async def run_turn(
                 view=view,
                 models=deps.models,
                 config=deps.config,
-                registry=deps.registry,
+                registry=registry,
                 gate=deps.gate,
                 session=session,
                 open_round=open_round,
