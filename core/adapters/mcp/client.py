@@ -35,6 +35,12 @@ class McpUnavailable(PepperError):
     retryable = True
 
 
+class McpTimeout(McpUnavailable):
+    """The server did not answer within the time limit."""
+
+    code = "mcp-timeout"
+
+
 @dataclass(frozen=True)
 class McpTarget:
     """Where a server is: a streamable HTTP ``url`` (with an optional bearer ``token``) or a stdio
@@ -187,7 +193,7 @@ class McpConnection:
                 self._client = await asyncio.wait_for(asyncio.shield(ready), self.timeout)
             except TimeoutError:
                 await self._drop()
-                raise McpUnavailable(
+                raise McpTimeout(
                     f"the {self.label} server did not finish connecting within {self.timeout:g} s"
                 ) from None
             except asyncio.CancelledError:
@@ -208,7 +214,7 @@ class McpConnection:
             stop.set()
         # A session that ends cleanly stops at once; one stuck on a dead server is cancelled.
         # ``asyncio.wait`` raises only when this task itself is cancelled.
-        done, _ = await asyncio.wait([task], timeout=2.0)
+        done, _ = await asyncio.wait([task], timeout=0.5)
         if not done:
             task.cancel()
             await asyncio.wait([task], timeout=2.0)
@@ -220,7 +226,7 @@ class McpConnection:
         except TimeoutError:
             async with self._lock:
                 await self._drop()
-            raise McpUnavailable(f"the {self.label} server did not answer {what} within {self.timeout:g} s") from None
+            raise McpTimeout(f"the {self.label} server did not answer {what} within {self.timeout:g} s") from None
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -242,7 +248,14 @@ class McpConnection:
                     break
             return found
 
-        return await self._request("its tool list", run)
+        try:
+            return await self._request("its tool list", run)
+        except McpUnavailable as exc:
+            # A listing changes nothing, so one that failed on a session the server forgot (it
+            # restarted) is asked again on a new one; a timeout is not asked twice.
+            if isinstance(exc, McpTimeout):
+                raise
+            return await self._request("its tool list", run)
 
     async def call_tool(self, name: str, arguments: dict[str, Any]) -> CallResult:
         async def run(client: Client) -> CallResult:

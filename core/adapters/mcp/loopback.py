@@ -100,7 +100,7 @@ class LoopbackMcp:
     async def start(self) -> None:
         import uvicorn
 
-        app = build_server(self.tools, self.calls, on_crash=self._crash).streamable_http_app(host="127.0.0.1")
+        app: Any = build_server(self.tools, self.calls, on_crash=self._crash).streamable_http_app(host="127.0.0.1")
         if self.token is not None:
             app = _RequireBearer(app, self.token)
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -157,9 +157,10 @@ class _RequireBearer:
 
 
 def stdio_command(tools: list[LoopbackTool]) -> list[str]:
-    """The argv that serves ``tools`` over stdio (``python -m core.adapters.mcp.loopback``)."""
+    """The argv that serves ``tools`` over stdio: this file run as a script (it needs only the SDK,
+    so the child finds it whatever its environment)."""
     spec = json.dumps([t.__dict__ for t in tools])
-    return [sys.executable, "-m", "core.adapters.mcp.loopback", spec]
+    return [sys.executable, os.path.abspath(__file__), spec]
 
 
 async def _serve_stdio(spec: str) -> None:
