@@ -251,3 +251,20 @@ def github_tools() -> list[LoopbackTool]:
             destructive=True,
         ),
     ]
+
+
+async def direct_sdk_call_times(url: str, tool: str, arguments: dict[str, Any], n: int) -> list[float]:
+    """Milliseconds of each of ``n`` calls made with the SDK's own client on one session (what
+    ``bench/mcp.py`` compares Pepper's client with)."""
+    import time
+
+    from mcp.client import Client
+
+    times: list[float] = []
+    async with Client(url, cache=None) as client:
+        await client.list_tools()
+        for _ in range(n):
+            started = time.perf_counter()
+            await client.call_tool(tool, arguments)
+            times.append((time.perf_counter() - started) * 1000)
+    return times
