@@ -200,9 +200,17 @@ async def pending_approvals(db: Queries, account_id: UUID) -> list[McpToolRow]:
 
 
 async def propose_call(db: Queries, conversation_id: UUID, call_key: str, turn_id: UUID) -> None:
+    """Record a write waiting for the person's yes; the conversation's expired proposals go."""
     await db.execute(
-        "INSERT INTO mcp_confirmations (conversation_id, call_key, turn_id) VALUES ($1, $2, $3)"
-        " ON CONFLICT (conversation_id, call_key) DO UPDATE SET turn_id = excluded.turn_id, created_at = now()",
+        f"""
+        WITH expired AS (
+            DELETE FROM mcp_confirmations
+            WHERE conversation_id = $1 AND call_key <> $2
+                AND created_at <= now() - interval '{CONFIRMATION_MINUTES} minutes'
+        )
+        INSERT INTO mcp_confirmations (conversation_id, call_key, turn_id) VALUES ($1, $2, $3)
+        ON CONFLICT (conversation_id, call_key) DO UPDATE SET turn_id = excluded.turn_id, created_at = now()
+        """,
         conversation_id,
         call_key,
         turn_id,
