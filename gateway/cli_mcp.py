@@ -1,6 +1,7 @@
 """``pepper mcp``: MCP servers a person connects, and the approval of each of their tools.
 
 pepper mcp add ACCOUNT NAME [URL|COMMAND] [--token [TOKEN]]   check it answers, store it (token sealed)
+pepper mcp add ACCOUNT github [--local] --token                 GitHub's remote server, or its local binary
 pepper mcp list [ACCOUNT]                                       servers and how many tools wait or are held
 pepper mcp remove ACCOUNT NAME
 pepper mcp tools ACCOUNT NAME                                   list again; each tool's state, what changed
@@ -42,6 +43,7 @@ def add_commands(sub: Any) -> None:
     add.add_argument("account", help="account id or unique name")
     add.add_argument("name", help="the server's name, also its tool set's (github: GitHub's own server)")
     add.add_argument("target", nargs="?", help="URL or command (github: GitHub's remote server by default)")
+    add.add_argument("--local", action="store_true", help="github: run GitHub's local github-mcp-server binary")
     add.add_argument(
         "--token", nargs="?", const=ASK, help=f"a bearer token; without a value: ${TOKEN_ENV}, a prompt or stdin"
     )
@@ -119,7 +121,9 @@ async def _run(args: argparse.Namespace, db: Queries, hub: McpHub, out: Callable
         return
     account = await identity.get_account(db, args.account)
     if args.action == "add":
-        server, rows = await connect_server(db, hub, account.id, args.name, args.target, _read_token(args.token))
+        server, rows = await connect_server(
+            db, hub, account.id, args.name, args.target, _read_token(args.token), local=args.local
+        )
         out(
             f"connected the MCP server {server.name} for {account.name}: {len(rows)} tool(s), each waiting for approval"
         )

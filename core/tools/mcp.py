@@ -240,6 +240,7 @@ def definition_diff(before: dict[str, Any] | None, after: dict[str, Any]) -> lis
 
 
 GITHUB_MCP_URL = "https://api.githubcopilot.com/mcp/"
+GITHUB_BINARY = "github-mcp-server"  # GitHub's local server (github/github-mcp-server), run as ``... stdio``
 # Tool set names a server may not take: they already mean a feature area (GitHub's server is the
 # exception, it fills the ``github`` set).
 RESERVED = frozenset(
@@ -248,12 +249,21 @@ RESERVED = frozenset(
 )
 
 
-def parse_target(text: str | None, name: str) -> dict[str, Any]:
+def parse_target(text: str | None, name: str, *, local: bool = False) -> dict[str, Any]:
     """The stored ``config`` of a server from what the person typed: an http(s) URL, or a command
-    line run over stdio. GitHub's server needs no address (its remote server is the default)."""
+    line run over stdio. GitHub's server needs no address: its remote server, or with ``local``
+    its binary found on the PATH."""
     import shlex
+    import shutil
     from urllib.parse import urlsplit
 
+    if local:
+        if name != GITHUB or text:
+            raise InvalidInput("--local is for GitHub's server (pepper mcp add ACCOUNT github --local)")
+        binary = shutil.which(GITHUB_BINARY)
+        if binary is None:
+            raise InvalidInput(f"{GITHUB_BINARY} is not on the PATH; leave out --local to use GitHub's remote server")
+        return {"transport": "stdio", "command": [binary, "stdio"]}
     if not text:
         if name == GITHUB:
             return {"transport": "http", "url": GITHUB_MCP_URL}
@@ -284,14 +294,21 @@ def check_name(name: str) -> str:
 
 
 async def connect_server(
-    db: Queries, hub: McpHub, account_id: UUID, name: str, target: str | None, token: str | None
+    db: Queries,
+    hub: McpHub,
+    account_id: UUID,
+    name: str,
+    target: str | None,
+    token: str | None,
+    *,
+    local: bool = False,
 ) -> tuple[McpServer, list[McpToolRow]]:
     """Check that the server answers and lists tools, then store it (its token sealed) with what it
     listed, every tool waiting for approval. Nothing is stored when it does not answer."""
     from datetime import UTC, datetime
 
     check_name(name)
-    config = parse_target(target, name)
+    config = parse_target(target, name, local=local)
     if any(s.name == name for s in await records.servers_of(db, account_id)):
         raise InvalidInput(f"an MCP server named {name!r} is already connected; nothing changed")
     sealed = hub.connectors.require_vault().seal({"token": token}) if token and hub.connectors else None

@@ -440,3 +440,27 @@ async def test_after_a_result_that_says_to_mail_someone_the_next_call_still_meet
     assert sent.gate is not None and sent.gate.allowed  # the gate ran on the next call
     assert sent.status == "failed" and "evil@example.com" in sent.content and "Nothing was sent" in sent.content
     assert smtp.received == []
+
+
+@pytest.mark.slow
+async def test_githubs_local_binary_is_found_on_the_path_and_gets_the_token(db, owner, hub, tmp_path, monkeypatch):
+    import os
+    import shlex
+    import stat
+
+    from core.adapters.mcp.loopback import github_tools
+    from core.errors import InvalidInput
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(InvalidInput, match="github-mcp-server is not on the PATH"):
+        await connect_server(db, hub, owner.id, "github", None, "ghp_local", local=True)
+    # A stand-in for GitHub's binary: the loopback server over stdio, started only with the token.
+    argv = shlex.join(stdio_command(github_tools()))
+    script = tmp_path / "github-mcp-server"
+    check = '[ "$1" = stdio ] && [ "$GITHUB_PERSONAL_ACCESS_TOKEN" = ghp_local ]'
+    script.write_text(f"#!/bin/sh\n{check} && exec {argv}\n")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    hub.timeout = 10
+    server, rows = await connect_server(db, hub, owner.id, "github", None, "ghp_local", local=True)
+    assert server.config == {"transport": "stdio", "command": [os.fspath(script), "stdio"]}
+    assert "list_notifications" in {r.name for r in rows}
