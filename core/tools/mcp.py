@@ -115,12 +115,13 @@ class McpHub:
     async def refresh(self, db: Queries, server: McpServer) -> list[McpToolRow]:
         """List the server's tools now, record them (changed ones are then held), and return the rows."""
         listed = await self.connection(server).list_tools()
-        # A second tool of one name keeps the first one's place (the second is never offered).
         await records.record_listing(db, server.id, _unique((d.name, d.as_dict(), fingerprint(d)) for d in listed))
         return await records.tools_of(db, server.id)
 
     async def current(self, db: Queries, server: McpServer, turn: Any) -> dict[str, str]:
         """Each listed tool's fingerprint, read from the server once per turn."""
+        if turn is None:  # outside a turn nothing may be remembered
+            return {t.name: t.fingerprint for t in await self.refresh(db, server) if t.listed}
         key = (server.id, turn)
         found = self._listings.get(key)
         if found is not None:
@@ -232,7 +233,7 @@ def definition_diff(before: dict[str, Any] | None, after: dict[str, Any]) -> lis
     if before is None:
         return []
     lines: list[str] = []
-    for key in ("title", "description", "input_schema", "output_schema", "annotations"):
+    for key in ("title", "description", "input_schema", "output_schema", "annotations", "listed_twice"):
         old, new = before.get(key), after.get(key)
         if old != new:
             lines.append(f"{key}: {json.dumps(old, sort_keys=True)} -> {json.dumps(new, sort_keys=True)}")
@@ -331,7 +332,16 @@ async def connect_server(
 
 
 def _unique(rows: Iterable[tuple[str, dict[str, Any], str]]) -> list[tuple[str, dict[str, Any], str]]:
+    """One row per name. A name listed twice with different definitions cannot be told apart (the
+    server picks which one a call runs): its row shows the first, marked, with a fingerprint of
+    both, which matches no approval of either, so it is held or waits."""
     seen: dict[str, tuple[str, dict[str, Any], str]] = {}
-    for row in rows:
-        seen.setdefault(row[0], row)
+    for name, definition, print_ in rows:
+        if name not in seen:
+            seen[name] = (name, definition, print_)
+            continue
+        first = seen[name]
+        if print_ != first[2]:
+            both = hashlib.sha256(f"{first[2]}:{print_}".encode()).hexdigest()
+            seen[name] = (name, {**first[1], "listed_twice": True}, both)
     return list(seen.values())

@@ -233,8 +233,14 @@ async def test_a_tool_named_like_an_approved_one_waits_or_is_never_offered(db, o
             LoopbackTool("search", "A second tool of the same name."),
         ]
         rows = {r.name: r for r in await hub.refresh(db, connected)}
-        assert rows["search"].state == "approved" and rows["search"].definition["description"] == "Search."
         assert rows["search_"].state == "waiting" and rows["ѕearch"].state == "waiting"  # noqa: RUF001
+        # The approved name listed a second time, differently: which one runs is the server's
+        # choice, so the name is held.
+        assert rows["search"].state == "held" and rows["search"].definition["listed_twice"] is True
+        assert "listed_twice: null -> true" in definition_diff(rows["search"].approved, rows["search"].definition)
+        assert await account_tools(db, hub, owner.id) == []
+        server.tools.pop()  # listed once again, as approved
+        await hub.refresh(db, connected)
         assert [t.name for t in await account_tools(db, hub, owner.id)] == ["tracker__search"]
         # Even approved, a name a tool may not have is never offered.
         await records.decide(db, connected.id, "ѕearch", approve=True)  # noqa: RUF001
