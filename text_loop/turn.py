@@ -21,11 +21,14 @@ from core.memory import MemoryConfig
 from core.metrics import metrics
 from core.models.types import ModelService, ToolCall
 from core.owner_context import context_reads, owner_context, session_tools
+from core.records.folders import active_for
 from core.records.skills import USER_SKILLS_SELECT, skill_sources
 from core.store.pool import connection
 from core.store.queries import Queries
 from core.tools.connectors import Connectors, web_window
 from core.tools.context import SessionContext, SessionKind, Trust
+from core.tools.folder import CONNECTION as FOLDER
+from core.tools.folder import folder_tools
 from core.tools.gate import Gate, default_gate
 from core.tools.mcp import McpHub, account_tools, server_toolsets
 from core.tools.registry import ToolContext, ToolRegistry
@@ -189,9 +192,13 @@ async def run_turn(
                 connections=connections, exclude_message_ids=inbound_message_ids,
                 web=web_window(deps.connectors, deps.registry), text=text,
             )  # fmt: skip
-            session = SessionContext(
-                kind, trust, channel, account_id, conversation_id, turn_id, timezone, context.connections
-            )
+            names = context.connections
+            # A folder lent from `pepper chat --folder`: its read-only tools, in the person's web turns.
+            lent = await active_for(conn, account_id) if channel == "web" and personal and kind == "live" else None
+            lent_tools = folder_tools(*lent) if lent is not None else []
+            if lent_tools:
+                names = names | {FOLDER}
+            session = SessionContext(kind, trust, channel, account_id, conversation_id, turn_id, timezone, names)
             dossier, memory = context.dossier, context.memory
             own_skills = skill_sources(got["skills"]) if "skills" in got else []
             # The person's approved MCP tools exist for this turn only, behind their tool sets.
@@ -205,7 +212,10 @@ async def run_turn(
     try:
         # The orchestrator's tools come from the shared registry only; MCP tools join the turn's.
         tools = session_tools(deps.registry, deps.gate, session)
-        registry = deps.registry.with_tools(mcp_tools) if mcp_tools else deps.registry
+        registry = deps.registry.with_tools([*mcp_tools, *lent_tools]) if mcp_tools or lent_tools else deps.registry
+        if lent_tools:
+            lent_shown = [t for t in lent_tools if not deps.gate.hides(t, session)]
+            tools = sorted([*tools, *lent_shown], key=lambda t: t.name)
         messages = [newest_message(text, now, timezone)]
 
         def open_round(names: frozenset[str], intercept: Interceptor | None) -> AbstractAsyncContextManager[CallRunner]:
