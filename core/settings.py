@@ -252,6 +252,8 @@ class Settings(BaseSettings):
     web_research_seconds: float = Field(
         60.0, gt=0, validation_alias=_env("PEPPER_WEB_RESEARCH_SECONDS", "web_research_seconds")
     )
+    # How long one request to an MCP server a person connected may take (connecting included).
+    mcp_call_seconds: float = Field(20.0, gt=0, validation_alias=_env("PEPPER_MCP_CALL_SECONDS", "mcp_call_seconds"))
     # The relay's caps per fetch (core/web/egress.py).
     web_fetch_seconds: float = Field(15.0, gt=0, validation_alias=_env("PEPPER_WEB_FETCH_SECONDS", "web_fetch_seconds"))
     web_fetch_max_bytes: int = Field(

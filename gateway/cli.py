@@ -139,6 +139,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "gateway.cli_memory",
     "gateway.cli_answering",
     "gateway.cli_connect",
+    "gateway.cli_mcp",
     "gateway.cli_setup",
     "gateway.cli_backup",
     "gateway.cli_turns",

@@ -116,6 +116,8 @@ async def _list(db: Queries, connectors: Connectors, account: identity.Account, 
             granted = set(row["scopes"])
             what = ", ".join(AREA_NAMES[f] for f, scopes in GOOGLE_SCOPES.items() if granted.issuperset(scopes))
             what = f"Google: {what or 'no usable scope'}"
+        elif row["provider"] == "mcp":
+            what = f"MCP server: {row['label']} (pepper mcp list)"
         else:
             what = f"CalDAV: {row['label']}"
         out(f"  {row['id'].hex[:8]}  {what}  [{_secret_state(connectors, row)}]")

@@ -39,6 +39,9 @@ def add_commands(sub: Any) -> None:
     chat.add_argument("--url", help="the server (default http://PEPPER_HOST:PEPPER_PORT)")
     chat.add_argument("--token", help="an API token (default: $PEPPER_TOKEN)")
     chat.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for each reply")
+    chat.add_argument(
+        "--folder", help="lend this folder for the chat, read-only: Pepper may list, read and search it (docs/mcp.md)"
+    )
 
 
 def _read_password() -> str:
@@ -75,28 +78,51 @@ def chat(
         raise ChatError("give an API token with --token or PEPPER_TOKEN (make one with `pepper token create`)")
     base = (args.url or f"http://{settings.host}:{settings.port}").rstrip("/")
     headers = {"Authorization": f"Bearer {token}"}
-    with httpx.Client(base_url=base, headers=headers, timeout=args.timeout) as client:
+    folder = None
+    if getattr(args, "folder", None):
+        from gateway.cli_folder import LentFolder
+
         try:
-            history = client.get("/api/messages", params={"limit": 1})
-        except httpx.TransportError as exc:
-            raise ChatError(f"cannot reach Pepper at {base}: {exc}") from exc
-        if history.status_code == 401:
-            raise ChatError("the server refused the API token")
-        history.raise_for_status()
-        known = [m["id"] for m in history.json()["messages"]]
-        after = max(known, default=0)
-        for line in lines:
-            text = line.strip()
-            if not text:
-                continue
-            sent = client.post("/api/messages", json={"text": text, "client_id": str(uuid.uuid4())})
-            if sent.status_code >= 400:
-                raise ChatError(f"the server refused the message: {sent.json().get('message', sent.text)}")
-            mine = sent.json()["message_id"]
-            reply = _wait_for_reply(client, after=max(after, mine), asked=mine)
-            after = reply["id"]
-            out(reply["body"])
-            client.post(f"/api/messages/{reply['id']}/ack")
+            folder = LentFolder(args.folder)
+        except OSError as exc:
+            raise ChatError(f"cannot lend {args.folder}: {exc.strerror or exc}") from None
+    with httpx.Client(base_url=base, headers=headers, timeout=args.timeout) as client:
+        if folder is None:
+            return _chat(client, base, lines, out)
+        from gateway.cli_folder import FolderLending
+
+        # The folder's calls are answered on a client of their own, from a thread of their own.
+        with httpx.Client(base_url=base, headers=headers, timeout=30.0) as side:
+            try:
+                lending = FolderLending(side, folder)
+                with lending:
+                    return _chat(client, base, lines, out)
+            except (httpx.TransportError, RuntimeError) as exc:
+                raise ChatError(str(exc)) from exc
+
+
+def _chat(client: httpx.Client, base: str, lines: Any, out: Callable[[str], None]) -> int:
+    try:
+        history = client.get("/api/messages", params={"limit": 1})
+    except httpx.TransportError as exc:
+        raise ChatError(f"cannot reach Pepper at {base}: {exc}") from exc
+    if history.status_code == 401:
+        raise ChatError("the server refused the API token")
+    history.raise_for_status()
+    known = [m["id"] for m in history.json()["messages"]]
+    after = max(known, default=0)
+    for line in lines:
+        text = line.strip()
+        if not text:
+            continue
+        sent = client.post("/api/messages", json={"text": text, "client_id": str(uuid.uuid4())})
+        if sent.status_code >= 400:
+            raise ChatError(f"the server refused the message: {sent.json().get('message', sent.text)}")
+        mine = sent.json()["message_id"]
+        reply = _wait_for_reply(client, after=max(after, mine), asked=mine)
+        after = reply["id"]
+        out(reply["body"])
+        client.post(f"/api/messages/{reply['id']}/ack")
     return 0
 
 

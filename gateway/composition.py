@@ -47,6 +47,7 @@ def turn_parts(
     """
     from core.models.router import ModelRouter
     from core.tools.connectors import Connectors
+    from core.tools.mcp import McpHub
     from core.tools.starter import starter_registry
     from gateway.mailer import SmtpMailer, smtp_configured
     from text_loop import HarnessDeps
@@ -61,7 +62,7 @@ def turn_parts(
     connectors = Connectors.from_settings(settings)
     harness = HarnessDeps(
         db=db, models=router, registry=starter_registry(connectors), skills=SkillCatalog.load_builtin(),
-        connectors=connectors, usage=settings.usage,
+        connectors=connectors, usage=settings.usage, mcp=McpHub(connectors, timeout=settings.mcp_call_seconds),
     )  # fmt: skip
     mailer = SmtpMailer(settings) if smtp_configured(settings) else None
     use_embedder(settings)
@@ -84,6 +85,8 @@ async def build_turn_services(settings: Settings, db: Database, *, calls: bool =
     finally:
         if messenger is not None:
             await messenger.close()
+        if harness.mcp is not None:
+            await harness.mcp.close()
         await router.aclose()
 
 

@@ -63,6 +63,11 @@ def build_app(
     async def seal_connection_secrets() -> None:
         await check_connection_secrets(db, harness.connectors)
 
+    @app.after_serving
+    async def close_mcp_sessions() -> None:
+        if harness.mcp is not None:
+            await harness.mcp.close()
+
     # With turn-worker processes, the scheduler and the memory jobs run in the first of them
     # (``gateway.worker.BackgroundJobs``): scheduled runs are turns, indexing is throughput work.
     if settings.scheduler_enabled and turns_in_process:

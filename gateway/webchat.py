@@ -22,9 +22,11 @@ from quart.typing import ResponseReturnValue
 
 from core import access
 from core.conversation import conversation_for, record_outbound
-from core.records import messages, web
+from core.errors import InvalidInput
+from core.records import folders, messages, web
 from core.records.turns import SETTLED, turn_status
 from core.security import record_security_event
+from core.tools.folder import check_declared
 from gateway.channels import AWAITING_RECEIPT, Claimed, Delivery, Limits, receive, settle_delivery
 from gateway.services import Services
 
@@ -37,6 +39,7 @@ MAX_MESSAGE_CHARS = 8000
 STREAM_SECONDS = 300.0  # EventSource reconnects by itself; a bounded stream never pins shutdown
 KEEPALIVE_SECONDS = 15.0
 MAX_ID = 2**63 - 1  # message ids are Postgres bigints
+MAX_FOLDER_RESULT = 20_000  # characters of one lent-folder tool's answer that reach the model
 
 
 def _services() -> Services:
@@ -225,6 +228,84 @@ async def post_message() -> Response:
     message, created = await receive(services.db, "web", who, text, key=f"{who}:{client_id}" if client_id else None)
     payload = {"message_id": message.id, "duplicate": not created}
     return Response(json.dumps(payload), status=202 if created else 200, content_type="application/json")
+
+
+# --- A folder lent by `pepper chat --folder` (core/tools/folder.py) ---------------------------------
+
+
+def _uuid(raw: str) -> UUID | None:
+    try:
+        return UUID(raw)
+    except ValueError:
+        return None
+
+
+async def _folder_caller(*ids: str, state_changing: bool) -> Response | tuple[UUID, list[UUID]]:
+    """The signed-in account and the ids in the path, or the error response (a garbage id: 404,
+    like one that does not exist)."""
+    who = await _authenticate(state_changing=state_changing)
+    if isinstance(who, Response):
+        return who
+    parsed = [_uuid(raw) for raw in ids]
+    if any(p is None for p in parsed):
+        return _json_error(404, "no-folder", "no such lent folder or call")
+    return who, [p for p in parsed if p is not None]
+
+
+@blueprint.post("/api/folder")
+async def lend_folder() -> Response:
+    """Lend a folder: the CLI declares its tools, every one read-only, or nothing is lent."""
+    caller = await _folder_caller(state_changing=True)
+    if isinstance(caller, Response):
+        return caller
+    body = await _json_body()
+    try:
+        tools = check_declared(body.get("tools") if isinstance(body, dict) else None)
+    except InvalidInput as exc:
+        return _json_error(400, "bad-folder-tools", exc.message)
+    folder_id = await folders.lend(_services().db, caller[0], tools)
+    return Response(json.dumps({"id": str(folder_id)}), status=201, content_type="application/json")
+
+
+@blueprint.delete("/api/folder/<raw_id>")
+async def end_folder(raw_id: str) -> Response:
+    caller = await _folder_caller(raw_id, state_changing=True)
+    if isinstance(caller, Response):
+        return caller
+    if not await folders.end(_services().db, caller[0], caller[1][0]):
+        return _json_error(404, "no-folder", "no such lent folder")
+    return Response(status=204)
+
+
+@blueprint.get("/api/folder/<raw_id>/calls")
+async def folder_calls(raw_id: str) -> Response:
+    """The calls waiting for the CLI; asking keeps the lending alive."""
+    caller = await _folder_caller(raw_id, state_changing=False)
+    if isinstance(caller, Response):
+        return caller
+    calls = await folders.waiting_calls(_services().db, caller[0], caller[1][0])
+    if calls is None:
+        return _json_error(404, "no-folder", "no such lent folder, or it lapsed")
+    return Response(json.dumps({"calls": calls}), content_type="application/json")
+
+
+@blueprint.post("/api/folder/<raw_id>/calls/<raw_call>")
+async def folder_call_result(raw_id: str, raw_call: str) -> Response:
+    caller = await _folder_caller(raw_id, raw_call, state_changing=True)
+    if isinstance(caller, Response):
+        return caller
+    body = await _json_body()
+    content = body.get("content") if isinstance(body, dict) else None
+    is_error = body.get("is_error", False) if isinstance(body, dict) else None
+    if not isinstance(content, str) or not isinstance(is_error, bool) or not _storable(content):
+        return _json_error(400, "bad-result", 'send JSON {"content": "...", "is_error": false}')
+    who, (folder_id, call_id) = caller
+    done = await folders.answer(_services().db, who, folder_id, call_id, content[:MAX_FOLDER_RESULT], is_error)
+    if done == "unknown":
+        return _json_error(404, "no-call", "no such call")
+    if done == "duplicate":
+        return _json_error(409, "answered", "this call was answered already")
+    return Response(json.dumps({"ok": True}), content_type="application/json")
 
 
 class WebChannel:

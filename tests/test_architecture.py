@@ -32,6 +32,9 @@ SDK_HOMES: dict[str, tuple[str, ...]] = {
     "google.genai": ("core/models/adapters/", "voice/adapters/"),
     "deepgram": ("voice/adapters/",),
     "twilio": ("core/adapters/twilio/",),
+    # The MCP client and the loopback servers tests and benchmarks run.
+    "mcp": ("core/adapters/mcp/",),
+    "mcp_types": ("core/adapters/mcp/",),
     "pipecat": ("voice/",),
     # The cascade's local speech models.
     "faster_whisper": ("voice/adapters/",),

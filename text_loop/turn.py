@@ -22,12 +22,16 @@ from core.metrics import metrics
 from core.models.select import ModelPlan, SelectRequest, select_models
 from core.models.types import ModelService, ToolCall
 from core.owner_context import context_reads, owner_context, session_tools
+from core.records.folders import active_for
 from core.records.skills import USER_SKILLS_SELECT, skill_sources
 from core.store.pool import connection
 from core.store.queries import Queries
 from core.tools.connectors import Connectors, web_window
 from core.tools.context import SessionContext, SessionKind, Trust
+from core.tools.folder import CONNECTION as FOLDER
+from core.tools.folder import folder_tools
 from core.tools.gate import Gate, default_gate
+from core.tools.mcp import McpHub, account_tools, server_toolsets
 from core.tools.registry import ToolContext, ToolRegistry
 from core.tools.runner import CallOutcome, run_call
 from core.tools.staging import ResolvedWrite, commit_turn_writes, drop_turn_writes
@@ -83,6 +87,8 @@ class HarnessDeps:
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     # Prices, caps and usage tiers (``core.usage``), applied by the ``model_select`` slot.
     usage: UsageConfig = field(default_factory=UsageConfig)
+    # The process's MCP sessions (``core.tools.mcp``); None: MCP servers people connected are not used.
+    mcp: McpHub | None = None
     # Hashes of the prompt parts (``core.conversation.PromptPart``) this process stored durably or
     # found stored: a turn record names them without sending them again.
     stored_prompt_parts: set[bytes] = field(default_factory=set)
@@ -211,11 +217,18 @@ async def run_turn(
                 connections=connections, exclude_message_ids=inbound_message_ids,
                 web=web_window(deps.connectors, deps.registry), text=text,
             )  # fmt: skip
-            session = SessionContext(
-                kind, trust, channel, account_id, conversation_id, turn_id, timezone, context.connections
-            )
+            names = context.connections
+            # A folder lent from `pepper chat --folder`: its read-only tools, in the person's web turns.
+            lent = await active_for(conn, account_id) if channel == "web" and personal and kind == "live" else None
+            lent_tools = folder_tools(*lent) if lent is not None else []
+            if lent_tools:
+                names = names | {FOLDER}
+            session = SessionContext(kind, trust, channel, account_id, conversation_id, turn_id, timezone, names)
             dossier, memory = context.dossier, context.memory
             own_skills = skill_sources(got["skills"]) if "skills" in got else []
+            # The person's approved MCP tools exist for this turn only, behind their tool sets.
+            servers = sorted(n.removeprefix("mcp:") for n in context.connections if n.startswith("mcp:"))
+            mcp_tools = await account_tools(conn, deps.mcp, account_id) if deps.mcp and servers and catalog else []
     except Exception as exc:
         if turn_id is not None:
             await _failed(deps, turn_id, exc, channel, kind)  # after the connection went back to the pool
@@ -232,7 +245,12 @@ async def run_turn(
             plan = await select_models(db, request)
         else:
             plan = ModelPlan((explicit_tier,))
+        # The orchestrator's tools come from the shared registry only; MCP tools join the turn's.
         tools = session_tools(deps.registry, deps.gate, session)
+        registry = deps.registry.with_tools([*mcp_tools, *lent_tools]) if mcp_tools or lent_tools else deps.registry
+        if lent_tools:
+            lent_shown = [t for t in lent_tools if not deps.gate.hides(t, session)]
+            tools = sorted([*tools, *lent_shown], key=lambda t: t.name)
         if plan.read_only:
             tools = [t for t in tools if not t.writes]
         messages = [newest_message(text, now, timezone)]
@@ -261,7 +279,7 @@ async def run_turn(
                     # The turn's finished record is a durable commit made before the reply goes
                     # out whenever a call wrote or staged something: the calls need not wait.
                     ctx = ToolContext(session, held[0], now, flushed_later=True)
-                    outcome = await run_call(deps.registry, deps.gate, ctx, call, visible=names)
+                    outcome = await run_call(registry, deps.gate, ctx, call, visible=names)
                     if outcome.write is not None:
                         wrote = True
                     return outcome
@@ -275,7 +293,9 @@ async def run_turn(
 
         runtime: SkillRuntime | None = None
         if catalog is not None:
-            view = catalog.view(deps.registry, own_skills)
+            if servers:
+                catalog = catalog.with_servers(server_toolsets(servers))
+            view = catalog.view(registry, own_skills)
             for problem in view.problems:
                 if problem.origin == "user":
                     log.warning("user skill unusable: skill=%s problem=%s", problem.skill, problem.problem)
@@ -288,7 +308,7 @@ async def run_turn(
                 view=view,
                 models=deps.models,
                 config=deps.config,
-                registry=deps.registry,
+                registry=registry,
                 gate=deps.gate,
                 session=session,
                 open_round=open_round,

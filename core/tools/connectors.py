@@ -10,7 +10,8 @@ Connection names a session can hold (``SessionContext.connections``):
   put on CC;
 * ``gmail``: a Google connection granted the Gmail compose scope;
 * ``google_calendar``: a Google connection granted the Calendar events scope;
-* ``caldav``: a CalDAV server.
+* ``caldav``: a CalDAV server;
+* ``mcp:<name>``: an MCP server the person connected (``pepper mcp add``; GitHub's is ``mcp:github``).
 * ``web``: not an account: this turn may hand a question to the web research helper (the
   conversation asked for the web, ``core.web.permission``); a text turn adds it, and a verified
   owner's call (``voice.owner_profile``).
@@ -146,7 +147,7 @@ def connections_select(connectors: Connectors | None = None) -> str:
     if connectors is not None and connectors.smtp_configured:
         email = "EXISTS (SELECT 1 FROM handles WHERE account_id = $1 AND kind = 'email')"
     return (
-        "json_build_object('rows', (SELECT coalesce(json_agg(json_build_array(provider, scopes)), '[]')"
+        "json_build_object('rows', (SELECT coalesce(json_agg(json_build_array(provider, scopes, label)), '[]')"
         f" FROM connections WHERE account_id = $1), 'email', {email})"
     )
 
@@ -155,9 +156,11 @@ def connection_names(selected: str) -> frozenset[str]:
     """The connection names (see the module docstring) from the JSON :func:`connections_select` gives."""
     data = json.loads(selected)
     names: set[str] = set()
-    for provider, scopes in data["rows"]:
+    for provider, scopes, label in data["rows"]:
         if provider == "caldav":
             names.add("caldav")
+        elif provider == "mcp":
+            names.add(f"mcp:{label}")
         elif provider == "google":
             granted = set(scopes)
             names.update(name for name, wanted in GOOGLE_SCOPES.items() if granted.issuperset(wanted))

@@ -217,7 +217,9 @@ def _trust_check(tool: Tool, args: dict[str, Any], session: SessionContext) -> V
 
 
 def _room_hides(tool: Tool, session: SessionContext) -> bool:
-    return session.kind == "room" and tool.area in PERSONAL_AREAS
+    # MCP servers (GitHub's included) act with one member's own token.
+    personal = tool.area in PERSONAL_AREAS or tool.area == "github" or tool.area.startswith("mcp:")
+    return session.kind == "room" and personal
 
 
 def _room_check(tool: Tool, args: dict[str, Any], session: SessionContext) -> Verdict:
@@ -274,11 +276,24 @@ def _once_check(tool: Tool, args: dict[str, Any], session: SessionContext) -> Ve
     return Verdict.allow()
 
 
+def _unattended_hides(tool: Tool, session: SessionContext) -> bool:
+    return tool.acts and session.kind == "scheduled"
+
+
+def _unattended_check(tool: Tool, args: dict[str, Any], session: SessionContext) -> Verdict:
+    """A tool that acts outside Pepper with nothing to stage (an MCP write) needs a person: in a
+    scheduled run it is refused, unless the person marked it safe (then it does not act)."""
+    if _unattended_hides(tool, session):
+        return Verdict.deny(f"{tool.name} changes things outside Pepper and no one is present to confirm it")
+    return Verdict.allow()
+
+
 CONNECTION_POLICY = Policy("connection", _connection_check, _missing_connection)
 TRUST_POLICY = Policy("trust", _trust_check, _trust_hides)
 ROOM_POLICY = Policy("room-scope", _room_check, _room_hides)
 SCHEDULED_POLICY = Policy("scheduled-run", _scheduled_check)
 ONCE_PER_TURN_POLICY = Policy("once-per-turn", _once_check)
+UNATTENDED_ACTS_POLICY = Policy("unattended-acts", _unattended_check, _unattended_hides)
 
 
 def _after_web_check(tool: Tool, args: dict[str, Any], session: SessionContext) -> Verdict:
@@ -307,5 +322,13 @@ AFTER_WEB_POLICY = Policy("after-web", _after_web_check)
 def default_gate() -> Gate:
     """The checks every session passes, in order."""
     return Gate(
-        (CONNECTION_POLICY, TRUST_POLICY, ROOM_POLICY, SCHEDULED_POLICY, AFTER_WEB_POLICY, ONCE_PER_TURN_POLICY)
+        (
+            CONNECTION_POLICY,
+            TRUST_POLICY,
+            ROOM_POLICY,
+            SCHEDULED_POLICY,
+            UNATTENDED_ACTS_POLICY,
+            AFTER_WEB_POLICY,
+            ONCE_PER_TURN_POLICY,
+        )
     )

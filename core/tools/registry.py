@@ -189,6 +189,9 @@ class Tool:
     narrowing: tuple[tuple[str, Narrowing], ...] = ()
     # At most one call per turn (the gate refuses a second): the web research hand-off.
     once_per_turn: bool = False
+    # Changes something outside Pepper that no staged write can hold back (an MCP tool whose
+    # annotations do not say read-only): refused in scheduled runs (the ``unattended-acts`` policy).
+    acts: bool = False
 
     def __post_init__(self) -> None:
         if self.writes and self.apply is None:
@@ -272,6 +275,13 @@ class ToolRegistry:
         if tool.name in self._tools:
             raise ValueError(f"two tools are named {tool.name}")
         self._tools[tool.name] = tool
+
+    def with_tools(self, tools: Iterable[Tool]) -> ToolRegistry:
+        """A new registry with these tools added (a person's MCP tools, for one turn)."""
+        extended = ToolRegistry(self._tools.values())
+        for tool in tools:
+            extended.add(tool)
+        return extended
 
     def get(self, name: str) -> Tool | None:
         return self._tools.get(name)

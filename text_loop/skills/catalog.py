@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from core.tools.registry import ToolRegistry
@@ -57,7 +58,7 @@ def limit_problem(skill: Skill, limits: SkillLimits, toolsets: Mapping[str, Tool
     if len(header.toolsets) > limits.user_max_toolsets:
         return f"names {len(header.toolsets)} tool sets; a skill you write may use at most {limits.user_max_toolsets}"
     if limits.user_toolsets is not None:
-        barred = [name for name in header.toolsets if name not in limits.user_toolsets]
+        barred = [n for n in header.toolsets if n not in limits.user_toolsets and not toolsets[n].own]
         if barred:
             return f"a skill you write may not use the {barred[0]} tool set"
     if header.rounds is not None and header.rounds > limits.user_max_rounds:
@@ -126,6 +127,20 @@ class SkillCatalog:
     def get(self, name: str) -> Skill | None:
         return self.builtins.get(name)
 
+    def with_servers(self, servers: Iterable[tuple[str, str]]) -> SkillCatalog:
+        """This catalog with one more tool set per MCP server a person connected (``(name, area)``),
+        behind workers; a name that is already a tool set keeps its meaning."""
+        extra = {
+            name: Toolset(name, (area,), behind_worker=True, about=f"the {name} MCP server", mcp=True, own=True)
+            for name, area in servers
+            if name not in self.toolsets
+        }
+        if not extra:
+            return self
+        copy = SkillCatalog(limits=self.limits, toolsets=MappingProxyType({**self.toolsets, **extra}))
+        copy.builtins, copy.problems = self.builtins, self.problems
+        return copy
+
     def unavailable(self, skill: Skill, registry: ToolRegistry) -> str | None:
         """Why the skill cannot be listed with this registry: a tool set unknown or not installed, or a
         required step that no tool here can take."""
@@ -133,6 +148,8 @@ class SkillCatalog:
             if name not in self.toolsets:
                 return f"names a tool set that does not exist: {name!r}"
             if not installed(name, registry, self.toolsets):
+                if self.toolsets[name].mcp:
+                    return f"the {name} tool set needs its MCP server connected and tools approved (pepper mcp)"
                 return f"the {name} tool set is not installed (no tools of area {', '.join(self.toolsets[name].areas)})"
         for step in skill.header.required:
             if step in self.toolsets:
@@ -146,6 +163,8 @@ class SkillCatalog:
         """Every shipped skill that cannot be used with ``registry``, and why (for start-up and the CLI)."""
         found = list(self.problems)
         for skill in self.builtins.values():
+            if any(self.toolsets[n].mcp for n in skill.header.toolsets if n in self.toolsets):
+                continue  # its tools exist only for people who connected the server (pepper mcp)
             reason = self.unavailable(skill, registry) or limit_problem(skill, self.limits, self.toolsets)
             if reason:
                 found.append(SkillProblem(skill.name, "builtin", reason))

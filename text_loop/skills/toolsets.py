@@ -26,6 +26,11 @@ class Toolset:
     areas: tuple[str, ...]
     behind_worker: bool = False
     about: str = ""
+    # Filled for each person by an MCP server they connected (``core.tools.mcp``): not installed
+    # in the shared registry, only in the turns of a person who connected and approved its tools.
+    mcp: bool = False
+    # An MCP server the person named themselves: their own skills may use it.
+    own: bool = False
 
 
 _SETS = (
@@ -41,7 +46,7 @@ _SETS = (
     Toolset("calendar", ("calendar",), behind_worker=True, about="the person's calendars"),
     Toolset("email", ("email",), behind_worker=True, about="the person's mailbox"),
     Toolset("feeds", ("feeds",), behind_worker=True, about="followed feeds and news"),
-    Toolset("github", ("github",), behind_worker=True, about="GitHub through its MCP server"),
+    Toolset("github", ("github",), behind_worker=True, about="GitHub through its MCP server", mcp=True),
 )
 TOOLSETS: Mapping[str, Toolset] = MappingProxyType({t.name: t for t in _SETS})
 
