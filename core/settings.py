@@ -131,7 +131,9 @@ class Settings(BaseSettings):
     )
     # The embedded Synapse's port and server name (the part after ':' in its users' Matrix IDs).
     matrix_port: int = Field(8448, ge=0, le=65535, validation_alias=_env("PEPPER_MATRIX_PORT", "matrix_port"))
-    matrix_server_name: str = Field("localhost", validation_alias=_env("PEPPER_MATRIX_SERVER_NAME", "matrix_server_name"))
+    matrix_server_name: str = Field(
+        "localhost", validation_alias=_env("PEPPER_MATRIX_SERVER_NAME", "matrix_server_name")
+    )
     # Whether `pepper serve` follows rooms at all (off: no homeserver, no sync loop).
     rooms_enabled: bool = Field(True, validation_alias=_env("PEPPER_ROOMS_ENABLED", "rooms_enabled"))
 

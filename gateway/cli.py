@@ -127,6 +127,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "gateway.cli_setup",
     "gateway.cli_backup",
     "gateway.cli_turns",
+    "gateway.cli_rooms",
 )
 
 

@@ -32,6 +32,9 @@ SDK_HOMES: dict[str, tuple[str, ...]] = {
     "google.genai": ("core/models/adapters/", "voice/adapters/"),
     "deepgram": ("voice/adapters/",),
     "twilio": ("core/adapters/twilio/",),
+    # Rooms: Pepper's Matrix client, and the embedded homeserver's signing key.
+    "nio": ("core/adapters/matrix/",),
+    "signedjson": ("core/adapters/matrix/",),
     "pipecat": ("voice/",),
     # The cascade's local speech models.
     "faster_whisper": ("voice/adapters/",),

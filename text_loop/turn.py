@@ -147,13 +147,15 @@ async def run_turn(
     inbound_message_ids: Sequence[int] = (),
     connections: frozenset[str] | None = None,
     tier: str | None = None,
+    room_id: UUID | None = None,
 ) -> TurnOutcome:
     """Run one turn for ``text`` from the account's person and return the reply to send.
 
     Records the turn (every round, call, gate decision and staged write) in ``turns``. Raises
     ``NotFound`` for an unknown account; model failures do not raise (see ``TurnOutcome.status``).
     Cancelling the task cancels the turn: its staged writes stay staged and the crash rule in
-    ``core.tools.staging`` drops them later.
+    ``core.tools.staging`` drops them later. ``room_id``: the room a ``room`` turn speaks in (its
+    tools reach that room's data only).
     """
     started = time.perf_counter()
     db = deps.db
@@ -186,7 +188,15 @@ async def run_turn(
                 web=web_window(deps.connectors, deps.registry), text=text,
             )  # fmt: skip
             session = SessionContext(
-                kind, trust, channel, account_id, conversation_id, turn_id, timezone, context.connections
+                kind,
+                trust,
+                channel,
+                account_id,
+                conversation_id,
+                turn_id,
+                timezone,
+                context.connections,
+                room_id=room_id,
             )
             dossier, memory = context.dossier, context.memory
             own_skills = skill_sources(got["skills"]) if "skills" in got else []

@@ -13,6 +13,7 @@ from core.tools.areas import (
     memory,
     notes,
     reminders,
+    room,
     tasks,
     todos,
     web,
@@ -34,6 +35,7 @@ def starter_registry(connectors: Connectors | None = None) -> ToolRegistry:
         *reminders.TOOLS,
         *memory.TOOLS,
         *answering_inbox.TOOLS,
+        *room.TOOLS,
         *web.make_tools(c),
     )
     return ToolRegistry((*clock.TOOLS, *notes.TOOLS, *todos.TOOLS, *dossier.TOOLS, *areas))

@@ -26,6 +26,7 @@ from nio import (
     RegisterResponse,
     RoomCreateResponse,
     RoomInviteResponse,
+    RoomMessagesResponse,
     RoomPreset,
     RoomSendResponse,
     SyncResponse,
@@ -177,6 +178,9 @@ class MatrixClient:
         """One ``/sync``: what happened after ``since`` (None: the first sync, recent history only)."""
         sync_filter = {"room": {"timeline": {"limit": 50}, "state": {"lazy_load_members": True}},
                        "presence": {"types": []}, "account_data": {"types": []}}  # fmt: skip
+        # nio falls back to the token it last saw when ``since`` is None: the caller's token rules.
+        self._client.next_batch = None
+        self._client.loaded_sync_token = None
         response = await self._call(self._client.sync(timeout=timeout_ms, since=since, sync_filter=sync_filter))
         response = _check(response, SyncResponse, "sync")
         events: list[RoomEvent] = []
@@ -200,6 +204,13 @@ class MatrixClient:
         """Post any message content as is (tests: what a client other than Pepper may send)."""
         response = await self._call(self._client.room_send(room_id, "m.room.message", content, tx_id=txn_id))
         return _check(response, RoomSendResponse, "send").event_id
+
+    async def history(self, room_id: str, limit: int = 50) -> list[RoomEvent]:
+        """The room's last ``limit`` text messages, oldest first (``/messages``, not ``/sync``)."""
+        response = await self._call(self._client.room_messages(room_id, limit=limit))
+        response = _check(response, RoomMessagesResponse, "messages")
+        found = [room_event(room_id, e.source) for e in response.chunk if isinstance(getattr(e, "source", None), dict)]
+        return [e for e in reversed(found) if e is not None]
 
     async def create_room(self, name: str, invite: list[str], *, direct: bool = False) -> str:
         response = await self._call(self._client.room_create(

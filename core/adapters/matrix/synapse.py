@@ -74,7 +74,8 @@ def write_config(
         "server_name": server_name,
         "listeners": [{"port": port, "bind_addresses": ["127.0.0.1"], "type": "http", "tls": False,
                        "x_forwarded": False, "resources": [{"names": ["client"], "compress": False}]}],
-        "database": {"name": "sqlite3", "args": {"database": ":memory:" if in_memory else str(directory / "homeserver.db")}},
+        "database": {"name": "sqlite3",
+                     "args": {"database": ":memory:" if in_memory else str(directory / "homeserver.db")}},
         "log_config": None,
         "media_store_path": str(directory / "media"),
         "signing_key_path": str(key_path),
@@ -138,7 +139,8 @@ async def register_user(config: SynapseConfig, localpart: str, password: str, *,
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "synapse._scripts.register_new_matrix_user", "-c", str(config.path),
         "-u", localpart, "-p", password, "--admin" if admin else "--no-admin", "--exists-ok", config.url,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
     )  # fmt: skip
     out, _ = await process.communicate()
     if process.returncode != 0:
