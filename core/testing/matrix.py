@@ -69,4 +69,4 @@ async def running_homeserver(directory: Path) -> AsyncIterator[TestHomeserver]:
         finally:
             await server.close_clients()
     finally:
-        await synapse_process.stop(process)
+        await synapse_process.stop(process, grace=2.0)  # nothing of an in-memory server is worth a slow stop
