@@ -76,7 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     show = account.add_parser("show", help="an account with its handles and lines")
     show.add_argument("account", help="account id or unique name")
 
-    handle = sub.add_parser("handle", help="phone numbers, emails and web logins").add_subparsers(
+    handle = sub.add_parser("handle", help="phone numbers, emails, web logins and Matrix IDs").add_subparsers(
         dest="action", required=True
     )
     add = handle.add_parser("add", help="attach a handle to an account")
