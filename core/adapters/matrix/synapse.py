@@ -93,6 +93,9 @@ def write_config(
         "rc_login": {"address": _GENEROUS, "account": _GENEROUS, "failed_attempts": _GENEROUS},
         "rc_registration": _GENEROUS,
         "rc_joins": {"local": _GENEROUS, "remote": _GENEROUS},
+        "rc_joins_per_room": _GENEROUS,
+        "rc_room_creation": _GENEROUS,
+        "rc_profile": _GENEROUS,
         "rc_invites": {"per_room": _GENEROUS, "per_user": _GENEROUS, "per_issuer": _GENEROUS},
     }  # fmt: skip
     if in_memory:
