@@ -7,12 +7,12 @@ with a scripted model (its time is what the turn record says the model took: nex
   ``/sync`` until Pepper's reply arrives (end to end). Beside it, **one homeserver hop**: a post
   by one client until another client's long poll gets it (a reply needs two: the mention to
   Pepper, the reply back). **Pepper's part**: from Pepper's ``/sync`` returning with the mention
-  to the homeserver accepting the reply (store the event, decide, run the turn, record the post,
-  send it); it includes the one request that sends the post.
+  to the reply going out (store the event, decide, read the room, run the turn, record the post),
+  and, apart, the homeserver's time to accept the post.
 * **idle CPU**: the follower's process CPU over an idle period with Pepper in ``--idle-rooms``
   rooms (long polls of 30 s), and Synapse's over the same period.
 
-    PYTHONPATH=. .venv/bin/python bench/rooms.py [--mentions 100] [--idle-rooms 100] [--idle-seconds 20]
+    PYTHONPATH=. .venv/bin/python bench/rooms.py [--mentions 100] [--idle-rooms 100] [--idle-seconds 65]
 """
 
 from __future__ import annotations
@@ -41,20 +41,29 @@ def _stats(label: str, ms: list[float]) -> None:
 
 
 class TimedFollower(RoomFollower):
-    """The follower, noting when each sync batch arrived and when each post was accepted."""
+    """The follower, noting when each sync batch arrived, when its post went to the homeserver and
+    how long the homeserver took to accept it."""
 
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
         self.batch_at = 0.0
         self.parts: list[float] = []
+        self.posts: list[float] = []
+        send = self._client.send_text
+
+        async def timed_send(*args, **kwargs):  # type: ignore[no-untyped-def]
+            start = time.perf_counter()
+            self.parts.append((start - self.batch_at) * 1000)
+            try:
+                return await send(*args, **kwargs)
+            finally:
+                self.posts.append((time.perf_counter() - start) * 1000)
+
+        self._client.send_text = timed_send  # type: ignore[method-assign]
 
     async def store(self, batch, *, history=False):  # type: ignore[no-untyped-def]
         self.batch_at = time.perf_counter()
         return await super().store(batch, history=history)
-
-    async def _send(self, post):  # type: ignore[no-untyped-def]
-        await super()._send(post)
-        self.parts.append((time.perf_counter() - self.batch_at) * 1000)
 
 
 def _cpu_of(pid: int) -> float:
@@ -106,7 +115,7 @@ async def bench(mentions: int, idle_rooms: int, idle_seconds: float) -> None:
             await asyncio.sleep(0.5)  # let Pepper's loop store the plain messages
 
             ada_since = (await ada_client.sync(None, timeout_ms=0)).next_batch
-            ends, follower.parts = [], []
+            ends, follower.parts, follower.posts = [], [], []
             for i in range(mentions):
                 start = time.perf_counter()
                 await ada_client.send_text(room_id, f"question {i}", f"ask{i}", mention=pepper.user_id)
@@ -117,7 +126,8 @@ async def bench(mentions: int, idle_rooms: int, idle_seconds: float) -> None:
             print(f"rooms: {mentions} mentions answered on Synapse at {server.url}")
             _stats("  end to end (mention posted -> reply seen by the member)", ends)
             _stats("  one homeserver hop (a post -> another client's /sync)", hops)
-            _stats("  Pepper's part (its /sync returned -> the reply accepted)", follower.parts)
+            _stats("  Pepper's part (its /sync returned -> its reply sent to the homeserver)", follower.parts)
+            _stats("  the homeserver accepting the reply (the send request)", follower.posts)
             _stats("  the scripted model's time inside Pepper's part", model_ms)
 
             # At rest: Pepper in many rooms, nothing happening.
@@ -160,7 +170,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mentions", type=int, default=100)
     parser.add_argument("--idle-rooms", type=int, default=100)
-    parser.add_argument("--idle-seconds", type=float, default=20.0)
+    parser.add_argument("--idle-seconds", type=float, default=65.0)  # two long polls and more
     args = parser.parse_args()
     asyncio.run(bench(args.mentions, args.idle_rooms, args.idle_seconds))
 

@@ -171,7 +171,8 @@ async def run_turn(
         # The reads that come before the first model call ride on the statement that opens the turn.
         # The owner context (``core.owner_context``, as a verified call builds it) and the skills.
         reads = context_reads(deps.connectors, personal=personal, connections=connections is None)
-        if catalog and trust == "owner_verified":
+        if catalog and trust == "owner_verified" and kind != "room":
+            # A person's own skills are theirs: a room turn lists the built-in ones only.
             reads["skills"] = USER_SKILLS_SELECT
         wanted = list(reads)
         async with connection(db, stateless=True) as conn:

@@ -225,3 +225,19 @@ def test_a_mention_is_the_ids_in_m_mentions_or_a_pill_not_a_display_name():
         },
     )
     assert junk is not None and junk.mentions == frozenset() and junk.reply_to is None
+
+
+async def test_a_room_turn_lists_no_members_own_skills(db, homeserver, pepper, follower, models, harness):
+    from core.records.skills import store_skill
+    from text_loop.skills.catalog import SkillCatalog
+
+    harness.skills = SkillCatalog.load_builtin()
+    setup = await make_room(db, homeserver, pepper, follower, "Ada")
+    ada, room = setup.members["Ada"], setup.room
+    diary = "---\nname: secret-diary\ndescription: Ada's private diary routine.\n---\n1. Read the diary.\n"
+    await store_skill(db, ada.account.id, "secret-diary", diary, replace=False)
+    models.script(reply("Hello."))
+    asked = await ada.say(room, "hi", mention=pepper.user_id)
+    await until(follower, lambda: _answered(db, asked))
+    system = models.prompts[0].system_stable
+    assert "secret-diary" not in system and "add-reminder" in system  # built-in skills are still listed
