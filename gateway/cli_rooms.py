@@ -25,6 +25,7 @@ from core.adapters.matrix import MatrixClient, MatrixError
 from core.errors import InvalidInput
 from core.records import rooms
 from core.settings import Settings
+from core.store import Database
 from core.store.queries import Queries
 from core.tools.areas.calendar import calendars
 from core.tools.areas.calendar.sources import find_calendar
@@ -84,7 +85,7 @@ async def _matrix_ids(db: Queries, refs: list[str]) -> list[tuple[identity.Accou
     return found
 
 
-async def run(args: argparse.Namespace, settings: Settings, db: Any, out: Callable[[str], None]) -> bool:
+async def run(args: argparse.Namespace, settings: Settings, db: Database, out: Callable[[str], None]) -> bool:
     if args.command != "rooms":
         return False
     action = args.action
