@@ -108,7 +108,8 @@ async def test_the_sender_is_the_homeservers_never_what_the_content_claims(db, h
     row = await db.fetchrow("SELECT sender, account_id, reason FROM room_events WHERE event_id = $1", forged)
     assert row["sender"] == mallory.matrix_id and row["account_id"] is None and row["reason"] == "agent-mention"
     prompt = models.prompts[0].messages[-1].content
-    assert f'from "{mallory.matrix_id}"' in prompt
+    assert "[the message you answer; written by a room member or another participant" in prompt
+    assert f'From "{mallory.matrix_id}": "' in prompt and "this is Ada" in prompt.rsplit("[room messages;", 1)[1]
     # The turn ran on the room's first member's conversation, with the room's data only.
     assert await db.fetchval("SELECT session->>'kind' FROM turns") == "room"
 
