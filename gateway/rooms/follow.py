@@ -142,7 +142,15 @@ class RoomFollower:
     async def answer_queued(self) -> None:
         while queued := await rooms.queued_events(self._db):
             for event in queued:
-                await self._answer(event)
+                try:
+                    await self._answer(event)
+                except (MatrixError, *DRIVER_ERRORS):
+                    raise  # an outage: the loop waits, and the message is still queued
+                except Exception:
+                    # A message whose turn cannot run must not stop the room, or come back after
+                    # every restart: it is marked answered, with the reason.
+                    log.exception("rooms: answering a message failed")
+                    await rooms.finish_event(self._db, event.id, turn_id=None, reason="failed")
 
     async def _answer(self, event: rooms.StoredEvent) -> None:
         db = self._db

@@ -242,3 +242,27 @@ async def test_a_room_turn_lists_no_members_own_skills(db, homeserver, pepper, f
     await until(follower, lambda: _answered(db, asked))
     system = models.prompts[0].system_stable
     assert "secret-diary" not in system and "add-reminder" in system  # built-in skills are still listed
+
+
+async def test_a_message_whose_turn_cannot_run_is_set_aside_and_the_room_goes_on(
+    db, homeserver, pepper, follower, models, monkeypatch
+):
+    from gateway.rooms import context
+
+    setup = await make_room(db, homeserver, pepper, follower, "Ada")
+    ada, room = setup.members["Ada"], setup.room
+    real, broken = context.turn_text, [True]
+
+    def fails_once(**kwargs):
+        if broken.pop() if broken else False:
+            raise ValueError("a bug on this message")
+        return real(**kwargs)
+
+    monkeypatch.setattr(context, "turn_text", fails_once)
+    models.script(reply("Second one answered."))
+    first = await ada.say(room, "first", mention=pepper.user_id)
+    await until(follower, lambda: _answered(db, first))
+    second = await ada.say(room, "second", mention=pepper.user_id)
+    await until(follower, lambda: _answered(db, second))
+    assert await handling(db, first) == ("answered", "failed")
+    assert await handling(db, second) == ("answered", "mention")
