@@ -144,8 +144,10 @@ class RoomFollower:
             for event in queued:
                 try:
                     await self._answer(event)
-                except (MatrixError, *DRIVER_ERRORS):
+                except MatrixError:
                     raise  # an outage: the loop waits, and the message is still queued
+                except DRIVER_ERRORS:
+                    raise
                 except Exception:
                     # A message whose turn cannot run must not stop the room, or come back after
                     # every restart: it is marked answered, with the reason.
