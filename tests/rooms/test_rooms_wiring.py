@@ -45,3 +45,22 @@ async def test_pepper_keeps_one_session_so_every_process_posts_as_the_same_devic
     with pytest.raises(ConfigError):
         await pepper_client(Settings(data_dir=tmp_path / "other", matrix_homeserver=homeserver.url,
                                      matrix_user=homeserver.pepper_id))  # fmt: skip
+
+
+def test_doctor_says_where_the_rooms_homeserver_is_and_what_its_login_lacks(tmp_path):
+    from gateway.doctor import Report, _rooms
+
+    def said(**values):
+        report = Report()
+        _rooms(report, Settings(data_dir=tmp_path, **values))
+        return report.checks[0].status, report.checks[0].detail
+
+    assert said(matrix_port=18448)[1].startswith("embedded Synapse on 127.0.0.1:18448")
+    assert said(rooms_enabled=False) == ("ok", "rooms are off (PEPPER_ROOMS_ENABLED=false)")
+    status, detail = said(matrix_homeserver="https://m.example.org", matrix_user="pepper")
+    assert status == "missing" and "full Matrix ID" in detail
+    status, detail = said(matrix_homeserver="https://m.example.org", matrix_user="@pepper:m.example.org")
+    assert status == "missing" and "PEPPER_MATRIX_PASSWORD" in detail
+    assert (
+        said(matrix_homeserver="https://m.example.org", matrix_user="@p:m.example.org", matrix_password="x")[0] == "ok"
+    )
