@@ -28,6 +28,7 @@ def starter_registry(connectors: Connectors | None = None) -> ToolRegistry:
     c = connectors or Connectors()
     areas = (
         *calendar.make_tools(c),
+        *calendar.make_room_tools(c),
         *email.make_tools(c),
         *feeds.make_tools(c),
         *contacts.TOOLS,

@@ -9,22 +9,17 @@ free: the block says so and tells the model not to treat its time as free.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from uuid import UUID
 from zoneinfo import ZoneInfo
 
-from core.records import rooms
 from core.store.queries import Queries
-from core.tools.areas.calendar import CalendarUnavailable, Event, calendars
+from core.tools.areas.calendar import Event
 from core.tools.areas.calendar.model import Busy, merge
-from core.tools.areas.calendar.sources import remote_events
-from core.tools.areas.calendar.store import own_events
+from core.tools.areas.calendar.room_times import shared_calendars
 from core.tools.connectors import Connectors
 from core.untrusted import quoted
-
-log = logging.getLogger(__name__)
 
 # The answer that means "say nothing": the turn ran, and Pepper posts nothing.
 NO_REPLY = "NO_REPLY"
@@ -80,31 +75,17 @@ def render(events: list[Event], level: str, tz: ZoneInfo, start: datetime, end: 
 
 
 async def calendar_views(
-    db: Queries, connectors: Connectors | None, room_id: UUID, members: list[rooms.Member], now: datetime, tz: ZoneInfo
-) -> list[CalendarView]:  # fmt: skip
-    """Every calendar a member shares with the room (level above nothing), read for the next days."""
-    levels = await rooms.shares(db, room_id)
+    db: Queries, connectors: Connectors | None, room_id: UUID, now: datetime, tz: ZoneInfo
+) -> list[CalendarView]:
+    """Every calendar a member shares with the room (level above nothing), for the next days, as
+    its level shows it; unreadable ones unknown."""
     start, end = now, now + timedelta(days=CALENDAR_DAYS)
-    views: list[CalendarView] = []
-    for member in members:
-        for cal in await calendars(db, member.account_id):
-            level = levels.get((member.account_id, cal.id), "nothing")
-            if level == "nothing":
-                continue
-            try:
-                if cal.kind == "pepper":
-                    events = await own_events(db, member.account_id, start, end, cal.name)
-                elif connectors is None:
-                    raise CalendarUnavailable("no outside services are set up on this server")
-                else:
-                    events = await remote_events(db, connectors, cal, start, end, tz)
-            except CalendarUnavailable as exc:
-                log.warning("a shared calendar could not be read: kind=%s error=%s", cal.kind, exc.code)
-                views.append(CalendarView(member.name, cal.name, level, None))
-                continue
-            events.sort(key=lambda e: (e.start, e.title))
-            views.append(CalendarView(member.name, cal.name, level, render(events, level, tz, start, end)))
-    return views
+    return [
+        CalendarView(
+            s.member, s.calendar, s.level, None if s.events is None else render(s.events, s.level, tz, start, end)
+        )
+        for s in await shared_calendars(db, connectors, room_id, start, end, tz)
+    ]
 
 
 def turn_text(

@@ -172,7 +172,7 @@ class RoomFollower:
         speaker = next((m.name for m in members if m.account_id == event.account_id), event.sender)
         recent = [m for m in await rooms.recent_messages(db, room.id, context.RECENT_MESSAGES)
                   if m["event_id"] != event.event_id]  # fmt: skip
-        views = await context.calendar_views(db, self._harness.connectors, room.id, members, self._clock(), tz)
+        views = await context.calendar_views(db, self._harness.connectors, room.id, self._clock(), tz)
         notes = await rooms.notes(db, room.id)
         text = context.turn_text(
             room_name=room.name, speaker=speaker, message=event.body, recent=recent, notes=notes, views=views,

@@ -29,6 +29,15 @@ async def _event(db, account, title, start, hours=1, location=None, attendees=()
     return cal
 
 
+async def _unreadable_feed(db, account):
+    """A calendar feed the member shares that cannot be read (nothing listens at its address)."""
+    return await db.fetchval(
+        "INSERT INTO calendars (account_id, kind, name, remote, read_only) VALUES ($1, 'ical', 'Shifts', $2, true)"
+        " RETURNING id",
+        account.id, f"http://127.0.0.1:{free_port()}/shifts.ics",
+    )  # fmt: skip
+
+
 async def _answered(db, event_id):
     found = await handling(db, event_id)
     return found is not None and found[0] == "answered"
@@ -44,11 +53,7 @@ async def test_each_member_is_seen_only_at_their_level_and_an_unreadable_calenda
     ada_cal = await _event(db, ada.account, "Divorce lawyer", soon, location="12 Main St")
     bob_cal = await _event(db, bob.account, "Dentist", soon, location="Harley St")
     cara_cal = await _event(db, cara.account, "Board meeting", soon, location="HQ", attendees=("x@corp.example",))
-    feed = await db.fetchval(
-        "INSERT INTO calendars (account_id, kind, name, remote, read_only) VALUES ($1, 'ical', 'Shifts', $2, true)"
-        " RETURNING id",
-        dan.account.id, f"http://127.0.0.1:{free_port()}/shifts.ics",
-    )  # fmt: skip
+    feed = await _unreadable_feed(db, dan.account)
     await rooms.set_share(db, room.id, ada.account.id, ada_cal, "free_busy")
     await rooms.set_share(db, room.id, bob.account.id, bob_cal, "titles")
     await rooms.set_share(db, room.id, cara.account.id, cara_cal, "everything")
@@ -64,7 +69,14 @@ async def test_each_member_is_seen_only_at_their_level_and_an_unreadable_calenda
     assert "Board meeting" in prompt and "HQ" in prompt and "x@corp.example" in prompt
     assert '"Shifts" (titles and times): UNKNOWN' in prompt and "never free" in prompt
     names = {t.name for t in models.prompts[0].tools}
-    assert names == {"room_notes", "add_room_note", "add_room_todo", "complete_room_todo", "current_time"}
+    assert names == {
+        "room_notes",
+        "add_room_note",
+        "add_room_todo",
+        "complete_room_todo",
+        "find_room_time",
+        "current_time",
+    }
     turn = await db.fetchrow("SELECT tool_calls, session FROM turns WHERE kind = 'room'")
     assert [c.get("status") for c in json.loads(turn["tool_calls"])] != ["ok"]
     assert json.loads(turn["session"])["room_id"] == str(room.id)
@@ -269,3 +281,29 @@ async def test_a_message_whose_turn_cannot_run_is_set_aside_and_the_room_goes_on
     await until(follower, lambda: _answered(db, second))
     assert await handling(db, first) == ("answered", "failed")
     assert await handling(db, second) == ("answered", "mention")
+
+
+async def test_the_meeting_finder_never_proposes_a_time_over_an_unknown_calendar(
+    db, homeserver, pepper, follower, clock
+):
+    from core.tools.context import SessionContext
+    from core.tools.registry import ToolContext
+    from core.tools.starter import starter_registry
+
+    setup = await make_room(db, homeserver, pepper, follower, "Ada", "Dan", "Eve")
+    ada, dan, room = setup.members["Ada"], setup.members["Dan"], setup.room
+    morning = clock.now.replace(hour=0, minute=0, second=0, microsecond=0) + timedelta(days=1)
+    ada_cal = await _event(db, ada.account, "Private thing", morning.replace(hour=8), hours=4)
+    feed = await _unreadable_feed(db, dan.account)
+    await rooms.set_share(db, room.id, ada.account.id, ada_cal, "free_busy")
+    await rooms.set_share(db, room.id, dan.account.id, feed, "free_busy")
+    tool = starter_registry(Connectors(allow_private_hosts=True, http_timeout=2.0)).get("find_room_time")
+    session = SessionContext("room", "owner_verified", "matrix", ada.account.id, room_id=room.id)
+    ctx = ToolContext(session, db, morning - timedelta(hours=1))
+    refused = await tool.handler(ctx, {"minutes": 60, "days": 1})
+    assert refused.status == "failed" and "Dan's calendar 'Shifts'" in refused.content and "unknown" in refused.content
+    await rooms.set_share(db, room.id, dan.account.id, feed, "nothing")
+    found = await tool.handler(ctx, {"minutes": 60, "days": 1})
+    assert found.status == "ok" and "Private thing" not in found.content
+    assert "12:00-13:00" in found.content and "08:00" not in found.content and "11:00-12:00" not in found.content
+    assert "Not counted (they share no calendar with this room): Dan, Eve." in found.content
