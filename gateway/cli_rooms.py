@@ -8,6 +8,7 @@ pepper rooms list
 pepper rooms share ROOM ACCOUNT CALENDAR LEVEL  what ACCOUNT shares of one of their calendars with
                                                 ROOM: nothing, free_busy, titles or everything
 pepper rooms shares ROOM ACCOUNT                what ACCOUNT shares with ROOM
+pepper rooms skill ROOM ACCOUNT NAME [--unshare] share one of ACCOUNT's skills with ROOM, by reference
 
 The homeserver must be running (``pepper serve`` runs the embedded one). Sharing levels are the
 member's own: this command and the web app set them; no tool of Pepper's model can.
@@ -56,6 +57,11 @@ def add_commands(subparsers: Any) -> None:
     shares = sub.add_parser("shares", help="what a member shares with a room, per calendar")
     shares.add_argument("room")
     shares.add_argument("account")
+    skill = sub.add_parser("skill", help="share one of a member's own skills with a room (by reference)")
+    skill.add_argument("room")
+    skill.add_argument("account", help="the member whose skill it is")
+    skill.add_argument("name")
+    skill.add_argument("--unshare", action="store_true")
 
 
 @asynccontextmanager
@@ -128,6 +134,16 @@ async def run(args: argparse.Namespace, settings: Settings, db: Database, out: C
                     out(f"invited {account.name} ({matrix_id}) to {room.name}")
                 else:
                     out(f"{account.name} is already a member of {room.name}")
+    elif action == "skill":
+        room = await rooms.get_room(db, args.room)
+        account = await identity.get_account(db, args.account)
+        if args.unshare:
+            done = await rooms.unshare_skill(db, room.id, account.id, args.name)
+            out(f"{account.name} no longer shares {args.name!r} with {room.name}" if done
+                else f"{account.name} does not share {args.name!r} with {room.name}")  # fmt: skip
+        else:
+            await rooms.share_skill(db, room.id, account.id, args.name)
+            out(f"{account.name} shares skill {args.name!r} with {room.name} (its current text, each time it runs)")
     elif action in ("share", "shares"):
         room = await rooms.get_room(db, args.room)
         account = await identity.get_account(db, args.account)

@@ -20,6 +20,7 @@ from core.conversation import PromptPart, PromptRecord, open_turn, update_turn
 from core.memory import MemoryConfig
 from core.models.types import ModelService, ToolCall
 from core.owner_context import context_reads, owner_context, session_tools
+from core.records.rooms import room_skill_sources
 from core.records.skills import USER_SKILLS_SELECT, skill_sources
 from core.store.pool import connection
 from core.store.queries import Queries
@@ -172,7 +173,7 @@ async def run_turn(
         # The owner context (``core.owner_context``, as a verified call builds it) and the skills.
         reads = context_reads(deps.connectors, personal=personal, connections=connections is None)
         if catalog and trust == "owner_verified" and kind != "room":
-            # A person's own skills are theirs: a room turn lists the built-in ones only.
+            # A person's own skills are theirs: a room turn lists the built-in ones and those shared with the room.
             reads["skills"] = USER_SKILLS_SELECT
         wanted = list(reads)
         async with connection(db, stateless=True) as conn:
@@ -201,6 +202,10 @@ async def run_turn(
             )
             dossier, memory = context.dossier, context.memory
             own_skills = skill_sources(got["skills"]) if "skills" in got else []
+            if catalog is not None and kind == "room" and room_id is not None:
+                # Skills members shared with the room, read by reference: their current text, with
+                # their limits checked again when one is activated here.
+                own_skills = await room_skill_sources(conn, room_id)
     except Exception as exc:
         if turn_id is not None:
             await _failed(deps, turn_id, exc)  # after the connection went back to the pool

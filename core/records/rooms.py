@@ -386,3 +386,45 @@ async def link_code(db: Queries, handle_id: UUID) -> Any:
 
 async def drop_link_code(db: Queries, handle_id: UUID) -> None:
     await db.execute("DELETE FROM matrix_link_codes WHERE handle_id = $1", handle_id)
+
+
+# --- Skills shared to a room ---------------------------------------------------------------------
+
+
+async def share_skill(db: Queries, room_id: UUID, account_id: UUID, name: str) -> bool:
+    """Share the member's own skill ``name`` with the room; False when it already was."""
+    try:
+        done = await db.fetchval(
+            "INSERT INTO room_skills (room_id, account_id, name) VALUES ($1, $2, $3)"
+            " ON CONFLICT DO NOTHING RETURNING 1",
+            room_id,
+            account_id,
+            name,
+        )
+    except asyncpg.ForeignKeyViolationError:
+        raise InvalidInput("only a member can share a skill, and only one of their own") from None
+    if not done:
+        owner = await db.fetchval("SELECT account_id FROM room_skills WHERE room_id = $1 AND name = $2", room_id, name)
+        if owner != account_id:
+            raise InvalidInput(f"another member already shares a skill named {name!r} with this room")
+    return bool(done)
+
+
+async def unshare_skill(db: Queries, room_id: UUID, account_id: UUID, name: str) -> bool:
+    done = await db.fetchval(
+        "DELETE FROM room_skills WHERE room_id = $1 AND account_id = $2 AND name = $3 RETURNING 1",
+        room_id,
+        account_id,
+        name,
+    )
+    return bool(done)
+
+
+async def room_skill_sources(db: Queries, room_id: UUID) -> list[tuple[str, str]]:
+    """``(name, text)`` of the skills shared with the room, as their owners' current text."""
+    rows = await db.fetch(
+        "SELECT s.name, s.source FROM room_skills r"
+        " JOIN user_skills s ON s.account_id = r.account_id AND s.name = r.name WHERE r.room_id = $1 ORDER BY s.name",
+        room_id,
+    )
+    return [(r["name"], r["source"]) for r in rows]

@@ -74,3 +74,5 @@ async def test_a_person_links_their_matrix_id_and_is_put_in_a_room_with_their_ca
     assert code == 1 and "Cy is not a member of Family" in err
     code, out, _ = await _pepper(capsys, "rooms", "invite", "Family", "Bob")
     assert "Bob is already a member" in out
+    code, _, err = await _pepper(capsys, "rooms", "skill", "Family", "Ada", "no-such-skill")
+    assert code == 1 and "only one of their own" in err

@@ -307,3 +307,34 @@ async def test_the_meeting_finder_never_proposes_a_time_over_an_unknown_calendar
     assert found.status == "ok" and "Private thing" not in found.content
     assert "12:00-13:00" in found.content and "08:00" not in found.content and "11:00-12:00" not in found.content
     assert "Not counted (they share no calendar with this room): Dan, Eve." in found.content
+
+
+async def test_a_skill_shared_to_a_room_is_a_reference_to_its_owners_current_text(
+    db, homeserver, pepper, follower, models, harness, clock
+):
+    from core.records.skills import store_skill
+    from text_loop.skills.catalog import SkillCatalog
+
+    harness.skills = SkillCatalog.load_builtin()
+    setup = await make_room(db, homeserver, pepper, follower, "Ada", "Bob")
+    ada, bob, room = setup.members["Ada"], setup.members["Bob"], setup.room
+    trip = "---\nname: plan-trip\ndescription: {}\n---\n1. Ask where to.\n"
+    await store_skill(db, ada.account.id, "plan-trip", trip.format("Plan a family trip."), replace=False)
+    await store_skill(db, ada.account.id, "secret-diary", trip.replace("plan-trip", "secret-diary"), replace=False)
+    with pytest.raises(InvalidInput):  # not Bob's to share
+        await rooms.share_skill(db, room.id, bob.account.id, "plan-trip")
+    assert await rooms.share_skill(db, room.id, ada.account.id, "plan-trip")
+    models.script(reply("Sure."), reply("Sure again."))
+    first = await bob.say(room, "help us plan", mention=pepper.user_id)
+    await until(follower, lambda: _answered(db, first))
+    assert (
+        "Plan a family trip." in models.prompts[0].system_stable
+        and "secret-diary" not in models.prompts[0].system_stable
+    )
+    await store_skill(db, ada.account.id, "plan-trip", trip.format("Plan a trip, cheaply."), replace=True)
+    clock.advance(minutes=10)
+    second = await bob.say(room, "again please", mention=pepper.user_id)
+    await until(follower, lambda: _answered(db, second))
+    assert "Plan a trip, cheaply." in models.prompts[1].system_stable  # the owner's edit, not a copy
+    assert await rooms.unshare_skill(db, room.id, ada.account.id, "plan-trip")
+    assert await rooms.room_skill_sources(db, room.id) == []

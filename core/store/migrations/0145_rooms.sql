@@ -97,3 +97,15 @@ CREATE TABLE room_calendar_shares (
     PRIMARY KEY (room_id, account_id, calendar_id),
     FOREIGN KEY (room_id, account_id) REFERENCES room_members (room_id, account_id) ON DELETE CASCADE
 );
+
+-- A member's own skill shared to a room: by reference (the room reads the skill's current text
+-- each turn), gone when the member deletes it or leaves the room.
+CREATE TABLE room_skills (
+    room_id     uuid NOT NULL,
+    account_id  uuid NOT NULL,
+    name        text NOT NULL,
+    shared_at   timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (room_id, name),
+    FOREIGN KEY (room_id, account_id) REFERENCES room_members (room_id, account_id) ON DELETE CASCADE,
+    FOREIGN KEY (account_id, name) REFERENCES user_skills (account_id, name) ON DELETE CASCADE ON UPDATE CASCADE
+);
