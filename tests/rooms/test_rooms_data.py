@@ -7,6 +7,7 @@ import json
 from datetime import timedelta
 
 import pytest
+from rooms_support import handling, make_room, until
 
 from core.adapters.matrix import MatrixError, room_event
 from core.errors import InvalidInput
@@ -15,7 +16,6 @@ from core.testing.processes import free_port
 from core.testing.scripted import calls, reply
 from core.tools.areas.calendar.store import ensure_pepper_calendar
 from core.tools.connectors import Connectors
-from rooms.support import handling, make_room, until
 
 
 async def _event(db, account, title, start, hours=1, location=None, attendees=()):

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from rooms_support import handling, make_room, pepper_posts_seen_by, until
+
 from core.testing.scripted import reply
-from rooms.support import handling, make_room, pepper_posts_seen_by, until
 
 
 async def test_a_name_in_passing_gets_no_turn_and_a_mention_reply_or_follow_up_does(
