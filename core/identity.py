@@ -29,11 +29,11 @@ from core.errors import InvalidInput, NotFound
 from core.settings import VOICE_ENGINES
 from core.store.queries import Queries
 
-HandleKind = Literal["phone", "email", "web"]
+HandleKind = Literal["phone", "email", "web", "matrix"]
 Channel = Literal["sms", "whatsapp", "voice", "email"]
 LineKind = Literal["personal", "answering"]
 
-HANDLE_KINDS: tuple[str, ...] = ("phone", "email", "web")
+HANDLE_KINDS: tuple[str, ...] = ("phone", "email", "web", "matrix")
 CONSENT_CHANNELS: tuple[str, ...] = ("sms", "whatsapp", "voice", "email")
 LINE_KINDS: tuple[str, ...] = ("personal", "answering")
 # A STOP on a phone number blocks every channel that reaches that number.
@@ -42,6 +42,8 @@ PHONE_CHANNELS: tuple[str, ...] = ("sms", "whatsapp", "voice")
 PIN_PATTERN = re.compile(r"^\d{4,12}$")
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 _WEB_LOGIN = re.compile(r"^[a-z0-9][a-z0-9._-]{1,63}$")
+# A Matrix user ID: @localpart:server (the spec's localpart characters; a server name with an optional port).
+_MATRIX_ID = re.compile(r"^@[a-z0-9._=/+-]+:[a-z0-9.-]+(:\d{1,5})?$")
 
 # argon2id with the library's defaults (RFC 9106 low-memory profile).
 _hasher = PasswordHasher()
@@ -140,6 +142,11 @@ def normalize_handle(kind: str, raw: str, default_region: str = "US") -> str:
         value = raw.strip().lower()
         if not _WEB_LOGIN.match(value):
             raise InvalidInput("a web login is 2-64 letters, digits, '.', '_' or '-'")
+        return value
+    if kind == "matrix":
+        value = raw.strip().lower()
+        if not _MATRIX_ID.match(value) or len(value) > 255:
+            raise InvalidInput("a Matrix ID looks like @name:example.org")
         return value
     raise InvalidInput(f"unknown handle kind {kind!r}; use one of {', '.join(HANDLE_KINDS)}")
 

@@ -123,6 +123,23 @@ class Settings(BaseSettings):
         True, validation_alias=_env("PEPPER_EMAIL_REQUIRE_SENDER_AUTH", "email_require_sender_auth")
     )
 
+    # Rooms (docs/rooms.md) on a Matrix homeserver. Unset: `pepper serve` runs its own Synapse (SQLite,
+    # 127.0.0.1:matrix_port, config in <data dir>/matrix) and registers Pepper's user on it. Set: Pepper
+    # logs into that homeserver as matrix_user with matrix_password (or matrix_access_token).
+    matrix_homeserver: str | None = Field(None, validation_alias=_env("PEPPER_MATRIX_HOMESERVER", "matrix_homeserver"))
+    matrix_user: str = Field("pepper", validation_alias=_env("PEPPER_MATRIX_USER", "matrix_user"))
+    matrix_password: SecretStr | None = Field(None, validation_alias=_env("PEPPER_MATRIX_PASSWORD", "matrix_password"))
+    matrix_access_token: SecretStr | None = Field(
+        None, validation_alias=_env("PEPPER_MATRIX_ACCESS_TOKEN", "matrix_access_token")
+    )
+    # The embedded Synapse's port and server name (the part after ':' in its users' Matrix IDs).
+    matrix_port: int = Field(8448, ge=0, le=65535, validation_alias=_env("PEPPER_MATRIX_PORT", "matrix_port"))
+    matrix_server_name: str = Field(
+        "localhost", validation_alias=_env("PEPPER_MATRIX_SERVER_NAME", "matrix_server_name")
+    )
+    # Whether `pepper serve` follows rooms at all (off: no homeserver, no sync loop).
+    rooms_enabled: bool = Field(True, validation_alias=_env("PEPPER_ROOMS_ENABLED", "rooms_enabled"))
+
     # Where this process found its TOML file, if any (for `pepper doctor`).
     config_file: Path | None = Field(None, validation_alias=_env("PEPPER_CONFIG", "config_file"))
 

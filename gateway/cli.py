@@ -87,7 +87,7 @@ def _parser() -> argparse.ArgumentParser:
     limits.add_argument("--cost", help="daily cost cap in US dollars ('default': the settings' cap)")
     limits.add_argument("--minutes", help="daily call-minute cap ('default': the settings' cap)")
 
-    handle = sub.add_parser("handle", help="phone numbers, emails and web logins").add_subparsers(
+    handle = sub.add_parser("handle", help="phone numbers, emails, web logins and Matrix IDs").add_subparsers(
         dest="action", required=True
     )
     add = handle.add_parser("add", help="attach a handle to an account")
@@ -144,6 +144,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "gateway.cli_backup",
     "gateway.cli_turns",
     "gateway.cli_slots",
+    "gateway.cli_rooms",
 )
 
 

@@ -156,6 +156,7 @@ async def diagnose(settings: Settings, served_paths: set[str]) -> Report:
     _voice(report, settings)
     _web(report, settings)
     _slots(report, store)
+    _rooms(report, settings)
 
     for hook in WEBHOOKS:
         report.webhooks.append((hook.name, public_url_for(settings, hook), hook.where, hook.path in served_paths))
@@ -216,6 +217,25 @@ def _web(report: Report, settings: Settings) -> None:
         )
         return
     report.add(area, OK, f"{provider}; the research helper runs on the {settings.web_research_tier} tier")
+
+
+def _rooms(report: Report, settings: Settings) -> None:
+    """Where the rooms' homeserver is (docs/rooms.md); without a login Pepper cannot follow them."""
+    area = "rooms: Matrix homeserver"
+    if not settings.rooms_enabled:
+        report.add(area, OK, "rooms are off (PEPPER_ROOMS_ENABLED=false)")
+    elif settings.matrix_homeserver is None:
+        where = settings.data_dir / "matrix" / "synapse"
+        report.add(area, OK, f"embedded Synapse on 127.0.0.1:{settings.matrix_port} (users @name:"
+                             f"{settings.matrix_server_name}), config in {where}")  # fmt: skip
+    elif not settings.matrix_user.startswith("@"):
+        report.add(area, MISSING, "PEPPER_MATRIX_USER must be Pepper's full Matrix ID (@name:server) on"
+                                  f" {settings.matrix_homeserver}; until then rooms are off")  # fmt: skip
+    elif not _set(settings.matrix_password) and not _set(settings.matrix_access_token):
+        report.add(area, MISSING, f"set PEPPER_MATRIX_PASSWORD or PEPPER_MATRIX_ACCESS_TOKEN to log into"
+                                  f" {settings.matrix_homeserver}; until then rooms are off")  # fmt: skip
+    else:
+        report.add(area, OK, f"{settings.matrix_homeserver} as {settings.matrix_user}")
 
 
 def _email(report: Report, settings: Settings) -> None:

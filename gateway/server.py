@@ -24,6 +24,7 @@ from gateway.media_procs import POOL_SIZE as MEDIA_POOL_SIZE
 from gateway.media_procs import MediaProcesses
 from gateway.port_lock import hold_media_port
 from gateway.research import ResearchHelper
+from gateway.rooms.process import POOL_SIZE as ROOMS_POOL_SIZE
 from gateway.sockets import bind_listener, bind_shared
 from gateway.worker import TurnProcesses, turn_pool_size
 
@@ -189,6 +190,18 @@ async def _media_processes_listening(db: Database, count: int, within: float = 1
         await asyncio.sleep(0.1)
 
 
+def room_children(settings: Settings, dsn: str) -> list[Supervised]:
+    """The rooms' children (docs/rooms.md): the embedded Synapse unless PEPPER_MATRIX_HOMESERVER
+    names another homeserver, and the rooms process that follows them; none with rooms off."""
+    if not settings.rooms_enabled:
+        return []
+    from gateway.rooms.homeserver import EmbeddedHomeserver
+    from gateway.rooms.process import RoomProcesses
+
+    found: list[Supervised] = [] if settings.matrix_homeserver else [EmbeddedHomeserver(settings)]
+    return [*found, RoomProcesses(settings, dsn, 1)]
+
+
 def connections_needed(settings: Settings) -> int:
     """The most Postgres connections ``pepper serve`` holds at once with these settings: every
     pool at its maximum, and each listening (LISTEN) connection."""
@@ -196,9 +209,10 @@ def connections_needed(settings: Settings) -> int:
     # Each turn worker's pool and its wake-up listener; with none, one worker in the web server.
     turns = settings.turn_workers * (turn_pool_size(settings) + 1) if settings.turn_workers else 1
     # The web server's call-control listener (its browser calls, and the phone calls with one media
-    # process), and each media process's pool and listener.
+    # process), each media process's pool and listener, and the rooms' sync process.
     media = 1 + (settings.media_processes * (MEDIA_POOL_SIZE + 1) if settings.media_processes > 1 else 0)
-    return web + turns + media
+    rooms = ROOMS_POOL_SIZE if settings.rooms_enabled else 0
+    return web + turns + media + rooms
 
 
 FEWER_CONNECTIONS = (
@@ -288,6 +302,7 @@ async def serve(settings: Settings, *, stop: asyncio.Event | None = None) -> Non
                 children.append(TurnProcesses(settings, db.dsn, settings.turn_workers))
             if media_apart:
                 children.append(MediaProcesses(settings, db.dsn, settings.media_processes))
+            children += room_children(settings, db.dsn)
             # After start-up recovery (registered earlier), so no child races it.
             app.before_serving(_started(children))
             app.before_serving(freeze_startup_objects)

@@ -36,7 +36,7 @@ SLOW_TESTS = (
     "test_backup.py", "test_metrics.py",
     "test_deploy_files.py", "scheduler/test_runs.py", "scheduler/test_faults.py", "scheduler/test_cli_tasks.py",
     "features/test_connect.py", "features/test_calendar", "memory/test_cli_memory.py", "memory/test_search",
-    "skills/test_skills_cli.py", "skills/test_skills_turns.py",
+    "skills/test_skills_cli.py", "skills/test_skills_turns.py", "rooms/",
 )  # fmt: skip
 _TESTS_DIR = Path(__file__).resolve().parent
 
@@ -107,6 +107,9 @@ def subprocess_env() -> dict[str, str]:
     """An environment for running ``pepper`` as a child process, without the caller's settings."""
     env = {k: v for k, v in os.environ.items() if k not in _PEPPER_ENV}
     env["PYTHONWARNINGS"] = "ignore"
+    # No homeserver beside each test's server (several tests run at once; Synapse takes seconds):
+    # the rooms tests start one of their own (tests/rooms/).
+    env["PEPPER_ROOMS_ENABLED"] = "false"
     return env
 
 

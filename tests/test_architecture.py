@@ -35,6 +35,9 @@ SDK_HOMES: dict[str, tuple[str, ...]] = {
     # The MCP client and the loopback servers tests and benchmarks run.
     "mcp": ("core/adapters/mcp/",),
     "mcp_types": ("core/adapters/mcp/",),
+    # Rooms: Pepper's Matrix client, and the embedded homeserver's signing key.
+    "nio": ("core/adapters/matrix/",),
+    "signedjson": ("core/adapters/matrix/",),
     "pipecat": ("voice/",),
     # The cascade's local speech models.
     "faster_whisper": ("voice/adapters/",),

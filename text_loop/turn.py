@@ -23,6 +23,7 @@ from core.models.select import ModelPlan, SelectRequest, select_models
 from core.models.types import ModelService, ToolCall
 from core.owner_context import context_reads, owner_context, session_tools
 from core.records.folders import active_for
+from core.records.rooms import room_skill_sources
 from core.records.skills import USER_SKILLS_SELECT, skill_sources
 from core.store.pool import connection
 from core.store.queries import Queries
@@ -172,6 +173,7 @@ async def run_turn(
     inbound_message_ids: Sequence[int] = (),
     connections: frozenset[str] | None = None,
     tier: str | None = None,
+    room_id: UUID | None = None,
 ) -> TurnOutcome:
     """Run one turn for ``text`` from the account's person and return the reply to send.
 
@@ -181,7 +183,8 @@ async def run_turn(
     ``tier`` given: the turn runs on it and the ``model_select`` slot is not asked; otherwise the
     slot's occupant plans the turn once (``core.models.select``), from the person's usage tier.
     Cancelling the task cancels the turn: its staged writes stay staged and the crash rule in
-    ``core.tools.staging`` drops them later.
+    ``core.tools.staging`` drops them later. ``room_id``: the room a ``room`` turn speaks in (its
+    tools reach that room's data only).
     """
     started = time.perf_counter()
     db = deps.db
@@ -198,7 +201,8 @@ async def run_turn(
         # The reads that come before the first model call ride on the statement that opens the turn.
         # The owner context (``core.owner_context``, as a verified call builds it) and the skills.
         reads = context_reads(deps.connectors, personal=personal, connections=connections is None)
-        if catalog and trust == "owner_verified":
+        if catalog and trust == "owner_verified" and kind != "room":
+            # A person's own skills are theirs: a room turn lists the built-in ones and those shared with the room.
             reads["skills"] = USER_SKILLS_SELECT
         reads["usage"] = usage_select(now)
         if kind != "scheduled":  # a scheduled task has a breaker of its own (``text_loop.scheduler``)
@@ -223,9 +227,15 @@ async def run_turn(
             lent_tools = folder_tools(*lent) if lent is not None else []
             if lent_tools:
                 names = names | {FOLDER}
-            session = SessionContext(kind, trust, channel, account_id, conversation_id, turn_id, timezone, names)
+            session = SessionContext(
+                kind, trust, channel, account_id, conversation_id, turn_id, timezone, names, room_id=room_id
+            )
             dossier, memory = context.dossier, context.memory
             own_skills = skill_sources(got["skills"]) if "skills" in got else []
+            if catalog is not None and kind == "room" and room_id is not None:
+                # Skills members shared with the room, read by reference: their current text, with
+                # their limits checked again when one is activated here.
+                own_skills = await room_skill_sources(conn, room_id)
             # The person's approved MCP tools exist for this turn only, behind their tool sets.
             servers = sorted(n.removeprefix("mcp:") for n in context.connections if n.startswith("mcp:"))
             mcp_tools = await account_tools(conn, deps.mcp, account_id) if deps.mcp and servers and catalog else []

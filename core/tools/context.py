@@ -32,6 +32,8 @@ class SessionContext:
     turn_id: UUID | None = None
     timezone: str = "UTC"
     connections: frozenset[str] = field(default_factory=frozenset)
+    # The room a ``room`` session speaks in (``core.records.rooms``): the only data its tools reach.
+    room_id: UUID | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in SESSION_KINDS:
@@ -54,4 +56,5 @@ class SessionContext:
             "turn_id": str(self.turn_id) if self.turn_id else None,
             "timezone": self.timezone,
             "connections": sorted(self.connections),
+            **({"room_id": str(self.room_id)} if self.room_id else {}),
         }

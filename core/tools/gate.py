@@ -186,6 +186,8 @@ def _widening(tool: Tool, current: dict[str, Any], proposed: dict[str, Any]) -> 
 PERSONAL_AREAS: frozenset[str] = frozenset(
     {"notes", "todos", "dossier", "tasks", "reminders", "contacts", "calendar", "feeds", "memory", "answering_inbox"}
 )
+# All a room turn may use: the room's own data (its messages, shared notes and to-dos) and the clock.
+ROOM_AREAS: frozenset[str] = frozenset({"room", "clock"})
 # What a caller who is not the owner may use; the answering service narrows it to its own profile.
 THIRD_PARTY_AREAS: frozenset[str] = frozenset({"clock", "answering"})
 
@@ -217,14 +219,24 @@ def _trust_check(tool: Tool, args: dict[str, Any], session: SessionContext) -> V
 
 
 def _room_hides(tool: Tool, session: SessionContext) -> bool:
-    # MCP servers (GitHub's included) act with one member's own token.
-    personal = tool.area in PERSONAL_AREAS or tool.area == "github" or tool.area.startswith("mcp:")
-    return session.kind == "room" and personal
+    # A room is a list of what it may use, not of what it may not: a tool added later (a new send,
+    # a new account) stays out of rooms until it is put here.
+    if session.kind == "room":
+        return (
+            tool.area not in ROOM_AREAS
+            or tool.needs_connection is not None
+            or (tool.area == "room" and session.room_id is None)
+        )
+    return tool.area == "room"
 
 
 def _room_check(tool: Tool, args: dict[str, Any], session: SessionContext) -> Verdict:
     if _room_hides(tool, session):
-        return Verdict.deny("a room cannot use one member's private data")
+        if session.kind != "room":
+            return Verdict.deny("room tools work only in a room")
+        return Verdict.deny(
+            "a room turn uses the room's data only: no member's private data, no sends outside the room"
+        )
     return Verdict.allow()
 
 

@@ -13,6 +13,7 @@ from core.tools.areas import (
     memory,
     notes,
     reminders,
+    room,
     tasks,
     todos,
     web,
@@ -27,6 +28,7 @@ def starter_registry(connectors: Connectors | None = None) -> ToolRegistry:
     c = connectors or Connectors()
     areas = (
         *calendar.make_tools(c),
+        *calendar.make_room_tools(c),
         *email.make_tools(c),
         *feeds.make_tools(c),
         *contacts.TOOLS,
@@ -34,6 +36,7 @@ def starter_registry(connectors: Connectors | None = None) -> ToolRegistry:
         *reminders.TOOLS,
         *memory.TOOLS,
         *answering_inbox.TOOLS,
+        *room.TOOLS,
         *web.make_tools(c),
     )
     return ToolRegistry((*clock.TOOLS, *notes.TOOLS, *todos.TOOLS, *dossier.TOOLS, *areas))

@@ -169,7 +169,8 @@ async def test_trust_and_connections_decide_what_is_shown_and_allowed():
     assert not denied.allowed and "proved" in denied.reason
     assert names(session(trust="third_party")) == {"current_time"}
     room = session(kind="room")
-    assert "add_note" not in names(room) and "search_mail" in names(room)
+    # A room sees no member's mail either (issue 25): only the room's own tools and the clock.
+    assert "add_note" not in names(room) and "search_mail" not in names(room) and "current_time" in names(room)
 
 
 @pytest.mark.parametrize("trust", ["owner_unverified", "third_party"])

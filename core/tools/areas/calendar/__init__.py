@@ -7,6 +7,7 @@ For other packages (the answering service): :func:`free_busy`, :func:`book` and 
 from __future__ import annotations
 
 from core.tools.areas.calendar.model import Attendee, Busy, CalendarUnavailable, Event, SlotTaken
+from core.tools.areas.calendar.room_times import make_room_tools
 from core.tools.areas.calendar.service import Booking, book, free_busy, list_events, lock_bookings
 from core.tools.areas.calendar.sources import add_ical_feed, calendars, connect_caldav
 from core.tools.areas.calendar.tools import make_tools
@@ -29,5 +30,6 @@ __all__ = [
     "free_busy",
     "list_events",
     "lock_bookings",
+    "make_room_tools",
     "make_tools",
 ]
