@@ -274,8 +274,6 @@ async def serve(settings: Settings, *, stop: asyncio.Event | None = None) -> Non
         loop.add_signal_handler(signum, stop.set)
 
     media_port_lock = hold_media_port(settings.media_port, settings.data_dir)  # noqa: F841 (held until return)
-    # Every process of this server (children inherit the environment) reports its metrics here.
-    use_metrics_directory(settings.data_dir / "metrics")
     sock = bind_listener(settings.host, settings.port)
     port = sock.getsockname()[1]
     handed_over = False
@@ -294,6 +292,9 @@ async def serve(settings: Settings, *, stop: asyncio.Event | None = None) -> Non
         if research is not None:
             settings = settings.model_copy(update={"web_research_socket": str(research.socket_path)})
         async with open_store(settings, serving=True) as db:
+            # Every process of this server (the children inherit the environment) reports its
+            # metrics here; set before any child starts, once the data dir is known to be usable.
+            use_metrics_directory(settings.data_dir / "metrics")
             await check_connection_budget(db, settings)
             app = build_app(settings, db, None if media_apart else media_sock,
                             turns_in_process=settings.turn_workers == 0, media_in_process=not media_apart)  # fmt: skip
