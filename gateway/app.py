@@ -9,7 +9,17 @@ from quart import Quart, jsonify
 from core.conversation import ANNOUNCE_LATER
 from core.errors import DatabaseUnavailable
 from core.settings import Settings
-from gateway import answering_routes, connect_routes, email_channel, messaging, voice_routes, webchat
+from gateway import (
+    answering_routes,
+    connect_routes,
+    dashboard,
+    email_channel,
+    messaging,
+    pages,
+    voice_routes,
+    web_api,
+    webchat,
+)
 from gateway.limits import PathLimitedRequest
 from gateway.live import LiveFeed
 from gateway.media_procs import stop_calls, stop_taking_calls
@@ -37,7 +47,7 @@ def create_app(settings: Settings, db, *, turns_in_process: bool = True, media_i
     Twilio media socket (the calls) in this event loop too; with ``PEPPER_MEDIA_PROCESSES`` >= 2,
     media processes hold the calls (``gateway.media_procs``) and this app only answers webhooks.
     """
-    app = Quart("pepper")
+    app = Quart("pepper", static_folder=None)  # gateway.pages serves the static files
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     app.request_class = PathLimitedRequest  # inbound mail may be larger
     services.setdefault("tasks", BackgroundTasks(settings.max_concurrent_turns))
@@ -52,6 +62,9 @@ def create_app(settings: Settings, db, *, turns_in_process: bool = True, media_i
     app.register_blueprint(voice_routes.blueprint)
     app.register_blueprint(answering_routes.blueprint)
     app.register_blueprint(connect_routes.blueprint)
+    app.register_blueprint(pages.blueprint)
+    app.register_blueprint(dashboard.blueprint)
+    app.register_blueprint(web_api.blueprint)
 
     @app.before_serving
     async def start_live_feed() -> None:

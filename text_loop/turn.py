@@ -147,8 +147,12 @@ async def run_turn(
     inbound_message_ids: Sequence[int] = (),
     connections: frozenset[str] | None = None,
     tier: str | None = None,
+    progress: Callable[[dict[str, str]], None] | None = None,
 ) -> TurnOutcome:
     """Run one turn for ``text`` from the account's person and return the reply to send.
+
+    ``progress``, when given, is told what an open chat can show while the turn runs (the reply's
+    text as it streams, each tool as it starts), as ``{"conversation_id", "turn_id", "kind", "text"}``.
 
     Records the turn (every round, call, gate decision and staged write) in ``turns``. Raises
     ``NotFound`` for an unknown account; model failures do not raise (see ``TurnOutcome.status``).
@@ -284,6 +288,9 @@ async def run_turn(
         )
         if runtime is not None:
             runtime.attach(loop)
+        if progress is not None:
+            ids = {"conversation_id": str(conversation_id), "turn_id": str(turn_id)}
+            loop.progress = lambda kind, piece: progress({**ids, "kind": kind, "text": piece})
         result = await loop.run()
         return await finish_turn(
             deps,

@@ -34,7 +34,8 @@ class Reply:
     ``text`` streams in word-sized deltas. ``status`` answers with that HTTP status and the
     provider's error body instead. ``delay`` seconds pass before the answer starts.
     ``cut_after`` closes the connection abruptly after that many stream events (streaming only).
-    ``hold`` keeps the answer back until the test sets that event.
+    ``hold`` keeps the answer back until the test sets that event. ``pace`` seconds pass between
+    stream events (a reply a page can be watched streaming).
     """
 
     text: str = ""
@@ -49,6 +50,7 @@ class Reply:
     status: int | None = None
     error_message: str = "scripted failure"
     delay: float = 0.0
+    pace: float = 0.0
     cut_after: int | None = None
     hold: asyncio.Event | None = field(default=None, compare=False)
 
@@ -210,7 +212,7 @@ async def run_stream(request: web.Request, reply: Reply, frames: Any) -> web.Str
     try:
         for event, data in frames:
             await writer.send(data, event)
-            await asyncio.sleep(0)
+            await asyncio.sleep(reply.pace)
     except _Cut:
         transport = request.transport
         if transport is not None:
