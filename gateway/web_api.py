@@ -29,6 +29,7 @@ from core.scheduling.runs import run_now
 from core.scheduling.tasks import account_timezone
 from core.store.pool import connection
 from core.tools.areas.email import discard_draft, edit_draft
+from core.tools.connectors import account_connections
 from core.tools.context import SessionContext
 from core.tools.registry import ToolContext
 from core.tools.runner import CallOutcome, run_call
@@ -59,15 +60,15 @@ class Answer:
 async def run_owner_tool(services: Services, account_id: UUID, name: str, arguments: dict[str, Any]) -> CallOutcome:
     """Run one tool for the signed-in person, as their own live turn would: the harness's
     registry and gate, a live session trusted as the verified owner, on the web channel."""
-    db = services.db
+    db, harness = services.db, services.harness
     session = SessionContext(
         "live", "owner_verified", "web", account_id, await conversation_for(db, account_id), None,
-        await account_timezone(db, account_id),
+        await account_timezone(db, account_id), await account_connections(db, account_id, harness.connectors),
     )  # fmt: skip
     call = ToolCall(f"web-{uuid4().hex[:12]}", name, arguments)
     async with connection(db, stateless=True) as conn:
         ctx = ToolContext(session, conn, datetime.now(UTC))
-        return await run_call(services.harness.registry, services.harness.gate, ctx, call)
+        return await run_call(harness.registry, harness.gate, ctx, call)
 
 
 # --- draft cards ---------------------------------------------------------------------------------

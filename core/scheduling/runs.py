@@ -282,11 +282,11 @@ async def run_now(db: Queries, task_id: int, account_id: UUID, now: datetime) ->
     return await db.fetchval(
         """
         INSERT INTO task_runs (task_id, occurrence_at, due_at, ready_at, status, reason)
-        SELECT t.id, $3, $3, $3, 'due', 'run now'
+        SELECT t.id, $3::timestamptz, $3, $3, 'due', 'run now'
         FROM scheduled_tasks t
         WHERE t.id = $1 AND t.account_id = $2 AND t.status = 'active'
           AND NOT EXISTS (SELECT 1 FROM task_runs r WHERE r.task_id = t.id AND r.status IN ('due', 'running')
-                          AND r.ready_at <= $3 + interval '1 minute')
+                          AND r.ready_at <= $3::timestamptz + interval '1 minute')
         ON CONFLICT (task_id, occurrence_at) DO NOTHING
         RETURNING id
         """,
