@@ -123,9 +123,9 @@ async def test_the_reply_streams_in_pieces_and_the_working_indicator_names_the_t
     assert len(deltas) >= 2 and "".join(deltas) == words  # in pieces, and nothing lost
     kinds = [k for k, _ in seen]
     assert kinds.index("working") < kinds.index("delta")
-    reply = [d for k, d in seen if k == "message" and d["direction"] == "outbound"][0]
+    reply = next(d for k, d in seen if k == "message" and d["direction"] == "outbound")
     assert reply["html"] == "<p>The <strong>cat</strong> is fed and the to-do is ticked off.</p>"
-    inbound = [d for k, d in seen if k == "message" and d["direction"] == "inbound"][0]
+    inbound = next(d for k, d in seen if k == "message" and d["direction"] == "inbound")
     assert inbound["html"] is None and inbound["channel"] == "web"
     # Without progress=1 a client sees only messages, as before.
     async with aiohttp.ClientSession(cookie_jar=session.cookie_jar) as again:
