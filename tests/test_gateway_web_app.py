@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 
 import aiohttp
 import pytest
-from web_app_support import BOB_EMAIL, PASSWORD, WebApp, web_app
+from web_app_support import BOB_EMAIL, PASSWORD, WebApp, some_records, web_app
 
 from core import access, identity
 from core.scheduling.schedule import parse_schedule
@@ -68,6 +68,7 @@ async def a_draft(app: WebApp, session: aiohttp.ClientSession, body: str, *, hel
 
 
 async def test_home_is_the_sign_in_or_the_chat_and_every_page_shares_one_look(app: WebApp):
+    await some_records(app)
     async with aiohttp.ClientSession() as anonymous:
         async with anonymous.get(app.base + "/") as response:
             page = await response.text()
@@ -90,6 +91,15 @@ async def test_home_is_the_sign_in_or_the_chat_and_every_page_shares_one_look(ap
                 assert "/static/app.css" in page and 'aria-label="Pages"' in page, path
                 assert "script-src 'self';" in response.headers["Content-Security-Policy"]
                 assert response.headers["Cache-Control"] == "no-store"
+        async with session.get(app.base + "/plots") as response:
+            figures = (await response.text()).split('id="figures">')[1].split("</script>")[0]
+        [day] = json.loads(figures)["latency"]
+        assert (day["count"], day["p50"], round(day["p99"])) == (3, 510.0, 873)
+        assert json.loads(figures)["usage"][0]["input_tokens"] == 1200
+        async with session.get(app.base + "/calls/CAweb1") as response:
+            page = await response.text()
+            assert "Add milk to my list" in page and "Milk is on your list." in page and "Add todo" in page
+            assert "median 510 ms" in page
         async with session.get(app.base + "/") as response:
             page = await response.text()
             assert 'id="call-button"' in page and "Up to 8000 characters" in page

@@ -3,12 +3,16 @@ as a contact, a loopback model and a loopback SMTP server for Pepper's own mail.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from core import access, identity
+from core.scheduling.schedule import parse_schedule
+from core.scheduling.tasks import create_task
 from core.settings import Settings
 from core.store import Database
 from core.testing.peers import OpenAIPeer
@@ -63,3 +67,31 @@ async def web_app(db: Database, db_url: str) -> AsyncIterator[WebApp]:
         )  # fmt: skip
         async with running_app(settings, db) as (app, port):
             yield WebApp(db, model, smtp, f"http://127.0.0.1:{port}", ada.id, app.extensions["pepper"])
+
+
+async def some_records(app: WebApp) -> None:
+    """A call with its transcript and tool calls, and a scheduled task, for the pages to show."""
+    db = app.db
+    turn = await db.fetchval(
+        "INSERT INTO turns (conversation_id, kind, channel, status, rounds, tool_calls, usage)"
+        " SELECT id, 'call', 'voice', 'delivered', $2::jsonb, $3::jsonb,"
+        " '{\"input_tokens\": 1200, \"output_tokens\": 80}' FROM conversations WHERE account_id = $1"
+        " RETURNING id",
+        app.account_id,
+        json.dumps([{"at_ms": 900, "role": "caller", "text": "Add milk to my list"},
+                    {"at_ms": 1700, "role": "pepper", "text": "Milk is on your list."}]),
+        json.dumps([{"name": "add_todo", "status": "ok", "arguments": {"title": "milk"}}]),
+    )  # fmt: skip
+    await db.execute(
+        "INSERT INTO calls (call_sid, account_id, route, status, turn_id, caller, stats)"
+        " VALUES ('CAweb1', $1, 'owner', 'completed', $2, '+15550100', $3::jsonb)",
+        app.account_id,
+        turn,
+        json.dumps({"response_ms": [420.0, 510.0, 880.0], "barge_ins": 1}),
+    )
+    now = datetime.now(UTC)
+    async with db.transaction() as conn:
+        await create_task(
+            conn, app.account_id, title="Brief me", prompt="brief",
+            schedule=parse_schedule("every day at 07:30", now=now, timezone="UTC"), now=now,
+        )  # fmt: skip

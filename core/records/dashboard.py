@@ -79,8 +79,8 @@ async def turns_per_day(db: Queries, account_id: UUID, since: datetime, timezone
     return await db.fetch(
         """
         SELECT (t.started_at AT TIME ZONE $3)::date AS day, count(*) AS turns,
-               coalesce(sum((t.usage ->> 'input_tokens')::bigint), 0) AS input_tokens,
-               coalesce(sum((t.usage ->> 'output_tokens')::bigint), 0) AS output_tokens
+               coalesce(sum((t.usage ->> 'input_tokens')::bigint), 0)::bigint AS input_tokens,
+               coalesce(sum((t.usage ->> 'output_tokens')::bigint), 0)::bigint AS output_tokens
         FROM turns t JOIN conversations c ON c.id = t.conversation_id
         WHERE c.account_id = $1 AND t.started_at >= $2
         GROUP BY 1 ORDER BY 1
