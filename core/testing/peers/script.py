@@ -12,6 +12,7 @@ test that forgot to script a reply fails loudly instead of passing by accident.
 from __future__ import annotations
 
 import asyncio
+import time
 import re
 from collections import deque
 from dataclasses import dataclass, field
@@ -25,6 +26,9 @@ class ScriptedCall:
     name: str
     arguments: dict[str, Any]
     id: str | None = None  # the peer numbers calls when not given
+
+
+STREAM_STARTS = web.AppKey("stream_starts", list)
 
 
 @dataclass(frozen=True)
@@ -110,6 +114,8 @@ class LoopbackPeer:
         self._runner: web.AppRunner | None = None
         self.port = 0
         self._ids = _CallCounter()
+        # time.time() at which each streamed answer's first frame went out (bench/webapp.py).
+        self.stream_starts: list[float] = []
         # The one key the models list accepts (``pepper doctor --online``); None accepts any.
         self.api_key: str | None = None
 
@@ -131,6 +137,7 @@ class LoopbackPeer:
     # Lifecycle.
     async def start(self) -> None:
         app = web.Application(client_max_size=64 * 1024 * 1024)
+        app[STREAM_STARTS] = self.stream_starts
         app.add_routes(self.routes())
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.1)
         await self._runner.setup()
@@ -209,8 +216,11 @@ async def open_sse(request: web.Request, reply: Reply) -> tuple[web.StreamRespon
 async def run_stream(request: web.Request, reply: Reply, frames: Any) -> web.StreamResponse:
     """Send ``frames`` (an iterable of ``(event, data)``) as SSE; honour ``reply.cut_after``."""
     response, writer = await open_sse(request, reply)
+    starts = request.app.get(STREAM_STARTS)
     try:
-        for event, data in frames:
+        for n, (event, data) in enumerate(frames):
+            if n == 0 and starts is not None:
+                starts.append(time.time())
             await writer.send(data, event)
             await asyncio.sleep(reply.pace)
     except _Cut:
