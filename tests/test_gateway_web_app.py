@@ -9,6 +9,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from uuid import uuid4
 
 import aiohttp
 import pytest
@@ -313,3 +314,33 @@ async def test_an_8001_character_message_is_refused_with_the_limit(app: WebApp):
         status, answer = await post(session, app.base + "/api/messages", headers, {"text": "x" * 8001})
         assert status == 413 and "8000" in answer["message"]
         assert await app.db.fetchval("SELECT count(*) FROM messages") == 0
+
+
+async def test_progress_crosses_processes_in_pieces_and_garbage_is_ignored(db: Database):
+    """The publisher's own connection announces; a listening feed (another process in
+    production) hands the pieces to its subscribers in order; a long piece is split under
+    NOTIFY's payload limit and joins back; malformed announcements are dropped."""
+    from gateway.live import PROGRESS_CHANNEL, LiveFeed, ProgressPublisher
+
+    conversation, turn = uuid4(), str(uuid4())
+    feed, publisher = LiveFeed(db.dsn), ProgressPublisher(db.dsn)
+    await feed.start()
+    try:
+        async with feed.subscribe(conversation) as queue:
+            for garbage in ("not json", "[]", json.dumps({"conversation_id": str(conversation), "turn_id": turn,
+                                                          "kind": "shout", "text": "x"})):  # fmt: skip
+                await db.execute("SELECT pg_notify($1, $2)", PROGRESS_CHANNEL, garbage)
+            long = "é" * 2500
+            ids = {"conversation_id": str(conversation), "turn_id": turn}
+            publisher.publish({**ids, "kind": "tool", "text": "complete_todo"})
+            publisher.publish({**ids, "kind": "delta", "text": long})
+            publisher.publish({**ids, "kind": "delta", "text": " done"})
+            got = [await asyncio.wait_for(queue.get(), 10)]
+            while "".join(e["text"] for e in got if e["kind"] == "delta") != long + " done":
+                got.append(await asyncio.wait_for(queue.get(), 10))
+        assert got[0] == {"turn_id": turn, "kind": "tool", "text": "complete_todo"}
+        assert len(got) >= 4  # the long piece went out in three announcements
+        assert queue.empty()
+    finally:
+        await publisher.close()
+        await feed.stop()
