@@ -24,17 +24,14 @@ from gateway.limits import PathLimitedRequest
 from gateway.live import LiveFeed
 from gateway.media_procs import stop_calls, stop_taking_calls
 from gateway.messaging_asgi import MessagingWebhooks
-from gateway.services import Services
+from gateway.services import ACK_POOL_SIZE, Services
 from gateway.tasks import BackgroundTasks
-from gateway.webhooks import MEDIA_STREAM
 from gateway.worker import start_in_process
 
 log = logging.getLogger(__name__)
 
 # Twilio's webhooks are small forms; anything far larger is not from Twilio.
 MAX_BODY_BYTES = 256 * 1024
-# Connections for recording webhook messages: each holds one for a single short statement.
-ACK_POOL_SIZE = 10
 
 
 def create_app(settings: Settings, db, *, turns_in_process: bool = True, media_in_process: bool = True,  # type: ignore[no-untyped-def]
@@ -124,8 +121,3 @@ def create_app(settings: Settings, db, *, turns_in_process: bool = True, media_i
 def asgi_app(app: Quart) -> MessagingWebhooks:
     """What the HTTP server serves: the inbound message webhooks' thin layer in front of ``app``."""
     return MessagingWebhooks(app, MAX_BODY_BYTES)
-
-
-def served_paths(app: Quart) -> set[str]:
-    """Paths served: Quart's routes, and the media socket on its own listener (``gateway.media_server``)."""
-    return {rule.rule for rule in app.url_map.iter_rules()} | {MEDIA_STREAM.path}

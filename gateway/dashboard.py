@@ -24,6 +24,7 @@ from gateway.pages import signed_in_page
 from gateway.services import Services
 from gateway.web_api import all_approvals
 from gateway.webchat import tool_label
+from gateway.webhooks import served_paths
 
 PLOT_DAYS = 30
 
@@ -89,8 +90,6 @@ async def dossier_page(account_id: UUID) -> dict[str, Any]:
 
 @signed_in_page(blueprint, "/settings", "Settings")
 async def settings_page(account_id: UUID) -> dict[str, Any]:
-    from gateway.app import served_paths
-
     services = _services()
     report = await diagnose(services.settings, served_paths(current_app), inspect=False)
     connected = await connections_of(services.db, account_id)

@@ -24,6 +24,7 @@ from core.models.router import KEY_NAMES, configured_providers, describe_tiers, 
 from core.settings import DEFAULT_TWILIO_API_URL, Settings
 from core.store import StoreReport, inspect_store
 from core.vault import KEY_FILE_NAME, check_keys
+from gateway.budget import FEWER_CONNECTIONS, connections_needed
 from gateway.webhooks import WEBHOOKS, public_url_for
 
 OK, MISSING, BAD = "ok", "missing", "problem"
@@ -89,8 +90,6 @@ async def diagnose(settings: Settings, served_paths: set[str], *, inspect: bool 
                 parts.append(f"{store.accounts} account(s), {len(store.lines)} Twilio line(s)")
             report.add(f"database ({store.kind})", OK, "; ".join(parts))
             if store.connection_limit is not None:
-                from gateway.server import FEWER_CONNECTIONS, connections_needed
-
                 wanted = connections_needed(settings)
                 fits = wanted <= store.connection_limit
                 report.add(

@@ -26,9 +26,9 @@ from core.errors import InvalidInput, PepperError
 from core.memory.dossier import set_owner_text
 from core.models.types import ToolCall
 from core.scheduling.runs import run_now
-from core.scheduling.tasks import account_timezone
+from core.scheduling.tasks import account_timezone, is_active
 from core.store.pool import connection
-from core.tools.areas.email import discard_draft, edit_draft
+from core.tools.areas.email import discard_draft, edit_draft, is_draft, pending_drafts
 from core.tools.connectors import account_connections
 from core.tools.context import SessionContext
 from core.tools.registry import ToolContext
@@ -124,14 +124,7 @@ class EmailDrafts:
     name = "email"
 
     async def pending(self, services: Services, account_id: UUID) -> list[Draft]:
-        rows = await services.db.fetch(
-            """
-            SELECT e.card, t.kind = 'scheduled' AS held FROM email_messages e LEFT JOIN turns t ON t.id = e.turn_id
-            WHERE e.account_id = $1 AND e.status = 'draft' AND e.card IS NOT NULL ORDER BY e.id
-            """,
-            account_id,
-        )
-        return [_email_draft(_jsonb(r["card"]), bool(r["held"])) for r in rows]
+        return [_email_draft(card, held) for card, held in await pending_drafts(services.db, account_id)]
 
     async def edit(self, services: Services, account_id: UUID, draft_id: str, fields: dict[str, Any]) -> Draft | None:
         number = _message_id(draft_id)
@@ -147,7 +140,7 @@ class EmailDrafts:
 
     async def send(self, services: Services, account_id: UUID, draft_id: str) -> Answer | None:
         number = _message_id(draft_id)
-        if number is None or not await _is_draft(services, account_id, number):
+        if number is None or not await is_draft(services.db, account_id, number):
             return None
         outcome = await run_owner_tool(services, account_id, "send_email_draft", {"draft": number})
         if outcome.status == "ok":
@@ -159,17 +152,6 @@ class EmailDrafts:
         if number is None or not await discard_draft(services.db, services.harness.connectors, account_id, number):
             return None
         return Answer(True, "Discarded; nothing was sent.")
-
-
-async def _is_draft(services: Services, account_id: UUID, number: int) -> bool:
-    found = await services.db.fetchval(
-        "SELECT 1 FROM email_messages WHERE id = $1 AND account_id = $2 AND status = 'draft'", number, account_id
-    )
-    return bool(found)
-
-
-def _jsonb(value: Any) -> dict[str, Any]:
-    return json.loads(value) if isinstance(value, str) else value
 
 
 DRAFT_KINDS: dict[str, DraftKind] = {kind.name: kind for kind in (EmailDrafts(),)}
@@ -331,10 +313,7 @@ async def run_task_now(who: UUID, raw_id: str) -> Response:
     run_id = await run_now(db, task_id, who, datetime.now(UTC))
     if run_id is not None:
         return _ok({"message": "It runs within a minute; its receipt appears below.", "run_id": run_id}, 202)
-    active = await db.fetchval(
-        "SELECT 1 FROM scheduled_tasks WHERE id = $1 AND account_id = $2 AND status = 'active'", task_id, who
-    )
-    if not active:
+    if not await is_active(db, task_id, who):
         return _json_error(404, "no-such-task", "no active task with that id")
     return _ok({"message": "A run of it is already due; it was not added twice.", "duplicate": True})
 

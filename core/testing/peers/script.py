@@ -12,8 +12,8 @@ test that forgot to script a reply fails loudly instead of passing by accident.
 from __future__ import annotations
 
 import asyncio
-import time
 import re
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any

@@ -39,6 +39,26 @@ async def draft_cards(db: Queries, account_id: UUID) -> list[dict[str, Any]]:
     return [json.loads(r["card"]) if isinstance(r["card"], str) else r["card"] for r in rows]
 
 
+async def pending_drafts(db: Queries, account_id: UUID) -> list[tuple[dict[str, Any], bool]]:
+    """Each draft's card with whether a scheduled run held it back (its send waits for the
+    person), oldest first; drafts whose Gmail copy is not made yet have no card and are left out."""
+    rows = await db.fetch(
+        """
+        SELECT e.card, t.kind = 'scheduled' AS held FROM email_messages e LEFT JOIN turns t ON t.id = e.turn_id
+        WHERE e.account_id = $1 AND e.status = 'draft' AND e.card IS NOT NULL ORDER BY e.id
+        """,
+        account_id,
+    )
+    return [(json.loads(r["card"]) if isinstance(r["card"], str) else r["card"], bool(r["held"])) for r in rows]
+
+
+async def is_draft(db: Queries, account_id: UUID, draft_id: int) -> bool:
+    found = await db.fetchval(
+        "SELECT 1 FROM email_messages WHERE id = $1 AND account_id = $2 AND status = 'draft'", draft_id, account_id
+    )
+    return bool(found)
+
+
 def _card(row_id: int, sender: str, from_address: str, to: list[str], cc: list[str], subject: str, body: str) -> dict:
     return {
         "type": "email-draft",
@@ -396,4 +416,4 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
 
 TOOLS = make_tools(Connectors())
 
-__all__ = ["TOOLS", "discard_draft", "draft_cards", "edit_draft", "make_tools"]
+__all__ = ["TOOLS", "discard_draft", "draft_cards", "edit_draft", "is_draft", "make_tools", "pending_drafts"]
