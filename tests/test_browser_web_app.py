@@ -163,7 +163,8 @@ async def test_the_web_app_in_a_browser(db: Database, db_url: str, driver, shots
         driver.execute_script("document.getElementById('text').value = ''")
         app.model.script(reply_text("Yes, here."))
         await asyncio.to_thread(driver.set_network_conditions, offline=True, latency=0, throughput=0)
-        driver.find_element(By.ID, "text").send_keys("Are you there?")
+        long_word = "Supercalifragilistic" * 15  # 300 letters without a break
+        driver.find_element(By.ID, "text").send_keys(f"Are you there? {long_word}")
         await asyncio.to_thread(driver.find_element(By.ID, "send-button").click)
         failed = await wait_for(lambda: driver.find_element(By.CSS_SELECTOR, "#log .msg.failed"))
         assert "Not sent" in failed.text and failed.find_element(By.CSS_SELECTOR, "button.retry").is_displayed()
@@ -171,8 +172,10 @@ async def test_the_web_app_in_a_browser(db: Database, db_url: str, driver, shots
         await asyncio.to_thread(driver.delete_network_conditions)
         await asyncio.to_thread(failed.find_element(By.CSS_SELECTOR, "button.retry").click)
         await wait_for(lambda: "Yes, here." in (driver.execute_script(SNAPSHOT))["replies"])
-        assert await db.fetchval("SELECT count(*) FROM messages WHERE body = 'Are you there?'") == 1
+        assert await db.fetchval("SELECT count(*) FROM messages WHERE body = $1", f"Are you there? {long_word}") == 1
         assert not driver.find_elements(By.CSS_SELECTOR, "#log .msg.failed")
+        # The long word wraps inside its bubble: nothing overflows the page sideways.
+        assert driver.execute_script("const l = document.getElementById('log'); return l.scrollWidth <= l.clientWidth")
 
         # The approvals queue approves a mail a scheduled run held.
         held = await app.draft("Your weekly report, as every Monday.", held=True)
