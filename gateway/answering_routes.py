@@ -16,7 +16,7 @@ from core.records import answering
 from core.records.answering_bookings import bookings_of
 from gateway.pages import render
 from gateway.services import Services
-from gateway.webchat import COOKIE, _authenticate
+from gateway.webchat import COOKIE, _authenticate, plain_id
 
 blueprint = Blueprint("answering", __name__)
 
@@ -27,7 +27,7 @@ async def transcript(call_sid: str) -> Response:
     if isinstance(who, Response):
         return who
     services: Services = current_app.extensions["pepper"]
-    row = await answering.call_of(services.db, call_sid, who)
+    row = await answering.call_of(services.db, call_sid, who) if plain_id(call_sid) else None
     if row is None:
         return Response("no such call\n", status=404, content_type="text/plain")
     lines = json.loads(row["transcript"]) if isinstance(row["transcript"], str) else row["transcript"]

@@ -23,7 +23,7 @@ from gateway.doctor import diagnose
 from gateway.pages import signed_in_page
 from gateway.services import Services
 from gateway.web_api import all_approvals
-from gateway.webchat import tool_label
+from gateway.webchat import plain_id, tool_label
 from gateway.webhooks import served_paths
 
 PLOT_DAYS = 30
@@ -47,7 +47,7 @@ async def calls_page(account_id: UUID) -> dict[str, Any]:
 
 @signed_in_page(blueprint, "/calls/<call_sid>", "Call")
 async def call_page(account_id: UUID, call_sid: str) -> dict[str, Any] | Response:
-    detail = await dashboard.call_detail(_services().db, account_id, call_sid)
+    detail = await dashboard.call_detail(_services().db, account_id, call_sid) if plain_id(call_sid) else None
     if detail is None:
         return Response("no such call\n", status=404, content_type="text/plain")
     tools = [{**t, "label": tool_label(str(t.get("name", "")))} for t in detail["tools"] if isinstance(t, dict)]

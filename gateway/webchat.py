@@ -101,6 +101,11 @@ def _message_id(raw: str | None) -> int | None:
     return value if value <= MAX_ID else None
 
 
+def plain_id(raw: str) -> bool:
+    """A provider's id from a path (a call's sid): letters, digits, ``-`` and ``_``, at most 64."""
+    return 0 < len(raw) <= 64 and raw.isascii() and raw.replace("-", "").replace("_", "").isalnum()
+
+
 def _storable(text: str) -> bool:
     """Postgres text holds no NUL, and UTF-8 has no lone surrogates (JSON can spell both)."""
     if "\x00" in text:

@@ -70,6 +70,12 @@ async def a_draft(app: WebApp, session: aiohttp.ClientSession, body: str, *, hel
 
 async def test_home_is_the_sign_in_or_the_chat_and_every_page_shares_one_look(app: WebApp):
     await some_records(app)
+    await app.db.execute(
+        "INSERT INTO answering_calls (call_sid, account_id, caller, transcript, summary)"
+        " VALUES ('CAans1', $1, '+15550111', $2::jsonb, 'left a message')",
+        app.account_id,
+        json.dumps([{"role": "caller", "text": "<b>Hi</b>, it's Carol"}]),
+    )
     async with aiohttp.ClientSession() as anonymous:
         async with anonymous.get(app.base + "/") as response:
             page = await response.text()
@@ -83,6 +89,15 @@ async def test_home_is_the_sign_in_or_the_chat_and_every_page_shares_one_look(ap
             assert response.status == 404
         async with anonymous.get(app.base + "/static/vendor/uPlot.iife.min.js") as response:
             assert response.status == 200 and "javascript" in response.headers["Content-Type"]
+    bea = await identity.create_account(app.db, "Bea")
+    await access.set_web_password(app.db, bea.id, "bea", PASSWORD)
+    other, _ = await signed_in(app, "bea")
+    async with other:  # another account's call is not found
+        for path in ("/calls/CAweb1", "/answering/calls/CAans1"):
+            async with other.get(app.base + path) as response:
+                assert response.status == 404, path
+        async with other.get(app.base + "/calls") as response:
+            assert "CAweb1" not in await response.text()
     session, _ = await signed_in(app)
     async with session:
         for path in PAGES:
@@ -101,6 +116,19 @@ async def test_home_is_the_sign_in_or_the_chat_and_every_page_shares_one_look(ap
             page = await response.text()
             assert "Add milk to my list" in page and "Milk is on your list." in page and "Add todo" in page
             assert "median 510 ms" in page
+        async with session.get(app.base + "/answering/calls/CAans1") as response:
+            page = await response.text()
+            assert response.status == 200 and "/static/app.css" in page
+            assert "&lt;b&gt;Hi&lt;/b&gt;, it&#39;s Carol" in page and "left a message" in page
+        for path in (
+            "/calls/CAnope",
+            "/calls/%00",
+            "/calls/" + "A" * 65,
+            "/answering/calls/%00",
+            "/answering/calls/x%27",
+        ):
+            async with session.get(app.base + path) as response:
+                assert response.status == 404, path
         async with session.get(app.base + "/") as response:
             page = await response.text()
             assert 'id="call-button"' in page and "Up to 8000 characters" in page
