@@ -13,10 +13,13 @@ from gateway import (
     answering_routes,
     browser_calls,
     connect_routes,
+    dashboard,
     email_channel,
     messaging,
     metrics_route,
+    pages,
     voice_routes,
+    web_api,
     webchat,
 )
 from gateway.limits import PathLimitedRequest
@@ -24,17 +27,14 @@ from gateway.live import LiveFeed
 from gateway.media_procs import stop_calls, stop_taking_calls
 from gateway.messaging_asgi import MessagingWebhooks
 from gateway.plugin_routes import mount_plugin_routes
-from gateway.services import Services
+from gateway.services import ACK_POOL_SIZE, Services
 from gateway.tasks import BackgroundTasks
-from gateway.webhooks import MEDIA_STREAM
 from gateway.worker import start_in_process
 
 log = logging.getLogger(__name__)
 
 # Twilio's webhooks are small forms; anything far larger is not from Twilio.
 MAX_BODY_BYTES = 256 * 1024
-# Connections for recording webhook messages: each holds one for a single short statement.
-ACK_POOL_SIZE = 10
 
 
 def create_app(settings: Settings, db, *, turns_in_process: bool = True, media_in_process: bool = True,  # type: ignore[no-untyped-def]
@@ -47,7 +47,7 @@ def create_app(settings: Settings, db, *, turns_in_process: bool = True, media_i
     Twilio media socket (the calls) in this event loop too; with ``PEPPER_MEDIA_PROCESSES`` >= 2,
     media processes hold the calls (``gateway.media_procs``) and this app only answers webhooks.
     """
-    app = Quart("pepper")
+    app = Quart("pepper", static_folder=None)  # gateway.pages serves the static files
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     app.request_class = PathLimitedRequest  # inbound mail may be larger
     services.setdefault("tasks", BackgroundTasks(settings.max_concurrent_turns))
@@ -63,6 +63,9 @@ def create_app(settings: Settings, db, *, turns_in_process: bool = True, media_i
     app.register_blueprint(answering_routes.blueprint)
     app.register_blueprint(connect_routes.blueprint)
     app.register_blueprint(browser_calls.blueprint)
+    app.register_blueprint(pages.blueprint)
+    app.register_blueprint(dashboard.blueprint)
+    app.register_blueprint(web_api.blueprint)
     mount_plugin_routes(app)
 
     @app.before_serving
@@ -130,8 +133,3 @@ def create_app(settings: Settings, db, *, turns_in_process: bool = True, media_i
 def asgi_app(app: Quart) -> MessagingWebhooks:
     """What the HTTP server serves: the inbound message webhooks' thin layer in front of ``app``."""
     return MessagingWebhooks(app, MAX_BODY_BYTES)
-
-
-def served_paths(app: Quart) -> set[str]:
-    """Paths served: Quart's routes, and the media socket on its own listener (``gateway.media_server``)."""
-    return {rule.rule for rule in app.url_map.iter_rules()} | {MEDIA_STREAM.path}

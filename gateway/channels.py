@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 from uuid import UUID
@@ -48,10 +48,12 @@ class Limits:
     """What a channel carries: the longest text of a message from the person it takes (longer:
     the web refuses it, email cuts it; None: no limit of ours), and the longest reply message it
     sends (None: one message, however long; a longer reply goes out in parts of at most this many
-    characters)."""
+    characters). ``streams``: an open page watches the reply as it is made (the text as the model
+    streams it, each tool as it starts), announced through ``gateway.live.ProgressPublisher``."""
 
     inbound_chars: int | None = None
     reply_part_chars: int | None = None
+    streams: bool = False
 
 
 @dataclass(frozen=True)
@@ -156,9 +158,12 @@ async def settle_delivery(services: Services, turn_id: UUID | None, *, ok: bool,
 class Pipeline:
     """Answers claimed messages on their channel."""
 
-    def __init__(self, services: Services, channels: Iterable[Channel]) -> None:
+    def __init__(
+        self, services: Services, channels: Iterable[Channel], progress: Callable[[dict[str, str]], None] | None = None
+    ) -> None:
         self._services = services
         self._channels = {channel.name: channel for channel in channels}
+        self._progress = progress
 
     async def answer(self, rows: Sequence[Any]) -> None:
         services, claimed = self._services, Claimed.of(rows)
@@ -199,9 +204,11 @@ class Pipeline:
             else:
                 if services.harness is None:
                     raise PepperError("the text harness is not configured")
+                progress = self._progress if channel.limits.streams else None
                 outcome = await run_turn(
-                    services.harness, claimed.account_id, channel.name, claimed.text, inbound_message_ids=ids
-                )
+                    services.harness, claimed.account_id, channel.name, claimed.text, inbound_message_ids=ids,
+                    progress=progress,
+                )  # fmt: skip
                 turn_id, reply = outcome.turn_id, outcome.reply
         except Exception:
             log.exception("turn failed on %s", channel.name)

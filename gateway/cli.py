@@ -342,8 +342,9 @@ async def _replay(args: argparse.Namespace, settings: Settings, db: Database, ou
 
 
 async def _doctor(settings: Settings, out: Callable[[str], None], *, online: bool = False) -> int:
-    from gateway.app import create_app, served_paths
+    from gateway.app import create_app
     from gateway.doctor import BAD, check_online, diagnose, render
+    from gateway.webhooks import served_paths
 
     report = await diagnose(settings, served_paths(create_app(settings, None)))
     if online:

@@ -9,7 +9,6 @@ The redirect URI is always ``PEPPER_PUBLIC_URL`` + ``/connect/google/callback``.
 
 from __future__ import annotations
 
-import html
 import logging
 import secrets
 
@@ -26,6 +25,7 @@ from core.tools.oauth import (
     decline_google_consent,
     finish_google_consent,
 )
+from gateway.pages import message_page
 from gateway.services import Services
 from gateway.webchat import COOKIE
 from gateway.webhooks import GOOGLE_CALLBACK
@@ -46,17 +46,8 @@ def _services() -> Services:
     return current_app.extensions["pepper"]
 
 
-def _page(status: int, title: str, text: str) -> Response:
-    body = (
-        "<!doctype html><html lang='en'><head><meta charset='utf-8'><title>Pepper</title>"
-        "<meta name='viewport' content='width=device-width, initial-scale=1'></head>"
-        "<body style='font-family:system-ui,sans-serif;max-width:32rem;margin:15vh auto;padding:0 1rem'>"
-        f"<h1>{html.escape(title)}</h1><p>{html.escape(text)}</p><p><a href='/chat'>Back to Pepper</a></p>"
-        "</body></html>"
-    )
-    response = Response(body, status=status, content_type="text/html; charset=utf-8")
-    response.headers["Content-Security-Policy"] = "default-src 'none'; frame-ancestors 'none'"
-    response.headers["Cache-Control"] = "no-store"
+async def _page(status: int, title: str, text: str) -> Response:
+    response = await message_page(status, title, text)
     response.headers["Referrer-Policy"] = "no-referrer"  # the callback URL carries the code
     return response
 
@@ -71,14 +62,14 @@ async def start() -> Response:
     token = request.cookies.get(COOKIE)
     session = await access.session_for(services.db, token)
     if session is None or token is None:
-        return _page(401, "Sign in first", "Sign in to Pepper, then follow the connect link again.")
+        return await _page(401, "Sign in first", "Sign in to Pepper, then follow the connect link again.")
     public_url = services.settings.public_url
     if not public_url:
-        return _page(503, "Not set up", "Set PEPPER_PUBLIC_URL: Google sends people back to that address.")
+        return await _page(503, "Not set up", "Set PEPPER_PUBLIC_URL: Google sends people back to that address.")
     harness = services.harness
     connectors = getattr(harness, "connectors", None)
     if connectors is None:
-        return _page(503, "Not set up", "This server has no connectors configured.")
+        return await _page(503, "Not set up", "This server has no connectors configured.")
     binding = secrets.token_urlsafe(32)
     try:
         url = await begin_google_consent(
@@ -86,10 +77,10 @@ async def start() -> Response:
             session_hash=access.token_hash(token), browser_binding=binding,
         )  # fmt: skip
     except InvalidInput as exc:
-        return _page(400, "Cannot connect", exc.message)
+        return await _page(400, "Cannot connect", exc.message)
     except PepperError as exc:
         log.error("google consent could not start: %s", exc.code)
-        return _page(503, "Cannot connect", exc.message)
+        return await _page(503, "Cannot connect", exc.message)
     response = redirect(url)
     # Lax, not Strict: it must come back on Google's cross-site redirect to the callback.
     response.set_cookie(
@@ -111,7 +102,7 @@ async def callback() -> Response:
             declined = args["error"] == "access_denied"
             log.info("google consent not given: %s", "declined" if declined else "error")
             return _clear(
-                _page(
+                await _page(
                     200,
                     "Nothing was connected",
                     "You declined on Google's page, so Pepper connected nothing."
@@ -120,23 +111,23 @@ async def callback() -> Response:
                 )
             )
         if connectors is None:
-            return _page(503, "Not set up", "This server has no connectors configured.")
+            return await _page(503, "Not set up", "This server has no connectors configured.")
         done = await finish_google_consent(
             services.db, connectors, args.get("state"), args.get("code"), browser_binding=binding
         )
     except ConsentRefused as exc:
         await record_security_event(services.db, "oauth-state-refused", path=CALLBACK_PATH, reason=exc.message)
-        return _clear(_page(400, "Not connected", exc.message))
+        return _clear(await _page(400, "Not connected", exc.message))
     except PepperError as exc:
         log.warning("google code exchange failed: %s", exc.code)
-        return _clear(_page(502, "Not connected", f"Google did not complete the sign-in ({exc.message})."))
+        return _clear(await _page(502, "Not connected", f"Google did not complete the sign-in ({exc.message})."))
     names = ", ".join(AREA_NAMES[f] for f in done.granted)
     if done.missing:
         text = f"Google did not grant access to {', '.join(AREA_NAMES[f] for f in done.missing)}."
         if names:
             text += f" Connected: {names}."
-        return _clear(_page(200, "Partly connected", text))
-    return _clear(_page(200, "Connected", f"{names} is connected. Pepper can use it from your next message."))
+        return _clear(await _page(200, "Partly connected", text))
+    return _clear(await _page(200, "Connected", f"{names} is connected. Pepper can use it from your next message."))
 
 
 def _clear(response: Response) -> Response:

@@ -24,6 +24,7 @@ from core.models.router import KEY_NAMES, configured_providers, describe_tiers, 
 from core.settings import DEFAULT_TWILIO_API_URL, Settings
 from core.store import StoreReport, inspect_store
 from core.vault import KEY_FILE_NAME, check_keys
+from gateway.budget import FEWER_CONNECTIONS, connections_needed
 from gateway.webhooks import WEBHOOKS, public_url_for
 
 OK, MISSING, BAD = "ok", "missing", "problem"
@@ -66,35 +67,36 @@ def _provider(report: Report, name: str, key_var: str, key: SecretStr | None, ba
         report.add(f"model: {name}", MISSING, f"{key_var} is not set")
 
 
-async def diagnose(settings: Settings, served_paths: set[str]) -> Report:
+async def diagnose(settings: Settings, served_paths: set[str], *, inspect: bool = True) -> Report:
+    """What is set up and what is missing. ``inspect=False`` leaves the store out (the running
+    server's settings page: its own store is the one serving)."""
     report = Report()
     report.add("config file", OK, str(settings.config_file) if settings.config_file else "none (environment only)")
     report.add("listen", OK, f"http://{settings.host}:{settings.port}")
 
-    store = await inspect_store(settings)
-    report.store = store
-    if store.problem:
-        report.add(f"database ({store.kind})", BAD, store.problem)
-    else:
-        parts = [f"{store.location}: {store.state}"]
-        if store.pending_migrations is not None:
-            parts.append(
-                f"schema version {store.schema_version or 0}, {store.pending_migrations} migration(s) "
-                "to apply at next start"
-            )
-        if store.accounts is not None:
-            parts.append(f"{store.accounts} account(s), {len(store.lines)} Twilio line(s)")
-        report.add(f"database ({store.kind})", OK, "; ".join(parts))
-        if store.connection_limit is not None:
-            from gateway.server import FEWER_CONNECTIONS, connections_needed
-
-            needed = connections_needed(settings)
-            fits = needed <= store.connection_limit
-            report.add(
-                "database connections", OK if fits else BAD,
-                f"Pepper may open {needed} of the {store.connection_limit} the server allows"
-                + ("" if fits else f"; {FEWER_CONNECTIONS}"),
-            )  # fmt: skip
+    if inspect:
+        store = await inspect_store(settings)
+        report.store = store
+        if store.problem:
+            report.add(f"database ({store.kind})", BAD, store.problem)
+        else:
+            parts = [f"{store.location}: {store.state}"]
+            if store.pending_migrations is not None:
+                parts.append(
+                    f"schema version {store.schema_version or 0}, {store.pending_migrations} migration(s) "
+                    "to apply at next start"
+                )
+            if store.accounts is not None:
+                parts.append(f"{store.accounts} account(s), {len(store.lines)} Twilio line(s)")
+            report.add(f"database ({store.kind})", OK, "; ".join(parts))
+            if store.connection_limit is not None:
+                wanted = connections_needed(settings)
+                fits = wanted <= store.connection_limit
+                report.add(
+                    "database connections", OK if fits else BAD,
+                    f"Pepper may open {wanted} of the {store.connection_limit} the server allows"
+                    + ("" if fits else f"; {FEWER_CONNECTIONS}"),
+                )  # fmt: skip
 
     _provider(report, "OpenAI", "OPENAI_API_KEY", settings.openai_api_key, "OPENAI_BASE_URL", settings.openai_base_url)
     _provider(

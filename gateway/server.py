@@ -15,18 +15,17 @@ from quart import Quart
 from core.errors import StartupError
 from core.metrics import use_directory as use_metrics_directory
 from core.settings import Settings
-from core.store import SERVING_POOL_SIZE, Database, open_store
+from core.store import Database, open_store
 from core.store.sessions import connection_limit, sessions_named
-from gateway.app import ACK_POOL_SIZE, asgi_app, create_app
+from gateway.app import asgi_app, create_app
+from gateway.budget import FEWER_CONNECTIONS, connections_needed
 from gateway.children import Supervised
 from gateway.composition import build_calls, check_connection_secrets, freeze_startup_objects, start_memory, turn_parts
-from gateway.media_procs import POOL_SIZE as MEDIA_POOL_SIZE
 from gateway.media_procs import MediaProcesses
 from gateway.port_lock import hold_media_port
 from gateway.research import ResearchHelper
-from gateway.rooms.process import POOL_SIZE as ROOMS_POOL_SIZE
 from gateway.sockets import bind_listener, bind_shared
-from gateway.worker import TurnProcesses, turn_pool_size
+from gateway.worker import TurnProcesses
 
 log = logging.getLogger(__name__)
 
@@ -200,24 +199,6 @@ def room_children(settings: Settings, dsn: str) -> list[Supervised]:
 
     found: list[Supervised] = [] if settings.matrix_homeserver else [EmbeddedHomeserver(settings)]
     return [*found, RoomProcesses(settings, dsn, 1)]
-
-
-def connections_needed(settings: Settings) -> int:
-    """The most Postgres connections ``pepper serve`` holds at once with these settings: every
-    pool at its maximum, and each listening (LISTEN) connection."""
-    web = SERVING_POOL_SIZE + ACK_POOL_SIZE + 1  # + the live feed's listener
-    # Each turn worker's pool and its wake-up listener; with none, one worker in the web server.
-    turns = settings.turn_workers * (turn_pool_size(settings) + 1) if settings.turn_workers else 1
-    # The web server's call-control listener (its browser calls, and the phone calls with one media
-    # process), each media process's pool and listener, and the rooms' sync process.
-    media = 1 + (settings.media_processes * (MEDIA_POOL_SIZE + 1) if settings.media_processes > 1 else 0)
-    rooms = ROOMS_POOL_SIZE if settings.rooms_enabled else 0
-    return web + turns + media + rooms
-
-
-FEWER_CONNECTIONS = (
-    "raise its max_connections or lower PEPPER_TURN_WORKERS, PEPPER_MAX_CONCURRENT_TURNS or PEPPER_MEDIA_PROCESSES"
-)
 
 
 async def check_connection_budget(db: Database, settings: Settings) -> None:

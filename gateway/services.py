@@ -15,6 +15,11 @@ if TYPE_CHECKING:
     from gateway.live import LiveFeed
 
 
+# Connections for recording webhook messages (``Services.ack_db``): each holds one for a single
+# short statement.
+ACK_POOL_SIZE = 10
+
+
 @dataclass
 class Services:
     settings: Settings

@@ -10,10 +10,11 @@ the delivery that commits the turn's staged writes.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import json
 import logging
-from importlib import resources
+from collections.abc import Awaitable, Callable
 from typing import Any
 from uuid import UUID
 
@@ -28,6 +29,7 @@ from core.records.turns import SETTLED, turn_status
 from core.security import record_security_event
 from core.tools.folder import check_declared
 from gateway.channels import AWAITING_RECEIPT, Claimed, Delivery, Limits, receive, settle_delivery
+from gateway.markdown import to_html
 from gateway.services import Services
 
 log = logging.getLogger(__name__)
@@ -65,6 +67,25 @@ async def _authenticate(*, state_changing: bool) -> UUID | Response:
     return session.account_id
 
 
+def signed_in(
+    *, state_changing: bool
+) -> Callable[[Callable[..., Awaitable[Response]]], Callable[..., Awaitable[Response]]]:
+    """An API endpoint for the signed-in only: the handler gets the account id first
+    (``_authenticate`` answers 401/403 for it otherwise)."""
+
+    def wrap(handler: Callable[..., Awaitable[Response]]) -> Callable[..., Awaitable[Response]]:
+        @functools.wraps(handler)
+        async def view(*args: Any, **kwargs: Any) -> Response:
+            who = await _authenticate(state_changing=state_changing)
+            if isinstance(who, Response):
+                return who
+            return await handler(who, *args, **kwargs)
+
+        return view
+
+    return wrap
+
+
 def _same_origin() -> bool:
     """A form post must come from our own page (login CSRF): its Origin, when sent, is ours."""
     origin = request.headers.get("Origin")
@@ -81,6 +102,11 @@ def _message_id(raw: str | None) -> int | None:
         return None
     value = int(raw)
     return value if value <= MAX_ID else None
+
+
+def plain_id(raw: str) -> bool:
+    """A provider's id from a path (a call's sid): letters, digits, ``-`` and ``_``, at most 64."""
+    return 0 < len(raw) <= 64 and raw.isascii() and raw.replace("-", "").replace("_", "").isalnum()
 
 
 def _storable(text: str) -> bool:
@@ -111,22 +137,12 @@ def _message_json(row: Any) -> dict[str, Any]:
         "body": row["body"],
         "created_at": row["created_at"].isoformat(),
         "turn_id": str(row["turn_id"]) if row["turn_id"] else None,
+        # Pepper's replies are Markdown: shown as sanitised HTML. The person's words stay text.
+        "html": to_html(row["body"]) if row["direction"] == "outbound" else None,
     }
 
 
 # --- the page ------------------------------------------------------------------------------------
-
-
-@blueprint.get("/chat")
-async def page() -> Response:
-    html = (resources.files("gateway") / "static" / "chat.html").read_text(encoding="utf-8")
-    response = Response(html, content_type="text/html; charset=utf-8")
-    response.headers["Content-Security-Policy"] = (
-        "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
-        "frame-ancestors 'none'"
-    )
-    response.headers["X-Content-Type-Options"] = "nosniff"
-    return response
 
 
 @blueprint.post("/chat/login")
@@ -138,7 +154,7 @@ async def login() -> ResponseReturnValue:
     login_name, password = form.get("login", ""), form.get("password", "")
     if not (_storable(login_name) and _storable(password)) or len(login_name) > 200 or len(password) > 1000:
         log.info("web sign-in refused")
-        return redirect("/chat?error=1")
+        return redirect("/?error=1")
     with services.login_throttle.attempt(login_name, request.remote_addr or "") as attempt:
         if attempt.retry_after is not None:
             log.warning("web sign-in throttled: retry_after=%s", attempt.retry_after)
@@ -153,9 +169,9 @@ async def login() -> ResponseReturnValue:
             attempt.succeeded()
     if account_id is None:
         log.info("web sign-in refused")
-        return redirect("/chat?error=1")
+        return redirect("/?error=1")
     token, _ = await access.create_session(services.db, account_id)
-    response = redirect("/chat")
+    response = redirect("/")
     secure = (services.settings.public_url or "").startswith("https://") or request.scheme == "https"
     response.set_cookie(
         COOKIE, token, max_age=int(access.SESSION_LIFETIME.total_seconds()), httponly=True, secure=secure,
@@ -314,7 +330,7 @@ class WebChannel:
     (``gateway.live``); the client's acknowledgement of it is the delivery (``acknowledge``)."""
 
     name = "web"
-    limits = Limits(inbound_chars=MAX_MESSAGE_CHARS)
+    limits = Limits(inbound_chars=MAX_MESSAGE_CHARS, streams=True)
 
     def can_reply(self, claimed: Claimed) -> bool:
         return True
@@ -353,7 +369,9 @@ async def acknowledge(raw_id: str) -> Response:
 
 @blueprint.get("/api/events")
 async def events() -> Response:
-    """Server-Sent Events: every new message of the conversation, from ``after`` on."""
+    """Server-Sent Events: every new message of the conversation, from ``after`` on; with
+    ``progress=1`` also the turns' progress (``delta`` and ``working`` events, see
+    ``_progress_event``), which clients that only read messages never see."""
     who = await _authenticate(state_changing=False)
     if isinstance(who, Response):
         return who
@@ -363,6 +381,7 @@ async def events() -> Response:
         return _json_error(400, "bad-after", "after must be a message id")
     conversation_id = await conversation_for(services.db, who)
     feed = services.live
+    progress = request.args.get("progress") == "1"
 
     async def stream():  # type: ignore[no-untyped-def]
         async with feed.subscribe(conversation_id) as queue:
@@ -375,10 +394,15 @@ async def events() -> Response:
             deadline = asyncio.get_running_loop().time() + STREAM_SECONDS
             while (left := deadline - asyncio.get_running_loop().time()) > 0:
                 try:
-                    message_id = await asyncio.wait_for(queue.get(), min(KEEPALIVE_SECONDS, left))
+                    item = await asyncio.wait_for(queue.get(), min(KEEPALIVE_SECONDS, left))
                 except TimeoutError:
                     yield b": keep-alive\n\n"
                     continue
+                if isinstance(item, dict):
+                    if progress:
+                        yield _progress_event(item)
+                    continue
+                message_id = item
                 if message_id <= last:
                     continue
                 row = await messages.message(services.db, message_id)
@@ -389,6 +413,21 @@ async def events() -> Response:
     response = await make_response(stream(), 200, {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     response.timeout = None  # type: ignore[union-attr]
     return response  # type: ignore[return-value]
+
+
+def _progress_event(item: dict[str, str]) -> bytes:
+    """A turn's progress: ``delta`` (more of the reply's text) or ``working`` (a tool started,
+    named in plain words). No id: a reconnecting page resumes from messages, not progress."""
+    if item["kind"] == "delta":
+        return f"event: delta\ndata: {json.dumps({'turn_id': item['turn_id'], 'text': item['text']})}\n\n".encode()
+    data = {"turn_id": item["turn_id"], "tool": item["text"], "label": tool_label(item["text"])}
+    return f"event: working\ndata: {json.dumps(data)}\n\n".encode()
+
+
+def tool_label(name: str) -> str:
+    """A tool's name in plain words: ``complete_todo`` -> ``Complete todo``."""
+    words = name.replace("_", " ").replace(".", " ").strip()
+    return (words[:1].upper() + words[1:]) if words else "A tool"
 
 
 def _event(row: Any) -> bytes:

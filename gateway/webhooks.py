@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from core.settings import Settings
 
@@ -40,3 +41,9 @@ def public_url_for(settings: Settings, webhook: Webhook) -> str | None:
     """The exact URL to give the provider, or None while ``PEPPER_PUBLIC_URL`` is unset."""
     base = settings.public_ws_url if webhook.websocket else settings.public_url
     return None if base is None else base + webhook.path
+
+
+def served_paths(app: Any) -> set[str]:
+    """Paths a built app (``gateway.app.create_app``) serves: its routes, and the media socket on
+    its own listener (``gateway.media_server``)."""
+    return {rule.rule for rule in app.url_map.iter_rules()} | {MEDIA_STREAM.path}

@@ -43,6 +43,7 @@ from core.store.database import to_idle_class
 from core.store.sessions import DRIVER_ERRORS, Listener
 from gateway.channels import Channel, Pipeline
 from gateway.children import ChildProcesses, ChildStop
+from gateway.live import ProgressPublisher
 from gateway.services import Services
 
 log = logging.getLogger(__name__)
@@ -71,7 +72,8 @@ class TurnWorker:
 
             channels = text_channels()
         self._services = services
-        self._pipeline = Pipeline(services, channels)
+        self._progress = ProgressPublisher(services.db.dsn)
+        self._pipeline = Pipeline(services, channels, self._progress.publish)
         self._slots = asyncio.Semaphore(concurrency)
         self._poll = poll_seconds
         self._wake = asyncio.Event()
@@ -99,6 +101,7 @@ class TurnWorker:
             # Closing the session last: the messages of turns cut short now count as orphans.
             await self._listener.close()
             self._listener = None
+        await self._progress.close()
 
     async def _run(self) -> None:
         db = self._services.db

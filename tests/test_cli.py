@@ -16,7 +16,7 @@ from cli_support import PEPPER, run_cli, run_serve_expecting_failure, start_serv
 from core.settings import Settings
 from core.store.migrations import load_migrations
 from core.testing.processes import free_port
-from gateway.server import connections_needed
+from gateway.budget import connections_needed
 
 
 def test_admin_commands_set_up_an_owner_end_to_end(db_url, monkeypatch, capsys):

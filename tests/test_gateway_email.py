@@ -420,8 +420,9 @@ def test_apology_is_plain():
 
 
 async def test_doctor_says_whether_the_email_channel_is_configured(db_url: str):
-    from gateway.app import create_app, served_paths
+    from gateway.app import create_app
     from gateway.doctor import diagnose, render
+    from gateway.webhooks import served_paths
 
     bare = render(await diagnose(Settings(database_url=db_url), set()))
     line = next(x for x in bare.splitlines() if "channel: email" in x)

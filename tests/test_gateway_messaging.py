@@ -20,10 +20,10 @@ from core.store import Database
 from core.testing.peers import OpenAIPeer, fault, reply_text, reply_tools
 from core.testing.processes import until
 from core.testing.twilio_peer import TwilioPeer
-from gateway.app import ACK_POOL_SIZE
 from gateway.channels import APOLOGY_TEXT
 from gateway.messaging import HELP_TEXT, UNKNOWN_SENDER_TEXT
 from gateway.server import running_app
+from gateway.services import ACK_POOL_SIZE
 
 TOKEN = "twilio-test-auth-token"
 PUBLIC = "https://pepper.example.org"

@@ -67,14 +67,27 @@ async def sign_in(session: aiohttp.ClientSession, base: str, password: str = PAS
         return (await response.json())["csrf_token"] if response.status == 200 else None
 
 
-async def next_events(response: aiohttp.ClientResponse, count: int, within: float = 15) -> list[dict]:
+async def next_events(
+    response: aiohttp.ClientResponse, count: int, within: float = 15, kind: str = "message", seen: list | None = None
+) -> list[dict]:
+    """The next ``count`` events of ``kind`` (message, delta, working); ``seen`` collects every
+    event read meanwhile, as ``(kind, data)``."""
     events: list[dict] = []
+    current = "message"
 
     async def read() -> None:
+        nonlocal current
         async for raw in response.content:
             line = raw.decode().strip()
-            if line.startswith("data: "):
-                events.append(json.loads(line.removeprefix("data: ")))
+            if line.startswith("event: "):
+                current = line.removeprefix("event: ")
+            elif line.startswith("data: "):
+                data = json.loads(line.removeprefix("data: "))
+                if seen is not None:
+                    seen.append((current, data))
+                if current == kind:
+                    events.append(data)
+                current = "message"
                 if len(events) == count:
                     return
 

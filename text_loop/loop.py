@@ -16,12 +16,15 @@ The turn's reply is the first generation with text and no tool calls. Guards:
 ``tier`` and ``round_cap`` may change while the loop runs (an inline skill raises them); each
 round records the tier it ran on. ``after_round``, when set, sees each round's outcomes and may
 end the loop with ``(status, reply)`` (a worker's direct report, a question for the person).
+``progress``, when set, is told what the person could watch: each piece of text as the model
+streams it (``"delta"``, text) and each tool as it starts (``"tool"``, its name); it must not block.
 
 Model time is measured separately so the benchmark can report what the harness itself costs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -30,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.models.errors import ModelError, ModelNotConfigured
-from core.models.types import ChatMessage, Generation, ModelService, Prompt, ToolCall, ToolSpec
+from core.models.types import ChatMessage, Generation, ModelService, Prompt, TextDelta, ToolCall, ToolSpec
 from core.tools.runner import CallOutcome
 from text_loop.config import HarnessConfig
 from text_loop.prompt import canonical_arguments, harness_message, labelled, plain_text_transcript
@@ -57,6 +60,8 @@ REPEAT_MARK = (
 CallRunner = Callable[[ToolCall], Awaitable[CallOutcome]]
 # Opened once per round of tool calls (a live turn holds one store connection for the round).
 ToolRound = Callable[[], AbstractAsyncContextManager[CallRunner]]
+# Told ("delta", text) as the reply streams and ("tool", name) as a call starts; never blocks.
+Progress = Callable[[str, str], None]
 # Called after each round of tool calls; returning (status, reply) ends the loop with that reply.
 AfterRound = Callable[[Sequence[CallOutcome]], "tuple[str, str] | None"]
 
@@ -120,6 +125,7 @@ class TurnLoop:
         self._deadline: float | None = None  # time.monotonic() at which the budget is spent
         self.result = LoopResult("", "replied")
         self.after_round: AfterRound | None = None
+        self.progress: Progress | None = None
         self._recorded_upto = len(self.history)
 
     async def _generate(
@@ -146,9 +152,7 @@ class TurnLoop:
             self._recorded_upto = len(self.history)
         started = time.perf_counter()
         try:
-            generation = await self.models.generate(
-                prompt, conversation_key=self.conversation_key, tier=self.tier, background=self.background
-            )
+            generation = await self._call_model(prompt, streamed=purpose == "turn")
         except ModelNotConfigured as exc:
             record["error"] = exc.code
             self.result.rounds.append(record)
@@ -169,6 +173,25 @@ class TurnLoop:
         for key in ("input_tokens", "output_tokens", "cached_input_tokens", "reasoning_tokens"):
             self.result.usage[key] = self.result.usage.get(key, 0) + getattr(generation.usage, key)
         return generation
+
+    async def _call_model(self, prompt: Prompt, *, streamed: bool) -> Generation:
+        """One generation; streamed (each delta told to ``progress``) when someone is watching."""
+        progress = self.progress
+        if progress is None or not streamed:
+            return await self.models.generate(
+                prompt, conversation_key=self.conversation_key, tier=self.tier, background=self.background
+            )
+        async with contextlib.aclosing(
+            self.models.stream(
+                prompt, conversation_key=self.conversation_key, tier=self.tier, background=self.background
+            )
+        ) as events:
+            async for event in events:
+                if isinstance(event, TextDelta):
+                    progress("delta", event.text)
+                else:
+                    return event
+        raise ModelError("the model's stream ended without a result")
 
     async def run(self) -> LoopResult:
         try:
@@ -224,6 +247,8 @@ class TurnLoop:
                             repeat_of=earlier.call.id,
                         )
                     else:
+                        if self.progress is not None:
+                            self.progress("tool", call.name)
                         outcome = await execute(call)
                         if outcome.succeeded:
                             succeeded[key] = outcome

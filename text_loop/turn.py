@@ -174,8 +174,12 @@ async def run_turn(
     connections: frozenset[str] | None = None,
     tier: str | None = None,
     room_id: UUID | None = None,
+    progress: Callable[[dict[str, str]], None] | None = None,
 ) -> TurnOutcome:
     """Run one turn for ``text`` from the account's person and return the reply to send.
+
+    ``progress``, when given, is told what an open chat can show while the turn runs (the reply's
+    text as it streams, each tool as it starts), as ``{"conversation_id", "turn_id", "kind", "text"}``.
 
     Records the turn (every round, call, gate decision and staged write) in ``turns``. Raises
     ``NotFound`` for an unknown account; model failures do not raise (see ``TurnOutcome.status``).
@@ -354,6 +358,9 @@ async def run_turn(
         )
         if runtime is not None:
             runtime.attach(loop)
+        if progress is not None:
+            ids = {"conversation_id": str(conversation_id), "turn_id": str(turn_id)}
+            loop.progress = lambda kind, piece: progress({**ids, "kind": kind, "text": piece})
         breaker = got.get("breaker")
         if breaker is not None and now - breaker < PAUSE_FOR:
             result = LoopResult(PAUSED_REPLY, "paused")

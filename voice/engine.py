@@ -60,6 +60,7 @@ from voice.realtime import (
     ResponseDone,
     SessionConfig,
     SpeechStarted,
+    SpeechStopped,
     UserTranscript,
 )
 
@@ -95,10 +96,14 @@ class CallStats:
     clear_ms: list[float] = field(default_factory=list)
     fillers: int = 0
     model_reconnects: int = 0
+    # Per reply: ms from the model hearing the caller stop to Pepper's first audio frame sent
+    # (the dashboard's call latency plots).
+    response_ms: list[float] = field(default_factory=list)
 
     def as_record(self) -> dict[str, Any]:
-        out = {k: v for k, v in self.__dict__.items() if k != "clear_ms"}
+        out = {k: v for k, v in self.__dict__.items() if k not in ("clear_ms", "response_ms")}
         out["clear_ms"] = [round(v, 3) for v in self.clear_ms]
+        out["response_ms"] = [round(v, 1) for v in self.response_ms]
         return out
 
 
@@ -140,6 +145,7 @@ class CallEngine:
         self._call = call
         self._profile = profile
         self.stats = CallStats()
+        self._heard_at: float | None = None  # when the caller last stopped speaking, until Pepper answers
         self.end_reason: str | None = None
         self._listening = False
         self._ended = asyncio.Event()
@@ -586,12 +592,17 @@ class CallEngine:
 
     async def _on_model(self, event: Any) -> None:
         if type(event) is AudioDelta:
+            if self._heard_at is not None and event.response_id not in self._cancelled_responses:
+                self.stats.response_ms.append((time.perf_counter() - self._heard_at) * 1000)
+                self._heard_at = None
             self._relay_audio(event)
             if self.link.backed_up:
                 await self.link.drained()
         elif type(event) is SpeechStarted:
             self._profile.on_speech_started(event.item_id)
             await self._barge_in()
+        elif type(event) is SpeechStopped:
+            self._heard_at = time.perf_counter()
         elif type(event) is ResponseCreated:
             self._active_response = event.response_id
             request, self._requested = self._requested, None

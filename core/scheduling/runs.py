@@ -282,6 +282,27 @@ async def release(
     return result.endswith(" 1")
 
 
+async def run_now(db: Queries, task_id: int, account_id: UUID, now: datetime) -> int | None:
+    """An extra occurrence of the account's active task, due now (the web app's "run now"); its
+    run id, or None when there is no such task or one of its runs is already due or running
+    (a second press runs nothing twice). The scheduler claims it like any other."""
+    return await db.fetchval(
+        """
+        INSERT INTO task_runs (task_id, occurrence_at, due_at, ready_at, status, reason)
+        SELECT t.id, $3::timestamptz, $3, $3, 'due', 'run now'
+        FROM scheduled_tasks t
+        WHERE t.id = $1 AND t.account_id = $2 AND t.status = 'active'
+          AND NOT EXISTS (SELECT 1 FROM task_runs r WHERE r.task_id = t.id AND r.status IN ('due', 'running')
+                          AND r.ready_at <= $3::timestamptz + interval '1 minute')
+        ON CONFLICT (task_id, occurrence_at) DO NOTHING
+        RETURNING id
+        """,
+        task_id,
+        account_id,
+        now,
+    )
+
+
 async def recent_receipts(db: Queries, task_id: int, limit: int = 5) -> list[Any]:
     return await db.fetch(
         """

@@ -194,6 +194,13 @@ async def get_task(db: Queries, task_id: int, account_id: UUID | None = None) ->
     return task_from_row(row)
 
 
+async def is_active(db: Queries, task_id: int, account_id: UUID) -> bool:
+    found = await db.fetchval(
+        "SELECT 1 FROM scheduled_tasks WHERE id = $1 AND account_id = $2 AND status = 'active'", task_id, account_id
+    )
+    return bool(found)
+
+
 async def cancelled_in_turn(db: Queries, turn_id: UUID) -> int:
     return await db.fetchval("SELECT count(*) FROM scheduled_tasks WHERE cancelled_turn_id = $1", turn_id)
 

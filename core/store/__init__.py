@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 EMBEDDED_DATABASE = "pepper"
 # The web server's pool under ``pepper serve``: webhooks, web chat and admin pages each hold a
 # connection for a statement or a short transaction. Part of the server's connection budget
-# (``gateway.server.connections_needed``).
+# (``gateway.budget.connections_needed``).
 SERVING_POOL_SIZE = 20
 
 

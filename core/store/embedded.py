@@ -53,7 +53,7 @@ local all all peer map={IDENT_MAP}
 #   heavy writing): a third of the page images, for a longer crash recovery that at Pepper's
 #   volumes still takes seconds.
 # max_connections: room above what ``pepper serve`` holds with its defaults (about 80, see
-# ``gateway.server.connections_needed``) for larger settings, admin commands and psql; stock 100
+# ``gateway.budget.connections_needed``) for larger settings, admin commands and psql; stock 100
 # leaves little.
 SERVER_SETTINGS: dict[str, str] = {"wal_compression": "pglz", "checkpoint_timeout": "15min", "max_connections": "200"}
 

@@ -62,6 +62,26 @@ class Listener:
         await self._conn.close()
 
 
+class Announcer:
+    """One connection of its own for ``pg_notify``, outside any pool: announcements made while a
+    caller holds a pool connection (a turn in its tool round) never wait for a second one.
+    Not for concurrent use: one task sends through it."""
+
+    def __init__(self, dsn: str) -> None:
+        self._dsn = dsn
+        self._conn: asyncpg.Connection | None = None
+
+    async def announce(self, channel: str, payload: str) -> None:
+        if self._conn is None or self._conn.is_closed():
+            self._conn = await asyncpg.connect(self._dsn, server_settings={"application_name": "pepper-announcer"})
+        await self._conn.execute("SELECT pg_notify($1, $2)", channel, payload)
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            await self._conn.close()
+            self._conn = None
+
+
 async def connection_limit(db: Queries) -> int:
     """How many connections the server lets an ordinary role open (``CONNECTION_LIMIT_SQL``)."""
     return int(await db.fetchval(CONNECTION_LIMIT_SQL))

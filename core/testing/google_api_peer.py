@@ -268,6 +268,18 @@ class GoogleApiPeer(HttpPeer):
         self.drafts[draft_id] = {"id": draft_id, "message": request[JSON_BODY]["message"]}
         return web.json_response({"id": draft_id, "message": {"id": f"m{draft_id}"}})
 
+    async def _draft_update(self, request: web.Request) -> web.Response:
+        draft_id = request.match_info["id"]
+        if draft_id not in self.drafts:
+            return _error(404, "Not Found")
+        self.drafts[draft_id] = {"id": draft_id, "message": request[JSON_BODY]["message"]}
+        return web.json_response({"id": draft_id, "message": {"id": f"m{draft_id}"}})
+
+    async def _draft_delete(self, request: web.Request) -> web.Response:
+        if self.drafts.pop(request.match_info["id"], None) is None:
+            return _error(404, "Not Found")
+        return web.Response(status=204)
+
     async def _draft_send(self, request: web.Request) -> web.Response:
         draft = self.drafts.pop(request[JSON_BODY]["id"], None)
         if draft is None:

@@ -505,3 +505,21 @@ async def test_a_verified_call_sees_the_same_tools_and_memory_block_as_a_text_tu
     assert instructions.endswith("\n\n" + text_turn.system_dynamic)
     assert "Ada planned the trip to Turin." in instructions and "Old note number 0" in instructions
     assert "Allergic to penicillin." in instructions and "Allergic to penicillin." in text_turn.system_stable
+
+
+async def test_the_call_records_how_long_each_reply_took_to_start(phone):
+    """From the model hearing the caller stop to Pepper's first audio out: the figure the web
+    app's call pages and latency plots show. The notice, which answers no one, is not counted."""
+    phone.model.script(speak("Hello there."))
+    phone.model.hear("hello")
+    answer = await phone.dial_owner()
+    async with phone.caller.media(answer) as call:
+        await phone.until_listening(call)
+        stats = phone.calls.sessions[answer.call_sid].stats
+        assert stats.response_ms == []
+        call.say(speech("hello"))
+        await call.wait(lambda: stats.response_ms, within=15, what="Pepper's answer")
+        await call.hang_up()
+    row = await phone.call_row(answer.call_sid)
+    [ms] = json.loads(row["stats"])["response_ms"]
+    assert 0 < ms < 5000

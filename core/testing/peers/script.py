@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,9 @@ class ScriptedCall:
     name: str
     arguments: dict[str, Any]
     id: str | None = None  # the peer numbers calls when not given
+
+
+STREAM_STARTS = web.AppKey("stream_starts", list)
 
 
 @dataclass(frozen=True)
@@ -45,8 +49,9 @@ class Reply:
     ``text`` streams in word-sized deltas. ``status`` answers with that HTTP status and the
     provider's error body instead. ``delay`` seconds pass before the answer starts.
     ``cut_after`` closes the connection abruptly after that many stream events (streaming only).
-    ``hold`` keeps the answer back until the test sets that event. ``cited``: the pages a hosted
-    web search found, answered in the provider's own shape when the request turned its search on.
+    ``hold`` keeps the answer back until the test sets that event. ``pace`` seconds pass between
+    stream events (a reply a page can be watched streaming). ``cited``: the pages a hosted web
+    search found, answered in the provider's own shape when the request turned its search on.
     """
 
     text: str = ""
@@ -61,6 +66,7 @@ class Reply:
     status: int | None = None
     error_message: str = "scripted failure"
     delay: float = 0.0
+    pace: float = 0.0
     cut_after: int | None = None
     hold: asyncio.Event | None = field(default=None, compare=False)
     cited: tuple[Cited, ...] = ()
@@ -131,6 +137,8 @@ class LoopbackPeer(HttpPeer):
         self.requests: list[Received] = []
         self.unscripted = 0
         self._ids = _CallCounter()
+        # time.time() at which each streamed answer's first frame went out (bench/webapp.py).
+        self.stream_starts: list[float] = []
         # The one key the models list accepts (``pepper doctor --online``); None accepts any.
         self.api_key: str | None = None
 
@@ -203,10 +211,13 @@ async def open_sse(request: web.Request, reply: Reply) -> tuple[web.StreamRespon
 async def run_stream(request: web.Request, reply: Reply, frames: Any) -> web.StreamResponse:
     """Send ``frames`` (an iterable of ``(event, data)``) as SSE; honour ``reply.cut_after``."""
     response, writer = await open_sse(request, reply)
+    starts = request.app.get(STREAM_STARTS)
     try:
-        for event, data in frames:
+        for n, (event, data) in enumerate(frames):
+            if n == 0 and starts is not None:
+                starts.append(time.time())
             await writer.send(data, event)
-            await asyncio.sleep(0)
+            await asyncio.sleep(reply.pace)
     except _Cut:
         transport = request.transport
         if transport is not None:

@@ -39,6 +39,26 @@ async def draft_cards(db: Queries, account_id: UUID) -> list[dict[str, Any]]:
     return [json.loads(r["card"]) if isinstance(r["card"], str) else r["card"] for r in rows]
 
 
+async def pending_drafts(db: Queries, account_id: UUID) -> list[tuple[dict[str, Any], bool]]:
+    """Each draft's card with whether a scheduled run held it back (its send waits for the
+    person), oldest first; drafts whose Gmail copy is not made yet have no card and are left out."""
+    rows = await db.fetch(
+        """
+        SELECT e.card, t.kind = 'scheduled' AS held FROM email_messages e LEFT JOIN turns t ON t.id = e.turn_id
+        WHERE e.account_id = $1 AND e.status = 'draft' AND e.card IS NOT NULL ORDER BY e.id
+        """,
+        account_id,
+    )
+    return [(json.loads(r["card"]) if isinstance(r["card"], str) else r["card"], bool(r["held"])) for r in rows]
+
+
+async def is_draft(db: Queries, account_id: UUID, draft_id: int) -> bool:
+    found = await db.fetchval(
+        "SELECT 1 FROM email_messages WHERE id = $1 AND account_id = $2 AND status = 'draft'", draft_id, account_id
+    )
+    return bool(found)
+
+
 def _card(row_id: int, sender: str, from_address: str, to: list[str], cc: list[str], subject: str, body: str) -> dict:
     return {
         "type": "email-draft",
@@ -77,6 +97,67 @@ def _raw(message: Any) -> str:
 
 def _who(sender: str, from_address: str) -> str:
     return f"Pepper ({from_address})" if sender == "pepper" else f"the person's Gmail ({from_address})"
+
+
+async def _gmail_call(
+    db: Queries, connectors: Connectors, account_id: UUID, method: str, path: str, body: dict[str, Any] | None
+) -> dict[str, Any]:
+    connection_id = await google_connection(db, account_id, GMAIL_COMPOSE)
+    if connection_id is None:
+        raise PepperError("Gmail is not connected")
+    return await GoogleClient(db, connectors, connection_id).call(method, path, body=body)
+
+
+async def edit_draft(
+    db: Queries, connectors: Connectors, account_id: UUID, draft_id: int, *, to: list[str], cc: list[str],
+    subject: str, body: str,
+) -> dict[str, Any] | None:  # fmt: skip
+    """The person's edit of an unsent draft (the web app's card); its new card, or None when there
+    is no such draft. A Gmail draft is rewritten in Gmail first, so sending it sends the edited
+    text. The recipients are checked when it is sent (``send_email_draft``), as for any send.
+    Raises ``InvalidInput`` for bad addresses or an empty text, ``PepperError`` when Gmail refuses."""
+    to, cc = clean_addresses(to), clean_addresses(cc)
+    subject, body = subject.strip(), body.strip()
+    if not to:
+        raise InvalidInput("the mail needs at least one recipient")
+    if not body:
+        raise InvalidInput("the mail has no text")
+    row = await db.fetchrow(
+        "SELECT * FROM email_messages WHERE id = $1 AND account_id = $2 AND status = 'draft'", draft_id, account_id
+    )
+    if row is None:
+        return None
+    p = {**_payload(row), "to": to, "cc": [a for a in cc if a not in to], "subject": subject, "body": body}
+    if p["sender"] == "gmail" and p["remote_id"]:
+        await _gmail_call(
+            db, connectors, account_id, "PUT", f"/gmail/v1/users/me/drafts/{p['remote_id']}",
+            {"id": p["remote_id"], "message": {"raw": _raw(_message(p))}},
+        )  # fmt: skip
+    updated = await db.fetchval(
+        "UPDATE email_messages SET to_addresses = $3, cc_addresses = $4, subject = $5, body = $6, card = $7::jsonb"
+        " WHERE id = $1 AND account_id = $2 AND status = 'draft' RETURNING id",
+        draft_id, account_id, p["to"], p["cc"], subject, body, _card_json(draft_id, p),
+    )  # fmt: skip
+    return _card(draft_id, p["sender"], p["from"], p["to"], p["cc"], subject, body) if updated else None
+
+
+async def discard_draft(db: Queries, connectors: Connectors, account_id: UUID, draft_id: int) -> bool:
+    """Discard an unsent draft (deleted from Gmail too); False when there is no such draft."""
+    row = await db.fetchrow(
+        "UPDATE email_messages SET status = 'discarded', card = NULL WHERE id = $1 AND account_id = $2"
+        " AND status = 'draft' RETURNING sender, remote_id",
+        draft_id, account_id,
+    )  # fmt: skip
+    if row is None:
+        return False
+    if row["sender"] == "gmail" and row["remote_id"]:
+        try:
+            await _gmail_call(
+                db, connectors, account_id, "DELETE", f"/gmail/v1/users/me/drafts/{row['remote_id']}", None
+            )
+        except PepperError as exc:  # discarded here either way; the person can delete it in Gmail
+            log.warning("gmail draft not deleted: %s", exc.code)
+    return True
 
 
 def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
@@ -219,10 +300,7 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
         )  # fmt: skip
 
     async def _gmail(db: Queries, account_id: UUID, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        connection_id = await google_connection(db, account_id, GMAIL_COMPOSE)
-        if connection_id is None:
-            raise PepperError("Gmail is not connected")
-        return await GoogleClient(db, connectors, connection_id).call("POST", path, body=body)
+        return await _gmail_call(db, connectors, account_id, "POST", path, body)
 
     async def _plan_pepper(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
         if not connectors.smtp_configured:
@@ -338,4 +416,4 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
 
 TOOLS = make_tools(Connectors())
 
-__all__ = ["TOOLS", "draft_cards", "make_tools"]
+__all__ = ["TOOLS", "discard_draft", "draft_cards", "edit_draft", "is_draft", "make_tools", "pending_drafts"]

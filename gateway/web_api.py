@@ -1,0 +1,332 @@
+"""The web app's JSON API beyond the chat: draft cards, the approvals queue, a task's "run now"
+and the person's half of the dossier.
+
+Every endpoint needs the signed-in session (or an API token) and, to change anything, the
+session's CSRF token (``gateway.webchat._authenticate``); every id is looked up within the
+signed-in account, so another account's id is simply not found.
+
+Draft cards and approvals are registries of kinds: a new kind of draft is a :class:`DraftKind`
+in ``DRAFT_KINDS``, a new kind of approval an :class:`ApprovalKind` in ``APPROVAL_KINDS``; the
+chat's cards and the approvals page list whatever the registries hold. A draft is sent through
+the same tool, gate and recipient rules as the model's call would be (:func:`run_owner_tool`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol
+from uuid import UUID, uuid4
+
+from quart import Blueprint, Response, current_app
+
+from core.conversation import conversation_for
+from core.errors import InvalidInput, PepperError
+from core.memory.dossier import set_owner_text
+from core.models.types import ToolCall
+from core.scheduling.runs import run_now
+from core.scheduling.tasks import account_timezone, is_active
+from core.store.pool import connection
+from core.tools.areas.email import discard_draft, edit_draft, is_draft, pending_drafts
+from core.tools.connectors import account_connections
+from core.tools.context import SessionContext
+from core.tools.registry import ToolContext
+from core.tools.runner import CallOutcome, run_call
+from gateway.services import Services
+from gateway.webchat import _json_body, _json_error, _message_id, _storable, signed_in
+
+blueprint = Blueprint("web_api", __name__)
+
+MAX_RECIPIENTS = 50
+
+
+def _services() -> Services:
+    return current_app.extensions["pepper"]
+
+
+def _ok(payload: dict[str, Any], status: int = 200) -> Response:
+    return Response(json.dumps(payload, default=str), status=status, content_type="application/json")
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What became of a person's action: ``ok`` and a sentence to show them."""
+
+    ok: bool
+    message: str
+
+
+async def run_owner_tool(services: Services, account_id: UUID, name: str, arguments: dict[str, Any]) -> CallOutcome:
+    """Run one tool for the signed-in person, as their own live turn would: the harness's
+    registry and gate, a live session trusted as the verified owner, on the web channel."""
+    db, harness = services.db, services.harness
+    session = SessionContext(
+        "live", "owner_verified", "web", account_id, await conversation_for(db, account_id), None,
+        await account_timezone(db, account_id), await account_connections(db, account_id, harness.connectors),
+    )  # fmt: skip
+    call = ToolCall(f"web-{uuid4().hex[:12]}", name, arguments)
+    async with connection(db, stateless=True) as conn:
+        ctx = ToolContext(session, conn, datetime.now(UTC))
+        return await run_call(harness.registry, harness.gate, ctx, call)
+
+
+# --- draft cards ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Draft:
+    """One card: what would go out, to whom, and whether a scheduled run held it back."""
+
+    kind: str
+    id: str
+    title: str
+    sender: str
+    to: list[str]
+    cc: list[str]
+    subject: str
+    body: str
+    held: bool = False
+
+    def as_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["from"] = data.pop("sender")
+        return data
+
+
+class DraftKind(Protocol):
+    name: str
+
+    async def pending(self, services: Services, account_id: UUID) -> list[Draft]: ...
+
+    async def edit(self, services: Services, account_id: UUID, draft_id: str, fields: dict[str, Any]) -> Draft | None:
+        """The edited draft, or None when there is no such draft. Raises ``InvalidInput``."""
+        ...
+
+    async def send(self, services: Services, account_id: UUID, draft_id: str) -> Answer | None: ...
+
+    async def discard(self, services: Services, account_id: UUID, draft_id: str) -> Answer | None: ...
+
+
+def _email_draft(card: dict[str, Any], held: bool) -> Draft:
+    title = "Email from Pepper" if card["sender"] == "pepper" else "Draft in your Gmail"
+    if held:
+        title += " (held by a scheduled run)"
+    return Draft(
+        "email", str(card["draft"]), title, card["from"], list(card["to"]), list(card["cc"]), card["subject"],
+        card["body"], held,
+    )  # fmt: skip
+
+
+class EmailDrafts:
+    """Mail drafts: Pepper's own, the person's Gmail drafts, and sends a scheduled run held back."""
+
+    name = "email"
+
+    async def pending(self, services: Services, account_id: UUID) -> list[Draft]:
+        return [_email_draft(card, held) for card, held in await pending_drafts(services.db, account_id)]
+
+    async def edit(self, services: Services, account_id: UUID, draft_id: str, fields: dict[str, Any]) -> Draft | None:
+        number = _message_id(draft_id)
+        if number is None:
+            return None
+        card = await edit_draft(
+            services.db, services.harness.connectors, account_id, number, to=fields["to"], cc=fields["cc"],
+            subject=fields["subject"], body=fields["body"],
+        )  # fmt: skip
+        if card is None:
+            return None
+        return next((d for d in await self.pending(services, account_id) if d.id == draft_id), None)
+
+    async def send(self, services: Services, account_id: UUID, draft_id: str) -> Answer | None:
+        number = _message_id(draft_id)
+        if number is None or not await is_draft(services.db, account_id, number):
+            return None
+        outcome = await run_owner_tool(services, account_id, "send_email_draft", {"draft": number})
+        if outcome.status == "ok":
+            return Answer(True, "Sent.")
+        return Answer(False, outcome.content)
+
+    async def discard(self, services: Services, account_id: UUID, draft_id: str) -> Answer | None:
+        number = _message_id(draft_id)
+        if number is None or not await discard_draft(services.db, services.harness.connectors, account_id, number):
+            return None
+        return Answer(True, "Discarded; nothing was sent.")
+
+
+DRAFT_KINDS: dict[str, DraftKind] = {kind.name: kind for kind in (EmailDrafts(),)}
+
+
+async def all_drafts(services: Services, account_id: UUID) -> list[Draft]:
+    return [d for kind in DRAFT_KINDS.values() for d in await kind.pending(services, account_id)]
+
+
+def _edit_fields(body: Any) -> dict[str, Any] | str:
+    """The edit a card posts, checked; or what is wrong with it."""
+    if not isinstance(body, dict):
+        return 'send JSON {"to": [...], "cc": [...], "subject": "...", "body": "..."}'
+    fields: dict[str, Any] = {}
+    for name in ("to", "cc"):
+        value = body.get(name, [])
+        if not isinstance(value, list) or len(value) > MAX_RECIPIENTS or not all(isinstance(a, str) for a in value):
+            return f"{name} is a list of at most {MAX_RECIPIENTS} addresses"
+        fields[name] = value
+    for name, most in (("subject", 300), ("body", 20000)):
+        value = body.get(name)
+        if not isinstance(value, str) or len(value) > most:
+            return f"{name} is text of at most {most} characters"
+        fields[name] = value
+    if not all(_storable(v) for v in [*fields["to"], *fields["cc"], fields["subject"], fields["body"]]):
+        return "the draft holds a character that cannot be stored (NUL or a lone surrogate)"
+    return fields
+
+
+def _usable(handler: object, action: str, actions: tuple[str, ...]) -> Response | None:
+    """Why an action on a kind cannot be taken (404: no such kind or action; 503: this server
+    runs no tools), or None."""
+    if handler is None or action not in actions:
+        return _json_error(404, "no-such-action", "no such kind or action")
+    if _services().harness is None:
+        return _json_error(503, "not-set-up", "no model is configured, so this cannot be done from here")
+    return None
+
+
+@blueprint.get("/api/drafts")
+@signed_in(state_changing=False)
+async def drafts(who: UUID) -> Response:
+    return _ok({"drafts": [d.as_json() for d in await all_drafts(_services(), who)]})
+
+
+@blueprint.post("/api/drafts/<kind>/<draft_id>/<action>")
+@signed_in(state_changing=True)
+async def draft_action(who: UUID, kind: str, draft_id: str, action: str) -> Response:
+    handler = DRAFT_KINDS.get(kind)
+    problem = _usable(handler, action, ("edit", "send", "discard"))
+    if problem is not None or handler is None:
+        return problem or _json_error(404, "no-such-action", "no such kind or action")
+    services = _services()
+    if action == "edit":
+        fields = _edit_fields(await _json_body())
+        if isinstance(fields, str):
+            return _json_error(400, "bad-draft", fields)
+        try:
+            draft = await handler.edit(services, who, draft_id, fields)
+        except InvalidInput as exc:
+            return _json_error(400, "bad-draft", exc.message)
+        except PepperError as exc:
+            return _json_error(502, "not-saved", f"the draft was not changed: {exc.message}")
+        if draft is None:
+            return _json_error(404, "no-such-draft", "no unsent draft with that id")
+        return _ok({"message": "Saved.", "draft": draft.as_json()})
+    answer = await (handler.send if action == "send" else handler.discard)(services, who, draft_id)
+    if answer is None:
+        return _json_error(404, "no-such-draft", "no unsent draft with that id (already sent or discarded?)")
+    return _ok({"message": answer.message}, 200 if answer.ok else 422)
+
+
+# --- approvals -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Approval:
+    """One item waiting for the person's yes or no."""
+
+    kind: str
+    id: str
+    title: str
+    detail: str
+    approve_label: str = "Approve"
+    reject_label: str = "Reject"
+
+
+class ApprovalKind(Protocol):
+    name: str
+    title: str  # the heading its items are listed under
+
+    async def pending(self, services: Services, account_id: UUID) -> list[Approval]: ...
+
+    async def decide(self, services: Services, account_id: UUID, item_id: str, approve: bool) -> Answer | None:
+        """Approve or reject; None when there is no such pending item (decided already)."""
+        ...
+
+
+class HeldMail:
+    """Mail a scheduled run wanted to send: no one was present, so it waits for the person."""
+
+    name = "held-mail"
+    title = "Mail held by scheduled runs"
+
+    async def pending(self, services: Services, account_id: UUID) -> list[Approval]:
+        held = [d for d in await EmailDrafts().pending(services, account_id) if d.held]
+        return [_held_approval(self.name, d) for d in held]
+
+    async def decide(self, services: Services, account_id: UUID, item_id: str, approve: bool) -> Answer | None:
+        if item_id not in {a.id for a in await self.pending(services, account_id)}:
+            return None
+        drafts = EmailDrafts()
+        return await (drafts.send if approve else drafts.discard)(services, account_id, item_id)
+
+
+def _held_approval(kind: str, d: Draft) -> Approval:
+    copy = f", cc {', '.join(d.cc)}" if d.cc else ""
+    title = f"{d.subject or '(no subject)'} — to {', '.join(d.to)}"
+    return Approval(kind, d.id, title, f"From {d.sender}{copy}\n\n{d.body}", "Send", "Discard")
+
+
+APPROVAL_KINDS: dict[str, ApprovalKind] = {kind.name: kind for kind in (HeldMail(),)}
+
+
+async def all_approvals(services: Services, account_id: UUID) -> list[tuple[ApprovalKind, list[Approval]]]:
+    return [(kind, await kind.pending(services, account_id)) for kind in APPROVAL_KINDS.values()]
+
+
+@blueprint.get("/api/approvals")
+@signed_in(state_changing=False)
+async def approvals(who: UUID) -> Response:
+    listed = await all_approvals(_services(), who)
+    return _ok({"approvals": [asdict(item) for _, items in listed for item in items]})
+
+
+@blueprint.post("/api/approvals/<kind>/<item_id>/<decision>")
+@signed_in(state_changing=True)
+async def decide(who: UUID, kind: str, item_id: str, decision: str) -> Response:
+    handler = APPROVAL_KINDS.get(kind)
+    problem = _usable(handler, decision, ("approve", "reject"))
+    if problem is not None or handler is None:
+        return problem or _json_error(404, "no-such-action", "no such kind or action")
+    answer = await handler.decide(_services(), who, item_id, decision == "approve")
+    if answer is None:
+        return _json_error(404, "no-such-approval", "nothing with that id waits for your approval (decided already?)")
+    return _ok({"message": answer.message}, 200 if answer.ok else 422)
+
+
+# --- tasks and the dossier -----------------------------------------------------------------------
+
+
+@blueprint.post("/api/tasks/<raw_id>/run")
+@signed_in(state_changing=True)
+async def run_task_now(who: UUID, raw_id: str) -> Response:
+    task_id = _message_id(raw_id)
+    if task_id is None:
+        return _json_error(400, "bad-id", "a task id is a whole number from the task list")
+    db = _services().db
+    run_id = await run_now(db, task_id, who, datetime.now(UTC))
+    if run_id is not None:
+        return _ok({"message": "It runs within a minute; its receipt appears below.", "run_id": run_id}, 202)
+    if not await is_active(db, task_id, who):
+        return _json_error(404, "no-such-task", "no active task with that id")
+    return _ok({"message": "A run of it is already due; it was not added twice.", "duplicate": True})
+
+
+@blueprint.post("/api/dossier")
+@signed_in(state_changing=True)
+async def save_dossier(who: UUID) -> Response:
+    body = await _json_body()
+    if not isinstance(body, dict) or not isinstance(body.get("text"), str) or not _storable(body["text"]):
+        return _json_error(400, "bad-dossier", 'send JSON {"text": "..."} (your half of the dossier)')
+    try:
+        changed = await set_owner_text(_services().db, who, body["text"], source="web")
+    except InvalidInput as exc:
+        return _json_error(400, "too-long", exc.message)
+    return _ok({"message": "Saved; Pepper reads it from your next message." if changed else "No change.",
+                "changed": changed})  # fmt: skip

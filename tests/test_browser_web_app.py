@@ -1,0 +1,201 @@
+"""The web app in a real headless Chromium (Debian's chromium and chromium-driver, as
+``test_browser_chat.py``): sign in, watch a reply stream in word by word after the working
+indicator names the tool, edit and send a draft card (the loopback SMTP server receives exactly
+the edited text), an 8,001-character message refused with the limit and kept in the box, and the
+approvals queue approving a held mail. A screenshot of every page goes to ``$PEPPER_TEST_OUTPUT``
+(default: ``screenshots`` in pytest's temporary directory). One browser and one server for all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from web_app_support import PASSWORD, some_records, web_app
+
+from core.store import Database
+from core.testing.peers import reply_text, reply_tools
+
+CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+pytestmark = pytest.mark.skipif(
+    not (CHROMIUM and CHROMEDRIVER), reason="needs Debian's chromium and chromium-driver (scripts/test installs them)"
+)
+STREAMED = "Done: the cat is fed, the to-do is ticked off, and your Friday draft is ready below."
+
+
+@pytest.fixture
+def driver() -> Iterator[object]:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    profile = tempfile.mkdtemp(prefix="pepper-chromium-")
+    for flag in (
+        "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
+        "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        "--window-size=1100,900", f"--user-data-dir={profile}",
+    ):  # fmt: skip
+        options.add_argument(flag)
+    browser = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    browser.set_page_load_timeout(30)
+    try:
+        yield browser
+    finally:
+        browser.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture
+def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = Path(os.environ.get("PEPPER_TEST_OUTPUT") or tmp_path_factory.getbasetemp() / "screenshots")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+async def wait_for(predicate, within: float = 20.0):  # type: ignore[no-untyped-def]
+    from selenium.common.exceptions import WebDriverException
+
+    deadline = asyncio.get_running_loop().time() + within
+    while True:
+        try:
+            value = await asyncio.to_thread(predicate)
+        except WebDriverException:  # the page is between loads: its elements come and go
+            value = None
+        if value:
+            return value
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("the page never got there")
+        await asyncio.sleep(0.05)
+
+
+SNAPSHOT = """
+const working = document.getElementById('working');
+const streaming = document.querySelector('#log .msg.streaming .body');
+const replies = [...document.querySelectorAll('#log .msg.outbound:not(.streaming) .body')].map(e => e.textContent);
+return {working: working.hidden ? null : working.textContent, streaming: streaming ? streaming.textContent : null,
+        replies};
+"""
+
+
+async def test_the_web_app_in_a_browser(db: Database, db_url: str, driver, shots: Path):  # type: ignore[no-untyped-def]
+    from selenium.webdriver.common.by import By
+
+    async with web_app(db, db_url) as app:
+        todo = await db.fetchval(
+            "INSERT INTO todos (account_id, title) VALUES ($1, 'feed the cat') RETURNING id", app.account_id
+        )
+        await some_records(app)
+
+        def shot(name: str) -> None:
+            driver.save_screenshot(str(shots / f"{name}.png"))
+
+        # Sign in at the home page.
+        await asyncio.to_thread(driver.get, app.base + "/")
+        await wait_for(lambda: driver.find_element(By.ID, "login").is_displayed())
+        await asyncio.to_thread(shot, "sign-in")
+        driver.find_element(By.ID, "login").send_keys("ada")
+        driver.find_element(By.ID, "password").send_keys(PASSWORD)
+        await asyncio.to_thread(driver.find_element(By.ID, "signin-button").click)
+        await wait_for(lambda: driver.find_element(By.ID, "status").text == "connected")
+
+        # A tool runs (the indicator names it), then the reply streams in word by word.
+        app.model.script(reply_tools(("complete_todo", {"id": todo})), reply_text(STREAMED, delay=0.8, pace=0.12))
+        driver.find_element(By.ID, "text").send_keys("I fed the cat; and draft Bob a note about Friday")
+        await asyncio.to_thread(driver.find_element(By.ID, "send-button").click)
+        draft_id = await app.draft("See you at noon.")  # what the turn's mail skill would save
+        states: list[dict] = []
+        while True:
+            state = await asyncio.to_thread(driver.execute_script, SNAPSHOT)
+            if not states or state != states[-1]:
+                states.append(state)
+                if state["working"] and len([s for s in states if s["working"]]) == 1:
+                    await asyncio.to_thread(shot, "chat-working")
+            if STREAMED in state["replies"]:
+                break
+            assert len(states) < 500
+        assert any(s["working"] == "Working: Complete todo…" for s in states)
+        partial = [s["streaming"] for s in states if s["streaming"]]
+        assert len(set(partial)) >= 3, partial  # seen growing, word by word
+        assert all(STREAMED.startswith(p) for p in partial)
+        assert all(not s["working"] for s in states[states.index(next(s for s in states if s["streaming"])) :])
+
+        # The draft card: edit it, send it; the SMTP server receives exactly the edited text.
+        card = await wait_for(lambda: driver.find_element(By.CSS_SELECTOR, f'.draft[data-draft="{draft_id}"]'))
+        await asyncio.to_thread(shot, "chat-draft-card")
+        card.find_element(By.CSS_SELECTOR, "button.edit").click()
+        body = card.find_element(By.CSS_SELECTOR, "textarea[name=body]")
+        body.clear()
+        edited = "See you at one, not noon.\nBring the plans."
+        body.send_keys(edited)
+        await asyncio.to_thread(card.find_element(By.CSS_SELECTOR, "button.save").click)
+        fresh = await wait_for(
+            lambda: next(
+                (c for c in driver.find_elements(By.CSS_SELECTOR, f'.draft[data-draft="{draft_id}"]')
+                 if c.find_element(By.CSS_SELECTOR, ".draft-body").text == edited), None,
+            )
+        )  # fmt: skip
+        await asyncio.to_thread(fresh.find_element(By.CSS_SELECTOR, "button.send").click)
+        await wait_for(lambda: fresh.find_element(By.CSS_SELECTOR, ".result").text == "Sent.")
+        [mail] = app.smtp.received
+        # Exactly the edited text (the wire's line endings are CRLF).
+        assert mail.message.get_content().replace("\r\n", "\n").strip() == edited
+
+        # 8,001 characters: a clear error before sending, and the text stays in the box.
+        before = await db.fetchval("SELECT count(*) FROM messages")
+        driver.execute_script(
+            "const b = document.getElementById('text'); b.value = 'x'.repeat(8001);b.dispatchEvent(new Event('input'));"
+        )
+        await asyncio.to_thread(driver.find_element(By.ID, "send-button").click)
+        limit = driver.find_element(By.ID, "limit")
+        assert "over" in limit.get_attribute("class") and "at most 8000" in limit.text
+        assert len(driver.find_element(By.ID, "text").get_property("value")) == 8001
+        await asyncio.to_thread(shot, "chat-too-long")
+        await asyncio.sleep(0.3)
+        assert await db.fetchval("SELECT count(*) FROM messages") == before
+
+        # A send that fails says so and offers a retry, which sends it once.
+        driver.execute_script("document.getElementById('text').value = ''")
+        app.model.script(reply_text("Yes, here."))
+        await asyncio.to_thread(driver.set_network_conditions, offline=True, latency=0, throughput=0)
+        long_word = "Supercalifragilistic" * 15  # 300 letters without a break
+        driver.find_element(By.ID, "text").send_keys(f"Are you there? {long_word}")
+        await asyncio.to_thread(driver.find_element(By.ID, "send-button").click)
+        failed = await wait_for(lambda: driver.find_element(By.CSS_SELECTOR, "#log .msg.failed"))
+        assert "Not sent" in failed.text and failed.find_element(By.CSS_SELECTOR, "button.retry").is_displayed()
+        await asyncio.to_thread(shot, "chat-send-failed")
+        await asyncio.to_thread(driver.delete_network_conditions)
+        await asyncio.to_thread(failed.find_element(By.CSS_SELECTOR, "button.retry").click)
+        await wait_for(lambda: "Yes, here." in (driver.execute_script(SNAPSHOT))["replies"])
+        assert await db.fetchval("SELECT count(*) FROM messages WHERE body = $1", f"Are you there? {long_word}") == 1
+        assert not driver.find_elements(By.CSS_SELECTOR, "#log .msg.failed")
+        # The long word wraps inside its bubble: nothing overflows the page sideways.
+        assert driver.execute_script("const l = document.getElementById('log'); return l.scrollWidth <= l.clientWidth")
+
+        # The approvals queue approves a mail a scheduled run held.
+        held = await app.draft("Your weekly report, as every Monday.", held=True)
+        await asyncio.to_thread(driver.get, app.base + "/approvals")
+        button = await wait_for(lambda: driver.find_element(By.CSS_SELECTOR, f'.approval[data-id="{held}"] .approve'))
+        await asyncio.to_thread(shot, "approvals")
+        await asyncio.to_thread(button.click)
+        await wait_for(lambda: driver.find_element(By.ID, "nothing-waiting"))
+        assert len(app.smtp.received) == 2
+        assert app.smtp.received[1].message.get_content().strip() == "Your weekly report, as every Monday."
+
+        # Every other page, in the one look.
+        for path, name, marker in (
+            ("/calls", "calls", "calls"), ("/calls/CAweb1", "call", "transcript"), ("/tasks", "tasks", "Brief me"),
+            ("/dossier", "dossier", "owner-text"), ("/plots", "plots", "plot-latency"),
+            ("/settings", "settings", "doctor"), ("/connect/google?area=gmail", "connect", "Not set up"),
+        ):  # fmt: skip
+            await asyncio.to_thread(driver.get, app.base + path)
+            await wait_for(lambda marker=marker: marker in driver.page_source)
+            assert driver.find_elements(By.CSS_SELECTOR, "header.top h1"), path
+            if name == "plots":  # drawn by the shipped uPlot, offline
+                await wait_for(lambda: driver.find_elements(By.CSS_SELECTOR, "#plot-latency .uplot canvas"))
+            await asyncio.to_thread(shot, name)

@@ -1,0 +1,374 @@
+"""The web app's pages and endpoints over a real socket: the home, the shared look, the reply
+streaming with the working indicator, draft cards, the approvals queue, run-now and the dossier;
+every endpoint with garbage, a forgery (no session, a bad CSRF token, another account's id) and a
+duplicate."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from uuid import uuid4
+
+import aiohttp
+import pytest
+from web_app_support import BOB_EMAIL, PASSWORD, WebApp, some_records, web_app
+
+from core import access, identity
+from core.scheduling.schedule import parse_schedule
+from core.scheduling.tasks import create_task
+from core.store import Database
+from core.testing.peers import reply_text, reply_tools
+from gateway.markdown import to_html
+
+PAGES = ("/", "/approvals", "/calls", "/tasks", "/dossier", "/plots", "/settings")
+
+
+@pytest.fixture
+async def app(db: Database, db_url: str) -> AsyncIterator[WebApp]:
+    async with web_app(db, db_url) as running:
+        yield running
+
+
+async def signed_in(app: WebApp, login: str = "ada") -> tuple[aiohttp.ClientSession, dict[str, str]]:
+    session = aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True))
+    async with session.post(app.base + "/chat/login", data={"login": login, "password": PASSWORD}):
+        pass
+    async with session.get(app.base + "/api/session") as response:
+        csrf = (await response.json())["csrf_token"]
+    return session, {"X-CSRF-Token": csrf}
+
+
+async def post(
+    session: aiohttp.ClientSession, url: str, headers: dict[str, str], body: object = None
+) -> tuple[int, dict]:
+    data = body if isinstance(body, (bytes, str)) else json.dumps(body if body is not None else {})
+    async with session.post(url, data=data, headers={"Content-Type": "application/json", **headers}) as response:
+        try:
+            return response.status, await response.json()
+        except (aiohttp.ContentTypeError, ValueError):
+            return response.status, {}
+
+
+async def until(predicate, within: float = 15.0):  # type: ignore[no-untyped-def]
+    deadline = asyncio.get_running_loop().time() + within
+    while not (value := await predicate()):
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("never happened")
+        await asyncio.sleep(0.05)
+    return value
+
+
+async def a_draft(app: WebApp, session: aiohttp.ClientSession, body: str, *, held: bool = False) -> dict:
+    """A draft saved by the email tool; the chat lists its card."""
+    draft_id = await app.draft(body, held=held)
+    async with session.get(app.base + "/api/drafts") as response:
+        drafts = (await response.json())["drafts"]
+    return next(d for d in drafts if d["id"] == str(draft_id))
+
+
+async def test_home_is_the_sign_in_or_the_chat_and_every_page_shares_one_look(app: WebApp):
+    await some_records(app)
+    await app.db.execute(
+        "INSERT INTO answering_calls (call_sid, account_id, caller, transcript, summary)"
+        " VALUES ('CAans1', $1, '+15550111', $2::jsonb, 'left a message')",
+        app.account_id,
+        json.dumps([{"role": "caller", "text": "<b>Hi</b>, it's Carol"}]),
+    )
+    async with aiohttp.ClientSession() as anonymous:
+        async with anonymous.get(app.base + "/") as response:
+            page = await response.text()
+            assert response.status == 200 and 'id="signin"' in page and "/static/app.css" in page
+        for path in PAGES[1:]:
+            async with anonymous.get(app.base + path, allow_redirects=False) as response:
+                assert response.status == 302 and response.headers["Location"] == "/", path
+        async with anonymous.get(app.base + "/connect/google?area=gmail") as response:
+            assert response.status == 401 and "/static/app.css" in await response.text()
+        async with anonymous.get(app.base + "/static/../webchat.py") as response:
+            assert response.status == 404
+        async with anonymous.get(app.base + "/static/vendor/uPlot.iife.min.js") as response:
+            assert response.status == 200 and "javascript" in response.headers["Content-Type"]
+    bea = await identity.create_account(app.db, "Bea")
+    await access.set_web_password(app.db, bea.id, "bea", PASSWORD)
+    other, _ = await signed_in(app, "bea")
+    async with other:  # another account's call is not found
+        for path in ("/calls/CAweb1", "/answering/calls/CAans1"):
+            async with other.get(app.base + path) as response:
+                assert response.status == 404, path
+        async with other.get(app.base + "/calls") as response:
+            assert "CAweb1" not in await response.text()
+    session, _ = await signed_in(app)
+    async with session:
+        for path in PAGES:
+            async with session.get(app.base + path) as response:
+                page = await response.text()
+                assert response.status == 200, path
+                assert "/static/app.css" in page and 'aria-label="Pages"' in page, path
+                assert "script-src 'self';" in response.headers["Content-Security-Policy"]
+                assert response.headers["Cache-Control"] == "no-store"
+        async with session.get(app.base + "/plots") as response:
+            figures = (await response.text()).split('id="figures">')[1].split("</script>")[0]
+        [day] = json.loads(figures)["latency"]
+        assert (day["count"], day["p50"], round(day["p99"])) == (3, 510.0, 873)
+        assert json.loads(figures)["usage"][0]["input_tokens"] == 1200
+        async with session.get(app.base + "/calls/CAweb1") as response:
+            page = await response.text()
+            assert "Add milk to my list" in page and "Milk is on your list." in page and "Add todo" in page
+            assert "median 510 ms" in page
+        async with session.get(app.base + "/answering/calls/CAans1") as response:
+            page = await response.text()
+            assert response.status == 200 and "/static/app.css" in page
+            assert "&lt;b&gt;Hi&lt;/b&gt;, it&#39;s Carol" in page and "left a message" in page
+        for path in (
+            "/calls/CAnope",
+            "/calls/%00",
+            "/calls/" + "A" * 65,
+            "/answering/calls/%00",
+            "/answering/calls/x%27",
+        ):
+            async with session.get(app.base + path) as response:
+                assert response.status == 404, path
+        async with session.get(app.base + "/") as response:
+            page = await response.text()
+            assert 'id="call-button"' in page and "Up to 8000 characters" in page
+
+
+async def test_the_reply_streams_in_pieces_and_the_working_indicator_names_the_tool(app: WebApp):
+    todo = await app.db.fetchval(
+        "INSERT INTO todos (account_id, title) VALUES ($1, 'feed the cat') RETURNING id", app.account_id
+    )
+    words = "The **cat** is fed and the to-do is ticked off."
+    app.model.script(reply_tools(("complete_todo", {"id": todo})), reply_text(words, pace=0.02))
+    session, headers = await signed_in(app)
+    async with session, session.get(app.base + "/api/events?progress=1") as stream:
+        assert (await post(session, app.base + "/api/messages", headers, {"text": "I fed the cat"}))[0] == 202
+        seen: list[tuple[str, dict]] = []
+        buffer = ""
+        async for raw in stream.content:
+            buffer += raw.decode()
+            if buffer.count("event: message") >= 2 and buffer.endswith("\n\n"):
+                break
+        kind = "message"
+        for line in buffer.splitlines():
+            if line.startswith("event: "):
+                kind = line.removeprefix("event: ")
+            elif line.startswith("data: "):
+                seen.append((kind, json.loads(line.removeprefix("data: "))))
+                kind = "message"
+    working = [d for k, d in seen if k == "working"]
+    assert [(w["tool"], w["label"]) for w in working] == [("complete_todo", "Complete todo")]
+    deltas = [d["text"] for k, d in seen if k == "delta"]
+    assert len(deltas) >= 2 and "".join(deltas) == words  # in pieces, and nothing lost
+    kinds = [k for k, _ in seen]
+    assert kinds.index("working") < kinds.index("delta")
+    reply = next(d for k, d in seen if k == "message" and d["direction"] == "outbound")
+    assert reply["html"] == "<p>The <strong>cat</strong> is fed and the to-do is ticked off.</p>"
+    inbound = next(d for k, d in seen if k == "message" and d["direction"] == "inbound")
+    assert inbound["html"] is None and inbound["channel"] == "web"
+    # Without progress=1 a client sees only messages, as before.
+    async with aiohttp.ClientSession(cookie_jar=session.cookie_jar) as again:
+        async with again.get(app.base + "/api/events?after=0") as stream:
+            first = await stream.content.readuntil(b"\n\n")
+            while b"event:" not in first:
+                first = await stream.content.readuntil(b"\n\n")
+            assert first.startswith(b"id: ") and b"event: message" in first
+
+
+def test_markdown_replies_are_sanitised():
+    html = to_html('**hi** <script>alert(1)</script> [x](javascript:alert(1)) <img src=x onerror="alert(1)">')
+    assert "<strong>hi</strong>" in html
+    for bad in ("<script", "javascript:", "onerror", "<img"):
+        assert bad not in html
+    assert to_html("`a<b>`") == "<p><code>a&lt;b&gt;</code></p>"
+
+
+async def test_a_draft_card_is_edited_and_sent_through_the_tools_rules(app: WebApp):
+    session, headers = await signed_in(app)
+    async with session:
+        card = await a_draft(app, session, "See you at noon.")
+        assert (card["kind"], card["to"], card["subject"], card["from"]) == (
+            "email",
+            [BOB_EMAIL],
+            "Friday",
+            "pepper@p.test",
+        )
+        assert card["held"] is False
+        url = f"{app.base}/api/drafts/email/{card['id']}"
+        edit = {"to": [BOB_EMAIL], "cc": [], "subject": "Friday lunch", "body": "See you at one, not noon."}
+        # Garbage.
+        for body in (b"\xff\xfe", "[]", {"to": "bob", "cc": [], "subject": "s", "body": "b"},
+                     {**edit, "body": "x" * 20001}, {**edit, "body": "nul\x00"}, {**edit, "to": ["not an address"]},
+                     {**edit, "body": "  "}):  # fmt: skip
+            status, answer = await post(session, url + "/edit", headers, body)
+            assert status == 400, (body, answer)
+        for bad in ("/api/drafts/email/abc/edit", "/api/drafts/email/99999999999999999999/send",
+                    "/api/drafts/sms/1/send", f"/api/drafts/email/{card['id']}/explode"):  # fmt: skip
+            assert (await post(session, app.base + bad, headers, edit))[0] in (404, 400), bad
+        # Forgeries: no session, a wrong CSRF token, another account's session.
+        async with aiohttp.ClientSession() as anonymous:
+            assert (await post(anonymous, url + "/send", {}))[0] == 401
+        assert (await post(session, url + "/send", {"X-CSRF-Token": "forged"}))[0] == 403
+        bea = await identity.create_account(app.db, "Bea")
+        await access.set_web_password(app.db, bea.id, "bea", PASSWORD)
+        other, other_headers = await signed_in(app, "bea")
+        async with other:
+            assert (await post(other, url + "/edit", other_headers, edit))[0] == 404
+            assert (await post(other, url + "/send", other_headers))[0] == 404
+            assert (await post(other, url + "/discard", other_headers))[0] == 404
+            async with other.get(app.base + "/api/drafts") as response:
+                assert (await response.json())["drafts"] == []
+        assert app.smtp.received == []
+        # The recipient rules of the tool hold: an address Pepper cannot verify is refused.
+        status, answer = await post(session, url + "/edit", headers, {**edit, "to": ["eve@example.net"]})
+        assert status == 200 and answer["draft"]["to"] == ["eve@example.net"]
+        status, answer = await post(session, url + "/send", headers)
+        assert status == 422 and "eve@example.net" in answer["message"] and app.smtp.received == []
+        # The edit is what goes out.
+        status, answer = await post(session, url + "/edit", headers, edit)
+        assert status == 200 and answer["draft"]["subject"] == "Friday lunch"
+        status, answer = await post(session, url + "/send", headers)
+        assert (status, answer["message"]) == (200, "Sent.")
+        [mail] = app.smtp.received
+        assert mail.message["Subject"] == "Friday lunch"
+        assert mail.message.get_content().strip() == "See you at one, not noon."
+        assert BOB_EMAIL in mail.rcpt_to
+        # Duplicates: a second send sends nothing; the card is gone.
+        assert (await post(session, url + "/send", headers))[0] == 404
+        assert (await post(session, url + "/discard", headers))[0] == 404
+        assert len(app.smtp.received) == 1
+        async with session.get(app.base + "/api/drafts") as response:
+            assert (await response.json())["drafts"] == []
+
+
+async def test_a_discarded_draft_sends_nothing(app: WebApp):
+    session, headers = await signed_in(app)
+    async with session:
+        card = await a_draft(app, session, "Maybe Saturday instead?")
+        url = f"{app.base}/api/drafts/email/{card['id']}"
+        assert (await post(session, url + "/discard", headers))[0] == 200
+        assert (await post(session, url + "/discard", headers))[0] == 404
+        assert (await post(session, url + "/send", headers))[0] == 404
+        assert app.smtp.received == []
+        assert await app.db.fetchval("SELECT status FROM email_messages") == "discarded"
+
+
+async def test_the_approvals_queue_sends_a_mail_a_scheduled_run_held(app: WebApp):
+    session, headers = await signed_in(app)
+    async with session:
+        card = await a_draft(app, session, "Your weekly report is attached.", held=True)
+        assert card["held"] is True
+        async with session.get(app.base + "/api/approvals") as response:
+            [item] = (await response.json())["approvals"]
+        assert (item["kind"], item["id"], item["approve_label"]) == ("held-mail", card["id"], "Send")
+        async with session.get(app.base + "/approvals") as response:
+            page = await response.text()
+            assert (
+                "Your weekly report is attached." in page and f"/api/approvals/held-mail/{card['id']}/approve" in page
+            )
+        url = f"{app.base}/api/approvals/held-mail/{card['id']}"
+        assert (await post(session, app.base + "/api/approvals/held-mail/abc/approve", headers))[0] == 404
+        assert (await post(session, app.base + "/api/approvals/nope/1/approve", headers))[0] == 404
+        assert (await post(session, url + "/maybe", headers))[0] == 404
+        assert (await post(session, url + "/approve", {"X-CSRF-Token": "forged"}))[0] == 403
+        async with aiohttp.ClientSession() as anonymous:
+            assert (await post(anonymous, url + "/approve", {}))[0] == 401
+        bea = await identity.create_account(app.db, "Bea")
+        await access.set_web_password(app.db, bea.id, "bea", PASSWORD)
+        other, other_headers = await signed_in(app, "bea")
+        async with other:
+            assert (await post(other, url + "/approve", other_headers))[0] == 404
+        assert app.smtp.received == []
+        status, answer = await post(session, url + "/approve", headers)
+        assert (status, answer["message"]) == (200, "Sent.")
+        assert (await post(session, url + "/approve", headers))[0] == 404  # decided already
+        [mail] = app.smtp.received
+        assert mail.message.get_content().strip() == "Your weekly report is attached."
+
+
+async def test_run_now_adds_one_due_run_of_the_persons_own_task(app: WebApp):
+    now = datetime.now(UTC)
+    schedule = parse_schedule("every day at 07:30", now=now, timezone="UTC")
+    async with app.db.transaction() as conn:
+        task = await create_task(conn, app.account_id, title="Brief me", prompt="brief", schedule=schedule, now=now)
+    bea = await identity.create_account(app.db, "Bea")
+    await access.set_web_password(app.db, bea.id, "bea", PASSWORD)
+    session, headers = await signed_in(app)
+    async with session:
+        url = f"{app.base}/api/tasks/{task.id}/run"
+        for bad in ("/api/tasks/abc/run", "/api/tasks/-1/run", "/api/tasks/99999999999999999999/run"):
+            assert (await post(session, app.base + bad, headers))[0] == 400
+        assert (await post(session, app.base + "/api/tasks/999999/run", headers))[0] == 404
+        assert (await post(session, url, {"X-CSRF-Token": "forged"}))[0] == 403
+        other, other_headers = await signed_in(app, "bea")
+        async with other:
+            assert (await post(other, url, other_headers))[0] == 404
+        status, answer = await post(session, url, headers)
+        assert status == 202 and answer["run_id"]
+        status, answer = await post(session, url, headers)
+        assert status == 200 and answer["duplicate"] is True
+        due = await app.db.fetch("SELECT status FROM task_runs WHERE task_id = $1 AND reason = 'run now'", task.id)
+        assert len(due) <= 1  # one extra run at most (the scheduler may have claimed it already)
+        async with session.get(app.base + "/tasks") as response:
+            page = await response.text()
+            assert "Brief me" in page and f"/api/tasks/{task.id}/run" in page
+
+
+async def test_the_person_edits_their_half_of_the_dossier(app: WebApp):
+    session, headers = await signed_in(app)
+    async with session:
+        url = app.base + "/api/dossier"
+        for body in (b"\xff", "[]", {"text": 5}, {"text": "nul\x00"}):
+            assert (await post(session, url, headers, body))[0] == 400
+        assert (await post(session, url, headers, {"text": "x" * 100_000}))[0] in (400, 413)
+        assert (await post(session, url, {"X-CSRF-Token": "forged"}, {"text": "forged"}))[0] == 403
+        async with aiohttp.ClientSession() as anonymous:
+            assert (await post(anonymous, url, {}, {"text": "anonymous"}))[0] == 401
+        status, answer = await post(session, url, headers, {"text": "I am vegetarian. <b>Call me Ada.</b>"})
+        assert status == 200 and answer["changed"] is True
+        status, answer = await post(session, url, headers, {"text": "I am vegetarian. <b>Call me Ada.</b>"})
+        assert status == 200 and answer["changed"] is False  # a duplicate records no revision
+        await app.db.execute("INSERT INTO dossier_notes (account_id, body) VALUES ($1, 'likes tea')", app.account_id)
+        async with session.get(app.base + "/dossier") as response:
+            page = await response.text()
+        assert "I am vegetarian. &lt;b&gt;Call me Ada.&lt;/b&gt;" in page and "likes tea" in page
+        assert page.count("<td>web") == 1
+        assert await app.db.fetchval("SELECT count(*) FROM dossier_revisions") == 1
+
+
+async def test_an_8001_character_message_is_refused_with_the_limit(app: WebApp):
+    session, headers = await signed_in(app)
+    async with session:
+        status, answer = await post(session, app.base + "/api/messages", headers, {"text": "x" * 8001})
+        assert status == 413 and "8000" in answer["message"]
+        assert await app.db.fetchval("SELECT count(*) FROM messages") == 0
+
+
+async def test_progress_crosses_processes_in_pieces_and_garbage_is_ignored(db: Database):
+    """The publisher's own connection announces; a listening feed (another process in
+    production) hands the pieces to its subscribers in order; a long piece is split under
+    NOTIFY's payload limit and joins back; malformed announcements are dropped."""
+    from gateway.live import PROGRESS_CHANNEL, LiveFeed, ProgressPublisher
+
+    conversation, turn = uuid4(), str(uuid4())
+    feed, publisher = LiveFeed(db.dsn), ProgressPublisher(db.dsn)
+    await feed.start()
+    try:
+        async with feed.subscribe(conversation) as queue:
+            for garbage in ("not json", "[]", json.dumps({"conversation_id": str(conversation), "turn_id": turn,
+                                                          "kind": "shout", "text": "x"})):  # fmt: skip
+                await db.execute("SELECT pg_notify($1, $2)", PROGRESS_CHANNEL, garbage)
+            long = "é" * 2500
+            ids = {"conversation_id": str(conversation), "turn_id": turn}
+            publisher.publish({**ids, "kind": "tool", "text": "complete_todo"})
+            publisher.publish({**ids, "kind": "delta", "text": long})
+            publisher.publish({**ids, "kind": "delta", "text": " done"})
+            got = [await asyncio.wait_for(queue.get(), 10)]
+            while "".join(e["text"] for e in got if e["kind"] == "delta") != long + " done":
+                got.append(await asyncio.wait_for(queue.get(), 10))
+        assert got[0] == {"turn_id": turn, "kind": "tool", "text": "complete_todo"}
+        assert len(got) >= 4  # the long piece went out in three announcements
+        assert queue.empty()
+    finally:
+        await publisher.close()
+        await feed.stop()
