@@ -157,7 +157,8 @@ async def diagnose(settings: Settings, served_paths: set[str], *, inspect: bool 
 
     _voice(report, settings)
     _web(report, settings)
-    _slots(report, store)
+    if report.store is not None:  # the web app's settings page leaves the store out
+        _slots(report, report.store)
     _rooms(report, settings)
 
     for hook in WEBHOOKS:

@@ -16,7 +16,9 @@ from gateway.children import ChildProcesses, ChildStop
 
 log = logging.getLogger(__name__)
 
-POOL_SIZE = 4
+# The sync loop handles one room event at a time (a turn takes a connection only while it needs one,
+# never two at once): two connections leave the defaults inside a stock server's 100.
+POOL_SIZE = 2
 LOGIN_RETRY_SECONDS = 1.0
 
 
