@@ -31,6 +31,7 @@ from pydantic_settings import (
 
 from core.errors import ConfigError
 from core.models.config import ModelsConfig
+from core.models.voice_models import default_voice_model
 
 DEFAULT_DATA_DIR = Path("~/.pepper")
 DEFAULT_TWILIO_API_URL = "https://api.twilio.com"
@@ -181,7 +182,7 @@ class Settings(BaseSettings):
         "auto", validation_alias=_env("PEPPER_VOICE_ENGINE", "voice_engine")
     )
     gemini_live_model: str = Field(
-        "gemini-live-2.5-flash-preview", validation_alias=_env("PEPPER_GEMINI_LIVE_MODEL", "gemini_live_model")
+        default_voice_model("gemini-live"), validation_alias=_env("PEPPER_GEMINI_LIVE_MODEL", "gemini_live_model")
     )
     # A Gemini prebuilt voice (voice_voice names an OpenAI voice).
     gemini_live_voice: str = Field("Kore", validation_alias=_env("PEPPER_GEMINI_LIVE_VOICE", "gemini_live_voice"))
@@ -206,10 +207,15 @@ class Settings(BaseSettings):
     openai_realtime_url: str | None = Field(
         None, validation_alias=_env("PEPPER_OPENAI_REALTIME_URL", "openai_realtime_url")
     )
-    voice_model: str = Field("gpt-realtime", validation_alias=_env("PEPPER_VOICE_MODEL", "voice_model"))
+    # The voice models (defaults from core.models.voice_models, the one table of their names).
+    voice_model: str = Field(
+        default_voice_model("openai-realtime"), validation_alias=_env("PEPPER_VOICE_MODEL", "voice_model")
+    )
     # GPT-Live (the gpt-live engine): its model, and its websocket base (default: OPENAI_BASE_URL
     # with a ws scheme, as the SDK does; the SDK adds /live/sessions).
-    gpt_live_model: str = Field("gpt-live-1", validation_alias=_env("PEPPER_GPT_LIVE_MODEL", "gpt_live_model"))
+    gpt_live_model: str = Field(
+        default_voice_model("gpt-live"), validation_alias=_env("PEPPER_GPT_LIVE_MODEL", "gpt_live_model")
+    )
     gpt_live_url: str | None = Field(None, validation_alias=_env("PEPPER_GPT_LIVE_URL", "gpt_live_url"))
     voice_voice: str = Field("marin", validation_alias=_env("PEPPER_VOICE_VOICE", "voice_voice"))
     voice_notice: str = Field(

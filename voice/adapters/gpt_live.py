@@ -25,6 +25,7 @@ from openai import OpenAIError
 from openai.types.live.session_config_param import SessionConfigParam
 from websockets.exceptions import WebSocketException
 
+from core.models.voice_models import default_voice_model
 from voice.adapters.openai_realtime import OpenAIRealtime, OpenAIRealtimeConnection
 from voice.realtime import (
     AudioDelta,
@@ -223,7 +224,7 @@ class GptLive(OpenAIRealtime):
     name = "gpt-live"
     full_duplex = True
 
-    def __init__(self, *, api_key: str, model: str = "gpt-live-1", base_url: str | None = None,
+    def __init__(self, *, api_key: str, model: str = default_voice_model("gpt-live"), base_url: str | None = None,
                  websocket_base_url: str | None = None):  # fmt: skip
         super().__init__(api_key=api_key, model=model, base_url=base_url, websocket_base_url=websocket_base_url)
 

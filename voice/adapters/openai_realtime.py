@@ -23,6 +23,7 @@ from websockets.frames import DATA_OPCODES, Frame, Opcode, apply_mask
 from websockets.protocol import State
 from websockets.streams import StreamReader
 
+from core.models.voice_models import default_voice_model
 from voice.realtime import (
     AssistantTranscript,
     AudioDelta,
@@ -365,7 +366,7 @@ class OpenAIRealtime:
         self,
         *,
         api_key: str,
-        model: str = "gpt-realtime",
+        model: str = default_voice_model("openai-realtime"),
         base_url: str | None = None,
         websocket_base_url: str | None = None,
     ):
