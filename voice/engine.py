@@ -10,7 +10,8 @@ promises, for every profile:
 * **Tools** come from the profile's registry and pass its gate and the same runner as text
   turns. A tool that takes longer than ``filler_after`` seconds makes the caller hear a short filler.
 * **Barge-in.** When the model reports the caller speaking over Pepper: Twilio ``clear``, cancel
-  the response, truncate the assistant item to what was played (tracked with marks).
+  the response, truncate each assistant item to what was played (tracked with marks; a response
+  may speak several items, a preamble and then the answer).
 * **Staged writes** wait for the mark after the response asked for after their tool result (sent
   once no other response runs), and only if that response spoke; a barge-in, a hang-up or a model
   drop before it drops them, and the model is told. A commit under way when the call ends
@@ -593,6 +594,12 @@ class CallEngine:
         size = media.decoded_length(event.payload)
         self.stats.audio_out_bytes += size
         item = event.item_id
+        last = self._last_item
+        if item != last and last is not None and self._sent_bytes.get(last, 0) > self._marked_bytes.get(last, 0):
+            # A response may speak several items (a preamble, then the answer): the one before
+            # this gets its final mark, so what of it played is known to its end.
+            self._marked_bytes[last] = self._sent_bytes[last]
+            self.link.send(self._mark_frame(_Mark("audio", last, self._sent_bytes[last])))
         sent = self._sent_bytes.get(item, 0) + size
         self._sent_bytes[item] = sent
         self._last_item = item
@@ -725,8 +732,8 @@ class CallEngine:
             if self._active_response is not None:
                 self._cancelled_responses.add(self._active_response)
                 await conn.cancel_response()
-            item = self._last_item
-            if item is not None and self._played_bytes.get(item, 0) < self._sent_bytes.get(item, 0):
+            # Every item the caller did not hear to its end (a response may speak several).
+            for item in [i for i, sent in self._sent_bytes.items() if self._played_bytes.get(i, 0) < sent]:
                 played_ms = self._played_bytes.get(item, 0) // media.BYTES_PER_MS
                 await conn.truncate(item, played_ms)
                 self._sent_bytes[item] = self._marked_bytes[item] = self._played_bytes.get(item, 0)
