@@ -340,6 +340,7 @@ class LiveCall:
         e = self.e
         started = time.perf_counter()
         words = self._task_words(event.offset_ms)
+        item = self._utterance_id or ""
         self.flush_caller()
         profile = e._profile
         trust = profile.trust
@@ -359,7 +360,9 @@ class LiveCall:
             await self._reply(event.delegation_id, "That cannot be done on this call: no text model is set up.",
                               generation, started)  # fmt: skip
             return
-        result = await delegate(DelegatedTask(e.call.account_id, self._task_text(words, trust), trust))
+        # As the records keep it: a PIN or code the caller used never reaches a text model.
+        said = profile.caller_text(item, words)
+        result = await delegate(DelegatedTask(e.call.account_id, self._task_text(said, trust), trust))
         e.note("delegation", event="turn", trust=trust, status=result.status, staged=result.staged_writes,
                turn_id=str(result.turn_id) if result.turn_id else None)  # fmt: skip
         reply = result.reply

@@ -162,7 +162,8 @@ async def test_a_gpt_live_call_runs_its_delegations_as_pepper_turns_restricted_u
         await call.wait(lambda: call.clears, what="Twilio's queue cleared")
         await until(lambda: phone.db.fetchval("SELECT count(*) FROM staged_writes WHERE status = 'dropped'"), 15,
                     "the unheard write dropped")  # fmt: skip
-        assert any("NOT saved" in a["content"] for a in session.appends)
+        await phone.live.wait_for(lambda: any("NOT saved" in a["content"] for a in session.appends),
+                                  what="the model told it was not saved")  # fmt: skip
         await call.hang_up()
     row = await phone.call_row(answer.call_sid)
     assert "caller verified (pin-keypad)" in row["summary"]
@@ -185,8 +186,10 @@ async def test_a_spoken_pin_is_checked_by_pepper_and_the_model_hears_only_verifi
         assert result == "verified"
         assert phone.text.requests == []  # the text model never saw the digits
         phone.text.script(reply_text("Tomorrow is clear."))
-        await phone.delegated(session, "what's on tomorrow")
-        assert "calendar" in skills_offered(phone.text.requests[-1])  # owner session, same model session
+        await phone.delegated(session, f"thanks, {' '.join(PIN)} it was. what's on tomorrow")
+        asked = phone.text.requests[-1]
+        assert "calendar" in skills_offered(asked)  # owner session, same model session
+        assert "[digits withheld]" in prompt_text(asked) and " ".join(PIN) not in prompt_text(asked)
         assert len(phone.live.sessions) == 1
         await call.hang_up()
     row = await phone.call_row(answer.call_sid)
