@@ -33,6 +33,7 @@ from core.tools.connectors import Connectors
 from core.tools.gate import Gate
 from voice import routing
 from voice.deps import VoiceDeps
+from voice.live_call import Delegate, Settle
 from voice.profile import AdmittedCall, CallProfile
 from voice.routing import CallRoute
 from voice.service import CallService, voice_deps_from_settings
@@ -131,12 +132,16 @@ def call_service_from_settings(
     send_sms: Any,
     connectors: Connectors | None = None,
     models: Any = None,
+    delegate: Delegate | None = None,
+    settle: Settle | None = None,
 ) -> CallService:
     """The voice call service (its engine: ``voice.service.voice_deps_from_settings``) with the
-    answering service for forwarded calls and answering lines."""
+    answering service for forwarded calls and answering lines; ``delegate`` and ``settle`` run a
+    full-duplex model's delegated tasks as Pepper turns (``voice.live_call``)."""
     deps: VoiceDeps = voice_deps_from_settings(
         settings, db, registry=registry, gate=gate, send_sms=send_sms, models=models, connectors=connectors
     )
+    deps.delegate, deps.settle = delegate, settle
     answering = AnsweringService(db, gate, default_region=settings.default_region, connectors=connectors)
     return CallService(
         deps,

@@ -4,6 +4,11 @@ in its own process on uvloop, written for throughput so that they are not what s
     python bench/call_load.py --callers     # one caller worker (many calls), driven over stdin/stdout
     python bench/call_load.py --model       # the loopback Realtime server, driven the same way
 
+The model process also speaks GPT-Live on ``/v1/live/sessions`` (``session.start``, pcmu audio
+both ways, the notice asked for as commentary, caller words and delegations on command, the
+delegation turnaround read where the first result for it lands), and serves a loopback OpenAI
+text model (``core.testing.peers.OpenAIPeer``) for the Pepper turns those delegations run.
+
 Both speak JSON lines with ``bench/calls.py`` on stdin/stdout (one command, one answer) and use
 picows (Cython websockets) instead of the ``websockets`` library, whose per-message cost in Python
 is what saturated the old generator. Per frame they do no JSON work: outbound frames are built
@@ -381,6 +386,7 @@ class CallerWorker:
 # --- The model ---------------------------------------------------------------------------------
 
 APPEND = b'{"type":"input_audio_buffer.append","audio":"'  # exactly as Pepper's adapter writes it
+APPEND_LIVE = b'{"type":"session.input_audio.append","audio":"'  # GPT-Live's, likewise
 
 
 class ModelConn(WSListener):
@@ -398,6 +404,9 @@ class ModelConn(WSListener):
         self.call: int | None = int(path.split("/c", 1)[1].split("?")[0]) if "/realtime/c" in path else None
         if self.level["mode"] == "browser":
             self.call = self.index - peer.level_base
+        self.live = path.startswith("/v1/live/")  # GPT-Live: no responses, delegations instead
+        self.t0 = time.monotonic()
+        self.delegated: dict[str, float] = {}  # delegation id -> when it was sent (until its first result)
         self.t: WSTransport | None = None
         self.pcmu_in = self.pcmu_out = False
         self.responses = 0
@@ -411,8 +420,10 @@ class ModelConn(WSListener):
     def on_ws_connected(self, transport: WSTransport) -> None:
         self.t = transport
         self.peer.conns.append(self)
-        self.emit({"type": "session.created", "session": {"type": "realtime", "id": f"sess_{self.index}",
-                   "object": "realtime.session", "model": "gpt-realtime", "output_modalities": ["audio"]}})  # fmt: skip
+        if not self.live:  # GPT-Live speaks once session.start came
+            session = {"type": "realtime", "id": f"sess_{self.index}", "object": "realtime.session",
+                       "model": "gpt-realtime", "output_modalities": ["audio"]}  # fmt: skip
+            self.emit({"type": "session.created", "session": session})
 
     def on_ws_disconnected(self, transport: WSTransport) -> None:
         self.stop_stream()
@@ -433,8 +444,14 @@ class ModelConn(WSListener):
         if data.startswith(APPEND):
             self.audio_in(data[len(APPEND) : -2], now)
             return
+        if data.startswith(APPEND_LIVE):
+            self.audio_in(data[len(APPEND_LIVE) : -2], now)
+            return
         event = orjson.loads(data)
         kind_ = event.get("type")
+        if self.live:
+            self.on_live(event, kind_, now)
+            return
         if kind_ == "input_audio_buffer.append":
             self.audio_in(event.get("audio", "").encode(), now)
         elif kind_ == "session.update":
@@ -455,6 +472,36 @@ class ModelConn(WSListener):
         elif kind_ == "conversation.item.truncate":
             self.emit({"type": "conversation.item.truncated", "item_id": event.get("item_id"), "content_index": 0,
                        "audio_end_ms": event.get("audio_end_ms")})  # fmt: skip
+
+    def on_live(self, event: dict[str, Any], kind_: Any, now: int) -> None:
+        if kind_ == "session.start":
+            session = event.get("session") or {}
+            fmt = ((session.get("audio") or {}).get("format") or {}).get("type")
+            self.pcmu_in = self.pcmu_out = fmt == "audio/pcmu"
+            self.t0 = time.monotonic()
+            self.emit({"type": "session.started", "session": {"id": f"sess_{self.index}", "expires_at": 0,
+                       "model": session.get("model"), "status": "active"}})  # fmt: skip
+        elif kind_ in ("session.commentary.append", "session.thinking.append", "session.instructions.append"):
+            self.emit({"type": kind_ + "ed", "client_event_id": event.get("event_id"), "start_ms": self.now_ms(),
+                       "end_ms": self.now_ms()})  # fmt: skip
+            sent = self.delegated.pop(event.get("delegation_id") or "", None)
+            if sent is not None and self.peer.state["delegating"]:
+                self.peer.turnaround.append((now / 1e6 - sent) * 1000)
+            if kind_ == "session.commentary.append" and self.responses == 0:
+                self.start_response()  # the notice
+
+    def now_ms(self) -> int:
+        return round((time.monotonic() - self.t0) * 1000)
+
+    def delegate(self) -> None:
+        """The caller asks, the model delegates (GPT-Live sockets only)."""
+        end = self.now_ms()
+        self.emit({"type": "session.input_transcript.delta", "delta": "what's on my list ", "start_ms": end - 600,
+                   "end_ms": end})  # fmt: skip
+        ident = f"dlg_{self.index}_{len(self.delegated)}_{end}"
+        self.delegated[ident] = now_us() / 1e6
+        self.emit({"type": "session.delegation.created", "offset_ms": end,
+                   "delegation": {"id": ident, "target": "client", "type": "delegation"}})  # fmt: skip
 
     def audio_in(self, payload: bytes, now: int) -> None:
         peer = self.peer
@@ -483,14 +530,18 @@ class ModelConn(WSListener):
             return
         self.responses += 1
         rid, item = f"resp_{self.index}_{self.responses}", f"item_{self.index}_{self.responses}"
-        self.emit({"type": "response.created", "response": {"id": rid, "object": "realtime.response",
-                   "status": "in_progress", "output": []}})  # fmt: skip
+        if not self.live:
+            self.emit({"type": "response.created", "response": {"id": rid, "object": "realtime.response",
+                       "status": "in_progress", "output": []}})  # fmt: skip
         # Pepper's first response is its opening notice (100 ms); every other one streams until cancelled.
         self.left = 5 if self.responses == 1 and self.level["mode"] != "pipecat" else None
         self.streaming, self.item, self.chunk = rid, item, 0
-        self.delta_head = (b'{"type":"response.output_audio.delta","response_id":"' + rid.encode()
-                           + b'","item_id":"' + item.encode() + b'","output_index":0,"content_index":0,'
-                           + b'"event_id":"d_' + str(self.index).encode() + b"_")  # fmt: skip
+        if self.live:
+            self.delta_head = b'{"type":"session.output_audio.delta","event_id":"d_' + str(self.index).encode() + b"_"
+        else:
+            self.delta_head = (b'{"type":"response.output_audio.delta","response_id":"' + rid.encode()
+                               + b'","item_id":"' + item.encode() + b'","output_index":0,"content_index":0,'
+                               + b'"event_id":"d_' + str(self.index).encode() + b"_")  # fmt: skip
         self.peer.groups[self.index % SLOTS].append(self)
 
     def stop_stream(self) -> None:
@@ -503,6 +554,12 @@ class ModelConn(WSListener):
         rid, item = self.streaming, self.item
         self.stop_stream()
         self.streaming = None
+        if self.live:
+            # No done events: the output pauses. After the notice a reply streams unprompted, once
+            # the pause has told Pepper the notice ended.
+            if status == "completed" and self.level["mode"] == "pepper" and self.responses == 1:
+                asyncio.get_running_loop().call_later(0.5, self.start_response)
+            return
         if status == "completed":
             self.emit({"type": "response.output_audio.done", "response_id": rid, "item_id": item})
             self.emit({"type": "response.output_audio_transcript.done", "response_id": rid, "item_id": item,
@@ -535,6 +592,13 @@ class ModelConn(WSListener):
                 self.end_response("completed")
 
     def speech_started(self) -> None:
+        if self.live:  # caller words while it speaks: the model stops itself
+            end = self.now_ms()
+            self.emit({"type": "session.input_transcript.delta", "delta": "wait ", "start_ms": end - 200,
+                       "end_ms": end})  # fmt: skip
+            if self.streaming is not None:
+                self.end_response("cancelled")
+            return
         self.user_item += 1
         self.emit({"type": "input_audio_buffer.speech_started", "item_id": f"item_u{self.index}_{self.user_item}",
                    "audio_start_ms": 0})  # fmt: skip
@@ -550,7 +614,8 @@ class ModelPeer:
         tone, pcm = tone_frames()
         self.tone_rest, self.silence_rest = _rest_b64(tone), _rest_b64(b"\xff" * FRAME)
         self.tone_pcm_b64, self.silence_pcm_b64 = base64.b64encode(pcm), base64.b64encode(b"\0" * len(pcm))
-        self.state: dict[str, Any] = {"measuring": False}
+        self.state: dict[str, Any] = {"measuring": False, "delegating": False}
+        self.turnaround: list[float] = []
         self.level: dict[str, Any] = {"mode": "pepper"}
         self.sockets = 0
         self.level_base = 0  # sockets opened before this level
@@ -570,7 +635,7 @@ class ModelPeer:
 
     def listener(self, request: WSUpgradeRequest) -> ModelConn | None:
         path = request.path.decode()
-        if not path.startswith("/v1/realtime") or "authorization" not in request.headers:
+        if not path.startswith(("/v1/realtime", "/v1/live/sessions")) or "authorization" not in request.headers:
             return None
         return ModelConn(self, path)
 
@@ -598,6 +663,14 @@ class ModelPeer:
                     emitted[conn.call] = now_us() / 1e6
                 conn.speech_started()
             return {"emitted": emitted}
+        if op == "delegate":
+            self.turnaround, self.state["delegating"] = [], True
+            live = [c for c in self.conns if c.live and c.t is not None and not c.t.is_disconnected]
+            for conn in live:
+                conn.delegate()
+            return {"delegated": len(live)}
+        if op == "delegations":
+            return {"turnaround": self.turnaround}
         if op == "collect":
             return {"in": self.in_lat, "seen": self.seen, "sent": self.sent, "lag": self.lag.values,
                     "ms_in": self.ms_in, "sockets": len(self.conns)}  # fmt: skip
@@ -611,7 +684,13 @@ async def _model_main() -> None:
     schedule = asyncio.get_running_loop().create_task(
         slot_schedule(peer.groups, peer.state, peer.lag, peer.stop), name="model-slots"
     )
-    sys.stdout.write(f"ws://127.0.0.1:{port}/v1\n")
+    # The text model behind the delegated Pepper turns: one short answer per turn, at once.
+    from core.testing.peers import OpenAIPeer, reply_text
+
+    text = OpenAIPeer()
+    await text.start()
+    text.script(*[reply_text("You have two todos.")] * 20000)
+    sys.stdout.write(f"ws://127.0.0.1:{port}/v1 {text.base_url}\n")
     sys.stdout.flush()
     try:
         await serve_commands(peer.run)
@@ -619,6 +698,7 @@ async def _model_main() -> None:
         peer.stop.set()
         schedule.cancel()
         server.close()
+        await text.close()
 
 
 async def _callers_main() -> None:

@@ -32,6 +32,13 @@ side receives a frame, so any delay of its own is counted against the server. Ev
 bounded (opening, measuring, collecting): a level that cannot be sustained says what it got and
 the run goes on.
 
+GPT-Live (``--engines openai-realtime,gpt-live``, the default): a second Pepper server whose calls
+run on the gpt-live engine against the same model process (which speaks GPT-Live too), measured
+at the same levels in the same run: the same per-frame figures both ways, the barge-in hop, and
+the delegation turnaround (``session.delegation.created`` sent -> the first result appended for
+it, read where it lands in the model process; and Pepper's own time for it from the call stats)
+with the delegated Pepper turns answered at once by a loopback text model.
+
 Pepper holds its calls in the web server's event loop (``--media-processes 1``) or in N media
 processes as ``pepper serve`` runs them (``--media-processes 2``); ``--media-processes 1,2`` runs
 both, side by side at each level, so the comparison is made under the same machine load. Server
@@ -90,7 +97,9 @@ def _fmt(values: list[float]) -> str:
 # --- The servers under test ------------------------------------------------------------------
 
 
-async def _serve_pepper(dsn: str, realtime_url: str, media_processes: int) -> None:
+async def _serve_pepper(
+    dsn: str, realtime_url: str, media_processes: int, engine: str = "openai-realtime", text_url: str | None = None
+) -> None:
     """Pepper as ``pepper serve`` runs it: with ``media_processes`` > 1 the calls are held by that
     many media processes (``gateway.media_procs``), else by the web server's own event loop."""
     import logging
@@ -105,7 +114,8 @@ async def _serve_pepper(dsn: str, realtime_url: str, media_processes: int) -> No
     settings = Settings(
         database_url=dsn, public_url=PUBLIC, twilio_account_sid="AC" + "1" * 32, twilio_auth_token=TOKEN,
         openai_api_key="sk-bench", openai_realtime_url=realtime_url, port=0,
-        voice_max_call_seconds=3600, log_level="ERROR",
+        voice_max_call_seconds=3600, log_level="ERROR", voice_engine=engine, gpt_live_url=realtime_url,
+        openai_base_url=text_url, memory_jobs_interval=0,
     )  # fmt: skip
     db = await Database.open(dsn, max_size=20)
     async with running_app(settings, db, media_processes=media_processes) as (app, port):
@@ -315,10 +325,20 @@ def _cpu_pressure() -> str:
 
 
 async def run_level(
-    mode: str, count: int, seconds: float, model: Proc, workers: list[Proc], server: Any, http: str, media: str
+    mode: str,
+    count: int,
+    seconds: float,
+    model: Proc,
+    workers: list[Proc],
+    server: Any,
+    http: str,
+    media: str,
+    *,
+    delegate: bool = False,
 ) -> dict[str, Any]:
     r: dict[str, Any] = {"mode": mode, "calls": count, "notes": [], "in_frame": [], "out_frame": [],
-                         "in_onset": [], "out_onset": [], "hop": [], "lag": [], "failed": count}  # fmt: skip
+                         "in_onset": [], "out_onset": [], "hop": [], "lag": [], "failed": count,
+                         "turnaround": []}  # fmt: skip
     open_within = 20 + 0.2 * count  # seconds for every call of the level to dial, connect and hear its opening
     left = (await model.ask(op="level", mode=mode))["left_open"]
     if left:
@@ -356,6 +376,8 @@ async def run_level(
         emitted = {int(k): v for k, v in (await model.ask(op="speech_started"))["emitted"].items()}
         got = await asyncio.gather(*(w.ask(within=40, op="collect", clears_before=b["clears"], clear_within=10)
                                      for (w, _), b in zip(busy, before, strict=True)))  # fmt: skip
+        if delegate:
+            r["turnaround"] = await _delegations(model)
     except TimeoutError:
         r["notes"].append("a load process stopped answering while measuring: level abandoned")
         return r
@@ -399,8 +421,20 @@ async def run_level(
     return r
 
 
-async def _pepper_clear_ms(db: Any, count: int, since: Any) -> list[float]:
-    """The ``clear`` times of the calls of the level that started at ``since`` (the database's clock)."""
+async def _delegations(model: Proc, within: float = 20.0) -> list[float]:
+    """One delegation on every GPT-Live socket at once: each one's time to its first result."""
+    sent = (await model.ask(op="delegate"))["delegated"]
+    deadline = time.monotonic() + within
+    while True:
+        got = (await model.ask(op="delegations"))["turnaround"]
+        if len(got) >= sent or time.monotonic() > deadline:
+            return list(got)
+        await asyncio.sleep(0.1)
+
+
+async def _pepper_clear_ms(db: Any, count: int, since: Any, key: str = "clear_ms") -> list[float]:
+    """The ``clear`` times (or another list of the call stats: ``key``) of the calls of the level
+    that started at ``since`` (the database's clock)."""
     stats: list[dict[str, Any]] = []
     for _ in range(200):
         rows = await db.fetch(
@@ -410,20 +444,25 @@ async def _pepper_clear_ms(db: Any, count: int, since: Any) -> list[float]:
             since,
         )
         stats = [json.loads(r["stats"]) for r in rows if r["stats"]]
-        if len(stats) == count and all(s.get("clear_ms") for s in stats):
+        if len(stats) == count and all(s.get(key) for s in stats):
             break
         await asyncio.sleep(0.05)
-    return [v for s in stats for v in s.get("clear_ms", ())]
+    return [v for s in stats for v in s.get(key, ())]
 
 
-def _name(media_processes: int) -> str:
+def _name(media_processes: int, engine: str = "openai-realtime") -> str:
+    on = "" if engine == "openai-realtime" else f" on {engine}"
     if media_processes == 1:
-        return "Pepper, calls in the web server"
-    return f"Pepper, {media_processes} media processes"
+        return f"Pepper{on}, calls in the web server"
+    return f"Pepper{on}, {media_processes} media processes"
 
 
-def report(r: dict[str, Any], base: dict[str, Any] | None, clear_ms: list[float] | None) -> None:
-    name = _name(r["media_processes"]) if r["mode"] == "pepper" else "pipecat baseline"
+def report(
+    r: dict[str, Any], base: dict[str, Any] | None, clear_ms: list[float] | None, own_ms: list[float] | None = None
+) -> None:
+    name = (
+        _name(r["media_processes"], r.get("engine", "openai-realtime")) if r["mode"] == "pepper" else "pipecat baseline"
+    )
     print(f"\n{r['calls']} concurrent call(s), {name}  (median / p99)")
     if r.get("open_s") is not None:
         print(f"  opened {r['ok']} of {r['calls']} in {r['open_s']:.1f} s"
@@ -440,6 +479,9 @@ def report(r: dict[str, Any], base: dict[str, Any] | None, clear_ms: list[float]
     if clear_ms is not None:
         print(f"  speech_started -> clear      {_fmt(clear_ms)}  (inside Pepper)")
     print(f"  barge-in, full hop           {_fmt(r['hop'])}  (model -> server -> caller's clear)")
+    if r.get("engine") == "gpt-live":
+        print(f"  delegation -> first result   {_fmt(r['turnaround'])}  (model -> Pepper turn -> model)")
+        print(f"  delegation, Pepper's own     {_fmt(own_ms or [])}  (inside Pepper, from the call stats)")
     due, sent, into, out = (r[k] / 1000 for k in ("expected", "ms_sent", "ms_in", "ms_heard"))
     print(f"  audio in the window: {due:.1f} s due each way; {sent:.1f} s sent by the callers,"
           f" {into:.1f} s reached the model, {out:.1f} s the callers")  # fmt: skip
@@ -516,22 +558,28 @@ async def main() -> None:
     parser.add_argument(
         "--media-processes", default="1", help="media process counts to compare (1: calls in the web server)"
     )
+    parser.add_argument("--engines", default="openai-realtime,gpt-live", help="Pepper's engines, side by side")
     args = parser.parse_args()
     levels = [int(c) for c in args.calls.split(",")]
     base_levels = {int(c) for c in args.baseline.split(",") if c}
     media_counts = [int(c) for c in args.media_processes.split(",")]
+    engines = args.engines.split(",")
 
     env = dict(os.environ, PYTHONPATH=os.getcwd(), PYTHONWARNINGS="ignore")
     async with owner_database() as (dsn, db, _owner):
         procs: list[asyncio.subprocess.Process] = []
         loads: list[Proc] = []
         try:
-            model, model_url = await Proc.start(env, "--model", args.load_nice)
+            model, urls = await Proc.start(env, "--model", args.load_nice)
+            model_url, text_url = urls.split()
             loads.append(model)
-            peppers: dict[int, tuple[asyncio.subprocess.Process, str, str]] = {}
-            for n in media_counts:  # all up at once, so each level runs them back to back
-                peppers[n] = await _start_server(["--serve", dsn, model_url, str(n)], env)
-                procs.append(peppers[n][0])
+            peppers: dict[tuple[str, int], tuple[asyncio.subprocess.Process, str, str]] = {}
+            for engine in engines:  # all up at once, so each level runs them back to back
+                # GPT-Live beside Realtime at the first media process count.
+                for n in media_counts if engine == "openai-realtime" else media_counts[:1]:
+                    peppers[engine, n] = await _start_server(["--serve", dsn, model_url, str(n), engine, text_url],
+                                                             env)  # fmt: skip
+                    procs.append(peppers[engine, n][0])
             n_workers = max(1, math.ceil(max(levels) / CALLS_PER_WORKER))
             workers = [
                 p
@@ -543,15 +591,16 @@ async def main() -> None:
             print(f"{os.cpu_count()} cores; server, model and {n_workers} caller process(es) apart;"
                   f" {args.seconds:.0f} s windows; media processes {media_counts}; load side at nice"
                   f" +{args.load_nice}", flush=True)  # fmt: skip
-            results: dict[int, list[dict[str, Any]]] = {n: [] for n in media_counts}
+            results: dict[tuple[str, int], list[dict[str, Any]]] = {key: [] for key in peppers}
             for count in levels:
-                for n, (pepper, http, media) in peppers.items():
+                for (engine, n), (pepper, http, media) in peppers.items():
                     since = await db.fetchval("SELECT now()")
+                    live = engine == "gpt-live"
                     mine = await run_level("pepper", count, args.seconds, model, workers, ServerGroup(pepper.pid),
-                                           http, media)  # fmt: skip
-                    mine["media_processes"] = n
+                                           http, media, delegate=live)  # fmt: skip
+                    mine["media_processes"], mine["engine"] = n, engine
                     theirs = None
-                    if count in base_levels and n == media_counts[0]:
+                    if count in base_levels and n == media_counts[0] and not live:
                         # A fresh pipecat server per level, stopped after it: pipelines of calls that never
                         # started go on resampling after the caller hung up and would load the next level.
                         base, b_http, b_media = await _start_server(["--pipecat", model_url], env)
@@ -560,15 +609,16 @@ async def main() -> None:
                                                      ServerGroup(base.pid), b_http, b_media)  # fmt: skip
                         finally:
                             await _stop_server(base, 5)
-                    report(mine, theirs, await _pepper_clear_ms(db, mine.get("ok", 0), since))
+                    own = await _pepper_clear_ms(db, mine.get("ok", 0), since, "delegation_ms") if live else None
+                    report(mine, theirs, await _pepper_clear_ms(db, mine.get("ok", 0), since), own)
                     if theirs is not None:
                         report(theirs, None, None)
                     sys.stdout.flush()
-                    results[n].append(mine)
-            for n, runs in results.items():
+                    results[engine, n].append(mine)
+            for (engine, n), runs in results.items():
                 held = [r["calls"] for r in runs if _p99_both(r) <= 20.0 and r.get("sustained")]
                 passed = next((r["calls"] for r in runs if _p99_both(r) > 20.0 or not r.get("sustained")), None)
-                print(f"\n{_name(n)}: largest call count run before p99 passed 20 ms (per frame, both ways,"
+                print(f"\n{_name(n, engine)}: largest call count run before p99 passed 20 ms (per frame, both ways,"
                       f" sustained): {max((c for c in held if passed is None or c < passed), default=0)}"
                       + (f" (not met at {passed})" if passed else " (never passed)"))  # fmt: skip
         finally:
@@ -579,10 +629,10 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 5 and sys.argv[1] == "--serve":
+    if len(sys.argv) == 7 and sys.argv[1] == "--serve":
         import uvloop  # as ``pepper serve`` runs
 
-        uvloop.run(_serve_pepper(sys.argv[2], sys.argv[3], int(sys.argv[4])))
+        uvloop.run(_serve_pepper(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], sys.argv[6]))
     elif len(sys.argv) == 3 and sys.argv[1] == "--pipecat":
         _serve_pipecat(sys.argv[2])
     else:

@@ -31,12 +31,13 @@ from pydantic_settings import (
 
 from core.errors import ConfigError
 from core.models.config import ModelsConfig
+from core.models.voice_models import default_voice_model
 from core.usage.config import UsageConfig
 
 DEFAULT_DATA_DIR = Path("~/.pepper")
 DEFAULT_TWILIO_API_URL = "https://api.twilio.com"
 # The realtime voice engines a call can run on (voice/engines.py builds them).
-VoiceEngine = Literal["openai-realtime", "gemini-live", "cascade"]
+VoiceEngine = Literal["openai-realtime", "gemini-live", "gpt-live", "cascade"]
 VOICE_ENGINES: tuple[str, ...] = get_args(VoiceEngine)
 
 
@@ -193,14 +194,15 @@ class Settings(BaseSettings):
         "refuse", validation_alias=_env("PEPPER_VOICE_UNKNOWN_CALLER", "voice_unknown_caller")
     )
     # The engine calls use unless their line names another (``pepper line engine``): "openai-realtime"
-    # (speech to speech), "gemini-live" (GEMINI_API_KEY), "cascade" (local STT -> the text model ->
-    # local TTS), or "auto": openai-realtime with an OpenAI key, else the cascade when any text model
-    # is set up (the offline default).
-    voice_engine: Literal["auto", "openai-realtime", "gemini-live", "cascade"] = Field(
+    # (speech to speech), "gemini-live" (GEMINI_API_KEY), "gpt-live" (OpenAI GPT-Live, full duplex,
+    # its tasks delegated to Pepper's own turns), "cascade" (local STT -> the text model -> local
+    # TTS), or "auto": openai-realtime with an OpenAI key, else the cascade when any text model is
+    # set up (the offline default).
+    voice_engine: Literal["auto", "openai-realtime", "gemini-live", "gpt-live", "cascade"] = Field(
         "auto", validation_alias=_env("PEPPER_VOICE_ENGINE", "voice_engine")
     )
     gemini_live_model: str = Field(
-        "gemini-live-2.5-flash-preview", validation_alias=_env("PEPPER_GEMINI_LIVE_MODEL", "gemini_live_model")
+        default_voice_model("gemini-live"), validation_alias=_env("PEPPER_GEMINI_LIVE_MODEL", "gemini_live_model")
     )
     # A Gemini prebuilt voice (voice_voice names an OpenAI voice).
     gemini_live_voice: str = Field("Kore", validation_alias=_env("PEPPER_GEMINI_LIVE_VOICE", "gemini_live_voice"))
@@ -225,7 +227,16 @@ class Settings(BaseSettings):
     openai_realtime_url: str | None = Field(
         None, validation_alias=_env("PEPPER_OPENAI_REALTIME_URL", "openai_realtime_url")
     )
-    voice_model: str = Field("gpt-realtime", validation_alias=_env("PEPPER_VOICE_MODEL", "voice_model"))
+    # The voice models (defaults from core.models.voice_models, the one table of their names).
+    voice_model: str = Field(
+        default_voice_model("openai-realtime"), validation_alias=_env("PEPPER_VOICE_MODEL", "voice_model")
+    )
+    # GPT-Live (the gpt-live engine): its model, and its websocket base (default: OPENAI_BASE_URL
+    # with a ws scheme, as the SDK does; the SDK adds /live/sessions).
+    gpt_live_model: str = Field(
+        default_voice_model("gpt-live"), validation_alias=_env("PEPPER_GPT_LIVE_MODEL", "gpt_live_model")
+    )
+    gpt_live_url: str | None = Field(None, validation_alias=_env("PEPPER_GPT_LIVE_URL", "gpt_live_url"))
     voice_voice: str = Field("marin", validation_alias=_env("PEPPER_VOICE_VOICE", "voice_voice"))
     voice_notice: str = Field(
         "Hi, this is Pepper. This call is transcribed. To unlock your assistant, key in your PIN and then"

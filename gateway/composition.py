@@ -12,6 +12,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Any
+from uuid import UUID
 
 from core.errors import PepperError
 from core.settings import Settings
@@ -27,6 +28,7 @@ if TYPE_CHECKING:  # imported where used: a turn worker need not load what only 
     from gateway.channels import Channel
     from gateway.mailer import SmtpMailer
     from text_loop import HarnessDeps
+    from voice.live_call import Delegate, Settle
     from voice.service import CallService
 
 log = logging.getLogger(__name__)
@@ -155,10 +157,29 @@ def build_calls(
 
         send_sms = send_sms_now
 
+    delegate, settle = delegated_turns(harness)
     return call_service_from_settings(
         settings, db, registry=harness.registry, gate=harness.gate, send_sms=send_sms,
-        connectors=harness.connectors, models=harness.models,
+        connectors=harness.connectors, models=harness.models, delegate=delegate, settle=settle,
     )  # fmt: skip
+
+
+def delegated_turns(harness: HarnessDeps) -> tuple[Delegate, Settle]:
+    """A full-duplex call model's delegated tasks as Pepper turns (``voice.live_call``): the text
+    harness with its gate, tools, skills, caps and records, as a turn of the call's session kind
+    and trust; its staged writes committed or dropped when the call says whether the caller heard
+    them confirmed."""
+    from text_loop import deliver, run_turn
+    from voice.live_call import DelegatedResult, DelegatedTask
+
+    async def delegate(task: DelegatedTask) -> DelegatedResult:
+        outcome = await run_turn(harness, task.account_id, "voice", task.text, kind=task.kind, trust=task.trust)
+        return DelegatedResult(outcome.reply, outcome.turn_id, outcome.staged_writes, outcome.status)
+
+    async def settle(turn_id: UUID, ok: bool) -> list[dict[str, Any]]:
+        return [w.as_record() for w in await deliver(harness, turn_id, ok, detail={"channel": "call"})]
+
+    return delegate, settle
 
 
 def _owner_mail(settings: Settings) -> SendEmail | None:

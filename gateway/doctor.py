@@ -328,8 +328,15 @@ async def check_online(settings: Settings) -> list[Check]:
     router = ModelRouter.from_settings(settings)
     try:
         for provider, adapter in router.adapters.items():
-            await attempt(f"online: model {provider}", adapter.list_models(),
-                          lambda names: f"the key works ({len(names)} model(s) listed)")  # fmt: skip
+            listed: list[str] = []
+
+            def works(names: list[str], listed: list[str] = listed) -> str:
+                listed.extend(names)
+                return f"the key works ({len(names)} model(s) listed)"
+
+            await attempt(f"online: model {provider}", adapter.list_models(), works)
+            if listed:
+                checks.extend(voice_model_checks(settings, provider, listed))
     finally:
         for adapter in router.adapters.values():
             with contextlib.suppress(Exception):
@@ -341,6 +348,29 @@ async def check_online(settings: Settings) -> list[Check]:
         await attempt("online: SMTP", check_login(settings), lambda _: f"{who} at {settings.smtp_host}")
     await _google_online(settings, attempt, checks)
     return checks
+
+
+def voice_model_checks(settings: Settings, provider: str, listed: list[str]) -> list[Check]:
+    """Whether each voice model this provider's key would run (``core.models.voice_models``, as
+    configured) is in the provider's model list. Google lists only its first page to the check:
+    a model not on it is not known to be missing."""
+    from core.models.voice_models import VOICE_MODELS
+
+    names = {name.removeprefix("models/") for name in listed}
+    out = []
+    for model in VOICE_MODELS:
+        if model.provider != provider:
+            continue
+        name = getattr(settings, model.setting)
+        area = f"online: voice model {model.engine}"
+        if name in names:
+            out.append(Check(area, OK, f"{name} is offered"))
+        elif provider == "google":
+            out.append(Check(area, MISSING, f"{name} is not on the first page of models listed; not checked"))
+        else:
+            current = ", ".join(model.current)
+            out.append(Check(area, BAD, f"{name} is not offered by {provider} (set {model.env}; current: {current})"))
+    return out
 
 
 async def _google_online(settings: Settings, attempt: Any, checks: list[Check]) -> None:

@@ -120,3 +120,21 @@ def test_doctor_online_with_nothing_configured_checks_nothing_and_passes(tmp_pat
     monkeypatch.setenv("PEPPER_DATA_DIR", str(tmp_path / "data"))
     code, out, _ = run_cli(monkeypatch, capsys, "doctor", "--online")
     assert code == 0 and "online:" not in out
+
+
+async def test_doctor_online_checks_the_voice_models_against_the_providers_model_list(tmp_path, monkeypatch, capsys):
+    """The voice model names (one table, core.models.voice_models) are looked up in the model list
+    of the provider whose key runs them: the defaults are offered; a name the provider does not
+    offer fails with the variable to set and the current names."""
+    async with OpenAIPeer() as openai:
+        for name, value in {"PEPPER_DATA_DIR": str(tmp_path / "data"), "OPENAI_API_KEY": "sk-good",
+                            "OPENAI_BASE_URL": openai.base_url}.items():  # fmt: skip
+            monkeypatch.setenv(name, value)
+        code, out = await _doctor_online(monkeypatch, capsys)
+        assert code == 0, out
+        assert "gpt-realtime is offered" in line_of(out, "online: voice model openai-realtime")
+        assert "gpt-live-1 is offered" in line_of(out, "online: voice model gpt-live")
+        monkeypatch.setenv("PEPPER_GPT_LIVE_MODEL", "gpt-live-0")
+        code, out = await _doctor_online(monkeypatch, capsys)
+        line = line_of(out, "online: voice model gpt-live")
+        assert code == 1 and "FAIL" in line and "PEPPER_GPT_LIVE_MODEL" in line and "gpt-live-1.1" in line, out

@@ -201,7 +201,9 @@ async def run_turn(
     # would wait for a second one, and concurrent turns holding the whole pool would wait forever.
     turn_id: UUID | None = None
     try:
-        catalog = deps.skills if trust != "third_party" else None
+        # Skills are the verified owner's: their workers' tools are the person's (a caller who has
+        # not proved who they are would be shown skills whose every tool the gate hides).
+        catalog = deps.skills if trust == "owner_verified" else None
         # The reads that come before the first model call ride on the statement that opens the turn.
         # The owner context (``core.owner_context``, as a verified call builds it) and the skills.
         reads = context_reads(deps.connectors, personal=personal, connections=connections is None)

@@ -18,6 +18,7 @@ from core.tools.gate import Gate
 from core.tools.registry import ToolRegistry
 from core.usage.config import UsageConfig
 from voice.engines import RealtimeEngines
+from voice.live_call import Delegate, Settle
 from voice.realtime import RealtimeModel
 
 SendSms = Callable[[str, str, str], Awaitable[None]]  # (to, from_, body)
@@ -79,6 +80,10 @@ class VoiceDeps:
     # The backend pid of this process's call-control session (``voice.control``), recorded on each
     # call it holds so a status callback elsewhere reaches it; None when nothing listens.
     holder: int | None = None
+    # A full-duplex model's delegated tasks run as Pepper turns (``voice.live_call``): the text
+    # harness, built by the gateway (voice never imports it); None: no text model to run them.
+    delegate: Delegate | None = None
+    settle: Settle | None = None
 
     async def model_for_line(self, line_number: str | None) -> RealtimeModel | None:
         """The model for calls on this line: its own engine if it names one, else ``model``.

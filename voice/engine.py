@@ -10,7 +10,8 @@ promises, for every profile:
 * **Tools** come from the profile's registry and pass its gate and the same runner as text
   turns. A tool that takes longer than ``filler_after`` seconds makes the caller hear a short filler.
 * **Barge-in.** When the model reports the caller speaking over Pepper: Twilio ``clear``, cancel
-  the response, truncate the assistant item to what was played (tracked with marks).
+  the response, truncate each assistant item to what was played (tracked with marks; a response
+  may speak several items, a preamble and then the answer).
 * **Staged writes** wait for the mark after the response asked for after their tool result (sent
   once no other response runs), and only if that response spoke; a barge-in, a hang-up or a model
   drop before it drops them, and the model is told. A commit under way when the call ends
@@ -46,6 +47,7 @@ from core.tools.runner import CallOutcome, run_call
 from core.tools.staging import commit_writes, drop_turn_writes, drop_writes
 from core.untrusted import neutralise_labels
 from voice.deps import VoiceDeps
+from voice.live_call import LiveCall
 from voice.profile import AdmittedCall, CallProfile, labelled
 from voice.realtime import (
     AssistantTranscript,
@@ -109,11 +111,12 @@ class CallStats:
 
 @dataclass(slots=True)
 class _Mark:
-    kind: str  # audio, notice, commit, bye
+    kind: str  # audio, notice, commit, bye; settle (a full-duplex model's delegated writes)
     item_id: str | None = None
     played_bytes: int = 0
     write_ids: tuple[int, ...] = ()
     cancelled: bool = False
+    turns: tuple[Any, ...] = ()  # settle: the delegated turns this speech confirmed (voice.live_call)
 
 
 @dataclass(slots=True)
@@ -192,6 +195,8 @@ class CallEngine:
         self._resolved: list[dict[str, Any]] = []
         self._trust_changed = False
         self._call_trust: dict[str, str] = {}  # the session's trust when each tool call ran
+        # The model side of a call on a full-duplex model (GPT-Live), set once the line's model is known.
+        self._live: LiveCall | None = None
         profile.attach(self)
 
     # --- What profiles see (voice.profile.CallControls) ----------------------------------------
@@ -277,6 +282,8 @@ class CallEngine:
         return ToolOutcome.ok("The call ends once your goodbye has played. Say goodbye now in a few words.")
 
     async def _config(self) -> SessionConfig:
+        if self._live is not None:
+            return self._live.config()
         profile = self._profile
         return SessionConfig(
             await profile.instructions(), tuple(t.spec for t in profile.visible_tools()), voice=self.deps.config.voice
@@ -322,6 +329,8 @@ class CallEngine:
         except RealtimeError:
             log.exception("the voice engine of this call's line is unavailable")
             self.model = None
+        if getattr(self.model, "full_duplex", False):
+            self._live = LiveCall(self)
         try:
             if self.model is None or not await self._open_model():
                 self._end("model-failed")
@@ -329,7 +338,11 @@ class CallEngine:
                 self.spawn("model", self._model_loop())
                 self.spawn("deadline", self._deadline())
                 self.spawn("notice-watch", self._notice_watch())
-                await self._request_response(_Request(self._notice_instructions(), notice=True))
+                if self._live is not None:
+                    self.spawn("speech-watch", self._live.watch())
+                    await self._live.start()
+                else:
+                    await self._request_response(_Request(self._notice_instructions(), notice=True))
             await self._ended.wait()
         except RealtimeDisconnected:
             self._end("model-failed")
@@ -386,7 +399,11 @@ class CallEngine:
             log.warning("could not open the realtime model session")
             return False
         self._conn, self._conn_stack = conn, stack
-        conn.deliver_audio_to(self._audio_now)
+        if self._live is not None:
+            self._live.opened()
+            conn.deliver_audio_to(self._live.audio_now)
+        else:
+            conn.deliver_audio_to(self._audio_now)
         return True
 
     async def _deadline(self) -> None:
@@ -471,6 +488,12 @@ class CallEngine:
             self._resolving.add(self.spawn("commit", self._commit(list(mark.write_ids))))
         elif mark.kind == "bye":
             self._end(self._closing or "end-call")
+        elif mark.kind == "settle" and self._live is not None:
+            self._live.on_settle_mark(mark)
+
+    @staticmethod
+    def _new_mark(kind: str, item_id: str | None = None, played_bytes: int = 0, turns: tuple[Any, ...] = ()) -> _Mark:
+        return _Mark(kind, item_id, played_bytes, turns=turns)
 
     def _send_mark(self, mark: _Mark) -> None:
         self.link.send(self._mark_frame(mark))
@@ -486,12 +509,13 @@ class CallEngine:
 
     async def _model_loop(self) -> None:
         reconnects = 0
+        handle = self._live.on_event if self._live is not None else self._on_model
         while not self._ended.is_set():
             conn = self._conn
             assert conn is not None
             try:
                 async for event in conn.events():
-                    await self._on_model(event)
+                    await handle(event)
                 raise RealtimeDisconnected("the event stream ended")
             except RealtimeDisconnected as exc:
                 if self._ended.is_set():
@@ -509,6 +533,8 @@ class CallEngine:
             with contextlib.suppress(Exception):
                 await old.aclose()
         self._generation += 1
+        if self._live is not None:
+            return await self._reconnect_live(self._live)
         # The old socket's responses, requests and notice mean nothing to the new one.
         self._active_response = None
         self._notice_response = None
@@ -538,6 +564,21 @@ class CallEngine:
             await self._request_response(
                 _Request("Apologise in a few words for the short interruption and carry on where you left off.")
             )
+        return True
+
+    async def _reconnect_live(self, live: LiveCall) -> bool:
+        """A full-duplex model: the new session starts with the call so far as its history."""
+        await live.dropped_model()
+        live.flush_caller()
+        if not await self._open_model():
+            return False
+        self.stats.model_reconnects += 1
+        notice_playing = any(m.kind == "notice" and not m.cancelled for m in self._marks.values())
+        if not self._listening and not notice_playing:
+            await live.start()
+        elif self._listening:
+            say = "Apologise in a few words for the short interruption and carry on."
+            await self.tell_model("The line dropped for a moment.", respond=True, instructions=say)
         return True
 
     def _notice_instructions(self) -> str:
@@ -579,6 +620,12 @@ class CallEngine:
         size = media.decoded_length(event.payload)
         self.stats.audio_out_bytes += size
         item = event.item_id
+        last = self._last_item
+        if item != last and last is not None and self._sent_bytes.get(last, 0) > self._marked_bytes.get(last, 0):
+            # A response may speak several items (a preamble, then the answer): the one before
+            # this gets its final mark, so what of it played is known to its end.
+            self._marked_bytes[last] = self._sent_bytes[last]
+            self.link.send(self._mark_frame(_Mark("audio", last, self._sent_bytes[last])))
         sent = self._sent_bytes.get(item, 0) + size
         self._sent_bytes[item] = sent
         self._last_item = item
@@ -615,7 +662,17 @@ class CallEngine:
             await self._on_response_done(event)
         elif type(event) is FunctionCall:
             self._start_tool(event)
-        elif type(event) is UserTranscript:
+        elif type(event) is UserTranscript or type(event) is AssistantTranscript:
+            self._on_model_nowait(event)
+        elif type(event) is ModelErrorEvent:
+            if event.code == "conversation_already_has_active_response":
+                await self._refused_request()
+            elif event.code not in ("response_cancel_not_active",):
+                log.warning("realtime model reported an error: code=%s", event.code)
+
+    def _on_model_nowait(self, event: UserTranscript | AssistantTranscript) -> None:
+        """A transcript line: into the call's transcript and the profile's records."""
+        if type(event) is UserTranscript:
             text = event.text.strip()
             if text:
                 text = self._profile.caller_text(event.item_id, text)
@@ -628,11 +685,6 @@ class CallEngine:
                 interrupted = event.response_id in self._cancelled_responses
                 self.note("pepper", text=text, interrupted=interrupted)
                 self._records.put_nowait(("out", event.item_id, text + (" [interrupted]" if interrupted else "")))
-        elif type(event) is ModelErrorEvent:
-            if event.code == "conversation_already_has_active_response":
-                await self._refused_request()
-            elif event.code not in ("response_cancel_not_active",):
-                log.warning("realtime model reported an error: code=%s", event.code)
 
     async def _refused_request(self) -> None:
         """The model refused a response.create because a response it began itself was running (its
@@ -711,8 +763,8 @@ class CallEngine:
             if self._active_response is not None:
                 self._cancelled_responses.add(self._active_response)
                 await conn.cancel_response()
-            item = self._last_item
-            if item is not None and self._played_bytes.get(item, 0) < self._sent_bytes.get(item, 0):
+            # Every item the caller did not hear to its end (a response may speak several).
+            for item in [i for i, sent in self._sent_bytes.items() if self._played_bytes.get(i, 0) < sent]:
                 played_ms = self._played_bytes.get(item, 0) // media.BYTES_PER_MS
                 await conn.truncate(item, played_ms)
                 self._sent_bytes[item] = self._marked_bytes[item] = self._played_bytes.get(item, 0)
@@ -863,6 +915,8 @@ class CallEngine:
         db, turn_id, profile = self.deps.db, self._turn_id, self._profile
         if turn_id is None:
             return
+        if self._live is not None:
+            await self._live.finish()
         summary = ""
         try:
             for write in await drop_turn_writes(db, profile.registry, turn_id):
@@ -872,7 +926,7 @@ class CallEngine:
             transcript = list(self._transcript)
             for record in calls:
                 transcript.append({"role": "tool", "name": record["name"], "status": record["status"]})
-            stats = self.stats.as_record() | profile.stats()
+            stats = self.stats.as_record() | profile.stats() | (self._live.stats() if self._live else {})
             await update_turn(
                 db,
                 turn_id,

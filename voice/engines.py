@@ -34,7 +34,7 @@ def engine_unready(settings: Any, name: str, models: Any) -> str | None:
     """Why calls on this engine would apologise and hang up (a key it lacks), or None when it can
     answer. The server decides with this when it builds an engine, and ``pepper doctor`` says it.
     ``models`` is the text model service (``ModelRouter.from_settings``) the cascade answers with."""
-    if name == "openai-realtime" and settings.openai_api_key is None:
+    if name in ("openai-realtime", "gpt-live") and settings.openai_api_key is None:
         return "needs OPENAI_API_KEY"
     if name == "gemini-live" and settings.gemini_api_key is None:
         return "needs GEMINI_API_KEY"
@@ -44,15 +44,30 @@ def engine_unready(settings: Any, name: str, models: Any) -> str | None:
 
 
 def _openai(settings: Any, models: Any) -> RealtimeModel | None:
-    if engine_unready(settings, "openai-realtime", models):
+    return _openai_voice(settings, models, "openai-realtime")
+
+
+def _gpt_live(settings: Any, models: Any) -> RealtimeModel | None:
+    return _openai_voice(settings, models, "gpt-live")
+
+
+def _openai_voice(settings: Any, models: Any, name: str) -> RealtimeModel | None:
+    """OpenAI Realtime or GPT-Live: the same SDK client, its model and websocket base per engine."""
+    if engine_unready(settings, name, models):
         return None
     from voice.adapters.openai_realtime import OpenAIRealtime
 
-    return OpenAIRealtime(
+    model_class: type[OpenAIRealtime] = OpenAIRealtime
+    model, url = settings.voice_model, settings.openai_realtime_url
+    if name == "gpt-live":
+        from voice.adapters.gpt_live import GptLive
+
+        model_class, model, url = GptLive, settings.gpt_live_model, settings.gpt_live_url
+    return model_class(
         api_key=settings.openai_api_key.get_secret_value(),
-        model=settings.voice_model,
+        model=model,
         base_url=settings.openai_base_url,
-        websocket_base_url=settings.openai_realtime_url,
+        websocket_base_url=url,
     )
 
 
@@ -97,6 +112,7 @@ def _cascade(settings: Any, models: Any) -> RealtimeModel | None:
 BUILDERS: dict[str, Callable[[Any, Any], RealtimeModel | None]] = {
     "openai-realtime": _openai,
     "gemini-live": _gemini,
+    "gpt-live": _gpt_live,
     "cascade": _cascade,
 }
 assert set(BUILDERS) == set(VOICE_ENGINES)

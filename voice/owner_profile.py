@@ -291,6 +291,12 @@ class OwnerProfile(CallProfile):
         digits = re.sub(r"\D", "", args["digits"])
         return self._verdict(*await self._attempt(digits, pin=True, code=False, method="pin-spoken"))
 
+    async def verify_spoken(self, digits: str) -> bool | None:
+        # A full-duplex model's verify task: a code is tried when one is waiting, else the PIN.
+        verdict, _ = await self._attempt(digits, pin=True, code=self._code is not None, method="pin-spoken",
+                                         code_method="sms-code")  # fmt: skip
+        return verdict in ("verified", "already")
+
     async def _tool_send_code(self, ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
         call = self._call
         if self.trust == "owner_verified":

@@ -54,6 +54,17 @@ def withhold_digits(text: str, only: Collection[str] | None = None) -> str:
     return _DIGIT_RUN.sub(replace, text)
 
 
+def spoken_digits(text: str) -> str | None:
+    """The digits of the last run of four or more spoken digits in ``text`` (a PIN or code said
+    aloud), or None."""
+    runs = [m.group() for m in _DIGIT_RUN.finditer(text)]
+    for run in reversed(runs):
+        digits = "".join(_DIGIT_VALUES.get(d.lower(), d) for d in _ONE_DIGIT.findall(run))
+        if len(digits) >= 4:
+            return digits
+    return None
+
+
 @dataclass(frozen=True)
 class AdmittedCall:
     """The call a media stream was admitted for, from its ``calls`` row (the route's own facts,
@@ -153,6 +164,11 @@ class CallProfile(ABC):
 
     def on_dtmf(self, digit: str) -> None:
         """A key the caller pressed."""
+        return None
+
+    async def verify_spoken(self, digits: str) -> bool | None:
+        """A PIN or code the caller said, handed over by a full-duplex model's delegation: whether
+        it proved who they are; None when this profile verifies no one (the task runs as asked)."""
         return None
 
     def on_speech_started(self, item_id: str | None) -> None:

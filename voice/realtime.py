@@ -39,6 +39,9 @@ class SessionConfig:
     instructions: str
     tools: tuple[ToolSpec, ...]
     voice: str = "marin"
+    # The conversation so far as (role, text), for a model that takes it at the start of a session
+    # (GPT-Live's ``input``); given on a reconnect.
+    history: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(slots=True)
@@ -102,6 +105,26 @@ class ModelErrorEvent:
 
 
 @dataclass(slots=True)
+class TranscriptFragment:
+    """A piece of a full-duplex model's running transcript (GPT-Live has no turns): ``role`` is
+    ``caller`` or ``pepper``; times are on the model session's timeline (ms since it started)."""
+
+    role: str
+    text: str
+    start_ms: int
+    end_ms: int
+
+
+@dataclass(slots=True)
+class Delegated:
+    """A full-duplex model handed a task to Pepper (metadata only: the task is what the caller said
+    up to ``offset_ms`` on the session's timeline)."""
+
+    delegation_id: str
+    offset_ms: int
+
+
+@dataclass(slots=True)
 class Other:
     type: str
     data: dict[str, Any] = field(default_factory=dict)
@@ -117,6 +140,8 @@ RealtimeEvent = (
     | ResponseCreated
     | ResponseDone
     | ModelErrorEvent
+    | TranscriptFragment
+    | Delegated
     | Other
 )
 

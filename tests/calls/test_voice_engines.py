@@ -25,7 +25,7 @@ def run_cli(monkeypatch, capsys, *argv: str) -> tuple[int, str, str]:
 
 
 def test_the_engine_setting_names_one_of_the_engines():
-    for name in ("openai-realtime", "gemini-live", "cascade"):
+    for name in ("openai-realtime", "gemini-live", "gpt-live", "cascade"):
         assert Settings(voice_engine=name).voice_engine == name
     with pytest.raises(ValidationError):
         Settings(voice_engine="gemini")
@@ -40,6 +40,9 @@ def test_engines_are_built_on_first_use_once_and_only_with_a_key():
     assert gemini.name == "gemini-live" and gemini.model == "gemini-x" and gemini.voice == "Puck"
     with pytest.raises(EngineUnavailable, match="unknown voice engine 'gemini'"):
         keyed.get("gemini")
+    assert unset.get("gpt-live") is None
+    live = RealtimeEngines(Settings(openai_api_key="sk-x", gpt_live_model="gpt-live-1.1")).get("gpt-live")
+    assert live.name == "gpt-live" and live.model == "gpt-live-1.1" and live.full_duplex
 
 
 def test_sdks_load_only_when_an_engine_is_first_needed():
@@ -76,6 +79,7 @@ async def test_a_line_engine_is_validated_and_stored(db):
         await identity.set_line_engine(db, "+14155550100", "gemini")
     with pytest.raises(NotFound):
         await identity.set_line_engine(db, "+14155550199", "gemini-live")
+    assert (await identity.set_line_engine(db, "+14155550100", "gpt-live")).voice_engine == "gpt-live"
     assert (await identity.set_line_engine(db, "+14155550100", None)).voice_engine is None
 
 

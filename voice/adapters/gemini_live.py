@@ -50,6 +50,7 @@ from google.genai import errors as genai_errors
 from google.genai import types as gt
 from websockets.exceptions import WebSocketException
 
+from core.models.voice_models import default_voice_model
 from core.untrusted import neutralise_labels
 from voice.codec import audioop
 from voice.realtime import (
@@ -473,7 +474,7 @@ class GeminiLive:
         self,
         *,
         api_key: str,
-        model: str = "gemini-live-2.5-flash-preview",
+        model: str = default_voice_model("gemini-live"),
         voice: str = "Kore",
         base_url: str | None = None,
         ssl_context: ssl.SSLContext | None = None,

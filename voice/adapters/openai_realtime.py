@@ -23,6 +23,7 @@ from websockets.frames import DATA_OPCODES, Frame, Opcode, apply_mask
 from websockets.protocol import State
 from websockets.streams import StreamReader
 
+from core.models.voice_models import default_voice_model
 from voice.realtime import (
     AssistantTranscript,
     AudioDelta,
@@ -216,6 +217,13 @@ def masked_text_frame(data: bytes) -> bytes:
 
 
 class OpenAIRealtimeConnection:
+    # What differs between OpenAI's realtime protocols on the audio path (GPT-Live's connection
+    # subclasses this one): the append event's opening, the audio delta's type and its event.
+    append_head = _APPEND_HEAD
+    audio_delta = AUDIO_DELTA
+    audio_delta_name = _AUDIO_DELTA_NAME
+    audio_event = staticmethod(_audio_delta)
+
     def __init__(self, conn: Any):
         self._conn = conn
         # The audio hot path writes to the SDK's underlying ``websockets`` connection: the SDK's
@@ -239,16 +247,16 @@ class OpenAIRealtimeConnection:
 
     def _fast_audio(self, data: bytes) -> bool:
         sink = self._sink
-        if sink is None or data.find(_AUDIO_DELTA_NAME, 0, 128) < 0:
+        if sink is None or data.find(self.audio_delta_name, 0, 128) < 0:
             return False
         try:
             event = orjson.loads(data)
         except orjson.JSONDecodeError:
             return False
-        if type(event) is not dict or event.get("type") != AUDIO_DELTA:
+        if type(event) is not dict or event.get("type") != self.audio_delta:
             return False
         try:
-            return sink(_audio_delta(event))
+            return sink(self.audio_event(event))
         except Exception:
             # Not into websockets' read path. Dropped, not handed on: the sink may have sent the
             # audio already, and the ordinary path would send it twice.
@@ -271,7 +279,7 @@ class OpenAIRealtimeConnection:
                 or protocol.writes):  # fmt: skip
             return False
         try:
-            raw.transport.write(masked_text_frame((_APPEND_HEAD + payload + '"}').encode()))
+            raw.transport.write(masked_text_frame((self.append_head + payload + '"}').encode()))
         except (OSError, RuntimeError) as exc:
             raise RealtimeDisconnected("the realtime socket is closed") from exc
         return True
@@ -289,7 +297,7 @@ class OpenAIRealtimeConnection:
     async def append_audio(self, payload: str) -> None:
         # The hot path (every 20 ms per call): built as a string; base64 needs no JSON escaping.
         try:
-            await self._send_audio(_APPEND_HEAD + payload + '"}')
+            await self._send_audio(self.append_head + payload + '"}')
         except (ConnectionClosed, WebSocketException, OSError, OpenAIError) as exc:
             raise RealtimeDisconnected("the realtime socket is closed") from exc
 
@@ -343,7 +351,10 @@ class OpenAIRealtimeConnection:
                 log.warning("realtime model sent a frame that is not JSON; ignored")
                 continue
             if isinstance(data, dict):
-                yield map_event(data)
+                yield self.map_event(data)
+
+    def map_event(self, data: dict[str, Any]) -> RealtimeEvent:
+        return map_event(data)
 
 
 class OpenAIRealtime:
@@ -355,7 +366,7 @@ class OpenAIRealtime:
         self,
         *,
         api_key: str,
-        model: str = "gpt-realtime",
+        model: str = default_voice_model("openai-realtime"),
         base_url: str | None = None,
         websocket_base_url: str | None = None,
     ):
@@ -364,17 +375,24 @@ class OpenAIRealtime:
             api_key=api_key, base_url=base_url, websocket_base_url=websocket_base_url, max_retries=0
         )
 
+    def _manager(self, options: Any) -> Any:
+        """The SDK's connection manager for one session (GPT-Live's adapter opens ``client.live``)."""
+        return self._client.realtime.connect(model=self.model, websocket_connection_options=options)
+
+    def _session(self, conn: Any) -> OpenAIRealtimeConnection:
+        return OpenAIRealtimeConnection(conn)
+
     @asynccontextmanager
     async def connect(self) -> AsyncIterator[OpenAIRealtimeConnection]:
         try:
             # No permessage-deflate: it costs zlib time on every 20 ms frame and base64 audio barely shrinks.
             options = {"compression": None, "create_connection": RealtimeSocket}
-            manager = self._client.realtime.connect(model=self.model, websocket_connection_options=cast(Any, options))
+            manager = self._manager(cast(Any, options))
             conn = await manager.__aenter__()
         except (OpenAIError, WebSocketException, OSError) as exc:
             raise RealtimeDisconnected("cannot open the realtime socket") from exc
         try:
-            yield OpenAIRealtimeConnection(conn)
+            yield self._session(conn)
         finally:
             try:
                 await manager.__aexit__(None, None, None)

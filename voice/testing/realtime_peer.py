@@ -15,7 +15,8 @@ Behaviour (wire-protocols.md section 5):
   silence ``speech_stopped``, ``committed``, a transcription (the next :meth:`hear` text) and an
   automatic response.
 * Each ``response.create`` (or automatic response) plays the next scripted response: audio deltas
-  in ``chunk_ms`` chunks paced by ``pace`` seconds, its transcript, its function calls, then
+  in ``chunk_ms`` chunks paced by ``pace`` seconds, its transcript (each item of ``then`` likewise,
+  as its own item of the same response: a preamble, then the answer), its function calls, then
   ``response.done``. After function calls the peer waits for ``function_call_output`` items and a
   ``response.create``, as the real server does.
 * :meth:`script_session` gives the next socket that connects its own script (and transcripts), so
@@ -71,6 +72,8 @@ class ScriptedResponse:
     audio: bytes | None = None  # mu-law 8 kHz; None: a tone of ``ms``
     ms: int = 300
     calls: tuple[tuple[str, dict[str, Any] | str], ...] = ()
+    # More spoken items in the same response after this one (a preamble, then the answer).
+    then: tuple[ScriptedResponse, ...] = ()
 
     def audio_bytes(self) -> bytes:
         if self.audio is not None:
@@ -230,9 +233,11 @@ class _Conn:
         await self.emit({"type": "response.created", "response": {"id": response_id, "object": "realtime.response",
                          "status": "in_progress", "output": []}})  # fmt: skip
         output: list[dict[str, Any]] = []
-        audio = scripted.audio_bytes()
         status = "completed"
-        if audio:
+        for index, spoken in enumerate((scripted, *scripted.then)):
+            audio = spoken.audio_bytes()
+            if not audio or status != "completed":
+                continue
             item_id = self.next_id("item_a")
             chunk = 8 * self.peer.chunk_ms
             for offset in range(0, len(audio), chunk):
@@ -243,14 +248,14 @@ class _Conn:
                 if self.peer.delta_hook is not None:
                     part = self.peer.delta_hook(self.index, part)
                 await self.emit({"type": "response.output_audio.delta", "response_id": response_id,
-                                 "item_id": item_id, "output_index": 0, "content_index": 0,
+                                 "item_id": item_id, "output_index": index, "content_index": 0,
                                  "delta": base64.b64encode(part).decode()})  # fmt: skip
                 if self.peer.pace:
                     await asyncio.sleep(self.peer.pace)
             if status == "completed":
                 await self.emit({"type": "response.output_audio.done", "response_id": response_id, "item_id": item_id})
                 await self.emit({"type": "response.output_audio_transcript.done", "response_id": response_id,
-                                 "item_id": item_id, "transcript": scripted.text})  # fmt: skip
+                                 "item_id": item_id, "transcript": spoken.text})  # fmt: skip
             output.append({"type": "message", "id": item_id, "role": "assistant"})
         if status == "completed":
             for name, arguments in scripted.calls:

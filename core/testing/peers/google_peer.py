@@ -11,6 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
+from core.models.voice_models import VOICE_MODELS
 from core.testing.peers.script import LoopbackPeer, Reply, json_response, run_stream
 
 _STATUS_NAMES = {
@@ -48,7 +49,11 @@ class GooglePeer(LoopbackPeer):
         key = request.headers.get("x-goog-api-key") or request.query.get("key")
         if self.api_key is not None and key != self.api_key:
             return _error(Reply(status=400, error_message="API key not valid. Please pass a valid API key."))
-        return json_response({"models": [{"name": "models/gemini-2.5-flash", "displayName": "Gemini"}]}, 200)
+        models = self.models or [
+            "gemini-2.5-flash",
+            *(m for v in VOICE_MODELS if v.provider == "google" for m in v.current),
+        ]
+        return json_response({"models": [{"name": f"models/{name}", "displayName": "Gemini"} for name in models]}, 200)
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         model, _, action = request.match_info["model_action"].partition(":")

@@ -16,6 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
+from core.models.voice_models import VOICE_MODELS
 from core.testing.peers.script import LoopbackPeer, Received, Reply, json_response, run_stream
 
 _ERROR_TYPES = {
@@ -52,6 +53,8 @@ class OpenAIPeer(LoopbackPeer):
     def __init__(self, *, embedding_dims: int = 16) -> None:
         super().__init__()
         self.embedding_dims = embedding_dims
+        # As OpenAI lists them: a text model and the current voice models (core.models.voice_models).
+        self.models = ["gpt-5-mini", *(m for v in VOICE_MODELS if v.provider == "openai" for m in v.current)]
         self.embedding_faults: deque[Reply] = deque()
         self._resp = 0
 
@@ -71,8 +74,8 @@ class OpenAIPeer(LoopbackPeer):
         key = request.headers.get("Authorization", "").removeprefix("Bearer ")
         if self.api_key is not None and key != self.api_key:
             return _error(Reply(status=401, error_message="Incorrect API key provided"))
-        return json_response({"object": "list", "data": [{"id": "gpt-5-mini", "object": "model", "created": 0,
-                                                           "owned_by": "openai"}]}, 200)  # fmt: skip
+        data = [{"id": name, "object": "model", "created": 0, "owned_by": "openai"} for name in self.models]
+        return json_response({"object": "list", "data": data}, 200)
 
     # Responses API.
     def _response_object(self, received: Received, reply: Reply, status: str = "completed") -> dict[str, Any]:

@@ -141,6 +141,8 @@ class LoopbackPeer(HttpPeer):
         self.stream_starts: list[float] = []
         # The one key the models list accepts (``pepper doctor --online``); None accepts any.
         self.api_key: str | None = None
+        # The model ids the models list names (subclasses set their provider's).
+        self.models: list[str] = []
 
     # Scripting.
     def script(self, *replies: Reply) -> None:
