@@ -25,12 +25,15 @@ from core.conversation import conversation_for
 from core.errors import InvalidInput, PepperError
 from core.memory.dossier import set_owner_text
 from core.models.types import ToolCall
+from core.records.mcp import McpToolRow, pending_approvals
+from core.records.mcp import decide as decide_tool
 from core.scheduling.runs import run_now
 from core.scheduling.tasks import account_timezone, is_active
 from core.store.pool import connection
 from core.tools.areas.email import discard_draft, edit_draft, is_draft, pending_drafts
 from core.tools.connectors import account_connections
 from core.tools.context import SessionContext
+from core.tools.mcp import definition_diff
 from core.tools.registry import ToolContext
 from core.tools.runner import CallOutcome, run_call
 from gateway.services import Services
@@ -273,7 +276,45 @@ def _held_approval(kind: str, d: Draft) -> Approval:
     return Approval(kind, d.id, title, f"From {d.sender}{copy}\n\n{d.body}", "Send", "Discard")
 
 
-APPROVAL_KINDS: dict[str, ApprovalKind] = {kind.name: kind for kind in (HeldMail(),)}
+class McpTools:
+    """Tools of the person's MCP servers that wait for a first approval, or are held because the
+    server changed them since (docs/mcp.md). An item's id pins the definition shown: a server that
+    changes it again before the click makes the click find nothing, never approve the new one."""
+
+    name = "mcp-tool"
+    title = "Tools of connected MCP servers"
+
+    @staticmethod
+    def _id(row: McpToolRow) -> str:
+        return f"{row.connection_id}:{row.name}:{row.fingerprint[:16]}"
+
+    async def pending(self, services: Services, account_id: UUID) -> list[Approval]:
+        return [_mcp_approval(self.name, self._id(r), r) for r in await pending_approvals(services.db, account_id)]
+
+    async def decide(self, services: Services, account_id: UUID, item_id: str, approve: bool) -> Answer | None:
+        rows = await pending_approvals(services.db, account_id)
+        row = next((r for r in rows if self._id(r) == item_id), None)
+        if row is None:
+            return None
+        await decide_tool(services.db, row.connection_id, row.name, approve=approve)
+        verb = "Approved" if approve else "Rejected"
+        return Answer(True, f"{verb} {row.name} on {row.server}, as its definition was shown.")
+
+
+def _mcp_approval(kind: str, item_id: str, row: McpToolRow) -> Approval:
+    d = row.definition
+    hints = d.get("annotations") or {}
+    acts = "reads only (the server says so)" if hints.get("readOnlyHint") else "may write or act (counts as a write)"
+    if row.state == "held":
+        lines = ["The server changed this tool since you approved it:", *definition_diff(row.approved, d)]
+    else:
+        lines = [" ".join((d.get("description") or "").split()),
+                 f"Input: {json.dumps(d.get('input_schema'), sort_keys=True)}"]  # fmt: skip
+    title = f"{row.name} on {row.server} ({'changed' if row.state == 'held' else 'new'}; {acts})"
+    return Approval(kind, item_id, title, "\n".join(lines))
+
+
+APPROVAL_KINDS: dict[str, ApprovalKind] = {kind.name: kind for kind in (HeldMail(), McpTools())}
 
 
 async def all_approvals(services: Services, account_id: UUID) -> list[tuple[ApprovalKind, list[Approval]]]:

@@ -372,3 +372,57 @@ async def test_progress_crosses_processes_in_pieces_and_garbage_is_ignored(db: D
     finally:
         await publisher.close()
         await feed.stop()
+
+
+async def test_the_approvals_queue_approves_an_mcp_tool_as_shown_and_shows_what_changed(app: WebApp):
+    """The MCP kind of the queue: a new tool waits, approving pins the definition shown, a change
+    after that holds it with the change listed, and a click on a definition that changed again
+    since the page was shown approves nothing."""
+    from core.adapters.mcp.client import ToolDefinition
+    from core.records import mcp as records
+    from core.tools.mcp import fingerprint
+
+    def listed(description: str, read_only: bool) -> tuple[str, dict, str]:
+        tool = ToolDefinition("search", description, {"type": "object", "properties": {"q": {"type": "string"}}},
+                              None, {"readOnlyHint": read_only})  # fmt: skip
+        return tool.name, tool.as_dict(), fingerprint(tool)
+
+    server = await records.add_server(app.db, app.account_id, "tracker", {"url": "http://127.0.0.1:9/mcp"}, None)
+    await records.record_listing(app.db, server, [listed("Search the tracker.", True)])
+    session, headers = await signed_in(app)
+    async with session:
+
+        async def queue() -> list[dict]:
+            async with session.get(app.base + "/api/approvals") as response:
+                return [a for a in (await response.json())["approvals"] if a["kind"] == "mcp-tool"]
+
+        [item] = await queue()
+        assert item["title"].startswith("search on tracker (new; reads only")
+        assert "Search the tracker." in item["detail"]
+        async with session.get(app.base + "/approvals") as response:
+            assert f"/api/approvals/mcp-tool/{item['id']}/approve" in await response.text()
+        url = f"{app.base}/api/approvals/mcp-tool/{item['id']}"
+        assert (await post(session, url + "/approve", {"X-CSRF-Token": "forged"}))[0] == 403
+        assert (await post(session, app.base + "/api/approvals/mcp-tool/garbage/approve", headers))[0] == 404
+        status, answer = await post(session, url + "/approve", headers)
+        assert status == 200 and answer["message"].startswith("Approved search on tracker")
+        assert (await post(session, url + "/approve", headers))[0] == 404  # decided already
+        assert await queue() == []
+        [row] = await records.tools_of(app.db, server)
+        assert row.state == "approved" and row.approved["description"] == "Search the tracker."
+
+        # The server turns the read into a write: held, with what changed.
+        await records.record_listing(app.db, server, [listed("Search and delete.", False)])
+        [held] = await queue()
+        assert "(changed; may write or act" in held["title"]
+        assert '"readOnlyHint": true} -> {"readOnlyHint": false}' in held["detail"]
+        assert "description:" in held["detail"]
+        # ... and changes it once more before the click: the shown definition is not the listed one.
+        await records.record_listing(app.db, server, [listed("Search, delete and email.", False)])
+        assert (await post(session, f"{app.base}/api/approvals/mcp-tool/{held['id']}/approve", headers))[0] == 404
+        [row] = await records.tools_of(app.db, server)
+        assert row.state == "held" and row.approved["description"] == "Search the tracker."
+        [latest] = await queue()
+        assert (await post(session, f"{app.base}/api/approvals/mcp-tool/{latest['id']}/reject", headers))[0] == 200
+        [row] = await records.tools_of(app.db, server)
+        assert row.state == "rejected" and row.approved is None
