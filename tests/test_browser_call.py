@@ -117,6 +117,18 @@ async def test_a_call_from_the_chat_page_reaches_the_model_plays_its_reply_and_b
                 await asyncio.to_thread(driver.find_element(By.ID, "call-hangup").click)
                 await wait_for(lambda: driver.execute_script("return window.pepperCall.phase") == "idle", 10)
 
+                # The call is in the dashboard, with its transcript.
+                sql = "SELECT call_sid FROM calls WHERE summary IS NOT NULL"
+                for _ in range(300):
+                    if (sid := await db.fetchval(sql)) is not None:
+                        break
+                    await asyncio.sleep(0.05)
+                assert sid is not None
+                await asyncio.to_thread(driver.get, f"{base}/calls/{sid}")
+                page = await wait_for(lambda: "what is on my list" in driver.page_source and driver.page_source, 10)
+                assert "Here is a long answer about your list." in page
+                await asyncio.to_thread(driver.save_screenshot, str(shots / "browser-call-dashboard.png"))
+
             # The reply reached the page's audio element, and stopped at the barge-in, seconds
             # before its end: no stretch of sound as long as the reply.
             runs = loud_runs(levels, 0.02)
