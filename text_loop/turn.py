@@ -20,6 +20,7 @@ from core.conversation import PromptPart, PromptRecord, open_turn, update_turn
 from core.memory import MemoryConfig
 from core.models.types import ModelService, ToolCall
 from core.owner_context import context_reads, owner_context, session_tools
+from core.quality.detectors import TurnView, detector_states, record_firings, run_detectors
 from core.records.skills import USER_SKILLS_SELECT, skill_sources
 from core.store.pool import connection
 from core.store.queries import Queries
@@ -338,6 +339,20 @@ async def _record_finished_turn(
     )  # fmt: skip
 
 
+async def _detect(
+    db: Queries, result: LoopResult, reply: str, skills: dict[str, Any] | None
+) -> tuple[str, list[dict[str, Any]]]:
+    """The quality detectors over the finished reply (``core.quality.detectors``): shadow ones
+    only record, promoted ones may change the reply. Anything broken lets the reply through."""
+    try:
+        view = TurnView(reply, [c.as_record() for c in result.calls], (skills or {}).get("flags", ()))
+        applied = run_detectors(view, await detector_states(db))
+        return applied.reply, applied.firings
+    except Exception as exc:
+        log.warning("quality detectors failed; the reply goes out as it was: error=%s", type(exc).__name__)
+        return reply, []
+
+
 async def finish_turn(
     deps: HarnessDeps,
     session: SessionContext,
@@ -364,6 +379,9 @@ async def finish_turn(
     if result.answered and session.channel in deps.config.repair_channels:
         repair = await repair_reply(deps.models, reply, deps.config, conversation_key=str(session.conversation_id))
         reply = repair.text
+    firings: list[dict[str, Any]] = []
+    if result.answered and replay_of is None:
+        reply, firings = await _detect(db, result, reply, skills)
     if not result.answered:
         # The reply is an apology that describes none of the turn's work: nothing it staged may commit.
         await drop_turn_writes(db, deps.registry, session.turn_id)
@@ -382,6 +400,11 @@ async def finish_turn(
             conn, session, result, tier, reply, deps.clock(), columns, parts,
             wait_for_disk=wrote, store_parts=new_parts,
         )  # fmt: skip
+    if firings:
+        try:
+            await record_firings(db, session.turn_id, session.account_id, firings)
+        except Exception as exc:  # a shadow record must never cost the reply
+            log.warning("recording detector firings failed: error=%s", type(exc).__name__)
     if new_parts:
         if len(known) >= MAX_KNOWN_PARTS:  # many accounts' prefixes over a long uptime
             known.clear()
