@@ -107,7 +107,10 @@ def _parser() -> argparse.ArgumentParser:
     engine.add_argument("engine", choices=(*VOICE_ENGINES, "default"), help="'default' follows PEPPER_VOICE_ENGINE")
 
     replay = sub.add_parser("replay", help="run a recorded turn again on another tier; tools return recorded results")
-    replay.add_argument("turn", help="the turn id")
+    replay.add_argument("turn", nargs="?", help="the turn id")
+    replay.add_argument(
+        "--case", metavar="FILE", help="run a quality issue's replay case (pepper quality issues --case ID --out FILE)"
+    )
     replay.add_argument("--tier", help="model tier to run it on (default: the tier it ran on)")
     for module in _command_modules():
         module.add_commands(sub)
@@ -127,6 +130,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "gateway.cli_setup",
     "gateway.cli_backup",
     "gateway.cli_turns",
+    "gateway.cli_quality",
 )
 
 
@@ -295,18 +299,23 @@ def _model_service(settings: Settings) -> Any:
 model_service_factory: Callable[[Settings], Any] = _model_service
 
 
-async def _replay(args: argparse.Namespace, settings: Settings, db: Database, out: Callable[[str], None]) -> None:
+async def _replay(args: argparse.Namespace, settings: Settings, db: Database, out: Callable[[str], None]) -> int:
     from uuid import UUID
 
+    from core.quality.cases import load_case
     from text_loop import HarnessDeps
     from text_loop.replay import replay_turn, side_by_side
 
+    case = load_case(args.case) if args.case else None
+    if (case is None) == (args.turn is None):
+        raise CommandError("give a turn id or --case FILE (one of them)")
+    raw = case["turn_id"] if case is not None else args.turn
     try:
-        turn_id = UUID(args.turn)
+        turn_id = UUID(raw)
     except ValueError:
-        raise CommandError(f"not a turn id: {args.turn!r}") from None
+        raise CommandError(f"not a turn id: {raw!r}") from None
     deps = HarnessDeps(db=db, models=model_service_factory(settings))
-    result = await replay_turn(deps, turn_id, tier=args.tier)
+    result = await replay_turn(deps, turn_id, tier=args.tier or (case or {}).get("tier"))
     out(f"replayed turn {result.original_turn_id} as {result.replay_turn_id} (tier {result.tier}, {result.status})")
     if result.unmatched_calls:
         out(f"{result.unmatched_calls} call(s) had no recorded result and were answered as failed")
@@ -317,6 +326,16 @@ async def _replay(args: argparse.Namespace, settings: Settings, db: Database, ou
         result.new_reply,
     ):
         out(line)
+    if case is None:
+        return 0
+    from core.quality.replay_check import check_replayed
+
+    problem = await check_replayed(db, deps.models, case, result.replay_turn_id)
+    if problem is None:
+        out(f"case passes: the replay no longer fails on {case['point']}")
+        return 0
+    out(f"case fails on {case['point']}: {problem}")
+    return 1
 
 
 async def _doctor(settings: Settings, out: Callable[[str], None], *, online: bool = False) -> int:
@@ -357,8 +376,7 @@ async def _run(args: argparse.Namespace, out: Callable[[str], None]) -> int:
         )
     async with open_store(settings, serving=False) as db:
         if args.command == "replay":
-            await _replay(args, settings, db, out)
-            return 0
+            return await _replay(args, settings, db, out)
         for module in _command_modules():
             if await module.run(args, settings, db, out):
                 return 0

@@ -17,6 +17,7 @@ from uuid import UUID
 from core.errors import InvalidInput
 from core.quality.detectors import DETECTORS, TurnView
 from core.quality.points import POINTS
+from core.store.queries import Queries
 
 CASE_VERSION = 1
 # The detector whose check a point's case runs on the replayed reply; other points ask the judge.
@@ -65,3 +66,21 @@ def check_reply(case: dict[str, Any], reply: str, calls: list[dict[str, Any]]) -
 
 def case_json(case: dict[str, Any]) -> str:
     return json.dumps(case, indent=2, sort_keys=True) + "\n"
+
+
+async def issue_case(db: Queries, issue_id: int) -> dict[str, Any] | None:
+    """A quality issue's replay case; None for an unknown issue."""
+    case = await db.fetchval("SELECT replay_case FROM quality_issues WHERE id = $1", issue_id)
+    return None if case is None else json.loads(case)
+
+
+async def list_issues(db: Queries, *, include_closed: bool = False) -> list[Any]:
+    """Quality issues, newest first, with the account's name."""
+    return await db.fetch(
+        """
+        SELECT i.id, i.turn_id, i.point, i.reason, i.proposed_fix, i.status, i.seen, i.created_at, a.name
+        FROM quality_issues i JOIN accounts a ON a.id = i.account_id
+        WHERE $1 OR i.status = 'open' ORDER BY i.created_at DESC, i.id DESC
+        """,
+        include_closed,
+    )

@@ -24,6 +24,7 @@ The detectors:
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import re
 import time
@@ -186,16 +187,16 @@ class _StateCache:
     ttl = 5.0
 
     def __init__(self) -> None:
-        self.states: weakref.WeakKeyDictionary[Any, tuple[float, dict[str, str]]] = weakref.WeakKeyDictionary()
+        self.states: weakref.WeakKeyDictionary[Queries, tuple[float, dict[str, str]]] = weakref.WeakKeyDictionary()
 
-    def get(self, db: Any) -> dict[str, str] | None:
+    def get(self, db: Queries) -> dict[str, str] | None:
         try:
             hit = self.states.get(db)
         except TypeError:  # a store object that cannot be weakly referenced is not cached
             return None
         return hit[1] if hit is not None and time.monotonic() - hit[0] < self.ttl else None
 
-    def put(self, db: Any, states: dict[str, str]) -> None:
+    def put(self, db: Queries, states: dict[str, str]) -> None:
         with contextlib.suppress(TypeError):
             self.states[db] = (time.monotonic(), states)
 
@@ -274,7 +275,7 @@ async def record_firings(db: Queries, turn_id: UUID, account_id: UUID, firings: 
         """,
         turn_id,
         account_id,
-        list(firings),
+        json.dumps(list(firings), default=str),
     )
 
 
@@ -308,7 +309,7 @@ async def detector_statuses(db: Queries) -> list[DetectorStatus]:
         GROUP BY d.name, d.state, d.trial_started_at
         ORDER BY d.name
         """,
-        points,
+        json.dumps(points),
     )
     return [
         DetectorStatus(

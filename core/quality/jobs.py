@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
@@ -151,7 +152,7 @@ async def run_judging_job(
         " last_error = NULL WHERE account_id = $1 AND day = $2",
         account_id,
         day,
-        report.as_record(),
+        json.dumps(report.as_record()),
         now,
     )
     return report

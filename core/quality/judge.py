@@ -339,7 +339,7 @@ async def store_verdict(
                 point,
                 verdict.grades[point].reason,
                 verdict.fixes.get(point) or DEFAULT_FIXES[point],
-                case,
+                json.dumps(case),
                 now,
             )
             if issue is not None:
