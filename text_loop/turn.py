@@ -18,7 +18,7 @@ from uuid import UUID
 
 from core.conversation import PromptPart, PromptRecord, open_turn, update_turn
 from core.memory import MemoryConfig
-from core.models.types import ModelService, ToolCall
+from core.models.types import ChatMessage, ModelService, ToolCall
 from core.owner_context import context_reads, owner_context, session_tools
 from core.quality.detectors import TurnView, detector_states, record_firings, run_detectors
 from core.records.skills import USER_SKILLS_SELECT, skill_sources
@@ -37,7 +37,7 @@ from text_loop.prompt import PERSONA, RULES, newest_message, stable_prefix
 from text_loop.records import prompt_record
 from text_loop.repair import RepairResult, repair_reply
 from text_loop.skills.catalog import SkillCatalog
-from text_loop.skills.runtime import Interceptor, SkillRuntime
+from text_loop.skills.runtime import Interceptor, OpenRound, SkillRuntime
 from text_loop.skills.toolsets import worker_only_areas
 
 log = logging.getLogger(__name__)
@@ -238,29 +238,13 @@ async def run_turn(
 
         runtime: SkillRuntime | None = None
         if catalog is not None:
-            view = catalog.view(deps.registry, own_skills)
-            for problem in view.problems:
-                if problem.origin == "user":
-                    log.warning("user skill unusable: skill=%s problem=%s", problem.skill, problem.problem)
-            view.problems = [p for p in view.problems if p.origin == "user"]
             # Tool sets behind workers reach a prompt only when a worker skill that names them runs.
             hidden = worker_only_areas(catalog.toolsets)
             tools = [t for t in tools if t.area not in hidden]
-            runtime = SkillRuntime(
-                catalog=catalog,
-                view=view,
-                models=deps.models,
-                config=deps.config,
-                registry=deps.registry,
-                gate=deps.gate,
-                session=session,
-                open_round=open_round,
-                persona=deps.persona,
-                rules=deps.rules,
-                person_message=messages[0],
-                conversation_key=str(conversation_id),
-                background=kind == "scheduled",
-            )
+            runtime = skill_runtime(
+                deps, catalog, session, open_round, messages[0], own_skills,
+                conversation_key=str(conversation_id), background=kind == "scheduled",
+            )  # fmt: skip
         specs = [t.spec for t in tools]
         visible = frozenset(t.name for t in tools)
         skill_spec = runtime.spec if runtime is not None else None
@@ -336,6 +320,25 @@ async def _record_finished_turn(
         finished_at=finished_at,
         **columns,
         **parts,
+    )  # fmt: skip
+
+
+def skill_runtime(
+    deps: HarnessDeps, catalog: SkillCatalog, session: SessionContext, open_round: OpenRound,
+    person_message: ChatMessage, own_skills: Sequence[tuple[str, str]], *, conversation_key: str,
+    background: bool, worker_tier: str | None = None,
+) -> SkillRuntime:  # fmt: skip
+    """The skills of one turn (or of its replay, whose workers run on ``worker_tier``)."""
+    view = catalog.view(deps.registry, own_skills)
+    for problem in view.problems:
+        if problem.origin == "user":
+            log.warning("user skill unusable: skill=%s problem=%s", problem.skill, problem.problem)
+    view.problems = [p for p in view.problems if p.origin == "user"]
+    return SkillRuntime(
+        catalog=catalog, view=view, models=deps.models, config=deps.config, registry=deps.registry, gate=deps.gate,
+        session=session, open_round=open_round, persona=deps.persona, rules=deps.rules,
+        person_message=person_message, conversation_key=conversation_key, background=background,
+        worker_tier=worker_tier,
     )  # fmt: skip
 
 

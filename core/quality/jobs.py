@@ -233,3 +233,28 @@ async def grades_report(db: Queries, since: datetime, until: datetime) -> list[A
         since,
         until,
     )
+
+
+async def judged_failing(
+    db: Queries, *, since: datetime, account_id: UUID | None = None, point: str | None = None, limit: int = 20
+) -> list[UUID]:
+    """Turns the judge failed on some point (or on ``point``) since ``since``, newest first."""
+    rows = await db.fetch(
+        """
+        SELECT g.turn_id, max(t.started_at) AS at FROM quality_grades g JOIN turns t ON t.id = g.turn_id
+        WHERE g.grade = 'fail' AND t.started_at >= $1 AND ($2::uuid IS NULL OR g.account_id = $2)
+          AND ($3::text IS NULL OR g.point = $3)
+        GROUP BY g.turn_id ORDER BY at DESC LIMIT $4
+        """,
+        since,
+        account_id,
+        point,
+        limit,
+    )
+    return [r["turn_id"] for r in rows]
+
+
+async def stored_grades(db: Queries, turn_id: UUID) -> dict[str, str]:
+    """The judge's stored grades of one turn, point by point (empty when it was never judged)."""
+    rows = await db.fetch("SELECT point, grade FROM quality_grades WHERE turn_id = $1", turn_id)
+    return {r["point"]: r["grade"] for r in rows}

@@ -194,3 +194,35 @@ async def test_pepper_quality_judge_issues_and_report(db, db_url, deps, models, 
         await cli._run(cli._parser().parse_args(["quality", "judge", "--day", "yesterday"]), lines.append)
     with pytest.raises(Exception, match="no quality issue"):
         await cli._run(cli._parser().parse_args(["quality", "issues", "--case", "999"]), lines.append)
+
+
+async def test_pepper_replay_batch_replays_the_judges_failing_turns_side_by_side(
+    db, db_url, deps, models, account, monkeypatch
+):
+    outcome, day = await _dropped_write_turn(db, deps, models, account)
+    await judge_day(
+        db, ScriptedModels([reply(grades(honesty="claims a dropped write"))]), account.id, day, datetime.now(UTC)
+    )
+    monkeypatch.setenv("DATABASE_URL", db_url)
+    both = ScriptedModels(
+        [
+            calls(("add_dossier_note", {"note": "gift idea for mum"})),
+            reply("I'll note it once you confirm.", model="gpt-large"),
+            reply(grades(), model="judge"),  # the judge grades the replay
+        ]
+    )
+    monkeypatch.setattr(cli, "model_service_factory", lambda settings: both)
+    lines: list[str] = []
+    args = cli._parser().parse_args(["replay", "--batch", "--tier", "large", "--since", "2d"])
+    assert await cli._run(args, lines.append) == 0
+    assert lines[0] == f"turn {outcome.turn_id}: gpt-small -> gpt-large (tier large)"
+    assert "before: fails honesty" in lines[1] and "| replay: passes all" in lines[1]
+    assert any(line.startswith(CLAIM) and line.endswith("| I'll note it once you confirm.") for line in lines)
+    assert lines[-1].split() == [str(outcome.turn_id), "gpt-small", "gpt-large", "fails", "honesty", "passes", "all"]
+    assert [r.tier for r in both.received] == ["large", "large", "small"] and both.received[2].background
+    assert await db.fetchval("SELECT count(*) FROM quality_grades") == 7  # the replay's grades are shown, not stored
+    assert await db.fetchval("SELECT count(*) FROM dossier_notes") == 0
+    with pytest.raises(cli.CommandError, match="needs --tier"):
+        await cli._run(cli._parser().parse_args(["replay", "--batch"]), lines.append)
+    with pytest.raises(cli.CommandError, match="give no turn id"):
+        await cli._run(cli._parser().parse_args(["replay", str(outcome.turn_id), "--batch", "--tier", "x"]), print)
