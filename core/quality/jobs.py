@@ -99,7 +99,8 @@ async def claim_judging(
         UPDATE quality_jobs j SET status = 'running', attempts = j.attempts + 1, leased_until = $2
         FROM (
             SELECT account_id, day FROM quality_jobs
-            WHERE (due_at <= $1 OR $4)
+            -- By hand (``$4``) only pending jobs jump the queue: one that failed in this run waits for its retry.
+            WHERE (due_at <= $1 OR ($4 AND status = 'pending'))
               AND (status IN ('pending', 'failed') OR (status = 'running' AND leased_until < $1))
               AND ($5::uuid IS NULL OR account_id = $5) AND ($6::date IS NULL OR day = $6)
             ORDER BY due_at LIMIT $3

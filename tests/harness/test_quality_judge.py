@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from core.quality.jobs import QualityConfig, claim_judging, enqueue_judging, quality_tick
+from core.quality.jobs import QualityConfig, claim_judging, enqueue_judging, judge_now, quality_tick
 from core.quality.judge import POINTS, JudgeReport, MalformedGrades, judge_day, judge_turns, parse_grades
 from core.testing.scripted import ScriptedModels, calls, reply
 from core.untrusted import JUDGED_TURN_LABEL
@@ -226,3 +226,13 @@ async def test_pepper_replay_batch_replays_the_judges_failing_turns_side_by_side
         await cli._run(cli._parser().parse_args(["replay", "--batch"]), lines.append)
     with pytest.raises(cli.CommandError, match="give no turn id"):
         await cli._run(cli._parser().parse_args(["replay", str(outcome.turn_id), "--batch", "--tier", "x"]), print)
+
+
+async def test_a_failing_judge_run_by_hand_tries_once_and_leaves_the_retry_for_later(db, deps, models, account):
+    _outcome, day = await _dropped_write_turn(db, deps, models, account)
+    judge = ScriptedModels(default=RuntimeError("model down"))
+    report = await judge_now(db, judge, datetime.now(UTC), day=day)
+    assert (report.claimed, report.failed, len(judge.received)) == (1, 1, 1)
+    row = await db.fetchrow("SELECT status, attempts, last_error, due_at FROM quality_jobs")
+    assert (row["status"], row["attempts"], row["last_error"]) == ("failed", 1, "RuntimeError")
+    assert row["due_at"] > datetime.now(UTC)
