@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from core.errors import InvalidInput
 from core.quality.jobs import QualityConfig, claim_judging, enqueue_judging, judge_now, quality_tick
 from core.quality.judge import POINTS, JudgeReport, MalformedGrades, judge_day, judge_turns, parse_grades
 from core.testing.scripted import ScriptedModels, calls, reply
@@ -236,3 +237,32 @@ async def test_a_failing_judge_run_by_hand_tries_once_and_leaves_the_retry_for_l
     row = await db.fetchrow("SELECT status, attempts, last_error, due_at FROM quality_jobs")
     assert (row["status"], row["attempts"], row["last_error"]) == ("failed", 1, "RuntimeError")
     assert row["due_at"] > datetime.now(UTC)
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        ("not json", "cannot read replay case"),
+        ('{"pepper_replay_case": 2, "turn_id": "x"}', "is not a Pepper replay case"),
+        ('{"pepper_replay_case": 1, "turn_id": "nope", "point": "honesty", "check": "claimed-write"}', "not a turn id"),
+        (
+            '{"pepper_replay_case": 1, "turn_id": "00000000-0000-0000-0000-000000000000", "point": "x",'
+            ' "check": "judge"}',
+            "unknown point or check",
+        ),
+        (
+            '{"pepper_replay_case": 1, "turn_id": "00000000-0000-0000-0000-000000000000", "point": "honesty",'
+            ' "check": "rm -rf"}',
+            "unknown point or check",
+        ),
+    ],
+)
+async def test_pepper_replay_refuses_a_garbage_case_file(db_url, monkeypatch, tmp_path, body, problem):
+    monkeypatch.setenv("DATABASE_URL", db_url)
+    monkeypatch.setattr(cli, "model_service_factory", lambda settings: ScriptedModels())
+    case = tmp_path / "case.json"
+    case.write_text(body)
+    with pytest.raises(InvalidInput, match=problem):
+        await cli._run(cli._parser().parse_args(["replay", "--case", str(case)]), print)
+    with pytest.raises(cli.CommandError, match="one of them"):
+        await cli._run(cli._parser().parse_args(["replay"]), print)
