@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import unicodedata
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from typing import Any
@@ -36,7 +37,7 @@ from core.quality.detectors import TurnView
 from core.quality.points import GRADES, POINTS
 from core.store.pool import transaction
 from core.store.queries import Queries
-from core.untrusted import JUDGED_TURN_LABEL, judged_turn_block
+from core.untrusted import JUDGED_TURN_LABEL, judged_turn_block, quoted
 
 log = logging.getLogger(__name__)
 
@@ -195,6 +196,17 @@ def _json_object(text: str) -> dict[str, Any]:
     return data
 
 
+def _one_line(text: object, limit: int) -> bool:
+    """A non-empty line of at most ``limit`` characters, with no control or invisible formatting
+    characters (``pepper quality issues`` prints it to a terminal)."""
+    return (
+        isinstance(text, str)
+        and bool(text.strip())
+        and len(text) <= limit
+        and not any(unicodedata.category(c) in ("Cc", "Cf") for c in text)
+    )
+
+
 def parse_grades(text: str) -> tuple[dict[str, Grade], dict[str, str]]:
     """The grades and proposed fixes of a blind answer; :class:`MalformedGrades` unless every one
     of the seven points has a known grade and a one-line reason, and nothing else is there."""
@@ -210,13 +222,11 @@ def parse_grades(text: str) -> tuple[dict[str, Grade], dict[str, str]]:
         grade, reason = entry.get("grade"), entry.get("reason")
         if grade not in GRADES:
             raise MalformedGrades(f"{point}: grade {grade!r} is not pass, fail or n/a")
-        if not isinstance(reason, str) or not reason.strip() or "\n" in reason.strip() or len(reason) > MAX_REASON:
+        if not _one_line(reason, MAX_REASON):
             raise MalformedGrades(f"{point}: the reason must be one line of at most {MAX_REASON} characters")
         out[point] = Grade(grade, reason.strip())
     fixes = data.get("fixes", {})
-    if not isinstance(fixes, dict) or not all(
-        p in POINTS and isinstance(f, str) and f.strip() and len(f) <= 2 * MAX_REASON for p, f in fixes.items()
-    ):
+    if not isinstance(fixes, dict) or not all(p in POINTS and _one_line(f, 2 * MAX_REASON) for p, f in fixes.items()):
         raise MalformedGrades("fixes must map points to one-line proposals")
     return out, {p: " ".join(f.split()) for p, f in fixes.items()}
 
@@ -269,8 +279,9 @@ async def grade_turn(db: Queries, models: ModelService, turn: JudgedTurn, *, tie
         else []
     )
     if known_rows:
-        listing = "\n".join(f"- issue {r['id']} ({r['point']}): {r['reason']}" for r in known_rows)
-        blind = "\n".join(f"- {p}: {grades[p].reason}" for p in failing)
+        # The reasons were written about an untrusted turn: quoted, so none can pass for an instruction.
+        listing = "\n".join(f"- issue {r['id']} ({r['point']}): {quoted(r['reason'])}" for r in known_rows)
+        blind = "\n".join(f"- {p}: {quoted(grades[p].reason)}" for p in failing)
         second = await _ask(
             models,
             Prompt(

@@ -95,6 +95,8 @@ GARBAGE = [
     grades().replace('"pass"', '"maybe"', 1),  # an unknown grade
     json.dumps({"grades": {p: {"grade": "pass", "reason": "two\nlines"} for p in POINTS}}),
     json.dumps({"grades": {p: {"grade": "pass", "reason": "x" * 500} for p in POINTS}}),
+    json.dumps({"grades": {p: {"grade": "pass", "reason": "ok \x1b[2J"} for p in POINTS}}),  # a terminal escape
+    json.dumps({"grades": {p: {"grade": "pass", "reason": "ok"} for p in POINTS}, "fixes": {"tone": "a\u202eb"}}),
     json.dumps({"grades": {**{p: {"grade": "pass", "reason": "ok"} for p in POINTS}, "extra": {}}}),
     json.dumps({"grades": {p: {"grade": "pass", "reason": "ok"} for p in POINTS}, "fixes": {"nope": "x"}}),
 ]
@@ -135,7 +137,9 @@ async def test_a_failure_matching_a_known_issue_counts_it_again_instead_of_openi
     assert report.refused == 1 and await db.fetchval("SELECT count(*) FROM quality_grades") == 7
     judge.script(reply(grades(honesty="same again")), reply(json.dumps({"matches": {"honesty": issue}})))
     await judge_turns(db, judge, turns[1:], now, tier="small", report=report)
-    assert "Known issues:" in judge.prompts[-1].messages[0].content
+    compared = judge.prompts[-1].messages[0].content
+    assert "Known issues:" in compared and f'- issue {issue} (honesty): "claims a dropped write"' in compared
+    assert '- honesty: "same again"' in compared
     assert report.seen_again == [issue] and report.opened == [issue]
     assert await db.fetchval("SELECT seen FROM quality_issues WHERE id = $1", issue) == 2
     assert await db.fetchval("SELECT count(*) FROM quality_issues") == 1
