@@ -222,9 +222,9 @@ def parse_grades(text: str) -> tuple[dict[str, Grade], dict[str, str]]:
         grade, reason = entry.get("grade"), entry.get("reason")
         if grade not in GRADES:
             raise MalformedGrades(f"{point}: grade {grade!r} is not pass, fail or n/a")
-        if not _one_line(reason, MAX_REASON):
+        if not isinstance(reason, str) or not _one_line(reason, MAX_REASON):
             raise MalformedGrades(f"{point}: the reason must be one line of at most {MAX_REASON} characters")
-        out[point] = Grade(grade, reason.strip())
+        out[point] = Grade(str(grade), reason.strip())
     fixes = data.get("fixes", {})
     if not isinstance(fixes, dict) or not all(p in POINTS and _one_line(f, 2 * MAX_REASON) for p, f in fixes.items()):
         raise MalformedGrades("fixes must map points to one-line proposals")
