@@ -167,3 +167,18 @@ def test_nothing_found_fires_only_after_a_failed_lookup():
     }
     assert DETECTORS["nothing-found"].fires(TurnView(said, ok)) is None
     assert DETECTORS["nothing-found"].fires(TurnView("Here it is.", failed)) is None
+
+
+async def test_pepper_turns_list_flags_a_firing_and_a_failing_grade(db, db_url, deps, models, account, monkeypatch):
+    models.script(reply(REPEATING))
+    outcome = await run_turn(deps, account.id, "web", "when is my train?")
+    await db.execute(
+        "INSERT INTO quality_grades (turn_id, point, grade, reason, account_id) VALUES ($1, 'tone', 'fail', 'r', $2)",
+        outcome.turn_id,
+        account.id,
+    )
+    monkeypatch.setenv("DATABASE_URL", db_url)
+    lines: list[str] = []
+    assert await cli._run(cli._parser().parse_args(["turns", "list", "--flagged"]), lines.append) == 0
+    (line,) = [x for x in lines if str(outcome.turn_id)[:8] in x or str(outcome.turn_id) in x]
+    assert "judged-failing" in line and "detector:repeats" in line
