@@ -122,7 +122,17 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     replay = sub.add_parser("replay", help="run a recorded turn again on another tier; tools return recorded results")
-    replay.add_argument("turn", help="the turn id")
+    replay.add_argument("turn", nargs="?", help="the turn id")
+    replay.add_argument(
+        "--batch", action="store_true", help="replay a set of turns: the judge's failing ones, or --flagged ones"
+    )
+    replay.add_argument("--flagged", action="store_true", help="with --batch: turns with a record flag instead")
+    replay.add_argument("--since", default="7d", metavar="WHEN", help="with --batch: turns since (default 7d)")
+    replay.add_argument("--account", help="with --batch: only this account (id or unique name)")
+    replay.add_argument("--limit", type=int, default=10, metavar="N", help="with --batch: at most N turns (10)")
+    replay.add_argument(
+        "--case", metavar="FILE", help="run a quality issue's replay case (pepper quality issues --case ID --out FILE)"
+    )
     replay.add_argument("--tier", help="model tier to run it on (default: the tier it ran on)")
     for module in _command_modules():
         module.add_commands(sub)
@@ -145,6 +155,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "gateway.cli_turns",
     "gateway.cli_slots",
     "gateway.cli_rooms",
+    "gateway.cli_quality",
 )
 
 
@@ -317,18 +328,26 @@ def _model_service(settings: Settings) -> Any:
 model_service_factory: Callable[[Settings], Any] = _model_service
 
 
-async def _replay(args: argparse.Namespace, settings: Settings, db: Database, out: Callable[[str], None]) -> None:
+async def _replay(args: argparse.Namespace, settings: Settings, db: Database, out: Callable[[str], None]) -> int:
     from uuid import UUID
 
-    from text_loop import HarnessDeps
+    from core.quality.cases import load_case
     from text_loop.replay import replay_turn, side_by_side
 
+    if args.batch:
+        if args.turn or args.case:
+            raise CommandError("--batch replays a set of turns: give no turn id or --case with it")
+        return await _replay_batch(args, settings, db, out)
+    case = load_case(args.case) if args.case else None
+    if (case is None) == (args.turn is None):
+        raise CommandError("give a turn id or --case FILE (one of them)")
+    raw = case["turn_id"] if case is not None else args.turn
     try:
-        turn_id = UUID(args.turn)
+        turn_id = UUID(raw)
     except ValueError:
-        raise CommandError(f"not a turn id: {args.turn!r}") from None
-    deps = HarnessDeps(db=db, models=model_service_factory(settings))
-    result = await replay_turn(deps, turn_id, tier=args.tier)
+        raise CommandError(f"not a turn id: {raw!r}") from None
+    deps = _replay_deps(settings, db)
+    result = await replay_turn(deps, turn_id, tier=args.tier or (case or {}).get("tier"))
     out(f"replayed turn {result.original_turn_id} as {result.replay_turn_id} (tier {result.tier}, {result.status})")
     if result.unmatched_calls:
         out(f"{result.unmatched_calls} call(s) had no recorded result and were answered as failed")
@@ -339,6 +358,85 @@ async def _replay(args: argparse.Namespace, settings: Settings, db: Database, ou
         result.new_reply,
     ):
         out(line)
+    if case is None:
+        return 0
+    from core.quality.replay_check import check_replayed
+
+    problem = await check_replayed(db, deps.models, case, result.replay_turn_id)
+    if problem is None:
+        out(f"case passes: the replay no longer fails on {case['point']}")
+        return 0
+    out(f"case fails on {case['point']}: {problem}")
+    return 1
+
+
+def _replay_deps(settings: Settings, db: Database) -> Any:
+    from core.tools.connectors import Connectors
+    from core.tools.starter import starter_registry
+    from text_loop import HarnessDeps
+    from text_loop.skills.catalog import SkillCatalog
+
+    # As the server builds them (gateway.composition): a skill's worker runs again in a replay.
+    connectors = Connectors.from_settings(settings)
+    return HarnessDeps(
+        db=db, models=model_service_factory(settings), registry=starter_registry(connectors),
+        skills=SkillCatalog.load_builtin(), connectors=connectors,
+    )  # fmt: skip
+
+
+async def _replay_batch(args: argparse.Namespace, settings: Settings, db: Database, out: Callable[[str], None]) -> int:
+    """Replay the judge's failing turns (or flagged ones) on ``--tier`` and show both replies and
+    both sets of grades; the replays are graded by the judge, not stored as grades."""
+    from datetime import UTC, datetime
+
+    from core.quality.jobs import QualityConfig, judged_failing, stored_grades
+    from core.quality.judge import MalformedGrades, grade_turn, load_turn
+    from core.quality.points import POINTS
+    from core.records.turns import TurnFilter, list_turns
+    from gateway.cli_turns import parse_since
+    from text_loop.replay import replay_turn, side_by_side
+
+    if not args.tier:
+        raise CommandError("--batch needs --tier: the tier to compare against")
+    now = datetime.now(UTC)
+    account = await identity.get_account(db, args.account) if args.account else None
+    account_id = account.id if account else None
+    since = parse_since(args.since, now=now, timezone=account.timezone if account else "UTC")
+    if args.flagged:
+        found = await list_turns(db, TurnFilter(account_id=account_id, since=since, flagged=True, limit=args.limit * 3))
+        turn_ids = [r["id"] for r in found if r["kind"] in ("live", "scheduled", "room")][: args.limit]
+    else:
+        turn_ids = await judged_failing(db, since=since, account_id=account_id, limit=args.limit)
+    if not turn_ids:
+        out("no turns to replay (the judge failed none in that period)" if not args.flagged else "no flagged turns")
+        return 0
+    deps = _replay_deps(settings, db)
+    tier = QualityConfig().tier
+
+    def summary(grades: dict[str, str]) -> str:
+        failing = [p for p in POINTS if grades.get(p) == "fail"]
+        return "not graded" if not grades else ("fails " + ", ".join(failing) if failing else "passes all")
+
+    rows: list[tuple[str, str, str, str, str]] = []
+    for turn_id in turn_ids:
+        result = await replay_turn(deps, turn_id, tier=args.tier)
+        replayed = await load_turn(db, result.replay_turn_id)
+        try:
+            verdict = await grade_turn(db, deps.models, replayed, tier=tier) if replayed else None
+            after = {p: g.grade for p, g in verdict.grades.items()} if verdict else {}
+        except MalformedGrades:
+            after = {}
+        before = await stored_grades(db, turn_id)
+        rows.append((str(turn_id), result.old_model or "-", result.new_model or "-", summary(before), summary(after)))
+        out(f"turn {turn_id}: {result.old_model or '-'} -> {result.new_model or '-'} (tier {args.tier})")
+        for line in side_by_side(f"before: {summary(before)}", result.old_reply, f"replay: {summary(after)}",
+                                 result.new_reply):  # fmt: skip
+            out(line)
+        out("")
+    out(f"{'turn':<36}  {'before':<24} {'replay':<24} {'grades before':<30} grades on replay")
+    for turn, old, new, before_text, after_text in rows:
+        out(f"{turn:<36}  {old:<24} {new:<24} {before_text:<30} {after_text}")
+    return 0
 
 
 async def _doctor(settings: Settings, out: Callable[[str], None], *, online: bool = False) -> int:
@@ -380,8 +478,7 @@ async def _run(args: argparse.Namespace, out: Callable[[str], None]) -> int:
         )
     async with open_store(settings, serving=False) as db:
         if args.command == "replay":
-            await _replay(args, settings, db, out)
-            return 0
+            return await _replay(args, settings, db, out)
         for module in _command_modules():
             if await module.run(args, settings, db, out):
                 return 0

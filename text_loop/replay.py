@@ -13,20 +13,22 @@ import json
 import textwrap
 import time
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
 from core.conversation import start_turn, turn_record
 from core.errors import InvalidInput, NotFound
-from core.models.types import ToolCall
+from core.models.types import ChatMessage, ToolCall
+from core.records.skills import list_skills
 from core.tools.context import SessionContext
 from core.tools.runner import CallOutcome, render_failed
 from text_loop.loop import CallRunner, TurnLoop
 from text_loop.prompt import canonical_arguments
 from text_loop.records import message_from_record, prompt_record_from_json, tool_spec_from_record
-from text_loop.turn import HarnessDeps, finish_turn
+from text_loop.skills.runtime import Interceptor, OpenRound, SkillRuntime
+from text_loop.turn import HarnessDeps, finish_turn, skill_runtime
 
 NOT_RECORDED = "the original turn made no such call, so replay has no result for it"
 
@@ -102,22 +104,34 @@ async def replay_turn(deps: HarnessDeps, turn_id: UUID, *, tier: str | None = No
             write=write,
         )
 
-    @asynccontextmanager
-    async def tool_round() -> AsyncIterator[CallRunner]:
-        yield execute
+    def open_round(names: frozenset[str], intercept: Interceptor | None) -> AbstractAsyncContextManager[CallRunner]:
+        @asynccontextmanager
+        async def tool_round() -> AsyncIterator[CallRunner]:
+            async def run(call: ToolCall) -> CallOutcome:
+                # A skill's activation runs its worker again (on this tier, with recorded results).
+                handled = await intercept(call) if intercept is not None else None
+                return handled if handled is not None else await execute(call)
 
+            yield run
+
+        return tool_round()
+
+    messages = [message_from_record(m) for m in prompt["messages"]]
+    runtime = await _skill_runtime(deps, session, row, messages, open_round, tier)
     loop = TurnLoop(
         deps.models,
         deps.config,
         system_stable=prompt["system_stable"],
         system_dynamic=prompt["system_dynamic"],
         tools=[tool_spec_from_record(t) for t in prompt["tools"]],
-        messages=[message_from_record(m) for m in prompt["messages"]],
-        tool_round=tool_round,
+        messages=messages,
+        tool_round=lambda: open_round(frozenset(), runtime.intercept if runtime is not None else None),
         round_cap=deps.config.round_cap(original["kind"]),
         conversation_key=str(row["conversation_id"]),
         tier=tier,
     )
+    if runtime is not None:
+        runtime.attach(loop)
     result = await loop.run()
     outcome = await finish_turn(
         deps,
@@ -126,6 +140,7 @@ async def replay_turn(deps: HarnessDeps, turn_id: UUID, *, tier: str | None = No
         tier=tier,
         started=started,
         replay_of=turn_id,
+        skills=runtime.record(result) if runtime is not None else None,
         prompt=prompt_record_from_json(prompt, prefix_hash=stored[0], tools_hash=stored[1]),
     )
     return ReplayOutcome(
@@ -139,6 +154,21 @@ async def replay_turn(deps: HarnessDeps, turn_id: UUID, *, tier: str | None = No
         status=outcome.status,
         unmatched_calls=unmatched,
     )
+
+
+async def _skill_runtime(
+    deps: HarnessDeps, session: SessionContext, row: Any, messages: list[ChatMessage], open_round: OpenRound,
+    tier: str,
+) -> SkillRuntime | None:  # fmt: skip
+    """The skills of a turn that listed some, so a worker runs again rather than its recorded
+    report coming back, and a worker's direct report stays the reply (no extra generation)."""
+    if deps.skills is None or row["skills"] is None or session.trust == "third_party" or not messages:
+        return None
+    own = [(s.name, s.source) for s in await list_skills(deps.db, session.account_id)]
+    return skill_runtime(
+        deps, deps.skills, session, open_round, messages[0], own,
+        conversation_key=str(row["conversation_id"]), background=False, worker_tier=tier,
+    )  # fmt: skip
 
 
 def side_by_side(left_title: str, left: str, right_title: str, right: str, width: int = 58) -> list[str]:

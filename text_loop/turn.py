@@ -20,8 +20,9 @@ from core.conversation import PromptPart, PromptRecord, open_turn, update_turn
 from core.memory import MemoryConfig
 from core.metrics import metrics
 from core.models.select import ModelPlan, SelectRequest, select_models
-from core.models.types import ModelService, ToolCall
+from core.models.types import ChatMessage, ModelService, ToolCall
 from core.owner_context import context_reads, owner_context, session_tools
+from core.quality.detectors import TurnView, detector_states, record_firings, run_detectors
 from core.records.folders import active_for
 from core.records.rooms import room_skill_sources
 from core.records.skills import USER_SKILLS_SELECT, skill_sources
@@ -55,7 +56,7 @@ from text_loop.prompt import PERSONA, RULES, newest_message, stable_prefix
 from text_loop.records import prompt_record
 from text_loop.repair import RepairResult, repair_reply
 from text_loop.skills.catalog import SkillCatalog
-from text_loop.skills.runtime import Interceptor, SkillRuntime
+from text_loop.skills.runtime import Interceptor, OpenRound, SkillRuntime
 from text_loop.skills.toolsets import worker_only_areas
 
 log = logging.getLogger(__name__)
@@ -311,29 +312,13 @@ async def run_turn(
         if catalog is not None:
             if servers:
                 catalog = catalog.with_servers(server_toolsets(servers))
-            view = catalog.view(registry, own_skills)
-            for problem in view.problems:
-                if problem.origin == "user":
-                    log.warning("user skill unusable: skill=%s problem=%s", problem.skill, problem.problem)
-            view.problems = [p for p in view.problems if p.origin == "user"]
             # Tool sets behind workers reach a prompt only when a worker skill that names them runs.
             hidden = worker_only_areas(catalog.toolsets)
             tools = [t for t in tools if t.area not in hidden]
-            runtime = SkillRuntime(
-                catalog=catalog,
-                view=view,
-                models=deps.models,
-                config=deps.config,
-                registry=registry,
-                gate=deps.gate,
-                session=session,
-                open_round=open_round,
-                persona=deps.persona,
-                rules=deps.rules,
-                person_message=messages[0],
-                conversation_key=str(conversation_id),
-                background=kind == "scheduled",
-            )
+            runtime = skill_runtime(
+                deps, catalog, session, open_round, messages[0], own_skills,
+                conversation_key=str(conversation_id), background=kind == "scheduled", registry=registry,
+            )  # fmt: skip
         specs = [t.spec for t in tools]
         visible = frozenset(t.name for t in tools)
         skill_spec = runtime.spec if runtime is not None else None
@@ -435,6 +420,41 @@ async def _record_finished_turn(
     )  # fmt: skip
 
 
+def skill_runtime(
+    deps: HarnessDeps, catalog: SkillCatalog, session: SessionContext, open_round: OpenRound,
+    person_message: ChatMessage, own_skills: Sequence[tuple[str, str]], *, conversation_key: str,
+    background: bool, worker_tier: str | None = None, registry: ToolRegistry | None = None,
+) -> SkillRuntime:  # fmt: skip
+    """The skills of one turn (or of its replay, whose workers run on ``worker_tier``); ``registry``:
+    the turn's own, when it has tools the shared one lacks (the person's MCP tools, a lent folder)."""
+    registry = registry or deps.registry
+    view = catalog.view(registry, own_skills)
+    for problem in view.problems:
+        if problem.origin == "user":
+            log.warning("user skill unusable: skill=%s problem=%s", problem.skill, problem.problem)
+    view.problems = [p for p in view.problems if p.origin == "user"]
+    return SkillRuntime(
+        catalog=catalog, view=view, models=deps.models, config=deps.config, registry=registry, gate=deps.gate,
+        session=session, open_round=open_round, persona=deps.persona, rules=deps.rules,
+        person_message=person_message, conversation_key=conversation_key, background=background,
+        worker_tier=worker_tier,
+    )  # fmt: skip
+
+
+async def _detect(
+    db: Queries, result: LoopResult, reply: str, skills: dict[str, Any] | None
+) -> tuple[str, list[dict[str, Any]]]:
+    """The quality detectors over the finished reply (``core.quality.detectors``): shadow ones
+    only record, promoted ones may change the reply. Anything broken lets the reply through."""
+    try:
+        view = TurnView(reply, [c.as_record() for c in result.calls], (skills or {}).get("flags", ()))
+        applied = run_detectors(view, await detector_states(db))
+        return applied.reply, applied.firings
+    except Exception as exc:
+        log.warning("quality detectors failed; the reply goes out as it was: error=%s", type(exc).__name__)
+        return reply, []
+
+
 async def finish_turn(
     deps: HarnessDeps,
     session: SessionContext,
@@ -461,6 +481,9 @@ async def finish_turn(
     if result.answered and session.channel in deps.config.repair_channels:
         repair = await repair_reply(deps.models, reply, deps.config, conversation_key=str(session.conversation_id))
         reply = repair.text
+    firings: list[dict[str, Any]] = []
+    if result.answered and replay_of is None:
+        reply, firings = await _detect(db, result, reply, skills)
     if not result.answered:
         # The reply is an apology that describes none of the turn's work: nothing it staged may commit.
         await drop_turn_writes(db, deps.registry, session.turn_id)
@@ -479,6 +502,11 @@ async def finish_turn(
             conn, session, result, tier, reply, deps.clock(), columns, parts,
             wait_for_disk=wrote, store_parts=new_parts,
         )  # fmt: skip
+    if firings:
+        try:
+            await record_firings(db, session.turn_id, session.account_id, firings)
+        except Exception as exc:  # a shadow record must never cost the reply
+            log.warning("recording detector firings failed: error=%s", type(exc).__name__)
     if new_parts:
         if len(known) >= MAX_KNOWN_PARTS:  # many accounts' prefixes over a long uptime
             known.clear()

@@ -1,4 +1,5 @@
-"""A small named background loop that calls :func:`memory_jobs_tick` on an interval.
+"""A small named background loop that calls :func:`memory_jobs_tick` on an interval, and the
+nightly quality judge's :func:`~core.quality.jobs.quality_tick` after it.
 
 For a server without the scheduler: ``gateway.server.build_app`` starts one. The first tick runs
 one interval after start, so short-lived processes (tests, a quick restart) do no memory work.
@@ -15,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from core.memory.config import MemoryConfig
 from core.memory.jobs import memory_jobs_tick
 from core.models.types import ModelService
+from core.quality.jobs import quality_tick
 from core.store.queries import Queries
 
 log = logging.getLogger(__name__)
@@ -57,6 +59,15 @@ class MemoryWorker:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
 
+    async def _judge(self, now: datetime, enqueue: bool) -> None:
+        """The nightly judge's leased jobs ride the same tick (``core.quality.jobs``)."""
+        try:
+            judged = await quality_tick(self.db, self.models, now, enqueue=enqueue)
+            if judged.claimed:
+                log.info("quality judge: days=%s failed=%s", judged.done, judged.failed)
+        except Exception as exc:
+            log.error("quality judge tick failed: error=%s", type(exc).__name__, exc_info=exc)
+
     async def _run(self) -> None:
         pause = self.interval
         while True:
@@ -66,6 +77,7 @@ class MemoryWorker:
                 now = self.clock()
                 enqueue = self._enqueued is None or now - self._enqueued >= ENQUEUE_EVERY
                 report = await memory_jobs_tick(self.db, self.models, now, config=self.config, enqueue=enqueue)
+                await self._judge(now, enqueue)
                 if enqueue:
                     self._enqueued = now
                 if report.claimed:

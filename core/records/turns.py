@@ -35,6 +35,9 @@ async def turn_status(db: Queries, turn_id: UUID) -> str | None:
 #   writes-dropped    a staged write was dropped, not committed
 #   write-failed      a staged write's apply step failed
 #   skipped-required-step / required-step-failed   the skill detector's flags (``skills.flags``)
+#   judged-failing    the nightly judge failed the turn on a point (``quality_grades``)
+#   detector:<name>   a quality detector fired on the turn, in shadow or applied (``detector_firings``;
+#                     not required-step, whose firing is the skill's flag above)
 TURN_FLAGS_SQL = """
     array_remove(ARRAY[
         CASE WHEN t.status = 'failed' AND t.delivery->>'ok' IS DISTINCT FROM 'false' THEN 'failed' END,
@@ -48,10 +51,15 @@ TURN_FLAGS_SQL = """
         CASE WHEN EXISTS (SELECT 1 FROM staged_writes w WHERE w.turn_id = t.id AND w.status = 'dropped')
              THEN 'writes-dropped' END,
         CASE WHEN EXISTS (SELECT 1 FROM staged_writes w WHERE w.turn_id = t.id AND w.status = 'failed')
-             THEN 'write-failed' END
+             THEN 'write-failed' END,
+        CASE WHEN EXISTS (SELECT 1 FROM quality_grades g WHERE g.turn_id = t.id AND g.grade = 'fail')
+             THEN 'judged-failing' END
     ]::text[], NULL) || ARRAY(
         SELECT DISTINCT f->>'flag' FROM jsonb_array_elements(coalesce(t.skills->'flags', '[]')) f
         WHERE f->>'flag' IS NOT NULL ORDER BY 1
+    ) || ARRAY(
+        SELECT 'detector:' || d.detector FROM detector_firings d
+        WHERE d.turn_id = t.id AND d.detector <> 'required-step' ORDER BY 1  -- its flags are the skill's, above
     )
 """
 

@@ -160,8 +160,11 @@ class SkillRuntime:
         person_message: ChatMessage,
         conversation_key: str,
         background: bool,
+        worker_tier: str | None = None,
     ):
         self.catalog = catalog
+        # The tier a worker whose skill names none runs on (a replay's tier); None: the config's.
+        self.worker_tier = worker_tier
         self.view = view
         self.models = models
         self.config = config
@@ -330,7 +333,7 @@ class SkillRuntime:
                 f"Skill {skill.name}: {skill.description}\nSteps:\n{skill.steps}",
             ]
         )
-        tier = skill.header.model or self.config.tier
+        tier = skill.header.model or self.worker_tier or self.config.tier
         cap = skill.header.rounds or self.catalog.limits.worker_rounds
         worker = TurnLoop(
             self.models,

@@ -1,0 +1,1 @@
+"""The quality loop: the nightly judge, quality issues, replay cases and shadow detectors."""
