@@ -37,10 +37,15 @@ def start_serve(env: dict[str, str], data_dir: Path, port: int, *extra_env: tupl
 
 
 def stop(proc: subprocess.Popen) -> str:
-    """Kill if still running; return what it wrote to stderr."""
+    """Stop it if still running (SIGTERM, so it stops its embedded Postgres too; SIGKILL if it
+    does not stop in time); return what it wrote to stderr."""
     if proc.poll() is None:
-        proc.kill()
-        proc.wait()
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
     proc.log.seek(0)
     text = proc.log.read()
     proc.log.close()

@@ -36,7 +36,8 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-TEMPLATE = "pepper_template"
+# One template per pytest-xdist worker: with PEPPER_TEST_DATABASE_URL the workers share a server.
+TEMPLATE = "pepper_template" + (f"_{os.environ['PYTEST_XDIST_WORKER']}" if "PYTEST_XDIST_WORKER" in os.environ else "")
 
 
 def with_database(dsn: str, name: str) -> str:
