@@ -96,12 +96,16 @@ def chat(
             try:
                 lending = FolderLending(side, folder)
                 with lending:
-                    return _chat(client, base, lines, out)
+                    return _chat(client, base, lines, out, folder_id=lending.id)
             except (httpx.TransportError, RuntimeError) as exc:
                 raise ChatError(str(exc)) from exc
 
 
-def _chat(client: httpx.Client, base: str, lines: Any, out: Callable[[str], None]) -> int:
+def _chat(
+    client: httpx.Client, base: str, lines: Any, out: Callable[[str], None], *, folder_id: str | None = None
+) -> int:
+    """Send each line and print the reply; ``folder_id``: the folder this session lends, named on
+    each message so that only this session's turns see its tools."""
     try:
         history = client.get("/api/messages", params={"limit": 1})
     except httpx.TransportError as exc:
@@ -115,7 +119,10 @@ def _chat(client: httpx.Client, base: str, lines: Any, out: Callable[[str], None
         text = line.strip()
         if not text:
             continue
-        sent = client.post("/api/messages", json={"text": text, "client_id": str(uuid.uuid4())})
+        body = {"text": text, "client_id": str(uuid.uuid4())}
+        if folder_id is not None:
+            body["folder_id"] = folder_id
+        sent = client.post("/api/messages", json=body)
         if sent.status_code >= 400:
             raise ChatError(f"the server refused the message: {sent.json().get('message', sent.text)}")
         mine = sent.json()["message_id"]

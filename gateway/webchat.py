@@ -240,8 +240,18 @@ async def post_message() -> Response:
     ):
         return _json_error(400, "bad-client-id", "client_id is a string of 8 to 100 characters")
     services = _services()
+    # A message from `pepper chat --folder` names the folder its session lends: only turns of
+    # messages that name it see its tools (core/records/folders.py), not the person's other chats.
+    meta = None
+    if "folder_id" in body:
+        folder = _uuid(body["folder_id"]) if isinstance(body["folder_id"], str) else None
+        if folder is None or not await folders.is_active(services.db, who, folder):
+            return _json_error(404, "no-folder", "no such lent folder of yours (ended or lapsed?)")
+        meta = {"folder_id": str(folder)}
     # The client's id makes a retried POST record nothing new and start no second turn.
-    message, created = await receive(services.db, "web", who, text, key=f"{who}:{client_id}" if client_id else None)
+    message, created = await receive(
+        services.db, "web", who, text, key=f"{who}:{client_id}" if client_id else None, meta=meta
+    )
     payload = {"message_id": message.id, "duplicate": not created}
     return Response(json.dumps(payload), status=202 if created else 200, content_type="application/json")
 

@@ -153,3 +153,38 @@ async def test_pepper_chat_lends_a_folder_whose_answers_reach_the_model_labelled
     plain = argparse.Namespace(url=web.base, timeout=30.0)
     await asyncio.to_thread(chat, plain, web.settings, token, ["and now?"], printed.append)
     assert "folder__read_file" not in [t["name"] for t in web.model.requests[-1].body["tools"]]
+
+
+async def test_only_the_lending_sessions_messages_see_the_folder(web: Web):
+    """A folder lent by one `pepper chat` is that chat's: the person's other chats (the browser, a
+    second CLI) get no folder tools, and a message cannot name a folder that is not its sender's,
+    has ended, or is garbage."""
+    token = await access.create_api_token(web.db, web.account_id, "cli")
+    bob = await identity.create_account(web.db, "Bob")
+    bobs = await access.create_api_token(web.db, bob.id, "cli")
+    web.model.script(reply_text("From the other chat."), reply_text("From the lending chat."))
+
+    def client(key: str) -> httpx.AsyncClient:
+        return httpx.AsyncClient(base_url=web.base, headers={"Authorization": f"Bearer {key}"}, timeout=10)
+
+    async def tools_of_reply_to(ada: httpx.AsyncClient, body: dict[str, Any]) -> list[str]:
+        seen = len(web.model.requests)
+        sent = await ada.post("/api/messages", json=body)
+        assert sent.status_code == 202, sent.text
+        for _ in range(400):
+            if len(web.model.requests) > seen:
+                return [t["name"] for t in web.model.requests[seen].body.get("tools", [])]
+            await asyncio.sleep(0.025)
+        raise AssertionError("the turn never reached the model")
+
+    async with client(token) as ada, client(bobs) as other:
+        folder = (await ada.post("/api/folder", json={"tools": DECLARED})).json()["id"]
+        assert not any(n.startswith("folder__") for n in await tools_of_reply_to(ada, {"text": "from the browser"}))
+        lending = await tools_of_reply_to(ada, {"text": "what's in my notes?", "folder_id": folder})
+        assert "folder__read_file" in lending
+        for bad in ("not-a-uuid", 5, "00000000-0000-0000-0000-000000000000"):
+            refused = await ada.post("/api/messages", json={"text": "x", "folder_id": bad})
+            assert refused.status_code == 404, bad
+        assert (await other.post("/api/messages", json={"text": "x", "folder_id": folder})).status_code == 404
+        assert (await ada.delete(f"/api/folder/{folder}")).status_code == 204
+        assert (await ada.post("/api/messages", json={"text": "x", "folder_id": folder})).status_code == 404

@@ -229,8 +229,12 @@ async def run_turn(
                 web=web_window(deps.connectors, deps.registry), text=text,
             )  # fmt: skip
             names = context.connections
-            # A folder lent from `pepper chat --folder`: its read-only tools, in the person's web turns.
-            lent = await active_for(conn, account_id) if channel == "web" and personal and kind == "live" else None
+            # A folder lent from `pepper chat --folder`: its read-only tools, in that session's turns.
+            lent = (
+                await active_for(conn, account_id, inbound_message_ids)
+                if channel == "web" and personal and kind == "live"
+                else None
+            )
             lent_tools = folder_tools(*lent) if lent is not None else []
             if lent_tools:
                 names = names | {FOLDER}

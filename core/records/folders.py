@@ -8,6 +8,7 @@ account is as unknown as one that never existed.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any, Literal
 from uuid import UUID
 
@@ -15,7 +16,14 @@ from core.store.queries import Queries
 
 # A lending lapses when the CLI has not asked for calls for this long (it asks every second).
 LAPSE_SECONDS = 60
-_ACTIVE = f"ended_at IS NULL AND seen_at > now() - interval '{LAPSE_SECONDS} seconds'"
+
+
+def _active(table: str = "") -> str:
+    prefix = f"{table}." if table else ""
+    return f"{prefix}ended_at IS NULL AND {prefix}seen_at > now() - interval '{LAPSE_SECONDS} seconds'"
+
+
+_ACTIVE = _active()
 
 
 async def lend(db: Queries, account_id: UUID, tools: list[dict[str, Any]]) -> UUID:
@@ -33,11 +41,32 @@ async def end(db: Queries, account_id: UUID, folder_id: UUID) -> bool:
     return found is not None
 
 
-async def active_for(db: Queries, account_id: UUID) -> tuple[UUID, list[dict[str, Any]]] | None:
-    """The account's newest lending that has not lapsed: its id and declared tools."""
+async def is_active(db: Queries, account_id: UUID, folder_id: UUID) -> bool:
+    return bool(
+        await db.fetchval(
+            f"SELECT EXISTS (SELECT FROM lent_folders WHERE id = $1 AND account_id = $2 AND {_ACTIVE})",
+            folder_id,
+            account_id,
+        )
+    )
+
+
+async def active_for(
+    db: Queries, account_id: UUID, message_ids: Sequence[int]
+) -> tuple[UUID, list[dict[str, Any]]] | None:
+    """The lending the turn's messages name (``meta.folder_id``, set by the session that lends it)
+    if it has not lapsed: its id and declared tools. A message of any other chat names none."""
+    if not message_ids:
+        return None
     row = await db.fetchrow(
-        f"SELECT id, tools FROM lent_folders WHERE account_id = $1 AND {_ACTIVE} ORDER BY created_at DESC LIMIT 1",
+        f"""
+        SELECT f.id, f.tools FROM lent_folders f
+        JOIN messages m ON m.meta ->> 'folder_id' = f.id::text
+        WHERE m.id = ANY($2::bigint[]) AND f.account_id = $1 AND {_active("f")}
+        ORDER BY m.id DESC LIMIT 1
+        """,
         account_id,
+        list(message_ids),
     )
     if row is None:
         return None
