@@ -15,6 +15,8 @@ from zoneinfo import ZoneInfo
 from quart import Blueprint, Response, current_app
 
 from core.memory.dossier import load_dossier, revisions
+from core.quality.jobs import grades_report
+from core.quality.points import POINTS
 from core.records import dashboard
 from core.records.connections import connections_of
 from core.scheduling.runs import recent_receipts
@@ -113,9 +115,28 @@ async def plots_page(account_id: UUID) -> dict[str, Any]:
          "output_tokens": r["output_tokens"]}
         for r in await dashboard.turns_per_day(db, account_id, since, zone_name)
     ]  # fmt: skip
+    grades = _grades(await grades_report(db, since, datetime.now(UTC), account_id=account_id))
     return {
         "template": "plots.html",
-        "figures": json.dumps({"latency": latency, "usage": usage}).replace("<", "\\u003c"),
+        "figures": json.dumps({"latency": latency, "usage": usage, "grades": grades}).replace("<", "\\u003c"),
         "latency": latency,
         "usage": usage,
+        "grades": grades,
     }
+
+
+def _grades(rows: list[Any]) -> dict[str, Any]:
+    """The judge's pass rate per point for each model (tier/model) of the person's graded turns:
+    passes over pass + fail, None where it graded nothing (n/a only)."""
+    by_model: dict[str, dict[str, tuple[int, int]]] = defaultdict(dict)
+    for r in rows:
+        by_model[f"{r['tier']}/{r['model']}"][r["point"]] = (r["passed"], r["failed"])
+    models = []
+    for name, points in sorted(by_model.items()):
+        counts = [points.get(p, (0, 0)) for p in POINTS]
+        models.append({
+            "model": name,
+            "pass_rate": [round(100 * ok / (ok + bad), 1) if ok + bad else None for ok, bad in counts],
+            "graded": [ok + bad for ok, bad in counts],
+        })  # fmt: skip
+    return {"points": list(POINTS), "models": models}

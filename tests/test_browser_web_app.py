@@ -177,15 +177,25 @@ async def test_the_web_app_in_a_browser(db: Database, db_url: str, driver, shots
         # The long word wraps inside its bubble: nothing overflows the page sideways.
         assert driver.execute_script("const l = document.getElementById('log'); return l.scrollWidth <= l.clientWidth")
 
-        # The approvals queue approves a mail a scheduled run held.
+        # The approvals queue approves a mail a scheduled run held, and an MCP tool its server
+        # changed after it was approved (held), shown with what changed.
         held = await app.draft("Your weekly report, as every Monday.", held=True)
+        tool = await held_mcp_tool(db, app.account_id)
         await asyncio.to_thread(driver.get, app.base + "/approvals")
         button = await wait_for(lambda: driver.find_element(By.CSS_SELECTOR, f'.approval[data-id="{held}"] .approve'))
+        changed = driver.find_element(By.CSS_SELECTOR, f'.approval[data-id="{tool}"]')
+        assert "Search and delete." in changed.text and "readOnlyHint" in changed.text
         await asyncio.to_thread(shot, "approvals")
         await asyncio.to_thread(button.click)
+        await wait_for(lambda: not driver.find_elements(By.CSS_SELECTOR, f'.approval[data-id="{held}"]'))
+        await asyncio.to_thread(driver.find_element(By.CSS_SELECTOR, f'.approval[data-id="{tool}"] .approve').click)
         await wait_for(lambda: driver.find_element(By.ID, "nothing-waiting"))
         assert len(app.smtp.received) == 2
         assert app.smtp.received[1].message.get_content().strip() == "Your weekly report, as every Monday."
+        from core.records import mcp as mcp_records
+
+        [row] = await mcp_records.account_tools(db, app.account_id)
+        assert row.state == "approved" and row.approved["description"] == "Search and delete."
 
         # Every other page, in the one look.
         for path, name, marker in (
@@ -199,3 +209,22 @@ async def test_the_web_app_in_a_browser(db: Database, db_url: str, driver, shots
             if name == "plots":  # drawn by the shipped uPlot, offline
                 await wait_for(lambda: driver.find_elements(By.CSS_SELECTOR, "#plot-latency .uplot canvas"))
             await asyncio.to_thread(shot, name)
+
+
+async def held_mcp_tool(db, account_id) -> str:  # type: ignore[no-untyped-def]
+    """A tool of an MCP server, approved, then listed again changed (held): its approvals id."""
+    from core.adapters.mcp.client import ToolDefinition
+    from core.records import mcp as records
+    from core.tools.mcp import fingerprint
+    from gateway.web_api import McpTools
+
+    def listed(description: str, read_only: bool) -> tuple[str, dict, str]:
+        tool = ToolDefinition("search", description, {"type": "object"}, None, {"readOnlyHint": read_only})
+        return tool.name, tool.as_dict(), fingerprint(tool)
+
+    server = await records.add_server(db, account_id, "tracker", {"url": "http://127.0.0.1:9/mcp"}, None)
+    await records.record_listing(db, server, [listed("Search the tracker.", True)])
+    await records.decide(db, server, "search", approve=True)
+    await records.record_listing(db, server, [listed("Search and delete.", False)])
+    [row] = await records.pending_approvals(db, account_id)
+    return McpTools._id(row)

@@ -98,6 +98,16 @@ async def test_home_is_the_sign_in_or_the_chat_and_every_page_shares_one_look(ap
                 assert response.status == 404, path
         async with other.get(app.base + "/calls") as response:
             assert "CAweb1" not in await response.text()
+    # The nightly judge graded Ada's call turn; a grade of another account's stays off her plot.
+    turn = await app.db.fetchval("SELECT turn_id FROM calls WHERE call_sid = 'CAweb1'")
+    grades = [("honesty", "fail", app.account_id), ("tool_choice", "pass", app.account_id),
+              ("tone", "n/a", app.account_id), ("safety", "fail", bea.id)]  # fmt: skip
+    for point, grade, who in grades:
+        await app.db.execute(
+            "INSERT INTO quality_grades (turn_id, point, grade, reason, account_id, model, tier)"
+            " VALUES ($1, $2, $3, 'why', $4, 'gpt-5-mini', 'small')",
+            turn, point, grade, who,
+        )  # fmt: skip
     session, _ = await signed_in(app)
     async with session:
         for path in PAGES:
@@ -112,6 +122,12 @@ async def test_home_is_the_sign_in_or_the_chat_and_every_page_shares_one_look(ap
         [day] = json.loads(figures)["latency"]
         assert (day["count"], day["p50"], round(day["p99"])) == (3, 510.0, 873)
         assert json.loads(figures)["usage"][0]["input_tokens"] == 1200
+        graded = json.loads(figures)["grades"]
+        assert graded["points"][:2] == ["tool_choice", "tool_arguments"]
+        [model] = graded["models"]
+        rates = dict(zip(graded["points"], model["pass_rate"], strict=True))
+        assert model["model"] == "small/gpt-5-mini"
+        assert (rates["tool_choice"], rates["honesty"], rates["tone"], rates["safety"]) == (100.0, 0.0, None, None)
         async with session.get(app.base + "/calls/CAweb1") as response:
             page = await response.text()
             assert "Add milk to my list" in page and "Milk is on your list." in page and "Add todo" in page

@@ -219,8 +219,9 @@ async def quality_tick(
     return report
 
 
-async def grades_report(db: Queries, since: datetime, until: datetime) -> list[Any]:
-    """Grades per point per model and tier between ``since`` and ``until`` (by grading time)."""
+async def grades_report(db: Queries, since: datetime, until: datetime, *, account_id: UUID | None = None) -> list[Any]:
+    """Grades per point per model and tier between ``since`` and ``until`` (by grading time), of
+    every account or of ``account_id``'s turns."""
     return await db.fetch(
         """
         SELECT coalesce(tier, '-') AS tier, coalesce(model, '-') AS model, point,
@@ -228,11 +229,12 @@ async def grades_report(db: Queries, since: datetime, until: datetime) -> list[A
                count(*) FILTER (WHERE grade = 'fail') AS failed,
                count(*) FILTER (WHERE grade = 'n/a') AS not_graded,
                count(DISTINCT turn_id) AS turns
-        FROM quality_grades WHERE graded_at >= $1 AND graded_at < $2
+        FROM quality_grades WHERE graded_at >= $1 AND graded_at < $2 AND ($3::uuid IS NULL OR account_id = $3)
         GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
         """,
         since,
         until,
+        account_id,
     )
 
 
