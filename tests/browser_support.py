@@ -8,6 +8,7 @@ Needs ``chromium`` and ``chromium-driver`` (``scripts/test`` installs them). Sel
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import shutil
 import tempfile
@@ -34,18 +35,26 @@ def chromium(*extra: str) -> Iterator[Any]:
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
+    # One Chromium at a time on the machine: with the suite's two workers, two started at once and
+    # one never came up ("chrome not reachable"). The wait blocks the caller's event loop, which
+    # is harmless here: a browser test's server has nothing in flight before its browser exists.
+    lock = open(Path(tempfile.gettempdir()) / "pepper-test-chromium.lock", "w")
+    fcntl.flock(lock, fcntl.LOCK_EX)
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     profile = tempfile.mkdtemp(prefix="pepper-chromium-")
     for flag in (*FLAGS, f"--user-data-dir={profile}", *extra):
         options.add_argument(flag)
-    browser = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
-    browser.set_page_load_timeout(30)
     try:
-        yield browser
+        browser = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+        browser.set_page_load_timeout(30)
+        try:
+            yield browser
+        finally:
+            browser.quit()
+            shutil.rmtree(profile, ignore_errors=True)
     finally:
-        browser.quit()
-        shutil.rmtree(profile, ignore_errors=True)
+        lock.close()  # releases the lock
 
 
 async def wait_for(predicate, within: float = 20.0):  # type: ignore[no-untyped-def]

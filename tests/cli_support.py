@@ -46,6 +46,8 @@ def stop(proc: subprocess.Popen) -> str:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+    if proc.log.closed:  # stopped already (a wait that saw it exit early)
+        return ""
     proc.log.seek(0)
     text = proc.log.read()
     proc.log.close()

@@ -253,7 +253,11 @@ class EmbeddedPostgres:
             ensure_user_exists,
         )
 
-        ensure_user_exists(SYSTEM_USER)
+        try:
+            ensure_user_exists(SYSTEM_USER)
+        except subprocess.CalledProcessError:
+            # Another process (a second test worker, a second server) made the user meanwhile.
+            pwd.getpwnam(SYSTEM_USER)
         ensure_prefix_permissions(folder)
         ensure_prefix_permissions(bin_dir)
         ensure_folder_permissions(bin_dir, 0o055)
@@ -299,7 +303,11 @@ class EmbeddedPostgres:
             )
         except subprocess.CalledProcessError as exc:
             detail = (exc.stderr or exc.stdout or "").strip().splitlines()
-            last = detail[-1] if detail else f"exit code {exc.returncode}"
-            raise StartupError(f"embedded Postgres: {exe} failed: {last}") from exc
+            # The first error says what went wrong; initdb's last line is often its cleanup after it.
+            errors = [line for line in detail if "error" in line.lower() or "fatal" in line.lower()]
+            said = (errors[0] if errors else detail[-1]) if detail else f"exit code {exc.returncode}"
+            if errors and errors[-1] != said:
+                said = f"{said} (then: {errors[-1]})"
+            raise StartupError(f"embedded Postgres: {exe} failed: {said}") from exc
         except (subprocess.TimeoutExpired, OSError) as exc:
             raise StartupError(f"embedded Postgres: {exe} could not run: {exc}") from exc
