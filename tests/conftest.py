@@ -59,7 +59,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPath
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[str]:
     """Admin DSN of the run's Postgres server."""
-    with test_server() as dsn:
+    with test_server(disposable=True) as dsn:
         yield dsn
 
 

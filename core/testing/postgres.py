@@ -46,21 +46,22 @@ def with_database(dsn: str, name: str) -> str:
     return urlunsplit(parts._replace(path="/" + name))
 
 
-# The test server is thrown away with its run: nothing it holds must outlive a crash of the
-# machine, so it never waits for the disk (a commit, a CREATE DATABASE's checkpoint), which was
-# much of the fast test loop's time.
+# The test suite's server is thrown away with its run: nothing it holds must outlive a crash of
+# the machine, so it never waits for the disk (a commit, a CREATE DATABASE's checkpoint), which was
+# much of the fast test loop's time. Benchmarks keep a durable server: they measure those waits.
 DISPOSABLE_SERVER = {"fsync": "off", "full_page_writes": "off"}
 
 
 @contextmanager
-def test_server() -> Iterator[str]:
-    """Yield an admin DSN for a Postgres server that lives as long as the context."""
+def test_server(*, disposable: bool = False) -> Iterator[str]:
+    """Yield an admin DSN for a Postgres server that lives as long as the context (``disposable``:
+    one that never waits for the disk, for the test suite)."""
     external = os.environ.get("PEPPER_TEST_DATABASE_URL")
     if external:
         yield external
         return
     root = Path(tempfile.mkdtemp(prefix="pepper-test-pg-"))
-    pg = EmbeddedPostgres(root, settings=DISPOSABLE_SERVER)
+    pg = EmbeddedPostgres(root, settings=DISPOSABLE_SERVER if disposable else None)
     try:
         yield pg.start()
     finally:

@@ -255,7 +255,7 @@ def github_tools() -> list[LoopbackTool]:
 
 async def direct_sdk_call_times(url: str, tool: str, arguments: dict[str, Any], n: int) -> list[float]:
     """Milliseconds of each of ``n`` calls made with the SDK's own client on one session (what
-    ``bench/mcp.py`` compares Pepper's client with)."""
+    ``bench/mcp_calls.py`` compares Pepper's client with)."""
     import time
 
     from mcp.client import Client

@@ -14,16 +14,8 @@ orchestrator's prompt.
 
     PYTHONPATH=. .venv/bin/python bench/mcp.py [--calls 300]
 """
-# ruff: noqa: E402 (the path is fixed before the imports, see below)
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
-
-# Run as a script, this file's folder comes first on the path, and this file would stand in for
-# the mcp SDK it measures.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 import argparse
 import asyncio
