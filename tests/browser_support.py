@@ -57,7 +57,7 @@ def chromium(*extra: str) -> Iterator[Any]:
         lock.close()  # releases the lock
 
 
-async def wait_for(predicate, within: float = 20.0):  # type: ignore[no-untyped-def]
+async def wait_for(predicate, within: float = 20.0, every: float = 0.1):  # type: ignore[no-untyped-def]
     from selenium.common.exceptions import WebDriverException
 
     deadline = asyncio.get_running_loop().time() + within
@@ -70,7 +70,7 @@ async def wait_for(predicate, within: float = 20.0):  # type: ignore[no-untyped-
             return value
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError("the page never got there")
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(every)
 
 
 def output_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -9,69 +9,35 @@ approvals queue approving a held mail. A screenshot of every page goes to ``$PEP
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from browser_support import chromium, needs_chromium, output_dir
+from browser_support import wait_for as browser_wait_for
 from web_app_support import PASSWORD, some_records, web_app
 
 from core.store import Database
 from core.testing.peers import reply_text, reply_tools
 
-CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
-pytestmark = pytest.mark.skipif(
-    not (CHROMIUM and CHROMEDRIVER), reason="needs Debian's chromium and chromium-driver (scripts/test installs them)"
-)
+pytestmark = needs_chromium
 STREAMED = "Done: the cat is fed, the to-do is ticked off, and your Friday draft is ready below."
 
 
 @pytest.fixture
 def driver() -> Iterator[object]:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    profile = tempfile.mkdtemp(prefix="pepper-chromium-")
-    for flag in (
-        "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
-        "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        "--window-size=1100,900", f"--user-data-dir={profile}",
-    ):  # fmt: skip
-        options.add_argument(flag)
-    browser = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
-    browser.set_page_load_timeout(30)
-    try:
+    with chromium("--window-size=1100,900") as browser:
         yield browser
-    finally:
-        browser.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 @pytest.fixture
 def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = Path(os.environ.get("PEPPER_TEST_OUTPUT") or tmp_path_factory.getbasetemp() / "screenshots")
-    out.mkdir(parents=True, exist_ok=True)
-    return out
+    return output_dir(tmp_path_factory)
 
 
 async def wait_for(predicate, within: float = 20.0):  # type: ignore[no-untyped-def]
-    from selenium.common.exceptions import WebDriverException
-
-    deadline = asyncio.get_running_loop().time() + within
-    while True:
-        try:
-            value = await asyncio.to_thread(predicate)
-        except WebDriverException:  # the page is between loads: its elements come and go
-            value = None
-        if value:
-            return value
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("the page never got there")
-        await asyncio.sleep(0.05)
+    """``browser_support.wait_for``, polling faster: the test watches a reply grow word by word."""
+    return await browser_wait_for(predicate, within, every=0.05)
 
 
 SNAPSHOT = """

@@ -130,13 +130,15 @@ def _tool(row: Any) -> McpToolRow:
     )
 
 
-async def tools_of(db: Queries, server_id: UUID) -> list[McpToolRow]:
+async def _tools(db: Queries, where_order: str, arg: UUID) -> list[McpToolRow]:
     rows = await db.fetch(
-        f"SELECT {_TOOL_COLUMNS} FROM mcp_tools t JOIN connections c ON c.id = t.connection_id"
-        " WHERE t.connection_id = $1 ORDER BY t.name",
-        server_id,
+        f"SELECT {_TOOL_COLUMNS} FROM mcp_tools t JOIN connections c ON c.id = t.connection_id {where_order}", arg
     )
     return [_tool(r) for r in rows]
+
+
+async def tools_of(db: Queries, server_id: UUID) -> list[McpToolRow]:
+    return await _tools(db, "WHERE t.connection_id = $1 ORDER BY t.name", server_id)
 
 
 async def record_listing(db: Queries, server_id: UUID, listed: list[tuple[str, dict[str, Any], str]]) -> None:
@@ -186,12 +188,7 @@ async def decide(
 
 async def account_tools(db: Queries, account_id: UUID) -> list[McpToolRow]:
     """Every tool of every MCP server of the account, by server then name."""
-    rows = await db.fetch(
-        f"SELECT {_TOOL_COLUMNS} FROM mcp_tools t JOIN connections c ON c.id = t.connection_id"
-        " WHERE c.account_id = $1 AND c.provider = 'mcp' ORDER BY c.label, t.name",
-        account_id,
-    )
-    return [_tool(r) for r in rows]
+    return await _tools(db, "WHERE c.account_id = $1 AND c.provider = 'mcp' ORDER BY c.label, t.name", account_id)
 
 
 async def pending_approvals(db: Queries, account_id: UUID) -> list[McpToolRow]:
