@@ -45,6 +45,8 @@ SDK_HOMES: dict[str, tuple[str, ...]] = {
     # Browser calls over WebRTC, and the loopback browser that tests them.
     "aiortc": ("voice/adapters/", "voice/testing/"),
     "av": ("voice/adapters/", "voice/testing/"),
+    # Traces: the tracing module, and the loopback collector tests send them to.
+    "opentelemetry": ("core/tracing.py", "core/testing/"),
     # The database driver: the store and its records.
     "asyncpg": ("core/",),
 }

@@ -45,6 +45,7 @@ from core.records import calls as call_records
 from core.tools.registry import Tool, ToolContext, ToolOutcome
 from core.tools.runner import CallOutcome, run_call
 from core.tools.staging import commit_writes, drop_turn_writes, drop_writes
+from core.tracing import traced
 from core.untrusted import neutralise_labels
 from voice.deps import VoiceDeps
 from voice.live_call import LiveCall
@@ -313,6 +314,11 @@ class CallEngine:
             log.error("call task %s failed", task.get_name(), exc_info=task.exception())
             self._end("error")
 
+    @traced(
+        "pepper.call",
+        lambda a: {"call_sid": a["self"]._call.call_sid, "route": a["self"]._profile.route},
+        lambda _, a: {"end_reason": a["self"].end_reason, "turn_id": a["self"]._turn_id},
+    )
     async def run(self) -> None:
         """Run the call until it ends, then record it. Returns normally; CancelledError passes."""
         db, call = self.deps.db, self._call

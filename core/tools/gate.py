@@ -26,6 +26,7 @@ from typing import Any, Literal
 from core.tools.context import SessionContext
 from core.tools.registry import MISSING as _MISSING
 from core.tools.registry import Tool, check_arguments
+from core.tracing import traced
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +122,11 @@ class Gate:
                 return True
         return False
 
+    @traced(
+        "pepper.gate",
+        lambda a: {"tool": a["tool"].name, "kind": a["session"].kind, "trust": a["session"].trust},
+        lambda decision, _: {"gate.allowed": decision.allowed, "gate.policy": _deciding_policy(decision)},
+    )
     async def decide(self, tool: Tool, arguments: dict[str, Any], session: SessionContext) -> GateDecision:
         current = dict(arguments)
         pinned: dict[str, tuple[str, Any]] = {}
@@ -164,6 +170,14 @@ class Gate:
                 continue
             steps.append(GateStep(policy.name, "allow"))
         return GateDecision(True, current, tuple(steps))
+
+
+def _deciding_policy(decision: GateDecision) -> str | None:
+    """The policy that denied or last changed the call (None: every policy allowed it)."""
+    for step in reversed(decision.steps):
+        if step.action != "allow":
+            return step.policy
+    return None
 
 
 def _widening(tool: Tool, current: dict[str, Any], proposed: dict[str, Any]) -> str | None:
