@@ -85,7 +85,7 @@ REQUESTS: dict[tuple[str, str], dict[str, Any]] = {
             required=("sender", "recipient", "timestamp", "token", "signature"),
         ),
         "summary": "Inbound mail (Mailgun's signed form)",
-    },  # fmt: skip
+    },
     ("POST", "/chat/login"): {"form": _form("login", "password", required=("login", "password")), "summary": "Sign in"},
     ("GET", "/api/messages"): {"query": {"limit": {"type": "integer", "minimum": 1, "maximum": 500}}},
     ("POST", "/api/messages"): {

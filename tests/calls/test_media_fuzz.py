@@ -19,10 +19,9 @@ def _frames(stream_sid: str) -> tuple[list[str | bytes], int]:
     """Fuzzed frames, and how many of them are certainly malformed (the rest may be well-formed
     but pointless: a mark Pepper never sent)."""
     rng = random.Random(SEED)
-    good = json.dumps(
-        {"event": "media", "streamSid": stream_sid,
-         "media": {"track": "inbound", "chunk": "1", "timestamp": "20", "payload": base64.b64encode(SILENCE_FRAME).decode()}}
-    )  # fmt: skip
+    payload = base64.b64encode(SILENCE_FRAME).decode()
+    media = {"track": "inbound", "chunk": "1", "timestamp": "20", "payload": payload}
+    good = json.dumps({"event": "media", "streamSid": stream_sid, "media": media})
     malformed: list[str | bytes] = []
     malformed += [good[: rng.randrange(1, len(good) - 1)] for _ in range(40)]  # truncated
     for value in WRONG:

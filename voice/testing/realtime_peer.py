@@ -154,8 +154,9 @@ class _Conn:
                 audio = base64.b64decode(event.get("audio", ""), validate=True)
             except (binascii.Error, TypeError, ValueError):
                 # A bad append is refused with an error event; the session goes on.
-                await self.emit({"type": "error", "error": {"type": "invalid_request_error", "code": "invalid_value",
-                                 "param": "audio", "message": "Invalid 'audio': expected base64-encoded audio."}})  # fmt: skip
+                error = {"type": "invalid_request_error", "code": "invalid_value", "param": "audio",
+                         "message": "Invalid 'audio': expected base64-encoded audio."}  # fmt: skip
+                await self.emit({"type": "error", "error": error})
                 return
             if self.rec.first_audio_at is None:
                 self.rec.first_audio_at = time.monotonic()
