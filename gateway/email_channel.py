@@ -39,7 +39,7 @@ from core.security import record_security_event
 from core.settings import Settings
 from gateway.channels import Claimed, Delivery, Limits, delivered, failed, receive
 from gateway.limits import MAX_EMAIL_BYTES
-from gateway.mailtext import html_to_text, strip_quoted
+from core.mailtext import html_to_text, strip_quoted
 from gateway.services import Services
 from gateway.webhooks import EMAIL
 

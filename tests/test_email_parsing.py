@@ -21,7 +21,7 @@ from gateway.email_channel import (
     sender_problem,
     signature_ok,
 )
-from gateway.mailtext import html_to_text, strip_quoted
+from core.mailtext import html_to_text, strip_quoted
 
 KEY = "key-123"
 peer = MailgunPeer(KEY)
