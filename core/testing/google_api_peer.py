@@ -79,6 +79,7 @@ class GoogleApiPeer(HttpPeer):
         self.fail_next: int | None = None
         self.mail: dict[str, dict[str, Any]] = {}  # Gmail messages by id, in the API's format=full shape
         self.token_scopes: dict[str, set[str]] = {}
+        self.now: datetime | None = None  # what newer_than: counts back from (None: the real clock)
         self._ids = itertools.count(1)
 
     @property
@@ -361,7 +362,7 @@ class GoogleApiPeer(HttpPeer):
                 ok = when >= day if key == "after" else when < day
             elif key == "newer_than":
                 n, unit = int(value[:-1]), value[-1]
-                ok = when >= datetime.now(UTC) - timedelta(days=n * {"d": 1, "m": 30, "y": 365}[unit])
+                ok = when >= (self.now or datetime.now(UTC)) - timedelta(days=n * {"d": 1, "m": 30, "y": 365}[unit])
             else:
                 return False
             if not ok:

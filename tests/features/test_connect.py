@@ -162,9 +162,7 @@ async def test_gmail_asks_for_compose_and_read_only_and_keeps_calendar(site: Sit
             assert status == 200, page
     [row] = await site.connections()
     assert sorted(row["scopes"]) == sorted([CALENDAR_EVENTS, GMAIL_COMPOSE, GMAIL_READONLY])
-    assert {"gmail", "gmail_read", "mailbox", "google_calendar"} <= await account_connections(
-        site.db, site.account.id
-    )
+    assert {"gmail", "gmail_read", "mailbox", "google_calendar"} <= await account_connections(site.db, site.account.id)
 
 
 async def test_forged_expired_foreign_and_declined_consents_store_nothing(site: Site):

@@ -421,4 +421,13 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
 
 TOOLS = make_tools(Connectors())
 
-__all__ = ["TOOLS", "connect_imap", "discard_draft", "draft_cards", "edit_draft", "is_draft", "make_tools", "pending_drafts"]
+__all__ = [
+    "TOOLS",
+    "connect_imap",
+    "discard_draft",
+    "draft_cards",
+    "edit_draft",
+    "is_draft",
+    "make_tools",
+    "pending_drafts",
+]

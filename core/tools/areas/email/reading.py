@@ -95,7 +95,7 @@ def parse_query(text: str, today: date) -> Query:
     for token in tokens:
         key, sep, value = token.partition(":")
         key = key.lower()
-        if not sep or not value or not key.isalpha():
+        if not sep or not value or not re.fullmatch(r"[a-z_]+", key):
             found["words"].append(token)
         elif key in ("from", "to", "subject"):
             found[key].append(value)
@@ -445,7 +445,7 @@ def report(
         if failed:
             lines.append("No mail matched in the mailboxes that answered; that is not a complete answer.")
             return "\n".join(lines), "ok"
-        return f"found nothing: {what} matched no mail. Checked: {checked}.", "empty"
+        return f"{what}: no mail matched, and every mailbox answered. Checked: {checked}", "empty"
     if matched > len(shown):
         lines.append(f"Showing the newest {len(shown)} of {matched}.")
     lines += [render(source.name, mail, SNIPPET_CHARS, tz) for source, mail in shown]
