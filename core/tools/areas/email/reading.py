@@ -356,13 +356,14 @@ async def connect_imap(
     messages INBOX holds. ``InvalidInput`` for bad settings, ``ImapLoginRefused`` for a wrong
     password, ``ImapError`` when the server cannot be reached: nothing is stored on any of them."""
     label, host, username = label.strip(), host.strip().lower(), username.strip()
-    if not LABEL_PATTERN.match(label):
-        raise InvalidInput("name the mailbox with letters, digits, spaces or . _ @ - (at most 40 characters)")
     if not HOST_PATTERN.match(host):
         raise InvalidInput(f"{host!r} is not a host name")
+    if not LABEL_PATTERN.match(label):
+        raise InvalidInput("name the mailbox with letters, digits, spaces or . _ @ - (at most 40 characters)")
     if security not in imap.SECURITY:
         raise InvalidInput(f"security must be one of {', '.join(imap.SECURITY)}")
-    port = port or (993 if security == "ssl" else 143)
+    if port is None:
+        port = 993 if security == "ssl" else 143
     if not 0 < port < 65536:
         raise InvalidInput(f"{port} is not a port")
     if not username or not password:
