@@ -51,7 +51,8 @@ async def connect(env: dict[str, str], port: int, *extra: str) -> tuple[int, str
     return await asyncio.to_thread(cli, env, *argv)
 
 
-async def test_pepper_connect_imap_checks_then_stores_once_sealed(db, db_url, dovecot, capsys, private_hosts):
+@pytest.mark.usefixtures("private_hosts")
+async def test_pepper_connect_imap_checks_then_stores_once_sealed(db, db_url, dovecot, capsys):
     await identity.create_account(db, "Ada", timezone="Europe/Paris")
     key = generate_key()
     env = {"DATABASE_URL": db_url, "PEPPER_SECRET_KEY": key, "PEPPER_IMAP_PASSWORD": "wrong"}
@@ -70,6 +71,7 @@ async def test_pepper_connect_imap_checks_then_stores_once_sealed(db, db_url, do
         assert code == 1 and said in err and "Traceback" not in err, err
     code, _ = await asyncio.to_thread(cli, env, "connect", "imap", "Ada", "--host", "bad host!", "--user", "ada")
     assert code == 1 and "is not a host name" in capsys.readouterr().err
+
     # Something that is not an IMAP server (it greets as a web server would), and nothing listening.
     async def not_imap(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         writer.write(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
