@@ -27,7 +27,7 @@ from core.records import connections
 from core.settings import Settings
 from core.store.queries import Queries
 from core.tools.areas.calendar import add_ical_feed, connect_caldav
-from core.tools.areas.email import connect_imap
+from core.tools.areas.mail import connect_imap
 from core.tools.connectors import SCOPE_CONNECTIONS, Connectors, rotate_secrets
 from core.tools.google_api import revoke_grant
 from core.tools.oauth import AREA_NAMES, CLI_CONSENT_TTL, GOOGLE_AREAS, begin_google_consent

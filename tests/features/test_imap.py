@@ -102,7 +102,7 @@ async def test_pepper_connect_imap_checks_then_stores_once_sealed(db, db_url, do
 
 async def test_a_real_server_sends_the_password_only_over_tls_and_to_public_hosts(db, owner):
     from core.errors import InvalidInput
-    from core.tools.areas.email import connect_imap
+    from core.tools.areas.mail import connect_imap
 
     strict = Connectors(vault=Vault(generate_key()))
     for host, security, said in (("imap.example.org", "none", "only over TLS"), ("127.0.0.1", "ssl", "private")):
@@ -115,7 +115,7 @@ async def test_a_real_server_sends_the_password_only_over_tls_and_to_public_host
 
 @pytest.fixture
 async def mailbox(db, owner, connectors, dovecot):
-    from core.tools.areas.email import connect_imap
+    from core.tools.areas.mail import connect_imap
 
     await connect_imap(
         db, connectors, owner.id, "home", host="127.0.0.1", port=dovecot.port, username="ada", password=PASSWORD,

@@ -11,7 +11,7 @@ import pytest
 from core.conversation import record_inbound
 from core.testing.google_api_peer import GoogleApiPeer
 from core.tools.areas.email import draft_cards
-from core.tools.areas.email.reading import parse_query
+from core.tools.areas.mail.reading import parse_query
 from core.tools.connectors import CALENDAR_EVENTS, GMAIL_COMPOSE, GMAIL_READONLY
 from core.tools.google_api import exchange_code
 from core.tools.starter import starter_registry

@@ -302,6 +302,8 @@ class SkillRuntime:
                 ),
             )
         tools, reason = self._worker_tools(skill)
+        if reason is None and (needs := self.catalog.needs(skill, self.registry, self.session.connections)):
+            reason = f"it {needs} connected (the person connects it: pepper connect)"
         if reason is not None:
             log.info("worker skill cannot run: skill=%s", skill.name)
             return self._outcome(call, "failed", render_failed(f"the skill {skill.name} cannot run: {reason}"))

@@ -1,6 +1,4 @@
-"""Feature area: email. Reading (``reading``): ``mail_search``, ``mail_list_unread``,
-``mail_read_thread`` and ``mail_summarise_thread`` read Gmail, IMAP mailboxes and Pepper's own
-inbox; read-only, so scheduled runs (the morning brief) may use them. Every tool that sends names who sends:
+"""Feature area: email, the mail Pepper writes (reading is the ``mail`` area). Every tool names who sends:
 
 * ``email_from_pepper``: Pepper, from its own address (SMTP); the person is always on CC;
 * ``email_from_my_gmail``: the person, from their Gmail (compose scope); a draft unless asked to send.
@@ -27,8 +25,6 @@ from core.tools.connectors import GMAIL_COMPOSE, Connectors
 from core.tools.google_api import GoogleClient, google_connection
 from core.tools.mail import build_message, clean_addresses, owner_emails, send_smtp, unverifiable
 from core.tools.registry import Narrowing, Tool, ToolContext, ToolOutcome
-
-from .reading import connect_imap, make_read_tools
 
 log = logging.getLogger(__name__)
 
@@ -358,7 +354,6 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
         "body": {"type": "string", "minLength": 1, "maxLength": 20000},
     }
     return (
-        *make_read_tools(connectors, AREA),
         Tool(
             name="email_from_pepper",
             description=(
