@@ -6,7 +6,7 @@ Gmail reading answers 403 "insufficient authentication scopes", as Google does, 
 access token was granted ``gmail.readonly``. :meth:`GoogleApiPeer.add_mail` puts a message in
 the mailbox (the API's ``format=full`` shape: ``payload.headers``, base64url ``body.data``,
 ``labelIds`` with ``UNREAD`` and ``INBOX``); ``q`` understands from:, to:, subject:, is:unread,
-is:read, in:inbox, after:, before:, newer_than: and free words, like Gmail's search.
+is:read, in:inbox, in:sent, after:, before:, newer_than:, older_than: and free words, like Gmail's search.
 
 ``async with GoogleApiPeer() as google:`` then ``Connectors(google_api_url=google.url,
 google_token_url=google.token_url, google_client_id=..., google_client_secret=...)``.
@@ -319,10 +319,10 @@ class GoogleApiPeer(HttpPeer):
     # Gmail reading.
     def add_mail(
         self, sender: str, subject: str, text: str, *, to: str = "owner@example.com", when: datetime | None = None,
-        thread: str | None = None, unread: bool = True, html: bool = False,
+        thread: str | None = None, unread: bool = True, html: bool = False, sent: bool = False,
     ) -> str:  # fmt: skip
         """Put a message in the mailbox (received ``when``, default now); returns its id. ``thread``:
-        the id of a message (or thread) it replies to."""
+        the id of a message (or thread) it replies to; ``sent``: one the person sent (label SENT)."""
         message_id = f"{next(self._ids):x}0000"
         when = when or datetime.now(UTC)
         thread_id = self.mail[thread]["threadId"] if thread in self.mail else thread or message_id
@@ -334,7 +334,7 @@ class GoogleApiPeer(HttpPeer):
             {"name": "Message-ID", "value": f"<{message_id}@mail.gmail.test>"},
         ]  # fmt: skip
         self.mail[message_id] = {
-            "id": message_id, "threadId": thread_id, "labelIds": ["INBOX", *(["UNREAD"] if unread else [])],
+            "id": message_id, "threadId": thread_id, "labelIds": ["SENT"] if sent else ["INBOX", *(["UNREAD"] if unread else [])],
             "snippet": text[:100], "internalDate": str(int(when.timestamp() * 1000)), "sizeEstimate": len(text),
             "payload": {
                 "mimeType": "multipart/alternative", "headers": headers,
@@ -360,9 +360,10 @@ class GoogleApiPeer(HttpPeer):
             elif key in ("after", "before"):
                 day = datetime.strptime(value.replace("-", "/"), "%Y/%m/%d").replace(tzinfo=UTC)
                 ok = when >= day if key == "after" else when < day
-            elif key == "newer_than":
+            elif key in ("newer_than", "older_than"):
                 n, unit = int(value[:-1]), value[-1]
-                ok = when >= (self.now or datetime.now(UTC)) - timedelta(days=n * {"d": 1, "m": 30, "y": 365}[unit])
+                edge = (self.now or datetime.now(UTC)) - timedelta(days=n * {"d": 1, "m": 30, "y": 365}[unit])
+                ok = when >= edge if key == "newer_than" else when < edge
             else:
                 return False
             if not ok:

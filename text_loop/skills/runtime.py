@@ -301,9 +301,8 @@ class SkillRuntime:
                     "it runs again only to finish a step it handed back"
                 ),
             )
-        tools, reason = self._worker_tools(skill)
-        if reason is None and (needs := self.catalog.needs(skill, self.registry, self.session.connections)):
-            reason = f"it {needs} connected (the person connects it: pepper connect)"
+        needs = self.catalog.needs(skill, self.registry, self.session.connections)
+        tools, reason = ([], f"it {needs} connected (the person connects it)") if needs else self._worker_tools(skill)
         if reason is not None:
             log.info("worker skill cannot run: skill=%s", skill.name)
             return self._outcome(call, "failed", render_failed(f"the skill {skill.name} cannot run: {reason}"))

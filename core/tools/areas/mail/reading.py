@@ -57,7 +57,14 @@ class Query:
     unread: bool | None = None
     since: date | None = None
     before: date | None = None
+    folder: str = ""  # in:... (IMAP and Pepper's inbox read only received mail, the INBOX)
     ignored: tuple[str, ...] = ()  # operators only Gmail understands
+
+    def outside_inbox(self) -> str:
+        """Why a mailbox of received mail only matches nothing ("" when it may match)."""
+        if self.folder in ("", "inbox", "anywhere"):
+            return ""
+        return f"reads only received mail, so in:{self.folder} matches none of it"
 
 
 _AGE = re.compile(r"^(\d{1,4})([dmy])$")
@@ -92,6 +99,7 @@ def parse_query(text: str, today: date) -> Query:
     unread: bool | None = None
     since: date | None = None
     before: date | None = None
+    folder = ""
     for token in tokens:
         key, sep, value = token.partition(":")
         key = key.lower()
@@ -101,6 +109,8 @@ def parse_query(text: str, today: date) -> Query:
             found[key].append(value)
         elif key == "is" and value.lower() in ("unread", "read"):
             unread = value.lower() == "unread"
+        elif key == "in":
+            folder = value.lower()
         elif key in ("after", "since"):
             since = _date(value)
         elif key == "before":
@@ -113,7 +123,7 @@ def parse_query(text: str, today: date) -> Query:
             found["ignored"].append(token)
     return Query(
         text, tuple(found["from"]), tuple(found["to"]), tuple(found["subject"]), tuple(found["words"]),
-        unread, since, before, tuple(found["ignored"]),
+        unread, since, before, folder, tuple(found["ignored"]),
     )  # fmt: skip
 
 
@@ -245,6 +255,8 @@ class ImapSource(Source):
         self.account = account
 
     async def search(self, query: Query, limit: int) -> Found:
+        if query.outside_inbox():
+            return Found([], 0, query.outside_inbox())
         mails, matched = await imap.search(self.account, _criteria(query), limit)
         note = f"ignored {' '.join(query.ignored)}" if query.ignored else ""
         return Found([_imap_mail(self.key, m) for m in mails], matched, note)
@@ -280,6 +292,8 @@ class OwnInboxSource(Source):
         self.db, self.account_id = db, account_id
 
     async def search(self, query: Query, limit: int) -> Found:
+        if query.outside_inbox():
+            return Found([], 0, query.outside_inbox())
         notes = [f"ignored {' '.join(query.ignored)}"] if query.ignored else []
         if query.unread is not None:
             notes.append("keeps no read state: is:unread and is:read match none of its mail")
@@ -297,6 +311,31 @@ class OwnInboxSource(Source):
         return [_own_mail(r) for r in await inbox.own_thread(self.db, self.account_id, int(ref))]
 
 
+class OneAtATime:
+    """A turn's database connection shared by sources that run at once: one statement at a time
+    (a connection runs one; a pool would not need this, a turn's connection does)."""
+
+    def __init__(self, db: Queries):
+        self._db = db
+        self._lock = asyncio.Lock()
+
+    async def execute(self, query: str, *args: Any) -> str:
+        async with self._lock:
+            return await self._db.execute(query, *args)
+
+    async def fetch(self, query: str, *args: Any) -> list[Any]:
+        async with self._lock:
+            return await self._db.fetch(query, *args)
+
+    async def fetchrow(self, query: str, *args: Any) -> Any:
+        async with self._lock:
+            return await self._db.fetchrow(query, *args)
+
+    async def fetchval(self, query: str, *args: Any) -> Any:
+        async with self._lock:
+            return await self._db.fetchval(query, *args)
+
+
 # --- Which sources a person has -------------------------------------------------------------------
 
 
@@ -312,6 +351,7 @@ async def imap_account(db: Queries, connectors: Connectors, row: Any) -> imap.Im
 async def sources_for(db: Queries, connectors: Connectors, account_id: UUID) -> tuple[list[Source], list[str]]:
     """The person's mailboxes (Gmail first, then IMAP ones, then Pepper's inbox), and those that
     could not even be opened (a secret that does not open), named."""
+    db = OneAtATime(db)  # the sources run at once, and may share one connection
     sources: list[Source] = []
     broken: list[str] = []
     gmail = await google_connection(db, account_id, GMAIL_READONLY)
