@@ -208,9 +208,10 @@ def _thread(account: ImapAccount, uid: int) -> list[Mail]:
     """The message and every message of its conversation in INBOX (by Message-ID and References)."""
 
     def work(client: IMAPClient) -> list[Mail]:
-        [first] = _fetch(client, [uid]) or [None]
-        if first is None:
+        fetched = _fetch(client, [uid])
+        if not fetched:
             return []
+        first = fetched[0]
         root = (first.references[0] if first.references else first.in_reply_to) or first.message_id
         if not root:
             return [first]
