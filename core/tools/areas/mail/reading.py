@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import ipaddress
 import json
 import logging
 import re
 import shlex
+import socket
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime, timedelta
+from email.utils import getaddresses, parseaddr, parsedate_to_datetime
 from typing import Any
 from uuid import UUID
 from zoneinfo import ZoneInfo
@@ -188,8 +191,6 @@ def _gmail_text(payload: dict[str, Any]) -> str:
 
 
 def gmail_mail(message: dict[str, Any]) -> Mail:
-    from email.utils import getaddresses, parseaddr, parsedate_to_datetime
-
     headers = {h["name"].lower(): h["value"] for h in (message.get("payload") or {}).get("headers", ())}
     name, address = parseaddr(headers.get("from", ""))
     try:
@@ -376,14 +377,11 @@ async def _check_host(connectors: Connectors, host: str, port: int) -> None:
     the same rule as feeds and calendars."""
     if connectors.allow_private_hosts:
         return
-    import ipaddress
-    import socket
-
     try:
         infos = await asyncio.get_running_loop().getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)
     except OSError as exc:
         raise InvalidInput(f"the IMAP host {host!r} does not resolve") from exc
-    if any(not ipaddress.ip_address(info[4][0]).is_global for info in infos):
+    if any(not ipaddress.ip_address(str(info[4][0])).is_global for info in infos):
         raise InvalidInput(f"the IMAP host {host!r} is on a private network")
 
 
@@ -511,7 +509,7 @@ def thread_text(source: Source, mails: list[Mail], tz: Any, *, summary: bool) ->
             f"{_when(last, tz)}, between {', '.join(people) or 'unknown senders'}; each message's new text only "
             "(quoted replies cut). Summarise it for the person: who wants what, what is decided, what is open."
         )
-        trimmed = [Mail(**{**m.__dict__, "text": strip_quoted(m.text)}) for m in mails]
+        trimmed = [replace(m, text=strip_quoted(m.text)) for m in mails]
         return "\n".join([head, *(render(source.name, m, SUMMARY_CHARS, tz) for m in trimmed)])
     head = f"Thread {mails[0].thread} in {source.name}: {len(mails)} message(s), oldest first."
     return "\n".join([head, *(render(source.name, m, THREAD_CHARS, tz) for m in mails)])
