@@ -77,11 +77,12 @@ async def remove_calendar(db: Queries, calendar_id: UUID) -> None:
     await db.execute("DELETE FROM calendars WHERE id = $1", calendar_id)
 
 
-async def imap_connections(db: Queries, account_id: UUID) -> list[Any]:
-    """The account's IMAP mailboxes, oldest first: ``id``, ``label``, ``config``, ``secret``, ``sealed``."""
+async def imap_connections(db: Queries, account_id: UUID | None = None) -> list[Any]:
+    """The IMAP mailboxes, oldest first (the account's, or everyone's when None): ``id``,
+    ``label``, ``config``, ``secret``, ``sealed``."""
     return await db.fetch(
-        "SELECT id, label, config, secret, sealed FROM connections WHERE account_id = $1 AND provider = 'imap'"
-        " ORDER BY created_at",
+        "SELECT id, label, config, secret, sealed FROM connections WHERE provider = 'imap'"
+        " AND ($1::uuid IS NULL OR account_id = $1) ORDER BY created_at",
         account_id,
     )
 

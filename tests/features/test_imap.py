@@ -98,6 +98,9 @@ async def test_pepper_connect_imap_checks_then_stores_once_sealed(db, db_url, do
     assert PASSWORD not in await db.fetchval("SELECT string_agg(c::text, '') FROM connections c")
     code, out = await asyncio.to_thread(cli, env, "connect", "list", "--account", "Ada")
     assert "IMAP mailbox: home (read-only)  [sealed]" in out, out
+    # pepper doctor --online signs in to it (and keeps nothing).
+    _, out = await asyncio.to_thread(cli, env, "doctor", "--online")
+    assert "online: IMAP mailbox home" in out and "signs in; INBOX holds 4 message(s)" in out, out
 
 
 async def test_a_real_server_sends_the_password_only_over_tls_and_to_public_hosts(db, owner):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from core.tools.connectors import Connectors
 from core.tools.registry import Tool
 
-from .reading import connect_imap, make_read_tools
+from .reading import check_mailbox, connect_imap, make_read_tools
 
 AREA = "mail"
 
@@ -22,4 +22,4 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
 
 TOOLS = make_tools(Connectors())
 
-__all__ = ["AREA", "TOOLS", "connect_imap", "make_tools"]
+__all__ = ["AREA", "TOOLS", "check_mailbox", "connect_imap", "make_tools"]

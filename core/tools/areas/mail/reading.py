@@ -419,6 +419,15 @@ async def connect_imap(
     return connection_id, created, count
 
 
+async def check_mailbox(db: Queries, connectors: Connectors, row: Any) -> int:
+    """Sign in to a stored IMAP mailbox (``pepper doctor --online``); how many messages INBOX holds."""
+    try:
+        account = await imap_account(db, connectors, row)
+    except (KeyError, ValueError) as exc:
+        raise InvalidInput("its stored settings do not open: connect it again") from exc
+    return await imap.check(account)
+
+
 # --- What the model reads ----------------------------------------------------------------------------
 
 
