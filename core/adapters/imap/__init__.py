@@ -139,6 +139,18 @@ def body_text(message: EmailMessage) -> str:
     return content.strip()[:MAX_TEXT]
 
 
+def _why(exc: BaseException) -> str:
+    """What went wrong, in Pepper's words: the server's own text (which a model may read in a
+    tool result) is left out; a socket error's reason is the operating system's."""
+    if isinstance(exc, ssl.SSLError):
+        return "the TLS handshake failed"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror.lower()
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    return "it answered as no IMAP server does"
+
+
 def _open(account: ImapAccount) -> IMAPClient:
     try:
         client = IMAPClient(
@@ -149,7 +161,7 @@ def _open(account: ImapAccount) -> IMAPClient:
             client.starttls(ssl.create_default_context())
     except (OSError, IMAPClientError, imaplib.IMAP4.error) as exc:
         where = f"{account.host}:{account.port}"
-        raise ImapError(f"the IMAP server {where} did not answer ({exc})", retryable=True) from exc
+        raise ImapError(f"the IMAP server {where} did not answer ({_why(exc)})", retryable=True) from exc
     try:
         client.login(account.username, account.password)
     except LoginError as exc:
@@ -157,7 +169,7 @@ def _open(account: ImapAccount) -> IMAPClient:
         raise ImapLoginRefused(f"the IMAP server refused the user name or password for {account.username}") from exc
     except (OSError, IMAPClientError, imaplib.IMAP4.error) as exc:
         _close(client)
-        raise ImapError(f"the IMAP server {account.host} broke off the sign-in ({exc})", retryable=True) from exc
+        raise ImapError(f"the IMAP server {account.host} broke off the sign-in ({_why(exc)})", retryable=True) from exc
     return client
 
 
@@ -177,7 +189,7 @@ def _run(account: ImapAccount, work: Any) -> Any:
         client.select_folder("INBOX", readonly=True)
         return work(client)
     except (OSError, IMAPClientError, imaplib.IMAP4.error) as exc:
-        raise ImapError(f"the IMAP server {account.host} failed a request ({exc})", retryable=True) from exc
+        raise ImapError(f"the IMAP server {account.host} failed a request ({_why(exc)})", retryable=True) from exc
     finally:
         _close(client)
 
@@ -230,7 +242,7 @@ def _count(account: ImapAccount) -> int:
     try:
         return int(client.select_folder("INBOX", readonly=True).get(b"EXISTS", 0))
     except (OSError, IMAPClientError, imaplib.IMAP4.error) as exc:
-        raise ImapError(f"the IMAP server {account.host} has no readable INBOX ({exc})") from exc
+        raise ImapError(f"the IMAP server {account.host} has no readable INBOX ({_why(exc)})") from exc
     finally:
         _close(client)
 
