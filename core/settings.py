@@ -396,7 +396,13 @@ def _config_file() -> Path | None:
 
 # PEPPER_ variables that are not settings: read by one command, or by the test suite.
 OTHER_PEPPER_VARIABLES = frozenset(
-    {"PEPPER_TOKEN", "PEPPER_CALDAV_PASSWORD", "PEPPER_BACKUP_PASSPHRASE", "PEPPER_TEST_DATABASE_URL"}
+    {
+        "PEPPER_TOKEN",
+        "PEPPER_CALDAV_PASSWORD",
+        "PEPPER_IMAP_PASSWORD",
+        "PEPPER_BACKUP_PASSPHRASE",
+        "PEPPER_TEST_DATABASE_URL",
+    }
 )
 
 

@@ -49,6 +49,8 @@ SDK_HOMES: dict[str, tuple[str, ...]] = {
     "opentelemetry": ("core/tracing.py", "core/testing/"),
     # The database driver: the store and its records.
     "asyncpg": ("core/",),
+    # Reading a mailbox the person connected over IMAP.
+    "imapclient": ("core/adapters/imap/",),
 }
 
 # A string that is an SQL statement (or a fragment that starts one): what a string constant, or the
