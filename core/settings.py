@@ -243,6 +243,11 @@ class Settings(BaseSettings):
         " the pound key, say your PIN, or ask me to text you a code.",
         validation_alias=_env("PEPPER_VOICE_NOTICE", "voice_notice"),
     )
+    # Who speaks the transcription notice: Pepper itself from a cached local-TTS recording (a
+    # guarantee, voice/notice.py), or the model asked to say it (an instruction).
+    voice_notice_audio: Literal["local", "model"] = Field(
+        "local", validation_alias=_env("PEPPER_VOICE_NOTICE_AUDIO", "voice_notice_audio")
+    )
     voice_max_call_seconds: int = Field(
         1800, ge=10, validation_alias=_env("PEPPER_VOICE_MAX_CALL_SECONDS", "voice_max_call_seconds")
     )

@@ -126,6 +126,7 @@ class Phone:
 
 def call_settings(db_url: str, twilio: TwilioPeer, **extra: Any) -> Settings:
     """Pepper's settings for a call test: the Twilio peer, the notice, a free port."""
+    extra.setdefault("voice_notice_audio", "model")  # the notice tests (test_notice.py) play it themselves
     return Settings(database_url=db_url, public_url=PUBLIC, twilio_account_sid=twilio.account_sid,
                     twilio_auth_token=TOKEN, twilio_api_url=twilio.api_url, openai_api_key="sk-test",
                     voice_notice=NOTICE, port=0, media_port=0, graceful_timeout=2, **extra)  # fmt: skip

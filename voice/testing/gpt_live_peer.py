@@ -22,6 +22,11 @@ Behaviour (shared/reference/gpt-live.md):
   ``chunk_ms`` at a time, ``pace`` seconds apart) and its words as output transcript fragments.
   "Say exactly this, and nothing else: X" says X.
 * Full duplex: caller words that arrive while it speaks stop its speech (it stops itself).
+* ``session.output_audio.fixture.play {audio}`` (raw PCM16 24 kHz, at most 30 s, validated whole
+  first: an ``error`` otherwise): the model's speech stops, input is muted, ``…fixture.playing``,
+  the clip goes out as ``output_audio.delta`` in the session's format (pcmu 8 kHz here) at the
+  peer's pace, then ``…fixture.played {client_event_id}``; caller audio appended while it plays is
+  dropped (``audio_dropped``), not replayed. One fixture at a time.
 * ``session.close`` answers ``session.closed {reason: close_requested}`` and closes.
 """
 
@@ -41,10 +46,13 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
 from voice.adapters.gpt_live import START_FIELDS
+from voice.codec import audioop
 from voice.testing.realtime_peer import tone
 
 SAY_EXACTLY = "Say exactly this, and nothing else: "
 APPENDS = ("thinking", "commentary", "instructions")
+FIXTURE_RATE = 24000
+FIXTURE_MAX_BYTES = 30 * FIXTURE_RATE * 2
 
 
 @dataclass
@@ -65,6 +73,9 @@ class LiveSession:
     delegations: list[str] = field(default_factory=list)
     said: list[str] = field(default_factory=list)
     interrupted: int = 0
+    fixtures: list[bytes] = field(default_factory=list)  # each fixture played, as the pcmu sent
+    fixture_playing: bool = False
+    audio_dropped: int = 0  # bytes of caller audio dropped while a fixture played
     closed: bool = False
     ws: ServerConnection | None = None
     _speaking: asyncio.Task[None] | None = None
@@ -100,6 +111,8 @@ class LiveSession:
     async def caller_says(self, text: str, ms: int = 600) -> None:
         """The caller's words (the model transcribes them), ending now; talking over the model's
         speech stops it."""
+        if self.fixture_playing:
+            return  # input is muted while a fixture plays: the model never hears these words
         end = self.now_ms()
         if self._speaking is not None and not self._speaking.done():
             self._speaking.cancel()
@@ -177,6 +190,9 @@ class LiveSession:
             except (ValueError, TypeError):
                 await self.error("invalid_audio", "audio is not base64", client_id)
                 return True
+            if self.fixture_playing:
+                self.audio_dropped += len(audio)  # muted: dropped and not replayed
+                return True
             if self.first_audio_at is None:
                 self.first_audio_at = time.monotonic()
             self.audio_in.extend(audio)
@@ -186,6 +202,9 @@ class LiveSession:
             if what in APPENDS:
                 await self._append(what, event)
                 return True
+        if kind == "session.output_audio.fixture.play":
+            await self._fixture(event)
+            return True
         if kind == "session.close":
             await self.send({"type": "session.closed", "reason": "close_requested",
                              "usage": {"seconds": self.now_ms() // 1000}})  # fmt: skip
@@ -195,6 +214,39 @@ class LiveSession:
             return True
         await self.error("unknown_event", f"unknown client event {kind!r}", client_id)
         return True
+
+    async def _fixture(self, event: dict[str, Any]) -> None:
+        client_id = event.get("event_id")
+        try:
+            pcm = base64.b64decode(event.get("audio") or "", validate=True)
+        except (ValueError, TypeError):
+            pcm = b""
+        if not pcm or len(pcm) % 2 or len(pcm) > FIXTURE_MAX_BYTES:
+            await self.error("invalid_audio", "a fixture is raw PCM16 at 24 kHz, at most 30 s", client_id)
+            return
+        if self.fixture_playing:
+            await self.error("fixture_active", "a fixture is already playing", client_id)
+            return
+        if self._speaking is not None and not self._speaking.done():
+            self._speaking.cancel()  # the model's speech is interrupted
+            self.interrupted += 1
+        self.fixture_playing = True
+        await self.send({"type": "session.output_audio.fixture.playing", "client_event_id": client_id})
+        lin8, _ = audioop.ratecv(pcm, 2, 1, FIXTURE_RATE, 8000, None)
+        self._speaking = asyncio.get_running_loop().create_task(self._play_fixture(audioop.lin2ulaw(lin8, 2),
+                                                                                   client_id))  # fmt: skip
+
+    async def _play_fixture(self, mulaw: bytes, client_id: Any) -> None:
+        step = 8 * self.peer.chunk_ms
+        try:
+            for at in range(0, len(mulaw), step):
+                await self.send({"type": "session.output_audio.delta",
+                                 "delta": base64.b64encode(mulaw[at : at + step]).decode()})  # fmt: skip
+                await asyncio.sleep(self.peer.pace)
+            self.fixtures.append(mulaw)
+        finally:
+            self.fixture_playing = False
+        await self.send({"type": "session.output_audio.fixture.played", "client_event_id": client_id})
 
     async def _append(self, what: str, event: dict[str, Any]) -> None:
         client_id = event.get("event_id")
