@@ -143,7 +143,14 @@ class CallEngine:
     :meth:`feed`, :meth:`hang_up` and :meth:`run` drive it."""
 
     def __init__(
-        self, deps: VoiceDeps, link: TwilioLink, start: media.StreamStart, call: AdmittedCall, profile: CallProfile
+        self,
+        deps: VoiceDeps,
+        link: TwilioLink,
+        start: media.StreamStart,
+        call: AdmittedCall,
+        profile: CallProfile,
+        *,
+        model: RealtimeModel | None = None,  # the call's own model (SIP direct: its session), else the line's
     ):
         self.deps = deps
         self.link = link
@@ -157,7 +164,8 @@ class CallEngine:
         self._ended = asyncio.Event()
         self._end_stored = False  # the end reason is in the calls row (see ``ended``)
         self._sid = start.stream_sid
-        self.model: RealtimeModel | None = deps.model  # the line's engine, looked up in run()
+        self.model: RealtimeModel | None = model or deps.model  # the line's engine, looked up in run()
+        self._own_model = model is not None
         self._conn: RealtimeConnection | None = None
         self._conn_stack: AsyncExitStack | None = None
         self._generation = 0  # bumps on every model reconnect
@@ -331,7 +339,8 @@ class CallEngine:
         counted.calls_active.inc()
         recorder = self.spawn("recorder", self._record_loop())
         try:
-            self.model = await self.deps.model_for_line(call.line_number)
+            if not self._own_model:
+                self.model = await self.deps.model_for_line(call.line_number)
         except RealtimeError:
             log.exception("the voice engine of this call's line is unavailable")
             self.model = None

@@ -133,6 +133,7 @@ class LiveCall:
         self._notice_segment: str | None = None
         self._fixture: str | None = None  # the event id of the notice's fixture.play, until it played
         self._notice_noted = False
+        self._transcribed = 0  # stretches of speech known only from the transcript (SIP direct)
         self._waiting: dict[str, _Pending] = {}  # by the event id of its commentary
         self._acks: dict[str, float] = {}  # commentary acknowledged before its pending was known
         self._pending: list[_Pending] = []
@@ -259,8 +260,15 @@ class LiveCall:
         elif kind is TranscriptFragment:
             if event.role == "caller":
                 await self._caller_words(event)
-            elif self._segment is not None:
-                self._pepper.setdefault(self._segment, []).append(event.text)
+            else:
+                if getattr(self.e.link, "audio_free", False):
+                    # SIP direct: no audio reaches Pepper; the model's transcript marks its speech.
+                    if self._segment is None:
+                        self._transcribed += 1
+                        self._begin_segment(f"t{self._transcribed}")
+                    self._last_audio = time.monotonic()
+                if self._segment is not None:
+                    self._pepper.setdefault(self._segment, []).append(event.text)
         elif kind is Delegated:
             if event.delegation_id in self._seen:
                 self.duplicates += 1
@@ -278,7 +286,10 @@ class LiveCall:
             if data.get("client_event_id") in (None, self._fixture):
                 # The notice drained from the model's mixer: its speech ends here, whatever follows.
                 self._fixture = None
+                heard = self._notice_segment is not None
                 self._end_segment()
+                if not heard and not self.e.listening:
+                    self.e._send_mark(self.e._new_mark("notice"))  # no audio came through Pepper (SIP direct)
                 if self.e._conn is not None:
                     self.e._conn.break_output()
         elif event.type == "session.commentary.appended":
@@ -290,6 +301,8 @@ class LiveCall:
                 self._acks[ident] = time.monotonic()
             elif not any(i in self._waiting for i in pending.event_ids):
                 pending.acked_at = time.monotonic()
+        elif event.type == "session.closed" and data.get("reason") == "remote_hangup":
+            self.e._end("hangup")  # SIP direct: the caller hung up
         elif event.type == "session.usage.updated":
             usage = data.get("usage")
             seconds = usage.get("seconds") if isinstance(usage, dict) else None

@@ -43,8 +43,8 @@ def local_synthesiser() -> Synthesise | None:
     """The cascade's piper voice (noise-free, so the recording is the same every time), or None
     when this build lacks it."""
     try:
-        module = importlib.import_module(CASCADE_MODULE)
-        return module.notice_mulaw  # type: ignore[no-any-return]
+        synthesise: Synthesise = importlib.import_module(CASCADE_MODULE).notice_mulaw
+        return synthesise
     except ImportError:
         return None
 

@@ -87,6 +87,7 @@ class CallService:
         self.default_region = default_region
         self.token_ttl = token_ttl
         self.sessions: dict[str, CallEngine] = {}
+        self.sip: Any = None  # voice.sip.SipCalls when calls also come by SIP direct
 
     # --- The voice webhook -------------------------------------------------------------------
 
@@ -227,6 +228,8 @@ class CallService:
 
     async def aclose(self) -> None:
         self.hang_up_all()
+        if self.sip is not None:
+            await self.sip.aclose()
         if self.deps.engines is not None:
             await self.deps.engines.aclose()
             return

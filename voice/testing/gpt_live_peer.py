@@ -73,6 +73,8 @@ class LiveSession:
     delegations: list[str] = field(default_factory=list)
     said: list[str] = field(default_factory=list)
     interrupted: int = 0
+    sip: bool = False  # a SIP session: its audio goes to the SIP leg, never on the (sideband) socket
+    sip_out: bytearray = field(default_factory=bytearray)  # what the SIP caller was played
     fixtures: list[bytes] = field(default_factory=list)  # each fixture played, as the pcmu sent
     fixture_playing: bool = False
     audio_dropped: int = 0  # bytes of caller audio dropped while a fixture played
@@ -147,9 +149,14 @@ class LiveSession:
         await self.send({"type": "session.output_transcript.delta", "delta": text, "start_ms": start,
                          "end_ms": start + len(audio) // 8})  # fmt: skip
         for at in range(0, len(audio), step):
-            await self.send({"type": "session.output_audio.delta",
-                             "delta": base64.b64encode(audio[at : at + step]).decode()})  # fmt: skip
+            await self._out(audio[at : at + step])
             await asyncio.sleep(self.peer.pace)
+
+    async def _out(self, chunk: bytes) -> None:
+        if self.sip:
+            self.sip_out += chunk  # to the caller over SIP: the sideband carries no audio
+        else:
+            await self.send({"type": "session.output_audio.delta", "delta": base64.b64encode(chunk).decode()})
 
     async def drop(self) -> None:
         """The socket fails (no close frame)."""
@@ -169,6 +176,9 @@ class LiveSession:
         """One client event; False once the session is over."""
         kind = event.get("type")
         client_id = event.get("event_id")
+        if self.sip and kind == "session.start":
+            await self.error("session_already_started", "a sideband attaches to a started session", client_id)
+            return True
         if self.started_at is None:
             if kind != "session.start":
                 await self.error("session_not_started", "send session.start first", client_id)
@@ -240,8 +250,7 @@ class LiveSession:
         step = 8 * self.peer.chunk_ms
         try:
             for at in range(0, len(mulaw), step):
-                await self.send({"type": "session.output_audio.delta",
-                                 "delta": base64.b64encode(mulaw[at : at + step]).decode()})  # fmt: skip
+                await self._out(mulaw[at : at + step])
                 await asyncio.sleep(self.peer.pace)
             self.fixtures.append(mulaw)
         finally:
@@ -279,6 +288,8 @@ class GptLivePeer:
         self.speak_commentary = speak_commentary
         self.hz = hz
         self.sessions: list[LiveSession] = []
+        self.sip_sessions: dict[str, LiveSession] = {}  # accepted SIP sessions, by id (voice.testing.gpt_live_sip_peer)
+        self.sidebands: list[str] = []  # session ids a sideband attached to, in order
         self._server: Server | None = None
         self._new = asyncio.Event()
         self.port = 0
@@ -319,13 +330,23 @@ class GptLivePeer:
         request = ws.request
         assert request is not None
         headers = {k.lower(): v for k, v in request.headers.raw_items()}
-        if request.path.split("?")[0] != "/v1/live/sessions" or not headers.get("authorization", "").startswith(
-            "Bearer "
-        ):
+        path = request.path.split("?")[0]
+        attach = path.startswith("/v1/live/sessions/") and path.endswith("/attach")
+        if (path != "/v1/live/sessions" and not attach) or not headers.get("authorization", "").startswith("Bearer "):
             await ws.close(4001, "unauthorized or unknown path")
             return
-        session = LiveSession(headers, request.path, self, ws=ws)
-        self.sessions.append(session)
+        if attach:
+            session_id = path[len("/v1/live/sessions/") : -len("/attach")]
+            accepted = self.sip_sessions.get(session_id)
+            if accepted is None or accepted.closed:
+                await ws.close(4004, "no such accepted session")
+                return
+            accepted.ws = ws
+            self.sidebands.append(session_id)
+            session = accepted
+        else:
+            session = LiveSession(headers, request.path, self, ws=ws)
+            self.sessions.append(session)
         try:
             async for raw in ws:
                 try:
@@ -343,6 +364,7 @@ class GptLivePeer:
         except ConnectionClosed:
             pass
         finally:
-            session.closed = True
-            if session._speaking is not None:
-                session._speaking.cancel()
+            if not session.sip or session.ws is ws:
+                session.closed = not session.sip  # a SIP session outlives its sideband (the call goes on)
+                if session._speaking is not None:
+                    session._speaking.cancel()
