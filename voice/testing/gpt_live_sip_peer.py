@@ -28,6 +28,7 @@ import time
 from typing import Any
 
 from aiohttp import web
+
 from voice.adapters.gpt_live_sip import ACCEPT_FIELDS
 from voice.testing.gpt_live_peer import GptLivePeer, LiveSession
 
