@@ -137,3 +137,18 @@ def caller_for(app: Any, port: int, twilio: TwilioPeer) -> TwilioCaller:
     media = media_port(app.extensions["pepper"].media)
     return TwilioCaller(TOKEN, local=f"http://127.0.0.1:{port}", public=PUBLIC, account_sid=twilio.account_sid,
                         media_local=f"ws://127.0.0.1:{media}")  # fmt: skip
+
+
+def normalised(text: str) -> str:
+    """Words only: lower case, no punctuation (how a transcript is compared with the text spoken)."""
+    import re
+
+    return " ".join(re.sub(r"[^a-z0-9' ]", " ", text.lower()).split())
+
+
+async def transcribed(mulaw: bytes) -> str:
+    """8 kHz mu-law as the cascade's local Whisper hears it (loaded on first use)."""
+    from voice.adapters.cascade import local_speech
+    from voice.codec import audioop
+
+    return await asyncio.to_thread(local_speech().stt.transcribe_sync, audioop.ulaw2lin(mulaw, 2))

@@ -5,24 +5,20 @@ configured notice, transcribed with the cascade's local Whisper."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from phone_support import LINE, NOTICE, OWNER, TOKEN, _set_pin, call_settings, caller_for
+from phone_support import LINE, NOTICE, OWNER, TOKEN, _set_pin, call_settings, caller_for, normalised, transcribed
 
 from core import identity
 from core.store import Database
 from core.testing.peers import OpenAIPeer
 from core.testing.twilio_peer import TwilioPeer
 from gateway.server import running_app
-from voice.adapters.cascade import local_speech
-from voice.codec import audioop
 from voice.testing.gemini_live_peer import GeminiLivePeer
 from voice.testing.gpt_live_peer import GptLivePeer
 from voice.testing.realtime_peer import RealtimePeer
@@ -72,15 +68,6 @@ async def lines(db: Database, db_url: str, monkeypatch: Any, tmp_path: Any) -> A
             yield Lines(db, realtime, gemini, live, text, caller_for(app, port, twilio), services, settings.data_dir)
 
 
-def normalised(text: str) -> str:
-    return " ".join(re.sub(r"[^a-z0-9' ]", " ", text.lower()).split())
-
-
-async def heard_text(audio: bytes) -> str:
-    pcm = audioop.ulaw2lin(audio, 2)
-    return await asyncio.to_thread(local_speech().stt.transcribe_sync, pcm)
-
-
 def notice_marks(call: MediaCall) -> list[Any]:
     return [m for m in call.marks if m.name.startswith("n")]
 
@@ -113,7 +100,7 @@ async def _notice_is_guaranteed(lines: Lines, engine: str) -> None:
         # Every frame sent before the mark was discarded; none reached the model.
         await call.wait(lambda: session.stats.frames_in >= sent_before, what="the frames before the mark at Pepper")
         assert session.stats.frames_discarded >= sent_before
-        assert normalised(await heard_text(heard)) == normalised(NOTICE)
+        assert normalised(await transcribed(heard)) == normalised(NOTICE)
         await call.wait(lambda: session.listening, what="Pepper listening after the mark")
         await call.wait(lambda: session.stats.frames_to_model > 0, what="caller audio at the model after the mark")
         await call.hang_up()
@@ -179,7 +166,7 @@ async def test_a_drop_while_pepper_plays_the_notice_does_not_replay_it(db, db_ur
             await ls.realtime.drop()
             await ls.realtime.wait_for(lambda: len(ls.realtime.sessions) == 2)
             _, heard = await play_until_the_notice(call)
-            assert normalised(await heard_text(heard)) == normalised(NOTICE)  # heard once, whole
+            assert normalised(await transcribed(heard)) == normalised(NOTICE)  # heard once, whole
             assert all(s.response_creates == [] for s in ls.realtime.sessions)
             assert len(notice_marks(call)) == 1
             await call.hang_up()

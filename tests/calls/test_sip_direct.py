@@ -14,7 +14,19 @@ from typing import Any
 
 import aiohttp
 import pytest
-from phone_support import LINE, OWNER, PIN, STRANGER, TOKEN, _set_pin, call_settings, until
+from phone_support import (
+    LINE,
+    NOTICE,
+    OWNER,
+    PIN,
+    STRANGER,
+    TOKEN,
+    _set_pin,
+    call_settings,
+    normalised,
+    transcribed,
+    until,
+)
 
 from core import identity
 from core.store import Database
@@ -91,6 +103,7 @@ async def test_a_sip_call_from_the_owner_s_number_is_accepted_restricted_and_a_s
         await line.live.wait_for(lambda: session.fixtures, what="the notice fixture played")
         assert not any(e.get("type") == "session.start" for e in session.events)
         assert len(session.sip_out) > 8000 and not session.appends
+        assert normalised(await transcribed(bytes(session.sip_out))) == normalised(NOTICE)
 
         # Restricted until proven: the agenda asked before the PIN runs without the calendar.
         engine = line.services.calls.sessions[session_id]
