@@ -1,9 +1,10 @@
 """SIP direct: calls that a Twilio Elastic SIP trunk sends straight to OpenAI's SIP endpoint, run
 on GPT-Live with Pepper as the backend; media never passes through Pepper.
 
-1. OpenAI posts ``live.transport.incoming`` (or ``realtime.call.incoming``) to
-   ``/openai/live/webhook``. The signature is checked by the SDK (``voice.adapters.gpt_live_sip``);
-   a forged, unsigned or stale one is refused with 401 and nothing is recorded; garbage is a 400.
+1. OpenAI posts ``live.transport.incoming`` to ``/openai/live/webhook`` (and, for the same pending
+   session, ``realtime.call.incoming``: acknowledged and ignored, its id is the Realtime API's).
+   The signature is checked by the SDK (``voice.adapters.gpt_live_sip``); a forged, unsigned or
+   stale one is refused with 401 and nothing is recorded; garbage is a 400.
 2. The ``webhook-id`` is claimed in ``sip_webhooks``: a redelivery is answered 200 and starts
    nothing (nor does a second webhook for the same session: its ``calls`` row exists).
 3. The caller is classified from the SIP ``From`` / ``To`` headers by the same rule as a Twilio
@@ -107,6 +108,10 @@ class SipCalls:
             return exc.status, exc.reason
         if not call.webhook_id:
             return 400, "no-webhook-id"
+        if call.event_type != "live.transport.incoming":
+            # The same pending session also posts realtime.call.incoming, whose call_id is for the
+            # Realtime API's accept: acknowledged, and the Live event is the one acted on.
+            return 200, "ignored"
         deps = self.service.deps
         db = deps.db
         if not await call_records.claim_sip_webhook(db, call.webhook_id, call.session_id):

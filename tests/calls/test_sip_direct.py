@@ -148,6 +148,11 @@ async def test_forged_garbage_duplicate_and_unknown_sip_webhooks(db, db_url):
         assert await db.fetchval("SELECT count(*) FROM sip_webhooks") == 0
         assert line.sip.requests == []
 
+        # The Realtime API's event for a pending call is acknowledged and not acted on.
+        _, body, headers = line.sip.incoming(caller=OWNER, line=LINE, event_type="realtime.call.incoming")
+        assert await line.post(body, headers) == (200, "ignored")
+        assert line.sip.requests == []
+
         # A redelivered webhook (same webhook-id) starts one call.
         session_id, body, headers = line.sip.incoming(caller=OWNER, line=LINE)
         assert await line.post(body, headers) == (200, "accepted")

@@ -104,7 +104,9 @@ class GptLiveSip(GptLive):
         data = event.get("data") if isinstance(event, dict) else None
         if not isinstance(data, dict) or event.get("type") not in INCOMING:
             raise SipWebhookRefused(400, "not-an-incoming-call")
-        ident = data.get("session_id") or data.get("call_id")  # realtime.call.incoming names it call_id
+        # realtime.call.incoming names the call for the Realtime API (call_id); Pepper acts on the
+        # Live event of the same pending session (voice.sip), but reads both.
+        ident = data.get("session_id") or data.get("call_id")
         raw = data.get("sip_headers")
         if not isinstance(ident, str) or not ident or not isinstance(raw, list):
             raise SipWebhookRefused(400, "malformed-incoming-call")

@@ -83,9 +83,13 @@ class GptLiveSipPeer:
             {"name": "To", "value": f"<sip:{line}@proj_test.sip.api.openai.com;transport=tls>"},
             {"name": "X-Twilio-CallSid", "value": "CA" + secrets.token_hex(16)},
         ]
+        data: dict[str, Any] = {"sip_headers": headers_sip}
+        if event_type == "realtime.call.incoming":
+            data["call_id"] = "rtc_" + ident  # the Realtime API's id for the same pending call
+        else:
+            data |= {"type": "sip", "session_id": ident}
         body = json.dumps({"object": "event", "id": f"evt_{secrets.token_hex(8)}", "type": event_type,
-                           "created_at": int(time.time()),
-                           "data": {"type": "sip", "session_id": ident, "sip_headers": headers_sip}})  # fmt: skip
+                           "created_at": int(time.time()), "data": data})  # fmt: skip
         wid = webhook_id or f"wh_{secrets.token_hex(8)}"
         ts = timestamp if timestamp is not None else int(time.time())
         headers = {"webhook-id": wid, "webhook-timestamp": str(ts),
