@@ -30,6 +30,7 @@ from typing import Any
 
 from core.adapters.twilio import media_streams as media
 from core.records import calls as call_records
+from core.usage.ledger import usage_tier
 from voice import routing
 from voice.engine import CallEngine
 from voice.live_call import FRONT
@@ -43,6 +44,7 @@ log = logging.getLogger(__name__)
 REJECT_UNKNOWN = 403
 REJECT_BLOCKED = 603
 REJECT_UNAVAILABLE = 480
+REJECT_CAPPED = 486  # busy here: the person's usage is at its cap for the day
 _SIP_USER = re.compile(r"<?(?:sips?|tel):([^@;>]+)")
 
 
@@ -126,14 +128,21 @@ class SipCalls:
         if not inserted:
             return 200, "duplicate-session"
         log.info("SIP call classified: route=%s reason=%s", route.route, route.reason)
-        if route.route != "owner" or route.account_id is None:
-            status = {"blocked": REJECT_BLOCKED, "answering": REJECT_UNAVAILABLE}.get(route.route, REJECT_UNKNOWN)
+        dead = (
+            route.account_id is not None and await usage_tier(db, route.account_id, deps.clock(), deps.usage) == "dead"
+        )
+        if route.route != "owner" or route.account_id is None or dead:
+            # A person at the day's cap gets no call (on Media Streams they hear the recorded message).
+            by_route = {"blocked": REJECT_BLOCKED, "answering": REJECT_UNAVAILABLE}
+            status = REJECT_CAPPED if dead else by_route.get(route.route, REJECT_UNKNOWN)
             try:
                 await self.control.reject(call.session_id, status)
             except RealtimeError:
                 log.warning("could not reject a SIP call", exc_info=True)
                 return 502, "reject-failed"
-            await call_records.store_end_reason(db, call.session_id, f"sip-rejected-{route.reason}")
+            await call_records.store_end_reason(
+                db, call.session_id, "usage-cap" if dead else f"sip-rejected-{route.reason}"
+            )
             return 200, "rejected"
         try:
             await self.control.accept(call.session_id, SessionConfig(FRONT, (), voice=deps.config.voice))

@@ -10,6 +10,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
@@ -32,6 +33,7 @@ from core import identity
 from core.store import Database
 from core.testing.peers import OpenAIPeer, reply_text, reply_tools
 from core.testing.twilio_peer import TwilioPeer
+from core.usage.ledger import add_usage, set_limits
 from gateway.server import running_app
 from gateway.webhooks import SIP_INCOMING
 from voice.live_call import FRONT
@@ -167,3 +169,11 @@ async def test_forged_garbage_duplicate_and_unknown_sip_webhooks(db, db_url):
         assert line.sip.answered[stranger] == "rejected:403"
         row = await db.fetchrow("SELECT route, status FROM calls WHERE call_sid = $1", stranger)
         assert row["route"] == "refused" and stranger not in line.live.sidebands
+
+        # The owner at the day's usage cap: rejected (486), no session started.
+        account = await db.fetchval("SELECT account_id FROM calls WHERE call_sid = $1", session_id)
+        await set_limits(db, account, tokens=100, cost=None, minutes=None)
+        await add_usage(db, account, datetime.now(UTC), tokens=100)
+        capped, body, headers = line.sip.incoming(caller=OWNER, line=LINE)
+        assert await line.post(body, headers) == (200, "rejected")
+        assert line.sip.answered[capped] == "rejected:486" and capped not in line.live.sidebands
