@@ -45,7 +45,7 @@ REJECT_UNKNOWN = 403
 REJECT_BLOCKED = 603
 REJECT_UNAVAILABLE = 480
 REJECT_CAPPED = 486  # busy here: the person's usage is at its cap for the day
-_SIP_USER = re.compile(r"<?(?:sips?|tel):([^@;>]+)")
+_SIP_USER = re.compile(r"<?(?:sips?|tel):([+0-9A-Za-z().-]{1,40})[@;>]")
 
 
 def sip_number(header: str | None) -> str:

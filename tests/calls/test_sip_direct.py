@@ -142,7 +142,8 @@ async def test_forged_garbage_duplicate_and_unknown_sip_webhooks(db, db_url):
         # Garbage: unsigned, signed but not JSON, signed but not an incoming call.
         assert (await line.post(b"\xff\x00garbage", {"content-type": "application/json"}))[0] == 401
         wid, ts = "wh_garbage", int(time.time())
-        for text in ("not json", json.dumps({"type": "batch.completed", "data": {}}), json.dumps([1, 2])):
+        nul = json.dumps({"type": "live.transport.incoming", "data": {"session_id": "live_\u0000x", "sip_headers": []}})
+        for text in ("not json", json.dumps({"type": "batch.completed", "data": {}}), json.dumps([1, 2]), nul):
             signed = {"webhook-id": wid, "webhook-timestamp": str(ts),
                       "webhook-signature": sign_webhook(line.sip.secret, wid, ts, text)}  # fmt: skip
             assert (await line.post(text.encode(), signed))[0] == 400

@@ -13,6 +13,7 @@ The webhook's signature is the standard-webhooks scheme the SDK verifies
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,8 @@ from voice.realtime import RealtimeError, SessionConfig
 log = logging.getLogger(__name__)
 
 INCOMING = frozenset({"live.transport.incoming", "realtime.call.incoming"})
+# Session and webhook ids as Pepper stores them (signed is not well-formed: no NUL, no odd text).
+_PLAIN_ID = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
 # What sessions.accept's session may hold, from the SDK's types (the loopback peer checks it).
 ACCEPT_FIELDS = frozenset(AcceptSession.__annotations__)
 
@@ -108,15 +111,17 @@ class GptLiveSip(GptLive):
         # Live event of the same pending session (voice.sip), but reads both.
         ident = data.get("session_id") or data.get("call_id")
         raw = data.get("sip_headers")
-        if not isinstance(ident, str) or not ident or not isinstance(raw, list):
+        if not isinstance(ident, str) or not _PLAIN_ID.fullmatch(ident) or not isinstance(raw, list):
             raise SipWebhookRefused(400, "malformed-incoming-call")
         sip: dict[str, str] = {}
         for header in raw:
             name, value = (header.get("name"), header.get("value")) if isinstance(header, dict) else (None, None)
             if isinstance(name, str) and isinstance(value, str):
                 sip.setdefault(name.lower(), value)
-        webhook_id = headers.get("webhook-id") or ""
-        return IncomingSip(str(webhook_id), str(event["type"]), ident, sip)
+        webhook_id = str(headers.get("webhook-id") or "")
+        if not _PLAIN_ID.fullmatch(webhook_id):
+            raise SipWebhookRefused(400, "malformed-webhook-id")
+        return IncomingSip(webhook_id, str(event["type"]), ident, sip)
 
     async def accept(self, session_id: str, config: SessionConfig) -> None:
         try:
