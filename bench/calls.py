@@ -126,6 +126,7 @@ async def _serve_pepper(
         openai_api_key="sk-bench", openai_realtime_url=realtime_url, port=0,
         voice_max_call_seconds=3600, log_level="ERROR", voice_engine=engine, gpt_live_url=realtime_url,
         openai_base_url=text_url, memory_jobs_interval=0,
+        voice_notice_audio="model",  # the notice is off the frame path
     )  # fmt: skip
     db = await Database.open(dsn, max_size=20)
     async with running_app(settings, db, media_processes=media_processes) as (app, port):

@@ -14,7 +14,7 @@ from core.adapters.twilio.signatures import public_request_url, twilio_signature
 from core.security import record_security_event
 from gateway.services import Services
 from gateway.webchat import _storable, plain_id
-from gateway.webhooks import MEDIA_STREAM, VOICE, VOICE_AFTER_STREAM, VOICE_STATUS, public_url_for
+from gateway.webhooks import MEDIA_STREAM, SIP_INCOMING, VOICE, VOICE_AFTER_STREAM, VOICE_STATUS, public_url_for
 
 log = logging.getLogger(__name__)
 
@@ -89,3 +89,17 @@ async def call_status() -> Response:
     if services.calls is not None and form.get("CallSid"):
         await services.calls.call_status(form["CallSid"], (form.get("CallStatus") or "").lower())
     return Response("", status=204)
+
+
+@blueprint.post(SIP_INCOMING.path)
+async def sip_incoming() -> Response:
+    """SIP direct: OpenAI's signed webhook for a call on its SIP endpoint (``voice.sip``)."""
+    services = _services()
+    sip = getattr(services.calls, "sip", None)
+    if sip is None:
+        return Response("SIP direct is not configured (PEPPER_VOICE_TRANSPORT=sip)\n", status=404,
+                        content_type="text/plain")  # fmt: skip
+    body = await request.get_data(cache=False)
+    headers = {k.lower(): v for k, v in request.headers.items()}
+    status, reason = await sip.incoming(body, headers)
+    return Response(reason + "\n", status=status, content_type="text/plain")

@@ -389,7 +389,7 @@ class RealtimePeer:
         conn = _Conn(self, ws, record)
         self._conns.append(conn)
         created = {"type": "realtime", "id": conn.next_id("sess"), "object": "realtime.session",
-                   "model": "gpt-realtime", "output_modalities": ["audio"]}  # fmt: skip
+                   "model": "gpt-realtime-2", "output_modalities": ["audio"]}  # fmt: skip
         await conn.emit({"type": "session.created", "session": created})
         try:
             async for raw in ws:
