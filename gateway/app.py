@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 
-from quart import Quart, jsonify
+from quart import Quart, Response, jsonify, request
+from werkzeug.exceptions import HTTPException
 
 from core.conversation import ANNOUNCE_LATER
 from core.errors import DatabaseUnavailable
 from core.settings import Settings
+from core.store import unreachable
 from gateway import (
     answering_routes,
     browser_calls,
@@ -100,6 +102,18 @@ def create_app(settings: Settings, db, *, turns_in_process: bool = True, media_i
 
     metrics_route.register(app, settings)
     openapi.register(app)
+
+    @app.errorhandler(Exception)
+    async def database_out_of_reach(error: Exception):  # type: ignore[no-untyped-def]
+        # A request that found the database restarting or out of reach recorded nothing: 503 and
+        # Retry-After, so Twilio (and a browser's retry) sends it again. Anything else is a 500.
+        if isinstance(error, HTTPException):
+            return error
+        if not unreachable(error):
+            raise error
+        log.warning("%s %s found the database out of reach: %s", request.method, request.path, type(error).__name__)
+        return Response("temporarily unavailable; retry\n", status=503, content_type="text/plain",
+                        headers={"Retry-After": "1"})  # fmt: skip
 
     @app.get("/healthz")
     async def health():  # type: ignore[no-untyped-def]

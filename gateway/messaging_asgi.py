@@ -20,6 +20,7 @@ from urllib.parse import parse_qsl
 
 from werkzeug.datastructures import MultiDict
 
+from core.store import unreachable
 from gateway.messaging import Answer, answer_inbound, answer_status
 from gateway.metrics_route import count_webhook
 from gateway.services import Services
@@ -50,6 +51,9 @@ ROUTES: dict[str, tuple[str, Handler]] = {
 FORM = b"application/x-www-form-urlencoded"
 TOO_LARGE = Answer(413, b"request body too large\n", "text/plain")
 FAILED = Answer(500, b"internal error\n", "text/plain")
+# The database is restarting or out of reach: nothing was recorded, so Twilio should send it again.
+UNAVAILABLE = Answer(503, b"temporarily unavailable; retry\n", "text/plain")
+RETRY_AFTER_SECONDS = b"1"
 
 
 class Headers(dict[str, str]):
@@ -87,9 +91,13 @@ class MessagingWebhooks:
         name, handler = route
         try:
             answer = await handler(services, scope["path"], scope["query_string"], form, headers)
-        except Exception:  # as Quart would: logged, a 500, and Twilio retries
-            log.exception("the %s webhook failed", name)
-            answer = FAILED
+        except Exception as exc:  # as Quart would: logged, a 500, and Twilio retries
+            if unreachable(exc):
+                log.warning("the %s webhook found the database out of reach: %s", name, type(exc).__name__)
+                answer = UNAVAILABLE
+            else:
+                log.exception("the %s webhook failed", name)
+                answer = FAILED
         await _send(send, answer)
         count_webhook(name, answer.status)
 
@@ -112,5 +120,7 @@ async def _send(send: Send, answer: Answer) -> None:
     headers = [(b"content-length", str(len(answer.body)).encode())]
     if answer.content_type:  # none for a 204
         headers.append((b"content-type", answer.content_type.encode()))
+    if answer.status == 503:
+        headers.append((b"retry-after", RETRY_AFTER_SECONDS))
     await send({"type": "http.response.start", "status": answer.status, "headers": headers})
     await send({"type": "http.response.body", "body": answer.body})

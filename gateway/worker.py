@@ -110,6 +110,8 @@ class TurnWorker:
         while not self._stopping.is_set():
             self._wake.clear()  # before looking, so an announcement made meanwhile is not lost
             try:
+                if self._listener is None or self._listener.is_closed():
+                    await self._listen_again()
                 if loop.time() - swept >= self._poll:  # not on every announcement: it scans sessions
                     await release_orphans(db, stale=STALE_RUNNING, expire_after=RESUME_WINDOW)
                     swept = loop.time()
@@ -127,8 +129,25 @@ class TurnWorker:
                 self._deliver()
             except DRIVER_ERRORS:
                 log.warning("turn worker could not reach the database; trying again", exc_info=True)
+            except Exception:
+                # The loop must outlive any one pass: a worker whose loop died would hold its
+                # process (and its claims' session) while answering nothing.
+                log.exception("turn worker pass failed; trying again")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self._poll)
+
+    async def _listen_again(self) -> None:
+        """The listening session ended (Postgres restarted, the connection was cut): listen on a
+        new one and claim under its pid. What was claimed under the old pid is an orphan now, which
+        the sweep hands back (a turn not started runs; one cut short gets the apology)."""
+        if self._listener is not None:
+            with contextlib.suppress(*DRIVER_ERRORS):
+                await self._listener.close()
+            self._listener = None
+        self._listener = await Listener.open(self._services.db.dsn, CHANNEL, lambda _: self._wake.set())
+        log.warning("turn worker listening again after its database session ended: pid %s -> %s",
+                    self.pid, self._listener.pid)  # fmt: skip
+        self.pid = self._listener.pid
 
     def _deliver(self) -> None:
         """Send what answering calls promised (``answering_service.deliveries``), in one task at a

@@ -46,6 +46,44 @@ def redact_dsn(dsn: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
+# What a lost or refused connection raises, from the driver: the server went away (restart,
+# shutdown, a network cut) or is not taking connections yet.
+_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    DatabaseUnavailable,
+    asyncpg.PostgresConnectionError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.exceptions.AdminShutdownError,
+    asyncpg.exceptions.CrashShutdownError,
+    asyncpg.InterfaceError,
+    asyncpg.exceptions.InternalClientError,
+)
+
+
+def unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it came from) says the database could not be reached or dropped
+    the connection: worth a retryable answer (503), not a 500. An ``OSError`` counts only when the
+    driver raised it (a socket to Postgres), not any I/O of the request's own."""
+    current: BaseException | None = exc
+    for _ in range(6):  # a short chain: the driver's error, and what wrapped it
+        if current is None:
+            return False
+        if isinstance(current, _CONNECTION_ERRORS):
+            return True
+        if isinstance(current, OSError) and _raised_in_driver(current):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _raised_in_driver(exc: BaseException) -> bool:
+    tb = exc.__traceback__
+    while tb is not None:
+        if "/asyncpg/" in tb.tb_frame.f_code.co_filename:
+            return True
+        tb = tb.tb_next
+    return False
+
+
 async def connect(dsn: str, *, connect_timeout: float = CONNECT_TIMEOUT) -> asyncpg.Connection:
     """One connection, with driver errors turned into clear ``StoreError``s."""
     where = redact_dsn(dsn)

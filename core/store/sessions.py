@@ -11,11 +11,18 @@ from collections.abc import Callable
 
 import asyncpg
 
+from core.errors import DatabaseUnavailable
 from core.store.queries import Queries
 
 # What a statement raises when the database cannot be reached or refuses it; a loop that must go on
 # through an outage (a turn worker's) catches these and tries again.
-DRIVER_ERRORS: tuple[type[Exception], ...] = (OSError, asyncpg.PostgresError)
+# (InterfaceError: a connection the server closed, or one left mid-protocol when it went away.)
+DRIVER_ERRORS: tuple[type[Exception], ...] = (
+    OSError,
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    DatabaseUnavailable,
+)
 
 # How many connections an ordinary role may open: superuser-reserved slots (and PG 16's
 # reserved_connections) are not counted, so a budget held to it holds whichever role connects.
