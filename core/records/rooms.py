@@ -275,6 +275,10 @@ async def mark_post_failed(db: Queries, txn_id: str, errcode: str) -> None:
     await db.execute("UPDATE room_posts SET failed = $2 WHERE txn_id = $1", txn_id, errcode)
 
 
+async def post_failed(db: Queries, txn_id: str) -> bool:
+    return bool(await db.fetchval("SELECT failed IS NOT NULL FROM room_posts WHERE txn_id = $1", txn_id))
+
+
 _POSTS = """
     SELECT p.txn_id, r.matrix_id, p.body, p.event_id, p.turn_id, e.event_id AS reply_to
     FROM room_posts p JOIN rooms r ON r.id = p.room_id LEFT JOIN room_events e ON e.id = p.answers

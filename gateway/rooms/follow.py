@@ -34,6 +34,7 @@ from core.records import rooms
 from core.store import Database
 from core.store.sessions import DRIVER_ERRORS
 from gateway.rooms import context
+from gateway.rooms.posting import send_recorded
 from gateway.rooms.speak import AGENT_EXCHANGE_CAP, FOLLOW_UP_WINDOW, Decision, decide
 from text_loop import HarnessDeps, deliver, run_turn
 
@@ -199,16 +200,13 @@ class RoomFollower:
     async def _send(self, post: rooms.Post) -> None:
         """Send a recorded post (again, after a crash: the same transaction id) and record it posted."""
         try:
-            event_id = await self._client.send_text(post.room_matrix_id, post.body, post.txn_id, reply_to=post.reply_to)
+            event_id = await send_recorded(self._db, self._client, post)
         except MatrixError as exc:
             if exc.retryable:
                 raise  # the loop waits and ``resume`` sends it again
-            log.error("rooms: the homeserver refused a post: %s", exc.errcode)
-            await rooms.mark_post_failed(self._db, post.txn_id, exc.errcode or "refused")
             if post.turn_id is not None and self._harness is not None:
                 await deliver(self._harness, post.turn_id, False, detail={"errcode": exc.errcode})
             return
-        await rooms.mark_posted(self._db, post.txn_id, event_id)
         if post.turn_id is not None and self._harness is not None:
             await deliver(self._harness, post.turn_id, True, detail={"event_id": event_id})
 
