@@ -22,6 +22,7 @@ class Room:
     id: UUID
     matrix_id: str
     name: str
+    created_at: datetime | None = None  # when Pepper started following it
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,7 @@ class Member:
 
 
 def _room(row: Any) -> Room:
-    return Room(row["id"], row["matrix_id"], row["name"])
+    return Room(row["id"], row["matrix_id"], row["name"], row["created_at"])
 
 
 async def create_room(db: Queries, matrix_id: str, name: str) -> Room:
@@ -108,6 +109,30 @@ async def members(db: Queries, room_id: UUID) -> list[Member]:
 
 async def verified_matrix_id(db: Queries, account_id: UUID) -> str | None:
     return await db.fetchval(f"SELECT {_MATRIX_OF} FROM accounts a WHERE a.id = $1", account_id)
+
+
+async def account_for_matrix_id(db: Queries, matrix_id: str) -> UUID | None:
+    """The account whose verified Matrix ID is ``matrix_id``, in any room or none."""
+    return await db.fetchval(
+        "SELECT account_id FROM handles WHERE kind = 'matrix' AND value = lower($1) AND verified_at IS NOT NULL"
+        " ORDER BY verified_at LIMIT 1",
+        matrix_id,
+    )
+
+
+async def follow_invited(db: Queries, matrix_id: str, name: str, inviter: UUID) -> Room:
+    """Record a room Pepper was invited to by a linked member (the inviter becomes its member);
+    the existing record when it was recorded before. A name another room has gets the room's id."""
+    found = await room_by_matrix_id(db, matrix_id)
+    if found is not None:
+        await add_member(db, found.id, inviter)
+        return found
+    name = name.strip() or f"room {matrix_id[1:9]}"
+    if await db.fetchval("SELECT 1 FROM rooms WHERE name = $1", name):
+        name = f"{name} ({matrix_id})"
+    room = await create_room(db, matrix_id, name)
+    await add_member(db, room.id, inviter)
+    return room
 
 
 async def member_for_sender(db: Queries, room_id: UUID, sender: str) -> UUID | None:

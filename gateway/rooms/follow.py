@@ -29,7 +29,7 @@ from uuid import UUID
 from zoneinfo import ZoneInfo
 
 from core import identity
-from core.adapters.matrix import MatrixClient, MatrixError, RoomEvent, SyncBatch
+from core.adapters.matrix import Invite, MatrixClient, MatrixError, RoomEvent, SyncBatch
 from core.records import rooms
 from core.store import Database
 from core.store.sessions import DRIVER_ERRORS
@@ -112,8 +112,23 @@ class RoomFollower:
         wait = self._timeout_ms if timeout_ms is None else timeout_ms
         batch = await self._client.sync(since, timeout_ms=wait if since else 0)
         stored = await self.store(batch, history=since is None)
+        await self.accept_invites(batch.invites)
         await self.answer_queued()
         return stored
+
+    async def accept_invites(self, invites: list[Invite]) -> None:
+        """Join a room a linked member invited Pepper to (recorded first, so a crash before the
+        join joins at the next sync, where the invite still is); decline an invite from anyone
+        else (an unknown user, an unverified Matrix ID, another bot)."""
+        for invite in invites:
+            inviter = await rooms.account_for_matrix_id(self._db, invite.inviter) if invite.inviter else None
+            if inviter is None:
+                log.info("rooms: declining an invite from %s (not a linked member)", invite.inviter)
+                await self._client.leave(invite.room_id)
+                continue
+            room = await rooms.follow_invited(self._db, invite.room_id, invite.name, inviter)
+            await self._client.join(invite.room_id)
+            log.info("rooms: joined %s (%s), invited by a member", room.name, room.matrix_id)
 
     async def store(self, batch: SyncBatch, *, history: bool = False) -> int:
         """Store the batch's messages in followed rooms and its ``next_batch``, in one transaction."""
@@ -128,7 +143,9 @@ class RoomFollower:
                 member = (
                     None if event.sender == self.pepper else await rooms.member_for_sender(conn, room.id, event.sender)
                 )
-                decision = (Decision(False, "history") if history else
+                # A message sent before Pepper followed the room is history: read, never answered.
+                before = room.created_at is not None and _sent_at(event) < room.created_at
+                decision = (Decision(False, "history") if history or before else
                             await decide(conn, room.id, event, self.pepper, member, now, follow_up=self._follow_up,
                                          agent_cap=self._agent_cap))  # fmt: skip
                 kept = await rooms.record_event(
