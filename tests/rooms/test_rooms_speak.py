@@ -5,7 +5,6 @@ from __future__ import annotations
 from rooms_support import handling, make_room, member, pepper_posts_seen_by, until
 
 from core.records import rooms
-
 from core.testing.scripted import reply
 
 
