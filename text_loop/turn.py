@@ -19,7 +19,7 @@ from uuid import UUID
 from core.conversation import PromptPart, PromptRecord, open_turn, update_turn
 from core.memory import MemoryConfig
 from core.metrics import metrics
-from core.models.select import ModelPlan, SelectRequest, select_models
+from core.models.select import ModelPlan, SelectRequest, TierInfo, select_models
 from core.models.types import ChatMessage, ModelService, ToolCall
 from core.owner_context import context_reads, owner_context, session_tools
 from core.quality.detectors import TurnView, detector_states, record_firings, run_detectors
@@ -262,7 +262,7 @@ async def run_turn(
             notice = tier_notice(usage.tier)
             await tier_change(db, account_id, now, usage.tier)
         if explicit_tier is None:
-            request = SelectRequest(account_id, tier, kind, usage.tier, deps.usage)
+            request = SelectRequest(account_id, tier, kind, usage.tier, deps.usage, tier_infos(deps.models))
             plan = await select_models(db, request)
         else:
             plan = ModelPlan((explicit_tier,))
@@ -346,6 +346,7 @@ async def run_turn(
             tier=tier,
             background=kind == "scheduled",
             time_budget=deps.config.time_budget(kind),
+            fallback_tiers=plan.tiers[1:],
         )
         if runtime is not None:
             runtime.attach(loop)
@@ -383,6 +384,15 @@ async def run_turn(
     except Exception as exc:
         await _failed(deps, turn_id, exc, channel, kind)
         raise
+
+
+def tier_infos(models: Any) -> tuple[TierInfo, ...]:
+    """The model service's configured tiers, for ``model_select`` (none from a service without
+    tiers, such as a scripted one)."""
+    found = getattr(models, "tiers", None)
+    if not isinstance(found, dict):
+        return ()
+    return tuple(TierInfo(name, tuple(c.model for c in tier.mix)) for name, tier in found.items())
 
 
 async def _failed(deps: HarnessDeps, turn_id: UUID, exc: Exception, channel: str, kind: str) -> None:

@@ -45,8 +45,9 @@ class UsageConfig(BaseModel):
     daily_minutes: float | None = Field(default=None, ge=0)
     low_compute_at: float = Field(default=0.8, gt=0, le=1)
     critical_at: float = Field(default=0.9, gt=0, le=1)
-    low_compute_tier: str = "small"
-    critical_tier: str = "small"
+    # None: computed from the configured tiers and the prices (``core.models.select``).
+    low_compute_tier: str | None = None
+    critical_tier: str | None = None
     # A conversation or task whose turns hit the round cap or fail this many times in a row within
     # an hour is paused (``core.usage.breaker``); 0 turns the breaker off.
     breaker_failures: int = Field(default=3, ge=0)
