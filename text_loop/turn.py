@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
@@ -48,7 +49,15 @@ from core.usage.breaker import (
 )
 from core.usage.breaker import record as record_strike
 from core.usage.config import UsageConfig
-from core.usage.ledger import add_usage, rounds_usage, tier_change, tier_notice, usage_select, usage_state
+from core.usage.ledger import (
+    add_usage,
+    calls_usage,
+    rounds_usage,
+    tier_change,
+    tier_notice,
+    usage_select,
+    usage_state,
+)
 from text_loop.config import HarnessConfig
 from text_loop.harness import drive
 from text_loop.loop import NO_MODEL_REPLY, CallRunner, LoopResult, TurnLoop
@@ -362,9 +371,10 @@ async def run_turn(
             result = LoopResult(NO_MODEL_REPLY, "no-model", error="no-model-selected")
         else:
             result = await drive(db, account_id, loop)
-        tokens, cost, model_calls = rounds_usage(result.rounds, deps.usage)
-        if model_calls:
-            await add_usage(db, account_id, now, tokens=tokens, cost=cost, model_calls=model_calls)
+        # The turn's model calls, its skill workers' and those its tools made (the research helper's).
+        workers = [r for w in runtime.workers for r in w.get("rounds", ())] if runtime is not None else []
+        await _count(deps, account_id, rounds_usage([*result.rounds, *workers], deps.usage),
+                     calls_usage((u for c in result.calls for u in c.model_usage), deps.usage))  # fmt: skip
         if "breaker" in got and (result.status in STRIKES or breaker is not None) and result.status != "paused":
             key = conversation_key_for(account_id)
             if await record_strike(db, key, account_id, result.status, now, deps.usage.breaker_failures):
@@ -384,6 +394,14 @@ async def run_turn(
     except Exception as exc:
         await _failed(deps, turn_id, exc, channel, kind)
         raise
+
+
+async def _count(deps: HarnessDeps, account_id: UUID, *used: tuple[int, Decimal, int]) -> None:
+    tokens = sum(u[0] for u in used)
+    cost = sum((u[1] for u in used), Decimal(0))
+    calls = sum(u[2] for u in used)
+    if calls:
+        await add_usage(deps.db, account_id, deps.clock(), tokens=tokens, cost=cost, model_calls=calls)
 
 
 def tier_infos(models: Any) -> tuple[TierInfo, ...]:
@@ -495,6 +513,7 @@ async def finish_turn(
     if result.answered and session.channel in deps.config.repair_channels:
         repair = await repair_reply(deps.models, reply, deps.config, conversation_key=str(session.conversation_id))
         reply = repair.text
+        await _count(deps, session.account_id, calls_usage(repair.usage, deps.usage))
     firings: list[dict[str, Any]] = []
     if result.answered and replay_of is None:
         reply, firings = await _detect(db, result, reply, skills)
