@@ -88,7 +88,8 @@ async def test_an_owner_at_the_days_usage_cap_gets_a_short_recorded_message(phon
     assert await phone.db.fetchval("SELECT count(*) FROM call_stream_tokens") == 0
 
 
-async def test_a_call_asks_the_model_select_slot_and_an_empty_plan_gets_the_no_model_message(phone, plugin):
+async def test_a_call_asks_the_model_select_slot_and_an_empty_plan_gets_the_no_model_message(phone, request):
+    plugin = request.getfixturevalue("plugin")  # from plugin_support
     from core.slots.settings import set_slot
     from core.usage.config import NO_MODEL_CALL_MESSAGE
 
@@ -99,6 +100,6 @@ async def test_a_call_asks_the_model_select_slot_and_an_empty_plan_gets_the_no_m
     finally:
         plugin.LoopbackSelect.TIERS = ("large",)
     assert not answer.connected and answer.says == [NO_MODEL_CALL_MESSAGE]
-    request = plugin.SEEN["loopback_select"]
-    assert (request.account_id, request.kind, request.usage) == (phone.account_id, "call", "normal")
+    asked = plugin.SEEN["loopback_select"]
+    assert (asked.account_id, asked.kind, asked.usage) == (phone.account_id, "call", "normal")
     assert await phone.db.fetchval("SELECT count(*) FROM call_stream_tokens") == 0
