@@ -85,6 +85,15 @@ async def add_member(db: Queries, room_id: UUID, account_id: UUID) -> bool:
     return bool(done)
 
 
+async def member_rooms(db: Queries, account_id: UUID) -> list[Room]:
+    """The rooms the account is a member of, by name."""
+    rows = await db.fetch(
+        "SELECT r.* FROM rooms r JOIN room_members m ON m.room_id = r.id WHERE m.account_id = $1 ORDER BY r.name, r.id",
+        account_id,
+    )
+    return [_room(r) for r in rows]
+
+
 async def is_member(db: Queries, room_id: UUID, account_id: UUID) -> bool:
     found = await db.fetchval("SELECT 1 FROM room_members WHERE room_id = $1 AND account_id = $2", room_id, account_id)
     return bool(found)
