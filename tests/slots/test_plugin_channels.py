@@ -42,7 +42,13 @@ async def _hook(app: WebApp, body: object, token: str | None) -> tuple[int, dict
             return response.status, await response.json()
 
 
-async def test_a_webhook_channel_carries_a_message_to_a_turn_and_the_reply_out(app: WebApp, plugin) -> None:  # noqa: F811
+async def test_webhook_and_connection_channels_carry_messages_to_turns_and_replies_out(app: WebApp, plugin) -> None:  # noqa: F811
+    # One server for both (each start is seconds): the webhook first, then the connections.
+    await _webhook_carries_a_message_to_a_turn_and_the_reply_out(app, plugin)
+    await _long_lived_connection_carries_messages_while_a_crashing_one_is_restarted(app, plugin)
+
+
+async def _webhook_carries_a_message_to_a_turn_and_the_reply_out(app: WebApp, plugin) -> None:  # noqa: F811
     await identity.add_handle(app.db, app.account_id, "plugin", "loopback_hook:+ada", verified=True)
     app.model.script(reply_text("Hello from Pepper."))
     message = {"from": "+ada", "text": "hello over the hook", "id": "h1"}
@@ -71,10 +77,8 @@ async def test_a_webhook_channel_carries_a_message_to_a_turn_and_the_reply_out(a
     assert len(plugin.SENT) == 1
 
 
-async def test_a_long_lived_connection_carries_messages_while_a_crashing_one_is_restarted(
-    app: WebApp,
-    plugin,  # noqa: F811
-) -> None:
+async def _long_lived_connection_carries_messages_while_a_crashing_one_is_restarted(app: WebApp, plugin) -> None:  # noqa: F811
+    plugin.SENT.clear()
     await identity.add_handle(app.db, app.account_id, "plugin", "loopback_link:ada", verified=True)
     await until(lambda: plugin.CALLS["crashing_link.run"] >= 2)  # crashed, started again, crashed
     assert plugin.CALLS["loopback_link.run"] == 1  # the other connection was never touched
@@ -82,7 +86,7 @@ async def test_a_long_lived_connection_carries_messages_while_a_crashing_one_is_
     plugin.link_queue().put_nowait(("ada", "ping over the link", "l1"))
     await until(lambda: any(s[0] == "loopback_link" for s in plugin.SENT))
     assert [(s[0], s[1], s[2]) for s in plugin.SENT] == [("loopback_link", "ada", "Pong.")]
-    assert await app.db.fetchval("SELECT count(*) FROM turns WHERE channel = 'plugin'") == 1
+    assert await app.db.fetchval("SELECT count(*) FROM turns WHERE channel = 'plugin'") == 2  # the hook's too
     # The same message delivered again over the connection, then a new one (the connection hands
     # them over in order): the duplicate starts no turn, the new one gets its answer.
     app.model.script(reply_text("Pong again."))
@@ -90,5 +94,5 @@ async def test_a_long_lived_connection_carries_messages_while_a_crashing_one_is_
     plugin.link_queue().put_nowait(("ada", "another ping", "l2"))
     await until(lambda: len(plugin.SENT) == 2)
     assert plugin.SENT[1][2] == "Pong again."
-    assert await app.db.fetchval("SELECT count(*) FROM turns WHERE channel = 'plugin'") == 2
+    assert await app.db.fetchval("SELECT count(*) FROM turns WHERE channel = 'plugin'") == 3
     assert plugin.CALLS["loopback_link.run"] == 1 and plugin.CALLS["crashing_link.run"] >= 2
