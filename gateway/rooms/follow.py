@@ -119,16 +119,23 @@ class RoomFollower:
     async def accept_invites(self, invites: list[Invite]) -> None:
         """Join a room a linked member invited Pepper to (recorded first, so a crash before the
         join joins at the next sync, where the invite still is); decline an invite from anyone
-        else (an unknown user, an unverified Matrix ID, another bot)."""
+        else (an unknown user, an unverified Matrix ID, another bot). An invite the homeserver
+        will not let Pepper act on (the room is gone) is logged and left: it must not stop the
+        sync loop; an outage (retryable) is waited out like any other."""
         for invite in invites:
-            inviter = await rooms.account_for_matrix_id(self._db, invite.inviter) if invite.inviter else None
-            if inviter is None:
-                log.info("rooms: declining an invite from %s (not a linked member)", invite.inviter)
-                await self._client.leave(invite.room_id)
-                continue
-            room = await rooms.follow_invited(self._db, invite.room_id, invite.name, inviter)
-            await self._client.join(invite.room_id)
-            log.info("rooms: joined %s (%s), invited by a member", room.name, room.matrix_id)
+            try:
+                inviter = await rooms.account_for_matrix_id(self._db, invite.inviter) if invite.inviter else None
+                if inviter is None:
+                    log.info("rooms: declining an invite from %s (not a linked member)", invite.inviter)
+                    await self._client.leave(invite.room_id)
+                    continue
+                room = await rooms.follow_invited(self._db, invite.room_id, invite.name, inviter)
+                await self._client.join(invite.room_id)
+                log.info("rooms: joined %s (%s), invited by a member", room.name, room.matrix_id)
+            except MatrixError as exc:
+                if exc.retryable:
+                    raise
+                log.warning("rooms: an invite to %s could not be handled: %s", invite.room_id, exc.errcode)
 
     async def store(self, batch: SyncBatch, *, history: bool = False) -> int:
         """Store the batch's messages in followed rooms and its ``next_batch``, in one transaction."""
