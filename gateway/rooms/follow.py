@@ -103,7 +103,10 @@ class RoomFollower:
         """After a restart: send again what was recorded but not recorded as posted, then answer
         what was queued."""
         for post in await rooms.unsent_posts(self._db):
-            await self._send(post)
+            # A scheduled task's post (it answers no message) is its run's to send again, from
+            # the scheduler (``gateway.rooms.posting``), so one process sends each post.
+            if post.reply_to is not None:
+                await self._send(post)
         await self.answer_queued()
 
     async def step(self, timeout_ms: int | None = None) -> int:
