@@ -77,7 +77,7 @@ class ChannelInbox:
             log.info("plugin channel message from an unknown sender refused: plugin=%s", self.plugin)
             raise InvalidInput("this sender is not linked to anyone here")
         _, created = await receive(
-            self._db, CHANNEL, handle.account_id, text, key=f"{self.plugin}:{key}", handle_id=handle.id,
+            self._db, CHANNEL, handle.account_id, text, key=f"{self.plugin}:in:{key}", handle_id=handle.id,
             meta={"plugin": self.plugin, "address": address},
         )  # fmt: skip
         return created
@@ -108,6 +108,8 @@ class PluginChannel:
         return isinstance(claimed.meta.get("address"), str) and self._plugin(claimed) is not None
 
     async def deliver(self, services: Services, claimed: Claimed, turn_id: UUID | None, parts: list[str]) -> Delivery:
+        # Recorded under ``NAME:out:...`` and messages in under ``NAME:in:KEY``: a sender's key can
+        # never take a reply's place in the unique (channel, provider id).
         plugin = self._plugin(claimed)
         assert plugin is not None  # can_reply said so
         address = claimed.meta["address"]
@@ -123,7 +125,7 @@ class PluginChannel:
             if answer is not None and not isinstance(answer, str):
                 return failed("send-malformed", plugin=plugin.name, sent=n)
             await record_outbound(services.db, conversation_id, CHANNEL, part, turn_id=turn_id,
-                                  provider_message_id=f"{plugin.name}:{base}.{n}", delivery_status="sent")  # fmt: skip
+                                  provider_message_id=f"{plugin.name}:out:{base}.{n}", delivery_status="sent")  # fmt: skip
             sent.append(answer)
         return delivered(plugin=plugin.name, ids=sent)
 
