@@ -124,8 +124,9 @@ class PluginChannel:
                 return failed("send-failed", plugin=plugin.name, sent=n)
             if answer is not None and not isinstance(answer, str):
                 return failed("send-malformed", plugin=plugin.name, sent=n)
+            sent_id = f"{plugin.name}:out:{base}.{n}"
             await record_outbound(services.db, conversation_id, CHANNEL, part, turn_id=turn_id,
-                                  provider_message_id=f"{plugin.name}:out:{base}.{n}", delivery_status="sent")  # fmt: skip
+                                  provider_message_id=sent_id, delivery_status="sent")  # fmt: skip
             sent.append(answer)
         return delivered(plugin=plugin.name, ids=sent)
 
