@@ -18,7 +18,7 @@ from core.errors import InvalidInput, NotFound
 from core.store.database import NO_FLUSH
 from core.store.queries import Queries
 
-MESSAGE_CHANNELS: tuple[str, ...] = ("sms", "whatsapp", "voice", "web", "email", "cli", "answering")
+MESSAGE_CHANNELS: tuple[str, ...] = ("sms", "whatsapp", "voice", "web", "email", "cli", "answering", "plugin")
 TURN_KINDS: tuple[str, ...] = ("live", "scheduled", "room", "call", "replay")
 # The JSON parts of a turn record that later features fill in.
 TURN_RECORD_PARTS: tuple[str, ...] = (

@@ -33,7 +33,7 @@ HandleKind = Literal["phone", "email", "web", "matrix"]
 Channel = Literal["sms", "whatsapp", "voice", "email"]
 LineKind = Literal["personal", "answering"]
 
-HANDLE_KINDS: tuple[str, ...] = ("phone", "email", "web", "matrix")
+HANDLE_KINDS: tuple[str, ...] = ("phone", "email", "web", "matrix", "plugin")
 CONSENT_CHANNELS: tuple[str, ...] = ("sms", "whatsapp", "voice", "email")
 LINE_KINDS: tuple[str, ...] = ("personal", "answering")
 # A STOP on a phone number blocks every channel that reaches that number.
@@ -44,6 +44,8 @@ _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 _WEB_LOGIN = re.compile(r"^[a-z0-9][a-z0-9._-]{1,63}$")
 # A Matrix user ID: @localpart:server (the spec's localpart characters; a server name with an optional port).
 _MATRIX_ID = re.compile(r"^@[a-z0-9._=/+-]+:[a-z0-9.-]+(:\d{1,5})?$")
+# A plugin text channel's sender (``gateway.plugin_channels``): the plugin's name, then its address.
+_PLUGIN_HANDLE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}:[!-~]{1,200}$")
 
 # argon2id with the library's defaults (RFC 9106 low-memory profile).
 _hasher = PasswordHasher()
@@ -147,6 +149,11 @@ def normalize_handle(kind: str, raw: str, default_region: str = "US") -> str:
         value = raw.strip().lower()
         if not _MATRIX_ID.match(value) or len(value) > 255:
             raise InvalidInput("a Matrix ID looks like @name:example.org")
+        return value
+    if kind == "plugin":
+        value = raw.strip().lower()
+        if not _PLUGIN_HANDLE.match(value):
+            raise InvalidInput("a plugin channel's sender is PLUGIN:address (the plugin's name, then its address)")
         return value
     raise InvalidInput(f"unknown handle kind {kind!r}; use one of {', '.join(HANDLE_KINDS)}")
 

@@ -69,7 +69,7 @@ def create_app(settings: Settings, db, *, turns_in_process: bool = True, media_i
     app.register_blueprint(pages.blueprint)
     app.register_blueprint(dashboard.blueprint)
     app.register_blueprint(web_api.blueprint)
-    mount_plugin_routes(app)
+    mount_plugin_routes(app, db)
 
     @app.before_serving
     async def start_live_feed() -> None:

@@ -192,6 +192,15 @@ def _describe(reg: SlotRegistry, name: str) -> str:
     if plugin.slot is not None:
         problem = reg.problem(plugin.slot, name) if plugin.slot in reg.specs else "no such slot"
         return f"claims the {plugin.slot} slot" + (f" but {problem}" if problem else "")
+    if plugin.kind == "channel":
+        ways = [
+            w
+            for w, attr in (("a webhook", "routes"), ("a connection", "run"))
+            if callable(getattr(plugin.obj, attr, None))
+        ]
+        if not ways or not callable(getattr(plugin.obj, "send", None)):
+            return "adds a channel but lacks a way in (routes or run) or a send: it carries nothing"
+        return f"adds a text channel ({' and '.join(ways)})"
     return f"adds a {plugin.kind}" if plugin.kind else "claims no slot and declares no kind"
 
 

@@ -1,7 +1,7 @@
 """``pepper tasks``: scheduled tasks and their receipts, from the command line.
 
 pepper tasks [list] [--account A] [--all]   tasks and their recent receipts
-pepper tasks add ACCOUNT TITLE --schedule S --prompt P [--to chat,sms] [--reminder]
+pepper tasks add ACCOUNT TITLE --schedule S --prompt P [--to chat,sms,room:ROOM] [--reminder]
 pepper tasks remove ID [ID ...]
 pepper tasks place ACCOUNT LAT LON [--label L]   where sunrise and sunset are computed
 """
@@ -37,7 +37,7 @@ def add_commands(subparsers: Any) -> None:
     add.add_argument("title")
     add.add_argument("--schedule", required=True, help="e.g. 'weekdays at 07:30', 'sunset', 'cron 0 8 * * 1'")
     add.add_argument("--prompt", required=True, help="what Pepper does at each run")
-    add.add_argument("--to", default="", help="comma-separated: chat, sms, whatsapp, email (default: usual)")
+    add.add_argument("--to", default="", help="comma-separated: chat, sms, whatsapp, email, room:ROOM (default: usual)")
     add.add_argument("--reminder", action="store_true", help="a one-shot reminder")
     remove = sub.add_parser("remove", help="cancel tasks by number")
     remove.add_argument("ids", nargs="+", type=int)

@@ -117,9 +117,10 @@ def text_channels() -> tuple[Channel, ...]:
     """The text channels the turn workers answer on, all through ``gateway.channels.Pipeline``."""
     from gateway.email_channel import EMAIL_CHANNEL
     from gateway.messaging import SMS_CHANNEL, WHATSAPP_CHANNEL
+    from gateway.plugin_channels import PluginChannel, channel_plugins
     from gateway.webchat import WEB_CHANNEL
 
-    return (SMS_CHANNEL, WHATSAPP_CHANNEL, EMAIL_CHANNEL, WEB_CHANNEL)
+    return (SMS_CHANNEL, WHATSAPP_CHANNEL, EMAIL_CHANNEL, WEB_CHANNEL, PluginChannel(channel_plugins()))
 
 
 def plain_sms(messenger: TwilioMessenger | None) -> SendSms | None:

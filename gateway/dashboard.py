@@ -1,6 +1,7 @@
 """The dashboard pages: approvals, calls (with transcripts), scheduled tasks and their receipts,
-the dossier, plots, and settings (what ``pepper doctor`` says). Signed-in only; each shows the
-signed-in account's own records. Their actions post to ``gateway.web_api``."""
+the rooms (each of the member's calendars' sharing level), the dossier, plots, and settings (what
+``pepper doctor`` says). Signed-in only; each shows the signed-in account's own records. Their
+actions post to ``gateway.web_api``."""
 
 from __future__ import annotations
 
@@ -17,10 +18,11 @@ from quart import Blueprint, Response, current_app
 from core.memory.dossier import load_dossier, revisions
 from core.quality.jobs import grades_report
 from core.quality.points import POINTS
-from core.records import dashboard
+from core.records import dashboard, rooms
 from core.records.connections import connections_of
 from core.scheduling.runs import recent_receipts
 from core.scheduling.tasks import account_timezone, list_tasks
+from core.tools.areas.calendar import calendars
 from gateway.doctor import diagnose
 from gateway.pages import signed_in_page
 from gateway.services import Services
@@ -29,6 +31,12 @@ from gateway.webchat import plain_id, tool_label
 from gateway.webhooks import served_paths
 
 PLOT_DAYS = 30
+LEVEL_NAMES = (
+    ("nothing", "Nothing"),
+    ("free_busy", "Free/busy"),
+    ("titles", "Titles and times"),
+    ("everything", "Everything"),
+)
 
 blueprint = Blueprint("dashboard", __name__, template_folder="templates")
 
@@ -78,6 +86,19 @@ async def tasks_page(account_id: UUID) -> dict[str, Any]:
         for t in await list_tasks(db, account_id, include_inactive=True)
     ]
     return {"template": "tasks.html", "tasks": tasks, "zone": zone}
+
+
+@signed_in_page(blueprint, "/rooms", "Rooms")
+async def rooms_page(account_id: UUID) -> dict[str, Any]:
+    """The signed-in member's rooms and, per room, what they share of each of their calendars:
+    their own levels only (another member's are not even shown)."""
+    db = _services().db
+    own = await calendars(db, account_id)
+    listed = []
+    for room in await rooms.member_rooms(db, account_id):
+        levels = await rooms.shares(db, room.id)
+        listed.append({"room": room, "calendars": [(c, levels.get((account_id, c.id), "nothing")) for c in own]})
+    return {"template": "rooms.html", "rooms": listed, "levels": LEVEL_NAMES}
 
 
 @signed_in_page(blueprint, "/dossier", "Dossier")

@@ -26,6 +26,7 @@ NAV = (
     ("/approvals", "Approvals"),
     ("/calls", "Calls"),
     ("/tasks", "Tasks"),
+    ("/rooms", "Rooms"),
     ("/dossier", "Dossier"),
     ("/plots", "Plots"),
     ("/settings", "Settings"),

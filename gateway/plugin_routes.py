@@ -13,6 +13,7 @@ from typing import Any
 from quart import Quart, Response, request
 
 from core.slots.plugins import PluginRequest, PluginRoute, discover, plugin_routes
+from core.store.queries import Queries
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +36,15 @@ def _view(name: str, route: PluginRoute) -> Any:
     return view
 
 
-def mount_plugin_routes(app: Quart) -> list[str]:
-    """Mount every usable plugin route on ``app``; returns the paths mounted."""
+def mount_plugin_routes(app: Quart, db: Queries | None = None) -> list[str]:
+    """Mount every usable plugin route on ``app`` (with ``db``, the webhooks of channel plugins
+    too, ``gateway.plugin_channels``); returns the paths mounted."""
+    from gateway.plugin_channels import channel_plugins, channel_routes
+
     mounted = []
-    for n, (path, route) in enumerate(plugin_routes(discover())):
+    found = discover()
+    extra = channel_routes(channel_plugins(found), db) if db is not None else []
+    for n, (path, route) in enumerate(plugin_routes(found, extra)):
         name = path.split("/")[2]
         app.add_url_rule(path, endpoint=f"plugin-{n}-{name}", view_func=_view(name, route), methods=[route.method])
         mounted.append(path)

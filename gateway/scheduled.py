@@ -8,6 +8,9 @@ Channels:
 * ``sms`` / ``whatsapp``: sent through Twilio from the account's personal line to its verified
   phone number, with the status callback; a STOP, no number or no Twilio answers ``unavailable``
   and the scheduler falls back to chat;
+* ``room:<room id>``: posted in the room once (``gateway.rooms.posting``: recorded under a
+  transaction id made of the run and the channel's place, then sent under it), when the account is
+  still a member; otherwise ``unavailable``, so chat;
 * ``email``: sent by SMTP from Pepper's own address to the account's verified email address;
   the delivery key is recorded with the message, so a re-run after a crash finds it sent; no SMTP
   account, no verified address or an opt-out answers ``unavailable``, so chat.
@@ -19,6 +22,7 @@ import logging
 from email.message import EmailMessage
 from email.utils import formataddr, formatdate, make_msgid
 from typing import Any
+from uuid import UUID
 
 from core import identity
 from core.adapters.twilio.signatures import public_request_url
@@ -31,6 +35,7 @@ from core.conversation import (
     was_sent,
 )
 from core.errors import PepperError
+from core.scheduling.tasks import ROOM_PREFIX
 from core.settings import Settings
 from core.store.queries import Queries
 from gateway.segments import split_message
@@ -44,11 +49,16 @@ log = logging.getLogger(__name__)
 class GatewayDeliverer:
     """Implements ``text_loop.scheduler.Deliverer`` over the store and Twilio."""
 
-    def __init__(self, settings: Settings, db: Queries, messenger: Any = None, mailer: Any = None):
+    def __init__(self, settings: Settings, db: Queries, messenger: Any = None, mailer: Any = None, rooms: Any = None):
         self.settings = settings
         self.db = db
         self.messenger = messenger
         self.mailer = mailer
+        self.rooms = rooms  # a ``gateway.rooms.posting.RoomPoster``; None: rooms are off
+
+    async def aclose(self) -> None:
+        if self.rooms is not None:
+            await self.rooms.close()
 
     async def deliver(self, request: DeliveryRequest) -> DeliveryResult:
         if request.channel == "chat":
@@ -57,6 +67,8 @@ class GatewayDeliverer:
             return await self._phone(request)
         if request.channel == "email":
             return await self._email(request)
+        if request.channel.startswith(ROOM_PREFIX):
+            return await self._room(request)
         return DeliveryResult("unavailable", f"the {request.channel} channel is not available in this version")
 
     async def _chat(self, request: DeliveryRequest) -> DeliveryResult:
@@ -68,6 +80,21 @@ class GatewayDeliverer:
         if not recorded:
             return DeliveryResult("delivered", "already in the conversation", request.key)
         return DeliveryResult("delivered", "", request.key)
+
+    async def _room(self, request: DeliveryRequest) -> DeliveryResult:
+        if self.rooms is None:
+            return DeliveryResult("unavailable", "rooms are off (PEPPER_ROOMS_ENABLED)")
+        try:
+            room_id = UUID(request.channel.removeprefix(ROOM_PREFIX))
+        except ValueError:
+            return DeliveryResult("unavailable", "not a room id")
+        if request.run_id is None:
+            return DeliveryResult("unavailable", "a room post needs its run")
+        status, detail = await self.rooms.post(
+            room_id, request.account_id, request.body, run_id=request.run_id, seq=request.seq,
+            turn_id=request.turn_id,
+        )  # fmt: skip
+        return DeliveryResult(status, detail, detail if status == "delivered" else None)
 
     async def _phone(self, request: DeliveryRequest) -> DeliveryResult:
         db = self.db
@@ -154,7 +181,13 @@ def scheduler_config(settings: Settings) -> SchedulerConfig:
 
 
 def build_scheduler(settings: Settings, harness: HarnessDeps, messenger: Any = None, mailer: Any = None) -> Scheduler:
-    deliverer = GatewayDeliverer(settings, harness.db, messenger, mailer)
+    poster = None
+    if settings.rooms_enabled:
+        from gateway.rooms.homeserver import pepper_client
+        from gateway.rooms.posting import RoomPoster
+
+        poster = RoomPoster(harness.db, lambda: pepper_client(settings))
+    deliverer = GatewayDeliverer(settings, harness.db, messenger, mailer, poster)
     return Scheduler(harness, deliverer, scheduler_config(settings))
 
 

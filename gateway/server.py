@@ -26,7 +26,7 @@ from gateway.media_procs import MediaProcesses
 from gateway.port_lock import hold_media_port
 from gateway.research import ResearchHelper
 from gateway.sockets import bind_listener, bind_shared
-from gateway.worker import TurnProcesses
+from gateway.worker import TurnProcesses, channel_supervisor
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +89,18 @@ def build_app(
         attach_scheduler(app, settings, harness, messenger, mailer)
 
     memory = start_memory(settings, db, router) if turns_in_process else None
+    # So do the long-lived connections of channel plugins (one process holds each).
+    channels = channel_supervisor(db) if turns_in_process else None
+
+    @app.before_serving
+    async def start_channel_connections() -> None:
+        if channels is not None:
+            channels.start()
+
+    @app.after_serving
+    async def stop_channel_connections() -> None:
+        if channels is not None:
+            await channels.stop()
 
     @app.before_serving
     async def start_memory_jobs() -> None:

@@ -25,8 +25,10 @@ from core.conversation import conversation_for
 from core.errors import InvalidInput, PepperError
 from core.memory.dossier import set_owner_text
 from core.models.types import ToolCall
+from core.records import rooms
 from core.records.mcp import McpToolRow, pending_approvals
 from core.records.mcp import decide as decide_tool
+from core.records.rooms import SHARE_LEVELS
 from core.scheduling.runs import run_now
 from core.scheduling.tasks import account_timezone, is_active
 from core.store.pool import connection
@@ -357,6 +359,41 @@ async def run_task_now(who: UUID, raw_id: str) -> Response:
     if not await is_active(db, task_id, who):
         return _json_error(404, "no-such-task", "no active task with that id")
     return _ok({"message": "A run of it is already due; it was not added twice.", "duplicate": True})
+
+
+@blueprint.post("/api/rooms/<raw_room>/shares")
+@signed_in(state_changing=True)
+async def set_room_share(who: UUID, raw_room: str) -> Response:
+    """Set what the signed-in member shares of one of their own calendars with a room. The member
+    is the session's account and nothing else: a body naming an account or member is refused."""
+    body = await _json_body()
+    if not isinstance(body, dict) or set(body) != {"calendar", "level"}:
+        return _json_error(400, "bad-share", 'send JSON {"calendar": "<id>", "level": "..."}: your own levels only')
+    room_id, calendar_id = _uuid(raw_room), _uuid(body["calendar"])
+    if room_id is None or calendar_id is None:
+        return _json_error(400, "bad-id", "a room or calendar id is the id from the rooms page")
+    level = body["level"]
+    if level not in SHARE_LEVELS:
+        return _json_error(400, "bad-level", f"a level is one of {', '.join(SHARE_LEVELS)}")
+    db = _services().db
+    if not await rooms.is_member(db, room_id, who):
+        return _json_error(404, "no-such-room", "you are not a member of that room")
+    before = (await rooms.shares(db, room_id)).get((who, calendar_id), "nothing")
+    try:
+        await rooms.set_share(db, room_id, who, calendar_id, level)
+    except InvalidInput:
+        return _json_error(404, "no-such-calendar", "that is not one of your calendars")
+    changed = before != level
+    return _ok({"message": "Saved; the room's next turn sees it." if changed else "No change.", "changed": changed})
+
+
+def _uuid(raw: Any) -> UUID | None:
+    if not isinstance(raw, str) or len(raw) > 40:
+        return None
+    try:
+        return UUID(raw)
+    except ValueError:
+        return None
 
 
 @blueprint.post("/api/dossier")

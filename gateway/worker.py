@@ -35,16 +35,20 @@ import logging
 import os
 from collections.abc import Iterable
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.conversation import claim_turn, release_orphans
 from core.settings import Settings
 from core.store.database import to_idle_class
+from core.store.queries import Queries
 from core.store.sessions import DRIVER_ERRORS, Listener
 from gateway.channels import Channel, Pipeline
 from gateway.children import ChildProcesses, ChildStop
 from gateway.live import ProgressPublisher
 from gateway.services import Services
+
+if TYPE_CHECKING:
+    from gateway.plugin_channels import ChannelSupervisor
 
 log = logging.getLogger(__name__)
 
@@ -224,8 +228,11 @@ class BackgroundJobs:
             else None
         )
         self._memory = start_memory(settings, services.db, harness.models)
+        self._channels = channel_supervisor(services.db)
 
     def start(self) -> None:
+        if self._channels is not None:
+            self._channels.start()
         if self._scheduler is not None:
             self._scheduler.start()
         if self._memory is not None:
@@ -233,10 +240,24 @@ class BackgroundJobs:
             log.info("memory jobs started")
 
     async def stop(self, grace: float) -> None:
+        if self._channels is not None:
+            await self._channels.stop()
         if self._scheduler is not None:
             await self._scheduler.stop(grace)
         if self._memory is not None:
             await self._memory.stop()
+
+
+def channel_supervisor(db: Queries) -> ChannelSupervisor | None:
+    """The long-lived connections of channel plugins (``gateway.plugin_channels``), or None
+    when no plugin has one."""
+    from gateway.plugin_channels import ChannelSupervisor, channel_plugins
+
+    supervisor = ChannelSupervisor(db, channel_plugins())
+    if not supervisor.names:
+        return None
+    log.info("channel plugin connections: %s", ", ".join(supervisor.names))
+    return supervisor
 
 
 def worker_process_main(settings: Settings, index: int) -> None:

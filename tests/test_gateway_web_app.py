@@ -22,7 +22,7 @@ from core.store import Database
 from core.testing.peers import reply_text, reply_tools
 from gateway.markdown import to_html
 
-PAGES = ("/", "/approvals", "/calls", "/tasks", "/dossier", "/plots", "/settings")
+PAGES = ("/", "/approvals", "/calls", "/tasks", "/rooms", "/dossier", "/plots", "/settings")
 
 
 @pytest.fixture
@@ -442,3 +442,52 @@ async def test_the_approvals_queue_approves_an_mcp_tool_as_shown_and_shows_what_
         assert (await post(session, f"{app.base}/api/approvals/mcp-tool/{latest['id']}/reject", headers))[0] == 200
         [row] = await records.tools_of(app.db, server)
         assert row.state == "rejected" and row.approved is None
+
+
+async def test_a_member_sets_their_own_calendar_sharing_level_per_room(app: WebApp):
+    from core.records import rooms
+    from core.tools.areas.calendar.store import ensure_pepper_calendar
+
+    room = await rooms.create_room(app.db, "!family:rooms.test", "Family <home>")
+    elsewhere = await rooms.create_room(app.db, "!work:rooms.test", "Work")
+    bea = await identity.create_account(app.db, "Bea")
+    await access.set_web_password(app.db, bea.id, "bea", PASSWORD)
+    for account in (app.account_id, bea.id):
+        await rooms.add_member(app.db, room.id, account)
+    ada_cal = await ensure_pepper_calendar(app.db, app.account_id)
+    bea_cal = await ensure_pepper_calendar(app.db, bea.id)
+    await rooms.set_share(app.db, room.id, bea.id, bea_cal, "free_busy")
+    session, headers = await signed_in(app)
+    async with session:
+        async with session.get(app.base + "/rooms") as response:
+            page = await response.text()
+        assert response.status == 200 and "Family &lt;home&gt;" in page and "Work" not in page
+        assert f'data-post="/api/rooms/{room.id}/shares"' in page and "<script>" not in page
+        assert page.count("<select") == 1  # Ada's one calendar; Bea's is not shown to her
+        url = f"{app.base}/api/rooms/{room.id}/shares"
+        good = {"calendar": str(ada_cal), "level": "titles"}
+        for body in (b"\xff", "[]", {"calendar": str(ada_cal)}, {"calendar": 5, "level": "titles"},
+                     {"calendar": "not-an-id", "level": "titles"}, {**good, "level": "all of it"},
+                     {**good, "account": str(bea.id)}, {**good, "member": "Bea"}):  # fmt: skip
+            assert (await post(session, url, headers, body))[0] == 400, body
+        assert (await post(session, app.base + "/api/rooms/nope/shares", headers, good))[0] == 400
+        # Forgeries: no CSRF, no session, another member's calendar, a room Ada is not in.
+        assert (await post(session, url, {"X-CSRF-Token": "forged"}, good))[0] == 403
+        async with aiohttp.ClientSession() as anonymous:
+            assert (await post(anonymous, url, {}, good))[0] == 401
+        status, answer = await post(session, url, headers, {"calendar": str(bea_cal), "level": "everything"})
+        assert status == 404 and answer["error"] == "no-such-calendar"
+        elsewhere_url = f"{app.base}/api/rooms/{elsewhere.id}/shares"
+        assert (await post(session, elsewhere_url, headers, good))[0] == 404
+        assert await rooms.shares(app.db, room.id) == {(bea.id, bea_cal): "free_busy"}
+
+        status, answer = await post(session, url, headers, good)
+        assert status == 200 and answer["changed"] is True
+        status, answer = await post(session, url, headers, good)
+        assert status == 200 and answer["changed"] is False  # a duplicate changes nothing
+        assert await rooms.shares(app.db, room.id) == {
+            (bea.id, bea_cal): "free_busy",
+            (app.account_id, ada_cal): "titles",
+        }
+        async with session.get(app.base + "/rooms") as response:
+            assert '<option value="titles" selected>' in await response.text()

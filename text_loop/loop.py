@@ -109,6 +109,7 @@ class TurnLoop:
         tier: str,
         background: bool = False,
         time_budget: float | None = None,
+        fallback_tiers: Sequence[str] = (),
     ):
         self.models = models
         self.config = config
@@ -120,6 +121,9 @@ class TurnLoop:
         self.round_cap = round_cap
         self.conversation_key = conversation_key
         self.tier = tier
+        # Where a model call goes when ``tier`` cannot answer: the rest of the turn's plan
+        # (``core.models.select``), walked in order; the loop stays on the tier that answered.
+        self.fallback_tiers = tuple(fallback_tiers)
         self.background = background
         self.time_budget = time_budget
         self._deadline: float | None = None  # time.monotonic() at which the budget is spent
@@ -152,7 +156,7 @@ class TurnLoop:
             self._recorded_upto = len(self.history)
         started = time.perf_counter()
         try:
-            generation = await self._call_model(prompt, streamed=purpose == "turn")
+            generation = await self._walk_tiers(prompt, purpose, record)
         except ModelNotConfigured as exc:
             record["error"] = exc.code
             self.result.rounds.append(record)
@@ -173,6 +177,23 @@ class TurnLoop:
         for key in ("input_tokens", "output_tokens", "cached_input_tokens", "reasoning_tokens"):
             self.result.usage[key] = self.result.usage.get(key, 0) + getattr(generation.usage, key)
         return generation
+
+    async def _walk_tiers(self, prompt: Prompt, purpose: str, record: dict[str, Any]) -> Generation:
+        """One generation on the loop's tier, or on the plan's next tiers in turn when it cannot
+        answer. A failed call has done nothing (tools run only after a generation), so the same
+        call goes again."""
+        while True:
+            try:
+                return await self._call_model(prompt, streamed=purpose == "turn")
+            except ModelError as exc:  # ModelNotConfigured included
+                if not self.fallback_tiers:
+                    raise
+                failed, self.tier = self.tier, self.fallback_tiers[0]
+                self.fallback_tiers = self.fallback_tiers[1:]
+                log.warning("model tier could not answer; trying the next: tier=%s next=%s code=%s",
+                            failed, self.tier, exc.code)  # fmt: skip
+                record.setdefault("tiers_failed", []).append({"tier": failed, "error": exc.code})
+                record["tier"] = self.tier
 
     async def _call_model(self, prompt: Prompt, *, streamed: bool) -> Generation:
         """One generation; streamed (each delta told to ``progress``) when someone is watching."""

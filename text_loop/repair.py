@@ -22,6 +22,7 @@ from typing import Any
 
 from core.models.errors import ModelError
 from core.models.types import ModelService, Prompt
+from core.usage.config import generation_usage
 from text_loop.config import HarnessConfig
 from text_loop.prompt import harness_message
 
@@ -42,6 +43,7 @@ class RepairResult:
     changed: bool
     verdict: str  # accepted | unchanged | rejected: <why> | failed: <code>
     model_ms: float = 0.0
+    usage: tuple[dict[str, Any], ...] = ()  # the pass's model call, counted toward the person's caps
 
     def as_record(self) -> dict[str, Any]:
         return {"changed": self.changed, "verdict": self.verdict, "model_ms": round(self.model_ms, 3)}
@@ -92,11 +94,12 @@ async def repair_reply(
         log.exception("repair pass raised; sending the original")
         return RepairResult(reply, False, f"failed: {type(exc).__name__}", (time.perf_counter() - started) * 1000)
     elapsed = (time.perf_counter() - started) * 1000
+    used = (generation_usage(generation),)
     edited = generation.text.strip()
     if edited == reply.strip():
-        return RepairResult(reply, False, "unchanged", elapsed)
+        return RepairResult(reply, False, "unchanged", elapsed, used)
     problem = check_repair(reply, edited, config)
     if problem is not None:
         log.info("repair edit rejected; sending the original: rule=%s", problem.split(" ", 1)[0])
-        return RepairResult(reply, False, f"rejected: {problem}", elapsed)
-    return RepairResult(edited, True, "accepted", elapsed)
+        return RepairResult(reply, False, f"rejected: {problem}", elapsed, used)
+    return RepairResult(edited, True, "accepted", elapsed, used)

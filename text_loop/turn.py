@@ -13,13 +13,14 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
 from core.conversation import PromptPart, PromptRecord, open_turn, update_turn
 from core.memory import MemoryConfig
 from core.metrics import metrics
-from core.models.select import ModelPlan, SelectRequest, select_models
+from core.models.select import ModelPlan, SelectRequest, TierInfo, select_models
 from core.models.types import ChatMessage, ModelService, ToolCall
 from core.owner_context import context_reads, owner_context, session_tools
 from core.quality.detectors import TurnView, detector_states, record_firings, run_detectors
@@ -49,7 +50,15 @@ from core.usage.breaker import (
 )
 from core.usage.breaker import record as record_strike
 from core.usage.config import UsageConfig
-from core.usage.ledger import add_usage, rounds_usage, tier_change, tier_notice, usage_select, usage_state
+from core.usage.ledger import (
+    add_usage,
+    calls_usage,
+    rounds_usage,
+    tier_change,
+    tier_notice,
+    usage_select,
+    usage_state,
+)
 from text_loop.config import HarnessConfig
 from text_loop.harness import drive
 from text_loop.loop import NO_MODEL_REPLY, CallRunner, LoopResult, TurnLoop
@@ -278,7 +287,7 @@ async def run_turn(
             notice = tier_notice(usage.tier)
             await tier_change(db, account_id, now, usage.tier)
         if explicit_tier is None:
-            request = SelectRequest(account_id, tier, kind, usage.tier, deps.usage)
+            request = SelectRequest(account_id, tier, kind, usage.tier, deps.usage, tier_infos(deps.models))
             plan = await select_models(db, request)
         else:
             plan = ModelPlan((explicit_tier,))
@@ -362,6 +371,7 @@ async def run_turn(
             tier=tier,
             background=kind == "scheduled",
             time_budget=deps.config.time_budget(kind),
+            fallback_tiers=plan.tiers[1:],
         )
         if runtime is not None:
             runtime.attach(loop)
@@ -377,9 +387,10 @@ async def run_turn(
             result = LoopResult(NO_MODEL_REPLY, "no-model", error="no-model-selected")
         else:
             result = await drive(db, account_id, loop)
-        tokens, cost, model_calls = rounds_usage(result.rounds, deps.usage)
-        if model_calls:
-            await add_usage(db, account_id, now, tokens=tokens, cost=cost, model_calls=model_calls)
+        # The turn's model calls, its skill workers' and those its tools made (the research helper's).
+        workers = [r for w in runtime.workers for r in w.get("rounds", ())] if runtime is not None else []
+        await _count(deps, account_id, rounds_usage([*result.rounds, *workers], deps.usage),
+                     calls_usage((u for c in result.calls for u in c.model_usage), deps.usage))  # fmt: skip
         if "breaker" in got and (result.status in STRIKES or breaker is not None) and result.status != "paused":
             key = conversation_key_for(account_id)
             if await record_strike(db, key, account_id, result.status, now, deps.usage.breaker_failures):
@@ -399,6 +410,23 @@ async def run_turn(
     except Exception as exc:
         await _failed(deps, turn_id, exc, channel, kind)
         raise
+
+
+async def _count(deps: HarnessDeps, account_id: UUID, *used: tuple[int, Decimal, int]) -> None:
+    tokens = sum(u[0] for u in used)
+    cost = sum((u[1] for u in used), Decimal(0))
+    calls = sum(u[2] for u in used)
+    if calls:
+        await add_usage(deps.db, account_id, deps.clock(), tokens=tokens, cost=cost, model_calls=calls)
+
+
+def tier_infos(models: Any) -> tuple[TierInfo, ...]:
+    """The model service's configured tiers, for ``model_select`` (none from a service without
+    tiers, such as a scripted one)."""
+    found = getattr(models, "tiers", None)
+    if not isinstance(found, dict):
+        return ()
+    return tuple(TierInfo(name, tuple(c.model for c in tier.mix)) for name, tier in found.items())
 
 
 async def _failed(deps: HarnessDeps, turn_id: UUID, exc: Exception, channel: str, kind: str) -> None:
@@ -501,6 +529,7 @@ async def finish_turn(
     if result.answered and session.channel in deps.config.repair_channels:
         repair = await repair_reply(deps.models, reply, deps.config, conversation_key=str(session.conversation_id))
         reply = repair.text
+        await _count(deps, session.account_id, calls_usage(repair.usage, deps.usage))
     firings: list[dict[str, Any]] = []
     if result.answered and replay_of is None:
         reply, firings = await _detect(db, result, reply, skills)

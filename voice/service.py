@@ -17,13 +17,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Protocol
+from uuid import UUID
 
 from core.adapters.twilio import media_streams as media
 from core.adapters.twilio import twiml
+from core.models.select import SelectRequest, select_models
 from core.records import calls as call_records
 from core.security import record_security_event
 from core.store import Database
-from core.usage.config import DEAD_CALL_MESSAGE
+from core.usage.config import DEAD_CALL_MESSAGE, NO_MODEL_CALL_MESSAGE
 from core.usage.ledger import usage_tier
 from voice import routing
 from voice.control import FINAL_STATUSES, record_call_status
@@ -115,12 +117,29 @@ class CallService:
             refusal = await self.refuse_retried_webhook(call_sid, route.route)
             if refusal is not None:
                 return route, refusal
-        if route.account_id is not None and await usage_tier(db, route.account_id, self.deps.clock(),
-                                                             self.deps.usage) == "dead":  # fmt: skip
-            log.info("call answered with the usage-limit message: route=%s", route.route)
-            return route, twiml.say_and_hang_up(DEAD_CALL_MESSAGE)
+        if route.account_id is not None:
+            refusal = await self._model_refusal(route.account_id, route.route)
+            if refusal is not None:
+                return route, twiml.say_and_hang_up(refusal)
         token = await issue_token(db, call_sid, self.token_ttl)
         return route, twiml.connect_stream(stream_url, token, action_url=action_url, name=f"call-{call_sid[-8:]}")
+
+    async def _model_refusal(self, account_id: UUID, route: str) -> str | None:
+        """The recorded message for a call that gets no model, or None. The ``model_select`` slot
+        is asked once per call with the person's usage tier (call minutes count toward it): a
+        fixed reply (the built-in's at the cap: ``dead``) gets the usage-limit message, an empty
+        plan the no-model one. The realtime engine itself is the line's (``pepper line engine``):
+        the plan's tiers do not choose it."""
+        db, deps = self.deps.db, self.deps
+        tier = await usage_tier(db, account_id, deps.clock(), deps.usage)
+        plan = await select_models(db, SelectRequest(account_id, "voice", "call", tier, deps.usage))
+        if plan.reply is not None:
+            log.info("call answered with the usage-limit message: route=%s", route)
+            return DEAD_CALL_MESSAGE
+        if not plan.tiers:
+            log.info("call answered with the no-model message: route=%s", route)
+            return NO_MODEL_CALL_MESSAGE
+        return None
 
     async def refuse_retried_webhook(self, call_sid: str, route: str) -> str | None:
         """A retried webhook for a call already recorded: ``None`` when it may have a fresh token

@@ -22,6 +22,7 @@ class Room:
     id: UUID
     matrix_id: str
     name: str
+    created_at: datetime | None = None  # when Pepper started following it
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,7 @@ class Member:
 
 
 def _room(row: Any) -> Room:
-    return Room(row["id"], row["matrix_id"], row["name"])
+    return Room(row["id"], row["matrix_id"], row["name"], row["created_at"])
 
 
 async def create_room(db: Queries, matrix_id: str, name: str) -> Room:
@@ -84,6 +85,15 @@ async def add_member(db: Queries, room_id: UUID, account_id: UUID) -> bool:
     return bool(done)
 
 
+async def member_rooms(db: Queries, account_id: UUID) -> list[Room]:
+    """The rooms the account is a member of, by name."""
+    rows = await db.fetch(
+        "SELECT r.* FROM rooms r JOIN room_members m ON m.room_id = r.id WHERE m.account_id = $1 ORDER BY r.name, r.id",
+        account_id,
+    )
+    return [_room(r) for r in rows]
+
+
 async def is_member(db: Queries, room_id: UUID, account_id: UUID) -> bool:
     found = await db.fetchval("SELECT 1 FROM room_members WHERE room_id = $1 AND account_id = $2", room_id, account_id)
     return bool(found)
@@ -108,6 +118,30 @@ async def members(db: Queries, room_id: UUID) -> list[Member]:
 
 async def verified_matrix_id(db: Queries, account_id: UUID) -> str | None:
     return await db.fetchval(f"SELECT {_MATRIX_OF} FROM accounts a WHERE a.id = $1", account_id)
+
+
+async def account_for_matrix_id(db: Queries, matrix_id: str) -> UUID | None:
+    """The account whose verified Matrix ID is ``matrix_id``, in any room or none."""
+    return await db.fetchval(
+        "SELECT account_id FROM handles WHERE kind = 'matrix' AND value = lower($1) AND verified_at IS NOT NULL"
+        " ORDER BY verified_at LIMIT 1",
+        matrix_id,
+    )
+
+
+async def follow_invited(db: Queries, matrix_id: str, name: str, inviter: UUID) -> Room:
+    """Record a room Pepper was invited to by a linked member (the inviter becomes its member);
+    the existing record when it was recorded before. A name another room has gets the room's id."""
+    found = await room_by_matrix_id(db, matrix_id)
+    if found is not None:
+        await add_member(db, found.id, inviter)
+        return found
+    name = name.strip() or f"room {matrix_id[1:9]}"
+    if await db.fetchval("SELECT 1 FROM rooms WHERE name = $1", name):
+        name = f"{name} ({matrix_id})"
+    room = await create_room(db, matrix_id, name)
+    await add_member(db, room.id, inviter)
+    return room
 
 
 async def member_for_sender(db: Queries, room_id: UUID, sender: str) -> UUID | None:
@@ -273,6 +307,10 @@ async def mark_posted(db: Queries, txn_id: str, event_id: str) -> None:
 
 async def mark_post_failed(db: Queries, txn_id: str, errcode: str) -> None:
     await db.execute("UPDATE room_posts SET failed = $2 WHERE txn_id = $1", txn_id, errcode)
+
+
+async def post_failed(db: Queries, txn_id: str) -> bool:
+    return bool(await db.fetchval("SELECT failed IS NOT NULL FROM room_posts WHERE txn_id = $1", txn_id))
 
 
 _POSTS = """

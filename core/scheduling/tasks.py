@@ -15,11 +15,15 @@ from typing import Any
 from uuid import UUID
 
 from core.errors import InvalidInput, NotFound
+from core.records import rooms
 from core.scheduling.schedule import Place, Schedule, ScheduleError, stable_offset
 from core.store.queries import Queries
 
-# Where a run's result can go. Empty means the person's usual channel (see the scheduler).
+# Where a run's result can go. Empty means the person's usual channel (see the scheduler). Besides
+# these, ``room:ROOM`` posts it in a room the owner is a member of (``room:`` + the room's id once
+# stored; the CLI takes a name): see ``resolve_rooms``.
 DELIVERY_CHANNELS: tuple[str, ...] = ("chat", "sms", "whatsapp", "email")
+ROOM_PREFIX = "room:"
 TASK_KINDS: tuple[str, ...] = ("task", "reminder")
 # The speed bump: cancelling more than this many tasks in one turn needs an explicit bulk flag.
 CANCEL_LIMIT_PER_TURN = 2
@@ -69,6 +73,14 @@ def check_channels(channels: Sequence[str]) -> tuple[str, ...]:
     out: list[str] = []
     for channel in channels:
         name = channel.strip().lower()
+        if name.startswith(ROOM_PREFIX):
+            ref = channel.strip()[len(ROOM_PREFIX) :].strip()
+            if not ref:
+                raise InvalidInput("name the room: room:NAME")
+            name = ROOM_PREFIX + ref
+            if name not in out:
+                out.append(name)
+            continue
         if name in ("web", "app"):
             name = "chat"
         if name in ("call", "phone", "voice"):
@@ -77,6 +89,21 @@ def check_channels(channels: Sequence[str]) -> tuple[str, ...]:
             raise InvalidInput(f"unknown channel {channel!r}; use one of {', '.join(DELIVERY_CHANNELS)}")
         if name not in out:
             out.append(name)
+    return tuple(out)
+
+
+async def resolve_rooms(db: Queries, account_id: UUID, channels: Sequence[str]) -> tuple[str, ...]:
+    """``room:NAME`` channels as ``room:<room id>``, each a room the account is a member of (checked
+    again at every delivery: a member who left gets the result on chat instead)."""
+    out: list[str] = []
+    for channel in channels:
+        if channel.startswith(ROOM_PREFIX):
+            room = await rooms.get_room(db, channel[len(ROOM_PREFIX) :])
+            if not await rooms.is_member(db, room.id, account_id):
+                raise InvalidInput(f"results can go only to a room the account is a member of, not {room.name!r}")
+            channel = f"{ROOM_PREFIX}{room.id}"
+        if channel not in out:
+            out.append(channel)
     return tuple(out)
 
 
@@ -140,7 +167,7 @@ async def create_task(
         raise InvalidInput("a task needs a title and a prompt")
     if kind not in TASK_KINDS:
         raise InvalidInput(f"unknown task kind {kind!r}")
-    channels = check_channels(deliver_to)
+    channels = await resolve_rooms(conn, account_id, check_channels(deliver_to))
     zone_name = timezone or await account_timezone(conn, account_id)
     first = await first_occurrence(conn, account_id, schedule, zone_name, now)
     if first is None:

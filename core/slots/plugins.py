@@ -107,20 +107,25 @@ class PluginRoute:
     handler: Callable[[PluginRequest], Awaitable[PluginResponse]]
 
 
-def plugin_routes(plugins: dict[str, Plugin]) -> list[tuple[str, PluginRoute]]:
-    """``(full path, route)`` for every usable route of the ``route`` plugins. A route with a bad
-    method or a path that could leave the prefix (``..``, converters, anything but plain
-    segments), or the same method and path twice, is refused and logged."""
+def plugin_routes(
+    plugins: dict[str, Plugin],
+    extra: list[tuple[Plugin, list[PluginRoute]]] = (),  # type: ignore[assignment]
+) -> list[tuple[str, PluginRoute]]:
+    """``(full path, route)`` for every usable route of the ``route`` plugins, and of ``extra``
+    (the webhooks of channel plugins, ``gateway.plugin_channels``). A route with a bad method or a
+    path that could leave the prefix (``..``, converters, anything but plain segments), or the same
+    method and path twice, is refused and logged."""
     out: list[tuple[str, PluginRoute]] = []
     seen: set[tuple[str, str]] = set()
+    listed: list[tuple[Plugin, list[PluginRoute]]] = []
     for plugin in of_kind(plugins, "route"):
-        if not _ROUTE_NAME.match(plugin.name):
-            log.warning("plugin routes refused: the name is not a plain path segment: name=%s", plugin.name)
-            continue
         try:
-            routes = list(plugin.obj.routes())
+            listed.append((plugin, list(plugin.obj.routes())))
         except Exception:
             log.exception("plugin routes failed to load: plugin=%s", plugin.name)
+    for plugin, routes in [*listed, *extra]:
+        if not _ROUTE_NAME.match(plugin.name):
+            log.warning("plugin routes refused: the name is not a plain path segment: name=%s", plugin.name)
             continue
         for route in routes:
             ok = isinstance(route, PluginRoute) and route.method in ROUTE_METHODS and _ROUTE_PATH.match(route.path)

@@ -44,6 +44,9 @@ class ToolOutcome:
     status: OutcomeStatus
     content: str
     write: PlannedWrite | None = None
+    # Model calls the handler made on the person's behalf (the research helper's): each
+    # ``{"model", "input", "output", "cached"}``; the turn adds them to the person's usage.
+    model_usage: tuple[dict[str, Any], ...] = ()
 
     @classmethod
     def ok(cls, content: str) -> ToolOutcome:

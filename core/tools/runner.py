@@ -57,6 +57,7 @@ class CallOutcome:
     write: dict[str, Any] | None = None  # {"summary", "staged", "id"} when a write happened or was staged
     duration_ms: float = 0.0
     repeat_of: str | None = None
+    model_usage: tuple[dict[str, Any], ...] = ()  # model calls the tool made (``ToolOutcome.model_usage``)
 
     @property
     def succeeded(self) -> bool:
@@ -88,6 +89,8 @@ class CallOutcome:
             out["write"] = self.write
         if self.repeat_of is not None:
             out["repeat_of"] = self.repeat_of
+        if self.model_usage:
+            out["model_usage"] = list(self.model_usage)
         return out
 
 
@@ -133,6 +136,8 @@ async def run_call(
 
 
 async def _run(tool: Tool, gate: Gate, ctx: ToolContext, call: ToolCall, started: float) -> CallOutcome:
+    used: tuple[dict[str, Any], ...] = ()
+
     def done(status: CallStatus, content: str, arguments: dict[str, Any], **kw: Any) -> CallOutcome:
         return CallOutcome(
             call,
@@ -142,6 +147,7 @@ async def _run(tool: Tool, gate: Gate, ctx: ToolContext, call: ToolCall, started
             arguments,
             writes=tool.writes,
             duration_ms=(time.perf_counter() - started) * 1000,
+            model_usage=used,
             **kw,
         )
 
@@ -154,6 +160,7 @@ async def _run(tool: Tool, gate: Gate, ctx: ToolContext, call: ToolCall, started
     args = decision.arguments
     try:
         outcome = await tool.handler(ctx, args)
+        used = outcome.model_usage
     except Exception as exc:
         log.exception("tool failed: tool=%s", tool.name)
         return done(

@@ -16,14 +16,17 @@ or the same as JSON in ``PEPPER_USAGE``. See ``core.usage.ledger`` for how they 
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from core.models.types import Generation
 
 UsageTier = Literal["normal", "low_compute", "critical", "dead"]
 TIERS: tuple[UsageTier, ...] = ("normal", "low_compute", "critical", "dead")
 DEAD_REPLY = "I've reached today's usage limit, so I can't answer until tomorrow (UTC)."
 DEAD_CALL_MESSAGE = "Pepper has reached today's usage limit. Please call again tomorrow."
+NO_MODEL_CALL_MESSAGE = "Pepper can't take calls right now. Please try again later."
 
 
 class Price(BaseModel):
@@ -45,8 +48,9 @@ class UsageConfig(BaseModel):
     daily_minutes: float | None = Field(default=None, ge=0)
     low_compute_at: float = Field(default=0.8, gt=0, le=1)
     critical_at: float = Field(default=0.9, gt=0, le=1)
-    low_compute_tier: str = "small"
-    critical_tier: str = "small"
+    # None: computed from the configured tiers and the prices (``core.models.select``).
+    low_compute_tier: str | None = None
+    critical_tier: str | None = None
     # A conversation or task whose turns hit the round cap or fail this many times in a row within
     # an hour is paused (``core.usage.breaker``); 0 turns the breaker off.
     breaker_failures: int = Field(default=3, ge=0)
@@ -58,6 +62,13 @@ class UsageConfig(BaseModel):
         cached_price = price.input if price.cached_input is None else price.cached_input
         total = (input_tokens - cached) * price.input + cached * cached_price + output_tokens * price.output
         return Decimal(str(total)) / Decimal(1_000_000)
+
+
+def generation_usage(generation: Generation) -> dict[str, Any]:
+    """One model call's usage as a helper reports it (``core.usage.ledger.calls_usage`` counts it)."""
+    used = generation.usage
+    return {"model": generation.model, "input": used.input_tokens, "output": used.output_tokens,
+            "cached": used.cached_input_tokens}  # fmt: skip
 
 
 def tier_of(ratio: float, config: UsageConfig) -> UsageTier:

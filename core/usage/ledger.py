@@ -15,6 +15,7 @@ The tier is the highest ratio of a day's use to a cap: below ``low_compute_at`` 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import date, datetime
 from decimal import Decimal
@@ -156,6 +157,24 @@ def rounds_usage(rounds: list[dict[str, Any]], config: UsageConfig) -> tuple[int
         calls += 1
         tokens += input_tokens + output_tokens
         cost += config.cost(str(response.get("model")), input_tokens, output_tokens, cached)
+    return tokens, cost, calls
+
+
+def calls_usage(entries: Iterable[dict[str, Any]], config: UsageConfig) -> tuple[int, Decimal, int]:
+    """``(tokens, cost, model calls)`` of model calls reported as ``{"model", "input", "output",
+    "cached"}`` (what a tool's helper and the repair pass report); malformed entries count nothing."""
+    tokens, cost, calls = 0, Decimal(0), 0
+    for entry in entries:
+        try:
+            model, inp, out = str(entry["model"]), int(entry["input"]), int(entry["output"])
+            cached = int(entry.get("cached") or 0)
+        except (KeyError, TypeError, ValueError):
+            continue
+        if min(inp, out, cached) < 0:
+            continue
+        calls += 1
+        tokens += inp + out
+        cost += config.cost(model, inp, out, min(cached, inp))
     return tokens, cost, calls
 
 

@@ -20,6 +20,7 @@ from typing import Any
 from core.models.errors import ModelError
 from core.models.types import ChatMessage, ModelService, Prompt, ToolCall, ToolResult, ToolSpec
 from core.untrusted import neutralise_labels
+from core.usage.config import generation_usage
 from core.web.egress import Egress, EgressError
 from core.web.pages import read_page
 from core.web.search import SearchFailed, SearchProvider
@@ -74,6 +75,9 @@ class ResearchReport:
     elapsed_ms: float = 0.0
     error: str | None = None
     slot_fallbacks: list[str] = field(default_factory=list)  # why the web_search occupant was passed over
+    # Each model call's usage, ``{"model", "input", "output", "cached"}``: the asking turn counts
+    # them toward the person's caps (the helper has no database).
+    usage: list[dict[str, Any]] = field(default_factory=list)
 
     def as_record(self) -> dict[str, Any]:
         return asdict(self)
@@ -106,6 +110,7 @@ class Researcher:
                 generation = await self.models.generate(prompt, conversation_key=f"research:{id(report)}",
                                                         tier=self.tier)  # fmt: skip
                 report.rounds, report.model = n + 1, generation.model
+                report.usage.append(generation_usage(generation))
                 if not generation.tool_calls or not tools:
                     report.answer = generation.text.strip() or "The research helper produced no answer."
                     break

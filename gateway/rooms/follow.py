@@ -29,11 +29,12 @@ from uuid import UUID
 from zoneinfo import ZoneInfo
 
 from core import identity
-from core.adapters.matrix import MatrixClient, MatrixError, RoomEvent, SyncBatch
+from core.adapters.matrix import Invite, MatrixClient, MatrixError, RoomEvent, SyncBatch
 from core.records import rooms
 from core.store import Database
 from core.store.sessions import DRIVER_ERRORS
 from gateway.rooms import context
+from gateway.rooms.posting import send_recorded
 from gateway.rooms.speak import AGENT_EXCHANGE_CAP, FOLLOW_UP_WINDOW, Decision, decide
 from text_loop import HarnessDeps, deliver, run_turn
 
@@ -102,7 +103,10 @@ class RoomFollower:
         """After a restart: send again what was recorded but not recorded as posted, then answer
         what was queued."""
         for post in await rooms.unsent_posts(self._db):
-            await self._send(post)
+            # A scheduled task's post (it answers no message) is its run's to send again, from
+            # the scheduler (``gateway.rooms.posting``), so one process sends each post.
+            if post.reply_to is not None:
+                await self._send(post)
         await self.answer_queued()
 
     async def step(self, timeout_ms: int | None = None) -> int:
@@ -111,8 +115,30 @@ class RoomFollower:
         wait = self._timeout_ms if timeout_ms is None else timeout_ms
         batch = await self._client.sync(since, timeout_ms=wait if since else 0)
         stored = await self.store(batch, history=since is None)
+        await self.accept_invites(batch.invites)
         await self.answer_queued()
         return stored
+
+    async def accept_invites(self, invites: list[Invite]) -> None:
+        """Join a room a linked member invited Pepper to (recorded first, so a crash before the
+        join joins at the next sync, where the invite still is); decline an invite from anyone
+        else (an unknown user, an unverified Matrix ID, another bot). An invite the homeserver
+        will not let Pepper act on (the room is gone) is logged and left: it must not stop the
+        sync loop; an outage (retryable) is waited out like any other."""
+        for invite in invites:
+            try:
+                inviter = await rooms.account_for_matrix_id(self._db, invite.inviter) if invite.inviter else None
+                if inviter is None:
+                    log.info("rooms: declining an invite from %s (not a linked member)", invite.inviter)
+                    await self._client.leave(invite.room_id)
+                    continue
+                room = await rooms.follow_invited(self._db, invite.room_id, invite.name, inviter)
+                await self._client.join(invite.room_id)
+                log.info("rooms: joined %s (%s), invited by a member", room.name, room.matrix_id)
+            except MatrixError as exc:
+                if exc.retryable:
+                    raise
+                log.warning("rooms: an invite to %s could not be handled: %s", invite.room_id, exc.errcode)
 
     async def store(self, batch: SyncBatch, *, history: bool = False) -> int:
         """Store the batch's messages in followed rooms and its ``next_batch``, in one transaction."""
@@ -127,7 +153,9 @@ class RoomFollower:
                 member = (
                     None if event.sender == self.pepper else await rooms.member_for_sender(conn, room.id, event.sender)
                 )
-                decision = (Decision(False, "history") if history else
+                # A message sent before Pepper followed the room is history: read, never answered.
+                before = room.created_at is not None and _sent_at(event) < room.created_at
+                decision = (Decision(False, "history") if history or before else
                             await decide(conn, room.id, event, self.pepper, member, now, follow_up=self._follow_up,
                                          agent_cap=self._agent_cap))  # fmt: skip
                 kept = await rooms.record_event(
@@ -199,16 +227,13 @@ class RoomFollower:
     async def _send(self, post: rooms.Post) -> None:
         """Send a recorded post (again, after a crash: the same transaction id) and record it posted."""
         try:
-            event_id = await self._client.send_text(post.room_matrix_id, post.body, post.txn_id, reply_to=post.reply_to)
+            event_id = await send_recorded(self._db, self._client, post)
         except MatrixError as exc:
             if exc.retryable:
                 raise  # the loop waits and ``resume`` sends it again
-            log.error("rooms: the homeserver refused a post: %s", exc.errcode)
-            await rooms.mark_post_failed(self._db, post.txn_id, exc.errcode or "refused")
             if post.turn_id is not None and self._harness is not None:
                 await deliver(self._harness, post.turn_id, False, detail={"errcode": exc.errcode})
             return
-        await rooms.mark_posted(self._db, post.txn_id, event_id)
         if post.turn_id is not None and self._harness is not None:
             await deliver(self._harness, post.turn_id, True, detail={"event_id": event_id})
 

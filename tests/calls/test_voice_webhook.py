@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from phone_support import ANSWERING_LINE, LINE, OWNER, PUBLIC, STRANGER
+from plugin_support import loopback, plugin  # noqa: F401  (fixtures)
 
 from core import identity
 from voice import routing
@@ -84,4 +85,21 @@ async def test_an_owner_at_the_days_usage_cap_gets_a_short_recorded_message(phon
     answer = await phone.caller.dial(from_=OWNER, to=LINE)
     assert not answer.connected
     assert DEAD_CALL_MESSAGE in answer.twiml and "<Hangup" in answer.twiml
+    assert await phone.db.fetchval("SELECT count(*) FROM call_stream_tokens") == 0
+
+
+async def test_a_call_asks_the_model_select_slot_and_an_empty_plan_gets_the_no_model_message(phone, request):
+    installed = request.getfixturevalue("plugin")  # from plugin_support
+    from core.slots.settings import set_slot
+    from core.usage.config import NO_MODEL_CALL_MESSAGE
+
+    await set_slot(phone.db, "model_select", "loopback_select")
+    installed.LoopbackSelect.TIERS = ()
+    try:
+        answer = await phone.caller.dial(from_=OWNER, to=LINE)
+    finally:
+        installed.LoopbackSelect.TIERS = ("large",)
+    assert not answer.connected and answer.says == [NO_MODEL_CALL_MESSAGE]
+    asked = installed.SEEN["loopback_select"]
+    assert (asked.account_id, asked.kind, asked.usage) == (phone.account_id, "call", "normal")
     assert await phone.db.fetchval("SELECT count(*) FROM call_stream_tokens") == 0

@@ -20,7 +20,7 @@ async def _code_sent_to(client, within: float = 10.0) -> str:
     deadline = loop.time() + within
     while True:
         batch = await client.sync(None, timeout_ms=0)
-        for room_id in batch.invites:
+        for room_id in (i.room_id for i in batch.invites):
             await client.join(room_id)
             for event in await client.history(room_id):
                 found = re.search(r"\b(\d{6})\b", event.body)

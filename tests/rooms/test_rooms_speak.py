@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from rooms_support import handling, make_room, pepper_posts_seen_by, until
+from rooms_support import handling, make_room, member, pepper_posts_seen_by, until
 
+from core.records import rooms
 from core.testing.scripted import reply
 
 
@@ -82,3 +83,35 @@ async def _all_done(db, event_ids):
         if found is None or found[0] == "queued":
             return False
     return True
+
+
+async def test_pepper_joins_a_room_a_linked_member_invites_it_to_and_declines_anyone_else(
+    db, homeserver, pepper, follower, models
+):
+    await follower.step(timeout_ms=0)
+    ada = await member(db, homeserver, "Ada")
+    mallory = await member(db, homeserver, "Mallory", linked=False)
+    ours = await ada.client.create_room("Book club", [])
+    await ada.client.send_text(ours, f"{pepper.user_id} before you came", "early", mention=pepper.user_id)
+    await ada.client.invite(ours, pepper.user_id)
+    theirs = await mallory.client.create_room("Free stuff", [pepper.user_id])
+
+    async def joined() -> bool:
+        return (
+            await ada.client.membership(ours, pepper.user_id) == "join"
+            and await mallory.client.membership(theirs, pepper.user_id) == "leave"  # declined
+        )
+
+    await until(follower, joined)
+    room = await rooms.room_by_matrix_id(db, ours)
+    assert room is not None and room.name == "Book club"
+    assert [m.account_id for m in await rooms.members(db, room.id)] == [ada.account.id]
+    assert await rooms.room_by_matrix_id(db, theirs) is None
+
+    models.script(reply("Hello, book club."))
+    asked = await ada.say(room, "what shall we read?", mention=pepper.user_id)
+    await until(follower, lambda: _answered(db, asked))
+    assert await pepper_posts_seen_by(ada.client, room, pepper.user_id) == ["Hello, book club."]
+    early = await db.fetchrow("SELECT handling, reason FROM room_events WHERE body LIKE '%before you came'")
+    assert (early["handling"], early["reason"]) == ("skipped", "history")  # sent before Pepper followed
+    assert len(models.prompts) == 1

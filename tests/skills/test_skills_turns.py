@@ -318,3 +318,20 @@ async def test_a_worker_gets_what_is_left_of_the_turns_time_and_then_reports(db,
     assert worker["status"] == "capped" and record["skills"]["ended_by"] == "direct_report"
     assert [(r["purpose"], r.get("cap")) for r in worker["rounds"]] == [("turn", None), ("turn", None),
                                                                        ("final", "time")]  # fmt: skip
+
+
+async def test_a_workers_model_calls_count_toward_the_persons_usage(db, deps, peer, account):
+    from core.usage.ledger import day_usage
+
+    peer.script(
+        reply_tools(use("agenda", request="what is on today")),
+        reply_tools(("list_events", {"day": "monday"})),
+        reply_text("Today: 09:00 Dentist."),
+    )
+    outcome = await run_turn(deps, account.id, "web", "what's on today?")
+    assert outcome.reply == "Today: 09:00 Dentist."
+    used = await day_usage(db, account.id, deps.clock().date())
+    record = await turn_record(db, outcome.turn_id)
+    worker_rounds = record["skills"]["workers"][0]["rounds"]
+    assert used.model_calls == 1 + len(worker_rounds) == len(peer.requests) == 3
+    assert used.tokens > 0

@@ -75,6 +75,8 @@ def test_plugins_are_listed_with_what_they_claim(db_url, monkeypatch, capsys, pl
     assert "loopback_memory" in out and "claims the memory slot" in out
     assert "no_claim" in out and "claims no slot and declares no kind" in out
     assert "loopback_route" in out and "adds a route" in out
+    assert "loopback_hook" in out and "adds a text channel (a webhook)" in out
+    assert "loopback_link" in out and "adds a text channel (a connection)" in out
 
 
 def test_sandbox_run_strips_the_settings_secrets_from_the_child(db_url, monkeypatch, capsys, plugin):

@@ -125,3 +125,25 @@ async def test_call_minutes_count_once_when_a_call_ends(db, ada) -> None:
     # At the minute cap, the person is at the fixed line too.
     await set_limits(db, ada.id, tokens=None, cost=None, minutes=3)
     assert await usage_tier(db, ada.id, DAY, CONFIG) == "dead"
+
+
+async def test_the_repair_pass_counts_toward_the_day(db, ada, models, deps) -> None:
+    models.script(
+        Generation("Hi there.", (), Usage(100, 20), "priced-model", "scripted", "stop"),
+        Generation("Hi there.", (), Usage(40, 10), "priced-model", "scripted", "stop"),  # the repair pass
+    )
+    outcome = await run_turn(deps, ada.id, "sms", "hello")
+    assert outcome.reply == "Hi there." and len(models.received) == 2
+    used = await day_usage(db, ada.id, DAY.date())
+    assert (used.tokens, used.model_calls) == (170, 2)
+
+
+def test_reported_model_calls_are_priced_and_garbage_counts_nothing() -> None:
+    from core.usage.ledger import calls_usage
+
+    tokens, cost, n = calls_usage(
+        [{"model": "priced-model", "input": 1000, "output": 100, "cached": 0},
+         {"model": "priced-model", "input": "lots"}, {"input": -5, "output": 1, "model": "x"}, {}],
+        CONFIG,
+    )  # fmt: skip
+    assert (tokens, n) == (1100, 1) and cost == Decimal("0.0028")

@@ -18,6 +18,7 @@ from core.testing.wire_models import WireScriptedModels, wire_scripted_models
 from core.tools.connectors import Connectors
 from core.tools.starter import starter_registry
 from core.untrusted import WEB_RESEARCH_LABEL
+from core.usage.ledger import day_usage
 from text_loop import HarnessDeps, deliver, run_turn
 from text_loop.replay import replay_turn
 
@@ -72,6 +73,9 @@ async def test_one_hand_off_brings_back_a_labelled_answer_with_sources(db, deps,
     assert [m["content"] for m in helper_inputs] == [QUESTION]
     record = json.loads(await db.fetchval("SELECT tool_calls FROM turns WHERE id = $1", outcome.turn_id))
     assert record[0]["name"] == "web_research" and record[0]["content"] == result
+    # The helper's three model calls count toward Ada's usage with the turn's own two.
+    assert [u["model"] for u in record[0]["model_usage"]] == [helper.model.requests[0].body["model"]] * 3
+    assert (await day_usage(db, account.id, NOW.date())).model_calls == 5
 
 
 async def test_replay_returns_the_recorded_research_without_the_web(db, deps, models, account, helper) -> None:

@@ -24,11 +24,13 @@ DeliveryStatus = Literal["delivered", "queued", "failed", "unavailable"]
 class DeliveryRequest:
     key: str
     account_id: UUID
-    channel: str  # chat, sms, whatsapp or email
+    channel: str  # chat, sms, whatsapp, email or room:<room id>
     body: str
     task_id: int
     occurrence_at: datetime
     turn_id: UUID | None = None
+    run_id: int | None = None
+    seq: int = 0  # the channel's place in the run's channels: with the run, a room post's transaction id
 
 
 @dataclass(frozen=True)

@@ -132,6 +132,9 @@ class Scheduler:
                 task.cancel()
             if late:
                 await asyncio.wait(late, timeout=5)
+        close = getattr(self.deliverer, "aclose", None)
+        if close is not None:
+            await close()
 
     def wake(self) -> None:
         self._wake.set()
@@ -311,7 +314,7 @@ class Scheduler:
         db = self.db
         channels = await self._channels(claim)
         outcome = await run_turn(
-            self.deps, claim.account_id, _TURN_CHANNEL[channels[0]], self._text(claim), kind="scheduled"
+            self.deps, claim.account_id, _TURN_CHANNEL.get(channels[0], "web"), self._text(claim), kind="scheduled"
         )
         await runs.set_turn(db, claim.run_id, self.owner, outcome.turn_id)
         limit = self.deps.usage.breaker_failures
@@ -391,23 +394,25 @@ class Scheduler:
     ) -> list[DeliveryResult]:
         channels = channels or await self._channels(claim)
         results: list[DeliveryResult] = []
-        for channel in channels:
-            result = await self._deliver_once(claim, channel, body, turn_id)
+        for seq, channel in enumerate(channels):
+            result = await self._deliver_once(claim, channel, body, turn_id, seq)
             results.append(result)
             if result.status == "unavailable" and "chat" not in channels:
                 log.info("channel unavailable for a scheduled run; falling back to chat: channel=%s", channel)
-                fallback = await self._deliver_once(claim, "chat", body, turn_id)
+                fallback = await self._deliver_once(claim, "chat", body, turn_id, len(channels))
                 results.append(fallback)
                 channels = (*channels, "chat")
         return results
 
-    async def _deliver_once(self, claim: Claim, channel: str, body: str, turn_id: Any) -> DeliveryResult:
+    async def _deliver_once(self, claim: Claim, channel: str, body: str, turn_id: Any, seq: int = 0) -> DeliveryResult:
         key = delivery_key(claim.task_id, claim.occurrence_at, channel)
         if not await runs.claim_delivery(self.db, key, claim.run_id, channel, claim.attempts):
             status = await runs.delivery_status(self.db, key)
             log.info("delivery key already used; not sending again: run=%s channel=%s", claim.run_id, channel)
             return DeliveryResult(status if status in ("delivered", "queued") else "failed", "already handled")
-        request = DeliveryRequest(key, claim.account_id, channel, body, claim.task_id, claim.occurrence_at, turn_id)
+        request = DeliveryRequest(
+            key, claim.account_id, channel, body, claim.task_id, claim.occurrence_at, turn_id, claim.run_id, seq
+        )
         try:
             result = await self.deliverer.deliver(request)
         except asyncio.CancelledError:

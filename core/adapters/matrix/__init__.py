@@ -21,11 +21,15 @@ from nio import (
     AsyncClient,
     AsyncClientConfig,
     ErrorResponse,
+    InviteMemberEvent,
+    InviteNameEvent,
     JoinResponse,
     LoginResponse,
     RegisterResponse,
     RoomCreateResponse,
+    RoomGetStateEventResponse,
     RoomInviteResponse,
+    RoomLeaveResponse,
     RoomMessagesResponse,
     RoomPreset,
     RoomSendResponse,
@@ -71,10 +75,20 @@ class RoomEvent:
 
 
 @dataclass(frozen=True)
+class Invite:
+    """Pepper was invited to ``room_id`` by ``inviter`` (the homeserver's ``sender`` of the
+    invite's membership event); ``name``: the room's name as the invite shows it, if any."""
+
+    room_id: str
+    inviter: str | None
+    name: str = ""
+
+
+@dataclass(frozen=True)
 class SyncBatch:
     next_batch: str
     events: list[RoomEvent] = field(default_factory=list)
-    invites: list[str] = field(default_factory=list)  # rooms Pepper was invited to
+    invites: list[Invite] = field(default_factory=list)  # rooms Pepper was invited to
     joined: list[str] = field(default_factory=list)  # rooms in this batch Pepper is joined to
 
 
@@ -124,6 +138,19 @@ def text_content(body: str, *, reply_to: str | None = None, mention: str | None 
     if reply_to:
         content["m.relates_to"] = {"m.in_reply_to": {"event_id": reply_to}}
     return content
+
+
+def _invite(room_id: str, info: Any, me: str) -> Invite:
+    # nio parses the invite's stripped state into events (and drops a member event's content
+    # from ``source``): read their fields.
+    inviter, name = None, ""
+    for event in getattr(info, "invite_state", ()):
+        if isinstance(event, InviteMemberEvent):
+            if event.state_key == me and event.membership == "invite" and isinstance(event.sender, str):
+                inviter = event.sender
+        elif isinstance(event, InviteNameEvent) and isinstance(event.name, str):
+            name = event.name.strip()[:100]
+    return Invite(room_id, inviter, name)
 
 
 def _check(response: Any, wanted: type, what: str) -> Any:
@@ -190,7 +217,8 @@ class MatrixClient:
                 found = room_event(room_id, source) if isinstance(source, dict) else None
                 if found is not None:
                     events.append(found)
-        return SyncBatch(response.next_batch, events, list(response.rooms.invite), list(response.rooms.join))
+        invites = [_invite(room_id, info, self.user_id) for room_id, info in response.rooms.invite.items()]
+        return SyncBatch(response.next_batch, events, invites, list(response.rooms.join))
 
     async def send_text(
         self, room_id: str, body: str, txn_id: str, *, reply_to: str | None = None, mention: str | None = None
@@ -224,6 +252,21 @@ class MatrixClient:
 
     async def join(self, room_id: str) -> None:
         _check(await self._call(self._client.join(room_id)), JoinResponse, "join")
+
+    async def membership(self, room_id: str, user_id: str) -> str | None:
+        """``user_id``'s membership of the room (``join``, ``invite``, ``leave``...), as the room's
+        state says it; None when it has none."""
+        response = await self._call(self._client.room_get_state_event(room_id, "m.room.member", user_id))
+        if isinstance(response, RoomGetStateEventResponse):
+            found = response.content.get("membership")
+            return found if isinstance(found, str) else None
+        if isinstance(response, ErrorResponse) and response.status_code == "M_NOT_FOUND":
+            return None
+        return _check(response, RoomGetStateEventResponse, "membership")
+
+    async def leave(self, room_id: str) -> None:
+        """Leave a room, or decline an invite to it."""
+        _check(await self._call(self._client.room_leave(room_id)), RoomLeaveResponse, "leave")
 
     async def close(self) -> None:
         await asyncio.shield(self._client.close())

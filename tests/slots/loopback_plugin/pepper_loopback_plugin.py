@@ -193,3 +193,72 @@ class LoopbackVoice:
     def engine(self, settings: Any, models: Any) -> Any:
         SEEN[self.name] = (settings, models)
         return self
+
+
+# --- Text channels (kind "channel") ---------------------------------------------------------------
+
+SENT: list[tuple[str, str, str, str]] = []  # (plugin, address, text, key) of every reply sent
+HOOK_TOKEN = "loopback-hook-secret"  # what the webhook's caller must show
+_LINK: dict[str, asyncio.Queue[tuple[str, str, str]]] = {}
+
+
+def link_queue() -> asyncio.Queue[tuple[str, str, str]]:
+    """What the long-lived connection receives: ``(address, text, key)`` put here by a test."""
+    return _LINK.setdefault("queue", asyncio.Queue())
+
+
+class _Sender:
+    name = ""
+    kind = "channel"
+
+    async def send(self, address: str, text: str, key: str) -> Any:
+        CALLS[f"{self.name}.send"] += 1
+        SENT.append((self.name, address, text, key))
+        return f"{self.name}-{len(SENT)}"
+
+
+class LoopbackHook(_Sender):
+    """A webhook provider: POST /plugins/loopback_hook/inbound with the caller's token."""
+
+    name = "loopback_hook"
+
+    def routes(self, inbox: Any) -> list[Any]:
+        from core.errors import InvalidInput
+        from core.slots.plugins import PluginResponse, PluginRoute
+
+        async def inbound(request: Any) -> Any:
+            if request.headers.get("X-Loopback-Token") != HOOK_TOKEN:
+                return PluginResponse(403, json.dumps({"error": "who are you?"}))
+            try:
+                data = json.loads(request.body)
+                created = await inbox.receive(data.get("from"), data.get("text"), data.get("id"))
+            except (ValueError, AttributeError):
+                return PluginResponse(400, json.dumps({"error": "not JSON"}))
+            except InvalidInput as exc:
+                return PluginResponse(400, json.dumps({"error": exc.message}))
+            return PluginResponse(200, json.dumps({"recorded": created}))
+
+        return [PluginRoute("POST", "/inbound", inbound)]
+
+
+class LoopbackLink(_Sender):
+    """A long-lived connection: what arrives on ``link_queue()`` is handed to the inbox."""
+
+    name = "loopback_link"
+
+    async def run(self, inbox: Any) -> None:
+        CALLS[f"{self.name}.run"] += 1
+        queue = link_queue()
+        while True:
+            address, text, key = await queue.get()
+            await inbox.receive(address, text, key)
+
+
+class CrashingLink(_Sender):
+    """A long-lived connection that fails at once, every time it is started."""
+
+    name = "crashing_link"
+
+    async def run(self, inbox: Any) -> None:
+        CALLS[f"{self.name}.run"] += 1
+        raise ConnectionError("the crashing link's service is down")

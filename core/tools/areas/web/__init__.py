@@ -10,6 +10,7 @@ its sources and what the helper searched and read, and that text is what the tur
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from core.slots import BUILTIN, SLOTS, WEB_SEARCH
@@ -56,10 +57,13 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
             return ToolOutcome.failed(f"web research did not run: {exc.message}")
         for reason in report.slot_fallbacks:
             await SLOTS.count(ctx.db, WEB_SEARCH, name, reason)
+        used = tuple(u for u in report.usage if isinstance(u, dict))  # counted by the turn, answered or not
         if report.status != "answered":
-            return ToolOutcome.failed(f"web research failed: {report.answer} ({report.error})")
+            return replace(ToolOutcome.failed(f"web research failed: {report.answer} ({report.error})"),
+                           model_usage=used)  # fmt: skip
         sources = [(s.get("title") or s["url"], s["url"]) for s in report.sources]
-        return ToolOutcome.ok(web_research_block(question, report.answer, sources, _trail(report)))
+        return replace(ToolOutcome.ok(web_research_block(question, report.answer, sources, _trail(report))),
+                       model_usage=used)  # fmt: skip
 
     return (
         Tool(
