@@ -55,7 +55,7 @@ def test_an_owner_adds_lists_shows_and_removes_their_own_skills(db_url, monkeypa
     code, out, _ = run(monkeypatch, capsys, "skills", "list", "Ada")
     assert code == 0
     assert "my-standup             own      inline" in out and "ready" in out
-    assert "morning-brief          shipped  worker calendar,email,todos,reminders" in out
+    assert "morning-brief          shipped  worker calendar,email,todos,reminders,suggestions" in out
     code, out, _ = run(monkeypatch, capsys, "skills", "show", "weekly-review")
     assert code == 0 and out.startswith("---\nname: weekly-review")
 
