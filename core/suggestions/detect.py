@@ -11,6 +11,7 @@ invitations by parsing their iCalendar parts. No text from a mail reaches a mode
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import itertools
 import re
@@ -27,7 +28,8 @@ from core.store.queries import Queries
 from core.suggestions.dates import Found, dates_in, due_dates_in
 from core.suggestions.mail import MailItem
 from core.tools.areas.calendar import Busy, Event
-from core.tools.areas.places import travel_between
+from core.tools.areas.calendar.model import merge
+from core.tools.areas.places import Travel, travel_between
 from core.tools.connectors import Connectors
 
 # Free slots are offered in these local hours, on half-hour marks.
@@ -64,6 +66,7 @@ class Snapshot:
     todos: list[Any] = field(default_factory=list)  # rows: id, title, created_at
     notes: list[Any] = field(default_factory=list)  # rows: id, title, body
     mail: list[MailItem] = field(default_factory=list)
+    _busy: list[Busy] | None = field(default=None, repr=False)
 
     def attended(self) -> list[Event]:
         """Timed, busy events the person has not declined, by start."""
@@ -72,8 +75,11 @@ class Snapshot:
         )
 
     def busy(self) -> list[Busy]:
-        # Read-only feeds (a school calendar) show in the agenda but do not block time.
-        return [Busy(e.start, e.end) for e in self.events if e.busy and e.kind != "ical" and attends(e, self.mine)]
+        """Busy time, merged. Read-only feeds (a school calendar) show in the agenda but do not block time."""
+        if self._busy is None:
+            raw = [Busy(e.start, e.end) for e in self.events if e.busy and e.kind != "ical" and attends(e, self.mine)]
+            self._busy = merge(raw, self.now - timedelta(days=1), self.end + timedelta(days=2))
+        return self._busy
 
 
 def attends(event: Event, mine: frozenset[str]) -> bool:
@@ -103,7 +109,8 @@ def free_slots(
 ) -> list[datetime]:
     """Up to ``limit`` starts of free ``length``-long slots in [start, end), in working hours
     (one per day at most, so the choice spreads over days)."""
-    spans = sorted((b.start, b.end) for b in busy if b.end > start and b.start < end)
+    merged = merge(list(busy), start, end)  # sorted and disjoint: a bisection finds the one in the way
+    starts = [b.start for b in merged]
     out: list[datetime] = []
     day = start.astimezone(tz).date()
     while len(out) < limit and datetime.combine(day, time(), tz) < end:
@@ -111,11 +118,11 @@ def free_slots(
         hi = min(datetime.combine(day, DAY_END, tz), end)
         slot = _round_up(lo, tz)
         while slot + length <= hi:
-            clash = next((e for s, e in spans if s < slot + length and e > slot), None)
-            if clash is None:
+            i = bisect.bisect_left(starts, slot + length)  # intervals before i start before the slot ends
+            if i == 0 or merged[i - 1].end <= slot:
                 out.append(slot)
                 break
-            slot = _round_up(clash, tz)
+            slot = _round_up(merged[i - 1].end, tz)
         day += timedelta(days=1)
     return out
 
@@ -166,6 +173,7 @@ async def travel(snap: Snapshot, db: Queries, connectors: Connectors) -> list[Su
     """Consecutive events on one day at different places: the time to get from one to the next,
     and a block for it before the second."""
     events, out = snap.attended(), []
+    trips: dict[tuple[str, str], Travel | None] = {}
     for a, b in itertools.pairwise(events):
         if (
             not a.location
@@ -175,7 +183,10 @@ async def travel(snap: Snapshot, db: Queries, connectors: Connectors) -> list[Su
             continue
         if a.start.astimezone(snap.tz).date() != b.start.astimezone(snap.tz).date() or b.start < a.end:
             continue
-        trip, _why = await travel_between(db, connectors, snap.account_id, a.location, b.location)
+        pair = (a.location, b.location)
+        if pair not in trips:  # a day often goes back and forth between the same places
+            trips[pair] = (await travel_between(db, connectors, snap.account_id, a.location, b.location))[0]
+        trip = trips[pair]
         if trip is None:
             continue
         gap = b.start - a.end
@@ -229,7 +240,9 @@ def _on_calendar(snap: Snapshot, start: datetime, end: datetime, title: str, uid
     for ev in snap.events:
         if uid and ev.extra.get("uid") == uid:
             return True
-        if ev.start < end and ev.end > start and (ev.start == start or not words or words & _words(ev.title)):
+        # Overlapping and about the same thing (a title word in common; with no word to go by,
+        # the same start). A dense calendar always has something at that hour.
+        if ev.start < end and ev.end > start and ((words & _words(ev.title)) if words else ev.start == start):
             return True
     return False
 
