@@ -153,18 +153,18 @@ async def clashes(snap: Snapshot, db: Queries, connectors: Connectors) -> list[S
             if b.start >= a.end:
                 break
             day_end = datetime.combine(b.start.astimezone(snap.tz).date(), DAY_END, snap.tz)
-            action = None
-            if not b.read_only:
-                slot = free_slots(busy, max(a.end, snap.now), day_end + timedelta(days=1), b.end - b.start, snap.tz, 1)
-                if slot:
-                    action = {"tool": "move_event", "arguments": {"event": b.ref, "new_start": _iso(slot[0], snap.tz)}}
+            action: dict[str, Any] | None = None
+            slot = [] if b.read_only else free_slots(
+                busy, max(a.end, snap.now), day_end + timedelta(days=1), b.end - b.start, snap.tz, 1
+            )  # fmt: skip
+            if slot:
+                action = {"tool": "move_event", "arguments": {"event": b.ref, "new_start": _iso(slot[0], snap.tz)}}
             title = f"{a.title} and {b.title} overlap on {_fmt(b.start, snap.tz)}"
             detail = f"{a.title}: {_fmt(a.start, snap.tz)}-{a.end.astimezone(snap.tz):%H:%M} ({a.calendar}); " + (
                 f"{b.title}: {_fmt(b.start, snap.tz)}-{b.end.astimezone(snap.tz):%H:%M} ({b.calendar})."
             )
-            if action:
-                moved = datetime.fromisoformat(action["arguments"]["new_start"])
-                detail += f" Accept to move {b.title} to {_fmt(moved, snap.tz)}."
+            if slot:
+                detail += f" Accept to move {b.title} to {_fmt(slot[0], snap.tz)}."
             out.append(Suggestion("clash", stable_key(a.ref, a.start, b.ref, b.start), title, detail, action))
     return out
 
