@@ -14,6 +14,7 @@ from typing import Any
 from core.suggestions import cards, run_detectors
 from core.tools.connectors import Connectors
 from core.tools.registry import Tool, ToolContext, ToolOutcome
+from core.untrusted import suggestions_block
 
 AREA = "suggestions"
 
@@ -25,9 +26,9 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
         missing = f" Could not read {', '.join(report.unavailable)}." if report.unavailable else ""
         if not shown:
             return ToolOutcome.empty("no calendar suggestions" + missing)
-        lines = [f"- #{c.id} [{c.detector}] {c.title}: {c.detail}" for c in shown]
         head = "Suggestions waiting for the person (they accept or dismiss them in the app; you cannot):"
-        return ToolOutcome.ok("\n".join([head, *lines]) + missing)
+        block = suggestions_block([(f"#{c.id} {c.detector}", f"{c.title}. {c.detail}") for c in shown])
+        return ToolOutcome.ok(f"{head}\n{block}{missing}")
 
     return (
         Tool(
