@@ -195,11 +195,17 @@ async def test_a_todo_due_with_no_time_blocked_gets_a_deadline_with_free_slots(c
     await promote_all(call.db)
     made = await call("add_todo", {"title": "Tax return due 1 April"})
     assert made.status == "ok"
-    await call.db.execute("UPDATE todos SET created_at = created_at WHERE account_id = $1", call.account.id)
     await add(call, "Busy morning", "2025-03-28T09:00", "2025-03-28T12:00")
     await call("add_todo", {"title": "Clean the garage (2 hours)"})
+    await call.db.execute("INSERT INTO notes (account_id, body) VALUES ($1, 'Passport renewal due 30 March')",
+                          call.account.id)  # fmt: skip
+    await mail_to_pepper(call, "Forms", "Please send the signed forms no later than 31 March.")
     await run_detectors(call.db, call.connectors, call.account.id, NOW)
-    [deadline] = await found(call, "deadline")
+    deadlines = await found(call, "deadline")
+    from_note, from_mail = ([c for c in deadlines if word in c.title + c.detail] for word in ("Passport", "Forms"))
+    assert len(from_note) == 1 and "a note" in from_note[0].detail
+    assert len(from_mail) == 1 and "mail from" in from_mail[0].detail
+    [deadline] = [c for c in deadlines if "Tax" in c.title]
     assert "Tax return" in deadline.title and "Free:" in deadline.detail
     first = datetime.fromisoformat(deadline.action["arguments"]["start"])
     assert first >= NOW and first < datetime.fromisoformat("2025-04-01T17:00+02:00")
@@ -211,7 +217,7 @@ async def test_a_todo_due_with_no_time_blocked_gets_a_deadline_with_free_slots(c
     # Time blocked for it before the due date: the deadline suggestion goes away.
     await add(call, "Tax return paperwork", "2025-03-31T09:00", "2025-03-31T10:00")
     await run_detectors(call.db, call.connectors, call.account.id, NOW)
-    assert await found(call, "deadline") == [] and len(await found(call, "deadline", ("gone",))) == 1
+    assert [c.title for c in await found(call, "deadline", ("gone",))] == ["Block time for 'Tax return due 1 April'"]
 
 
 # --- lifecycle, gate, dismiss, duplicates, forgeries --------------------------------------------------
