@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 WINDOW = timedelta(days=14)
 MAIL_SINCE = timedelta(days=14)
 RUN_LEASE = timedelta(minutes=5)
+REMOTE_EVERY = timedelta(hours=1)  # how often an account with a remote calendar is looked at again
 MAX_ID = 2**63 - 1
 
 
@@ -273,20 +274,24 @@ async def _close(db: Queries, card_id: int, state: str, result: str) -> None:
 
 
 async def claim_changed(db: Queries, owner: str, now: datetime, limit: int = 5) -> list[UUID]:
-    """Accounts whose calendar, todos, notes or inbound mail changed since their last run, leased
-    to ``owner`` so two processes do not run one twice."""
+    """Accounts whose calendar, todos, notes or inbound mail changed since their last run, or
+    with a remote calendar and no run for :data:`REMOTE_EVERY`; leased to ``owner`` so two
+    processes do not run one twice."""
     rows = await db.fetch(
         """
         UPDATE suggestion_runs r SET lease_owner = $1, lease_until = $2 + $3::interval
         WHERE r.account_id IN (
             SELECT account_id FROM suggestion_runs
-            WHERE dirty_at IS NOT NULL AND (ran_at IS NULL OR dirty_at > ran_at)
+            WHERE ((dirty_at IS NOT NULL AND (ran_at IS NULL OR dirty_at > ran_at))
+                   -- a remote calendar changes without a trace here: look again every so often
+                   OR (ran_at < now() - $5::interval AND EXISTS (SELECT 1 FROM calendars c
+                       WHERE c.account_id = suggestion_runs.account_id AND c.kind <> 'pepper')))
               AND (lease_until IS NULL OR lease_until < $2)
             ORDER BY dirty_at LIMIT $4 FOR UPDATE SKIP LOCKED
         )
         RETURNING r.account_id
         """,
-        owner, now, RUN_LEASE, limit,
+        owner, now, RUN_LEASE, limit, REMOTE_EVERY,
     )  # fmt: skip
     return [r["account_id"] for r in rows]
 

@@ -283,6 +283,18 @@ async def test_changes_mark_the_account_and_the_tick_runs_its_detectors_once(cal
     assert await run_changed(call.db, call.connectors, "test", NOW) == 0  # nothing changed since
     await call("add_todo", {"title": "Anything"})
     assert await run_changed(call.db, call.connectors, "test", NOW) == 1
+    # A remote calendar changes without a trace here: an account with one is looked at hourly.
+    await call.db.execute(
+        "INSERT INTO calendars (account_id, kind, name, remote, read_only, counts_busy)"
+        " VALUES ($1, 'ical', 'School', 'http://127.0.0.1:9/school.ics', true, false)",
+        call.account.id,
+    )
+    assert await run_changed(call.db, call.connectors, "test", NOW) == 1
+    assert await run_changed(call.db, call.connectors, "test", NOW) == 0
+    await call.db.execute("UPDATE suggestion_runs SET ran_at = now() - interval '61 minutes'")
+    assert await run_changed(call.db, call.connectors, "test", NOW) == 1
+    # The unreadable feed is named, and nothing found before counts as gone meanwhile.
+    assert len(await found(call, "clash")) == 1
 
 
 async def test_the_morning_briefs_tool_shows_only_promoted_cards_and_quotes_mail_as_untrusted(call):
