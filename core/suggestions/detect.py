@@ -198,8 +198,11 @@ async def travel(snap: Snapshot, db: Queries, connectors: Connectors) -> list[Su
             else f"Not enough time to get from {a.title} to {b.title} on {_fmt(b.start, snap.tz)}"
         )
         detail = f"{a.location} to {b.location}: {trip.describe()}; {int(gap.total_seconds() // 60)} min between them."
-        action = _create(f"Travel to {b.location}", max(a.end, b.start - need), b.start, snap.tz,
-                         description=f"Travel from {a.location} ({trip.describe()})")  # fmt: skip
+        leave = max(a.end, b.start - need)
+        action = None  # back to back: there is no time to block, only the warning
+        if leave < b.start:
+            action = _create(f"Travel to {b.location}", leave, b.start, snap.tz,
+                             description=f"Travel from {a.location} ({trip.describe()})")  # fmt: skip
         key = stable_key(a.ref, a.end, b.ref, b.start, a.location, b.location)
         out.append(Suggestion("travel-time", key, title, detail, action))
     return out

@@ -123,6 +123,11 @@ async def test_travel_time_between_two_events_with_addresses_is_an_estimate_offl
     [trip] = await found(call, "travel-time")
     assert "Not enough time" in trip.title and "estimate" in trip.detail
     assert trip.action["tool"] == "create_event" and trip.action["arguments"]["end"].startswith("2025-03-28T10:15")
+    # Back to back at different places: the warning, with no empty block to add.
+    await add(call, "Lunch", "2025-03-28T12:00", "2025-03-28T13:00", location="48.8566, 2.3522")
+    await run_detectors(call.db, call.connectors, call.account.id, NOW)
+    [back_to_back] = [c for c in await found(call, "travel-time") if "Lunch" in c.title]
+    assert "Not enough time" in back_to_back.title and back_to_back.action is None
     tool = await call("travel_time", {"origin": "Office, 1 Rue de Rivoli", "destination": "Château de Versailles"})
     assert tool.status == "ok" and "estimate" in tool.content
 
