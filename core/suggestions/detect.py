@@ -37,7 +37,7 @@ DAY_START, DAY_END, STEP = time(9), time(18), timedelta(minutes=30)
 SLOTS = 3
 BLOCK = timedelta(minutes=60)  # the time a deadline's block takes unless the todo says
 TITLE_MAX, DETAIL_MAX = 300, 4000
-_WORD = re.compile(r"[a-z0-9]{4,}")
+_WORD = re.compile(r"[^\W_]{4,}")  # words of four letters or more, any alphabet
 _STOP = frozenset({"with", "from", "this", "that", "your", "have", "will", "about", "meeting", "event", "todo"})
 _LENGTH = re.compile(r"\b(\d{1,3})\s*(h|hrs?|hours?|m|mins?|minutes?)\b|\b(an?|one|half an?) hour\b", re.IGNORECASE)
 
