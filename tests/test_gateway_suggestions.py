@@ -50,7 +50,7 @@ async def test_suggestion_cards_are_accepted_once_and_dismissed_for_good(app: We
         assert f"/api/approvals/suggestion/{report['id']}/approve" in page and "<script>" not in report["detail"]
 
         base = app.base + "/api/approvals/suggestion"
-        for bad in ("abc", "-1", "0", "1e3", "99999999999999999999999"):
+        for bad in ("abc", "-1", "0", "1e3", "99999999999999999999999", "%C2%B2", "%D9%A1"):
             assert (await post(session, f"{base}/{bad}/approve", headers))[0] == 404
         assert (await post(session, f"{base}/{report['id']}/approve", {"X-CSRF-Token": "forged"}))[0] == 403
         async with aiohttp.ClientSession() as anonymous:

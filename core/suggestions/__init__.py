@@ -208,7 +208,7 @@ async def cards(db: Queries, account_id: UUID, *, states: Sequence[str] = ("open
 def parse_id(raw: object) -> int | None:
     """A card id as written by a person or a client; None when it is not one."""
     text = str(raw).strip().lstrip("#")
-    if not text.isdigit() or len(text) > 19:
+    if not (text.isascii() and text.isdigit()) or len(text) > 19:  # "²" is a digit to isdigit, not to int
         return None
     value = int(text)
     return value if 0 < value <= MAX_ID else None
