@@ -171,11 +171,23 @@ async def test_the_web_app_in_a_browser(db: Database, db_url: str, driver, shots
         from core.suggestions import cards, run_detectors
         from gateway.web_api import run_owner_tool
 
-        todo = await run_owner_tool(app.services, app.account_id, "add_todo", {"title": "Plan the trip (1h)"})
-        assert todo.succeeded
+        for title in ("Plan the trip (1h)", "Call the bank (30 min)"):
+            todo = await run_owner_tool(app.services, app.account_id, "add_todo", {"title": title})
+            assert todo.succeeded
         await promote(db, "todo-slot", datetime.now(UTC))
         await run_detectors(db, app.services.harness.connectors, app.account_id, datetime.now(UTC))
-        [card] = await cards(db, app.account_id)
+        card, bank = sorted(await cards(db, app.account_id), key=lambda c: "bank" in c.title)
+        # The chat shows it as a card, as it shows drafts.
+        await asyncio.to_thread(driver.get, app.base + "/")
+        shown = await wait_for(
+            lambda: driver.find_element(By.CSS_SELECTOR, f'.card.suggestion[data-suggestion="{card.id}"]')
+        )
+        assert "Find time for" in shown.text and shown.find_element(By.CSS_SELECTOR, ".accept").text == "Accept"
+        await asyncio.to_thread(shot, "chat-suggestion")
+        dismiss = driver.find_element(By.CSS_SELECTOR, f'.card.suggestion[data-suggestion="{bank.id}"] .dismiss')
+        await asyncio.to_thread(dismiss.click)
+        await wait_for(lambda: "will not come back" in driver.find_element(
+            By.CSS_SELECTOR, f'.card.suggestion[data-suggestion="{bank.id}"] .result').text)  # fmt: skip
         await asyncio.to_thread(driver.get, app.base + "/approvals")
         accept = await wait_for(
             lambda: driver.find_element(
