@@ -6,14 +6,18 @@ with free slots, shadow versus promoted, accept through the gate, dismiss for go
 from __future__ import annotations
 
 import asyncio
+import io
 import uuid
+from dataclasses import asdict
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
+from werkzeug.datastructures import FileStorage, MultiDict
 
 from core.quality.detectors import SUGGESTERS, promote
 from core.suggestions import accept, cards, dismiss, run_changed, run_detectors
+from core.testing.mailgun_peer import MailgunPeer
 from core.testing.places_peer import RoutingPeer
 from core.testing.radicale_server import RadicaleServer
 from core.tools import SessionContext, default_gate
@@ -22,6 +26,7 @@ from core.tools.areas.places import Routing, list_places, save_place
 from core.tools.areas.places.routing import Point, estimate, haversine_km
 from core.tools.starter import starter_registry
 from gateway.channels import receive
+from gateway.email_channel import parse_inbound
 
 from .support import NOW, OWNER_EMAIL
 
@@ -171,9 +176,17 @@ END:VCALENDAR
 
 
 async def mail_to_pepper(call, subject: str, text: str, *, calendars=()) -> None:
-    meta = {"sender": OWNER_EMAIL, "subject": subject, "text": text, "calendars": list(calendars)}
-    await receive(call.db, "email", call.account.id, f"Subject: {subject}\n\n{text}", key=f"<{uuid.uuid4()}@x>",
-                  meta=meta, queued=False)  # fmt: skip
+    """A mail to Pepper's address as the email channel records it: a Mailgun form, parsed, with
+    each calendar as an ``.ics`` attachment."""
+    form = MailgunPeer(signing_key="k").inbound(sender=OWNER_EMAIL, recipient="pepper@p.test", subject=subject,
+                                                text=text)  # fmt: skip
+    files = MultiDict(
+        [(f"attachment-{i}", FileStorage(io.BytesIO(c.encode()), filename=f"invite{i}.ics",
+                                         content_type="text/calendar")) for i, c in enumerate(calendars, 1)]
+    )  # fmt: skip
+    mail = parse_inbound(form, files)
+    await receive(call.db, "email", call.account.id, mail.body(), key=mail.message_id, meta=asdict(mail),
+                  queued=False)  # fmt: skip
 
 
 async def test_an_invitation_in_peppers_inbox_not_on_the_calendar_is_suggested(call):
