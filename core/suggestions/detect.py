@@ -233,7 +233,8 @@ def _ics_events(item: MailItem, snap: Snapshot) -> list[tuple[str, datetime, dat
             elif end.tzinfo is None:
                 end = end.replace(tzinfo=snap.tz)
             location = str(comp["LOCATION"]) if comp.get("LOCATION") else None
-            found.append((str(comp.get("SUMMARY", item.subject or "Invitation")), start, end, location,
+            title = " ".join(str(comp.get("SUMMARY", "")).split()) or item.subject or "Invitation"
+            found.append((title, start, end, location,
                           str(comp.get("UID", ""))))  # fmt: skip
     return found
 
