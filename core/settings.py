@@ -298,6 +298,16 @@ class Settings(BaseSettings):
     web_research_seconds: float = Field(
         60.0, gt=0, validation_alias=_env("PEPPER_WEB_RESEARCH_SECONDS", "web_research_seconds")
     )
+    # Places and travel time (core/tools/areas/places): a routing service (OSRM or
+    # OpenRouteService) and, for OpenRouteService, its key (it also geocodes addresses). Without
+    # one, travel time is an estimate from straight-line distance at this speed, and says so.
+    routing_kind: str = Field("none", pattern="^(none|osrm|openrouteservice)$",
+                              validation_alias=_env("PEPPER_ROUTING_KIND", "routing_kind"))  # fmt: skip
+    routing_url: str | None = Field(None, validation_alias=_env("PEPPER_ROUTING_URL", "routing_url"))
+    routing_key: SecretStr | None = Field(None, validation_alias=_env("PEPPER_ROUTING_KEY", "routing_key"))
+    travel_speed_kmh: float = Field(
+        30.0, gt=0, le=300, validation_alias=_env("PEPPER_TRAVEL_SPEED_KMH", "travel_speed_kmh")
+    )
     # How long one request to an MCP server a person connected may take (connecting included).
     mcp_call_seconds: float = Field(20.0, gt=0, validation_alias=_env("PEPPER_MCP_CALL_SECONDS", "mcp_call_seconds"))
     # The relay's caps per fetch (core/web/egress.py).

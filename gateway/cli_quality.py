@@ -22,7 +22,7 @@ from typing import Any
 from core import identity
 from core.errors import InvalidInput, NotFound
 from core.quality.cases import case_json, issue_case, list_issues
-from core.quality.detectors import DETECTORS, detector_statuses, ensure_detectors, promote
+from core.quality.detectors import SUGGESTERS, all_detectors, detector_statuses, ensure_detectors, promote
 from core.quality.jobs import grades_report, judge_now
 from core.quality.points import POINTS
 from core.settings import Settings
@@ -57,7 +57,7 @@ def add_commands(subparsers: Any) -> None:
     )
     detectors.add_parser("list", help="each detector's firings, precision and state")
     promoting = detectors.add_parser("promote", help="let a promotable detector apply its fix")
-    promoting.add_argument("name", choices=sorted(DETECTORS))
+    promoting.add_argument("name", choices=sorted(all_detectors()))
 
 
 async def run(args: argparse.Namespace, settings: Settings, db: Database, out: Callable[[str], None]) -> bool:
@@ -72,7 +72,10 @@ async def run(args: argparse.Namespace, settings: Settings, db: Database, out: C
     if args.command == "detectors":
         if args.action == "promote":
             await promote(db, args.name, clock())
-            out(f"detector {args.name} promoted: it now applies its fix to replies")
+            if args.name in SUGGESTERS:
+                out(f"detector {args.name} promoted: its suggestions now show as cards")
+            else:
+                out(f"detector {args.name} promoted: it now applies its fix to replies")
         else:
             await _detectors(db, out)
         return True

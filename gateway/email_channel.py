@@ -72,6 +72,9 @@ class InboundMail:
     references: tuple[str, ...]
     attachments: tuple[str, ...]
     automatic: bool  # an auto-reply, bounce or list mail: recorded, never answered
+    # text/calendar attachments (an invitation's .ics), kept for the calendar's detectors
+    # (core.suggestions), which parse them in code; never shown to a model.
+    calendars: tuple[str, ...] = ()
 
     def body(self) -> str:
         """The message as recorded in the conversation and given to the model."""
@@ -292,6 +295,22 @@ def _attachments(form: Any, files: Any) -> tuple[str, ...]:
     return tuple(names)
 
 
+MAX_CALENDAR_PARTS, MAX_CALENDAR_BYTES = 5, 256 * 1024
+
+
+def _calendars(files: Any) -> tuple[str, ...]:
+    """The text of each iCalendar attachment (by type or ``.ics`` name), the first few, small ones."""
+    out: list[str] = []
+    for f in files.values() if files else ():
+        kind = (getattr(f, "content_type", "") or "").split(";")[0].strip().lower()
+        if kind != "text/calendar" and not (f.filename or "").lower().endswith(".ics"):
+            continue
+        data = f.read(MAX_CALENDAR_BYTES + 1)
+        if len(data) <= MAX_CALENDAR_BYTES and len(out) < MAX_CALENDAR_PARTS:
+            out.append(data.decode("utf-8", errors="replace"))
+    return tuple(out)
+
+
 def parse_inbound(form: Any, files: Any = None) -> InboundMail:
     """The mail in a Mailgun route form. Raises ``InvalidInput`` saying what is missing or wrong."""
     headers = _Headers(form)
@@ -334,6 +353,7 @@ def parse_inbound(form: Any, files: Any = None) -> InboundMail:
         references=tuple(_message_ids(headers.get("References"))),
         attachments=_attachments(form, files),
         automatic=_automatic(headers, address),
+        calendars=_calendars(files),
     )
 
 
@@ -486,7 +506,8 @@ class EmailChannel:
     async def deliver(self, services: Services, claimed: Claimed, turn_id: UUID | None, parts: list[str]) -> Delivery:
         db, meta = services.db, claimed.meta
         mail = InboundMail(**{**meta, "references": tuple(meta.get("references", ())),
-                              "attachments": tuple(meta.get("attachments", ()))})  # fmt: skip
+                              "attachments": tuple(meta.get("attachments", ())),
+                              "calendars": tuple(meta.get("calendars", ()))})  # fmt: skip
         [reply] = parts
         conversation_id = await conversation_for(db, claimed.account_id)
         mailer = services.mailer

@@ -32,6 +32,10 @@ from core.records.rooms import SHARE_LEVELS
 from core.scheduling.runs import run_now
 from core.scheduling.tasks import account_timezone, is_active
 from core.store.pool import connection
+from core.suggestions import accept as accept_suggestion
+from core.suggestions import cards as suggestion_cards
+from core.suggestions import dismiss as dismiss_suggestion
+from core.suggestions import parse_id as parse_suggestion_id
 from core.tools.areas.email import discard_draft, edit_draft, is_draft, pending_drafts
 from core.tools.connectors import account_connections
 from core.tools.context import SessionContext
@@ -62,14 +66,21 @@ class Answer:
     message: str
 
 
-async def run_owner_tool(services: Services, account_id: UUID, name: str, arguments: dict[str, Any]) -> CallOutcome:
-    """Run one tool for the signed-in person, as their own live turn would: the harness's
-    registry and gate, a live session trusted as the verified owner, on the web channel."""
+async def owner_session(services: Services, account_id: UUID) -> SessionContext:
+    """The signed-in person as their own live turn sees them: trusted as the verified owner, on
+    the web channel."""
     db, harness = services.db, services.harness
-    session = SessionContext(
+    return SessionContext(
         "live", "owner_verified", "web", account_id, await conversation_for(db, account_id), None,
         await account_timezone(db, account_id), await account_connections(db, account_id, harness.connectors),
     )  # fmt: skip
+
+
+async def run_owner_tool(services: Services, account_id: UUID, name: str, arguments: dict[str, Any]) -> CallOutcome:
+    """Run one tool for the signed-in person, as their own live turn would: the harness's
+    registry and gate and :func:`owner_session`."""
+    db, harness = services.db, services.harness
+    session = await owner_session(services, account_id)
     call = ToolCall(f"web-{uuid4().hex[:12]}", name, arguments)
     async with connection(db, stateless=True) as conn:
         ctx = ToolContext(session, conn, datetime.now(UTC))
@@ -316,7 +327,37 @@ def _mcp_approval(kind: str, item_id: str, row: McpToolRow) -> Approval:
     return Approval(kind, item_id, title, "\n".join(lines))
 
 
-APPROVAL_KINDS: dict[str, ApprovalKind] = {kind.name: kind for kind in (HeldMail(), McpTools())}
+class SuggestionCards:
+    """The calendar's suggestions (``core.suggestions``): accepting runs the card's action through
+    the harness's gate as the person's own call; dismissing closes it for good. Only promoted
+    detectors' cards are here: a detector in shadow shows nothing."""
+
+    name = "suggestion"
+    title = "Suggestions from your calendar"
+
+    async def pending(self, services: Services, account_id: UUID) -> list[Approval]:
+        out = []
+        for c in await suggestion_cards(services.db, account_id):
+            detail = f"{c.detail}\n\nAccept: {c.does}." + (f"\nLast try: {c.result}" if c.result else "")
+            out.append(Approval(self.name, str(c.id), c.title, detail, "Accept", "Dismiss"))
+        return out
+
+    async def decide(self, services: Services, account_id: UUID, item_id: str, approve: bool) -> Answer | None:
+        card_id = parse_suggestion_id(item_id)
+        if card_id is None:
+            return None
+        if not approve:
+            done = await dismiss_suggestion(services.db, account_id, card_id)
+        else:
+            harness = services.harness
+            done = await accept_suggestion(
+                services.db, harness.registry, harness.gate, await owner_session(services, account_id), card_id,
+                datetime.now(UTC),
+            )  # fmt: skip
+        return None if done is None else Answer(done.ok, done.message)
+
+
+APPROVAL_KINDS: dict[str, ApprovalKind] = {kind.name: kind for kind in (HeldMail(), McpTools(), SuggestionCards())}
 
 
 async def all_approvals(services: Services, account_id: UUID) -> list[tuple[ApprovalKind, list[Approval]]]:

@@ -163,6 +163,42 @@ async def test_the_web_app_in_a_browser(db: Database, db_url: str, driver, shots
         [row] = await mcp_records.account_tools(db, app.account_id)
         assert row.state == "approved" and row.approved["description"] == "Search and delete."
 
+        # A calendar suggestion (its detector promoted) is accepted from the same queue: the
+        # todo gets its slot on the calendar.
+        from datetime import UTC, datetime
+
+        from core.quality.detectors import promote
+        from core.suggestions import cards, run_detectors
+        from gateway.web_api import run_owner_tool
+
+        for title in ("Plan the trip (1h)", "Call the bank (30 min)"):
+            todo = await run_owner_tool(app.services, app.account_id, "add_todo", {"title": title})
+            assert todo.succeeded
+        await promote(db, "todo-slot", datetime.now(UTC))
+        await run_detectors(db, app.services.harness.connectors, app.account_id, datetime.now(UTC))
+        card, bank = sorted(await cards(db, app.account_id), key=lambda c: "bank" in c.title)
+        # The chat shows it as a card, as it shows drafts.
+        await asyncio.to_thread(driver.get, app.base + "/")
+        shown = await wait_for(
+            lambda: driver.find_element(By.CSS_SELECTOR, f'.card.suggestion[data-suggestion="{card.id}"]')
+        )
+        assert "Find time for" in shown.text and shown.find_element(By.CSS_SELECTOR, ".accept").text == "Accept"
+        await asyncio.to_thread(shot, "chat-suggestion")
+        dismiss = driver.find_element(By.CSS_SELECTOR, f'.card.suggestion[data-suggestion="{bank.id}"] .dismiss')
+        await asyncio.to_thread(dismiss.click)
+        await wait_for(lambda: "will not come back" in driver.find_element(
+            By.CSS_SELECTOR, f'.card.suggestion[data-suggestion="{bank.id}"] .result').text)  # fmt: skip
+        await asyncio.to_thread(driver.get, app.base + "/approvals")
+        accept = await wait_for(
+            lambda: driver.find_element(
+                By.CSS_SELECTOR, f'section[data-kind="suggestion"] [data-id="{card.id}"] .approve'
+            )
+        )
+        assert accept.text == "Accept" and "Find time for" in driver.page_source
+        await asyncio.to_thread(accept.click)
+        await wait_for(lambda: driver.find_element(By.ID, "nothing-waiting"))
+        assert await db.fetchval("SELECT count(*) FROM calendar_events WHERE title = 'Plan the trip (1h)'") == 1
+
         # Every other page, in the one look.
         for path, name, marker in (
             ("/calls", "calls", "calls"), ("/calls/CAweb1", "call", "transcript"), ("/tasks", "tasks", "Brief me"),

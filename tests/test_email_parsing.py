@@ -217,3 +217,25 @@ def test_automatic_mail_is_recognised(headers):
     assert parse_inbound(form).automatic
     no = peer.inbound(sender="ada@example.org", recipient="p@a.example", text="x", headers=[("Auto-Submitted", "no")])
     assert not parse_inbound(no).automatic
+
+
+def test_an_invitations_calendar_part_is_kept_for_the_detectors_and_other_files_are_not():
+    import io
+
+    from werkzeug.datastructures import FileStorage
+
+    form = peer.inbound(sender="ada@example.org", recipient="p@a.example", text="invite attached")
+    ics = b"BEGIN:VCALENDAR\r\nVERSION:2.0\r\nEND:VCALENDAR\r\n"
+    files = MultiDict(
+        [
+            ("attachment-1", FileStorage(io.BytesIO(ics), filename="invite.ics", content_type="application/ics")),
+            ("attachment-2", FileStorage(io.BytesIO(b"%PDF"), filename="menu.pdf", content_type="application/pdf")),
+            (
+                "attachment-3",
+                FileStorage(io.BytesIO(b"x" * 300_000), filename="huge.ics", content_type="text/calendar"),
+            ),
+        ]
+    )
+    mail = parse_inbound(form, files)
+    assert mail.calendars == (ics.decode(),)
+    assert "invite.ics" in mail.body() and "BEGIN:VCALENDAR" not in mail.body()  # the model never sees it

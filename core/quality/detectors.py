@@ -19,6 +19,13 @@ The detectors:
   succeeded (or, read back later, none committed); point ``honesty``.
 * ``nothing-found``: a lookup failed, and the reply says nothing was found; point ``grounding``.
 * ``repeats``: the reply says the same sentence twice; point ``tone``.
+
+The calendar's detectors (``core.suggestions``: :data:`SUGGESTERS`) share the lifecycle but not
+the judge: they suggest actions on cards. In shadow they record what they would suggest and show
+nothing; no one sees a shadow card, so nothing grades it, and the owner promotes one after reading
+what it would have said (``pepper suggestions list ACCOUNT --shadow``). Once promoted, its
+precision is the share of its decided cards the person accepted; below :data:`DELETE_BELOW` after
+:data:`MIN_FIRINGS` decided cards it is ``deleted``. They have no trial end.
 """
 
 from __future__ import annotations
@@ -178,6 +185,21 @@ DETECTORS: dict[str, Detector] = {
 }
 
 
+# The calendar's detectors (core.suggestions), by name, with what each finds.
+SUGGESTERS: dict[str, str] = {
+    "clash": "overlapping events the person attends (free/transparent and declined ones left out)",
+    "travel-time": "consecutive events at different places, with the time to get from one to the next",
+    "mail-event": "an invitation or a dated event in a mail that is not on the calendar",
+    "deadline": "a due date in a todo, a mail or a note with no time blocked before it",
+    "todo-slot": "a todo that says how long it takes, with free slots to do it in",
+}
+SUGGESTION_POINT = "accepted"  # a suggester's "judge": the person accepting or dismissing its cards
+
+
+def all_detectors() -> list[str]:
+    return [*DETECTORS, *SUGGESTERS]
+
+
 # --- states and firings in the store -----------------------------------------------------------
 
 
@@ -211,7 +233,7 @@ async def ensure_detectors(db: Queries, now: datetime) -> None:
     """Give every known detector a row (its trial starts now); existing rows are left alone."""
     await db.execute(
         "INSERT INTO quality_detectors (name, trial_started_at) SELECT unnest($1::text[]), $2 ON CONFLICT DO NOTHING",
-        list(DETECTORS),
+        all_detectors(),
         now,
     )
 
@@ -222,7 +244,7 @@ async def detector_states(db: Queries) -> dict[str, str]:
     if hit is not None:
         return hit
     rows = await db.fetch("SELECT name, state FROM quality_detectors")
-    states = {name: "shadow" for name in DETECTORS} | {r["name"]: r["state"] for r in rows}
+    states = {name: "shadow" for name in all_detectors()} | {r["name"]: r["state"] for r in rows}
     _CACHE.put(db, states)
     return states
 
@@ -311,6 +333,25 @@ async def detector_statuses(db: Queries) -> list[DetectorStatus]:
         """,
         json.dumps(points),
     )
+    decided = {
+        r["detector"]: r
+        for r in await db.fetch(
+            """
+            SELECT detector, count(*) AS firings,
+                   count(*) FILTER (WHERE state IN ('accepted', 'dismissed')) AS judged,
+                   count(*) FILTER (WHERE state = 'accepted') AS true_firings
+            FROM suggestions GROUP BY detector
+            """
+        )
+    }
+    for name in SUGGESTERS:
+        points[name] = SUGGESTION_POINT
+    rows = [
+        {**dict(r), **{k: decided[r["name"]][k] for k in ("firings", "judged", "true_firings")}}
+        if r["name"] in SUGGESTERS and r["name"] in decided
+        else r
+        for r in rows
+    ]
     return [
         DetectorStatus(
             r["name"],
@@ -330,6 +371,11 @@ def decide(status: DetectorStatus, now: datetime) -> str:
     if status.state in ("deleted", "ended"):
         return status.state
     precision = status.precision
+    if status.name in SUGGESTERS:
+        # Only cards people saw are decided, so only a promoted one gathers precision.
+        if status.judged >= MIN_FIRINGS and precision is not None and precision < DELETE_BELOW:
+            return "deleted"
+        return status.state
     if status.judged >= MIN_FIRINGS and precision is not None:
         if precision < DELETE_BELOW:
             return "deleted"
@@ -368,8 +414,10 @@ async def promote(db: Queries, name: str, now: datetime) -> None:
     await review_detectors(db, now)
     state = await db.fetchval("SELECT state FROM quality_detectors WHERE name = $1", name)
     if state is None:
-        raise InvalidInput(f"no detector {name!r} (known: {', '.join(DETECTORS)})")
-    if state != "promotable":
+        raise InvalidInput(f"no detector {name!r} (known: {', '.join(all_detectors())})")
+    if name in SUGGESTERS and state == "shadow":
+        pass  # no one grades a shadow card: the owner promotes after reading what it would suggest
+    elif state != "promotable":
         raise InvalidInput(
             f"detector {name!r} is {state}: only a promotable one (>= {MIN_FIRINGS} judged firings at "
             f">= {PROMOTABLE:.0%} precision) can be promoted"

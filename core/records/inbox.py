@@ -84,3 +84,21 @@ async def own_thread(db: Queries, account_id: UUID, message_id: int) -> list[Any
             message_id,
         )
     )
+
+
+async def recent_inbound(db: Queries, account_id: UUID, since: Any, limit: int = 200) -> list[Any]:
+    """Mail that arrived at Pepper's address from the person since ``since``, newest first: its
+    id, when, and what the channel recorded (``meta``: sender, subject, text, attachments)."""
+    return list(
+        await db.fetch(
+            """
+            SELECT m.id, m.created_at, m.body, m.meta FROM messages m
+            JOIN conversations c ON c.id = m.conversation_id
+            WHERE c.account_id = $1 AND m.channel = 'email' AND m.direction = 'inbound' AND m.created_at >= $2
+            ORDER BY m.created_at DESC LIMIT $3
+            """,
+            account_id,
+            since,
+            limit,
+        )
+    )

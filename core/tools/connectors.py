@@ -100,6 +100,11 @@ class Connectors:
     # After a message that asks for the web, this many follow-ups within this many minutes may use it.
     research_followups: int = 3
     research_followup_minutes: float = 30.0
+    # Travel time (core/tools/areas/places): "none" estimates from straight-line distance.
+    routing_kind: str = "none"
+    routing_url: str | None = None
+    routing_key: str | None = None
+    travel_speed_kmh: float = 30.0
 
     @classmethod
     def from_settings(cls, settings: Any) -> Connectors:
@@ -124,6 +129,10 @@ class Connectors:
             research_seconds=settings.web_research_seconds,
             research_followups=settings.web_followups,
             research_followup_minutes=settings.web_followup_minutes,
+            routing_kind=settings.routing_kind,
+            routing_url=settings.routing_url,
+            routing_key=secret(settings.routing_key),
+            travel_speed_kmh=settings.travel_speed_kmh,
         )
 
     def require_vault(self) -> Vault:

@@ -1,5 +1,6 @@
 // The chat: history, live messages of every channel, the reply streaming in, the working
-// indicator, sending with a visible error and a retry, and draft cards to edit, send or discard.
+// indicator, sending with a visible error and a retry, draft cards to edit, send or discard, and
+// the calendar's suggestion cards to accept or dismiss.
 "use strict";
 (() => {
   const log = document.getElementById("log");
@@ -228,12 +229,52 @@
     scroll();
   }
 
+  // --- suggestion cards: the calendar's suggestions (approvals of kind "suggestion") ------------
+  function suggestionCard(item) {
+    const key = `suggestion:${item.id}`;
+    const card = el("div", "msg card suggestion");
+    card.dataset.suggestion = item.id;
+    card.appendChild(el("h3", "", item.title));
+    card.appendChild(el("pre", "draft-body", item.detail));
+    const result = el("p", "result");
+    result.hidden = true;
+    const actions = el("div", "actions");
+    for (const [label, cls, decision] of [[item.approve_label, "accept", "approve"], [item.reject_label, "secondary dismiss", "reject"]]) {
+      const b = el("button", cls, label);
+      b.type = "button";
+      b.addEventListener("click", async () => {
+        const answer = await Pepper.request("POST", `/api/approvals/suggestion/${encodeURIComponent(item.id)}/${decision}`, {});
+        result.hidden = false;
+        result.className = "result " + (answer.ok ? "ok" : "error");
+        result.textContent = answer.data.message || (answer.ok ? "Done." : "That did not work.");
+        if (answer.ok) { actions.remove(); drafts.delete(key); }
+      });
+      actions.appendChild(b);
+    }
+    card.append(actions, result);
+    return card;
+  }
+
+  async function loadSuggestions() {
+    const answer = await Pepper.request("GET", "/api/approvals");
+    if (!answer.ok) return;
+    for (const item of answer.data.approvals) {
+      const key = `suggestion:${item.id}`;
+      if (item.kind !== "suggestion" || drafts.has(key)) continue;
+      const card = suggestionCard(item);
+      drafts.set(key, card);
+      log.appendChild(card);
+    }
+    scroll();
+  }
+
   // --- start -----------------------------------------------------------------------------------
   async function start() {
     showLimit();
     const history = await Pepper.request("GET", "/api/messages?limit=200");
     if (history.ok) history.data.messages.forEach(render);
     await loadDrafts();
+    await loadSuggestions();
     const source = new EventSource(`/api/events?after=${lastId}&progress=1`);
     source.addEventListener("message", (e) => render(JSON.parse(e.data)));
     source.addEventListener("delta", (e) => delta(JSON.parse(e.data)));

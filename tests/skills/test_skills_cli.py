@@ -56,7 +56,8 @@ def test_an_owner_adds_lists_shows_and_removes_their_own_skills(db_url, monkeypa
     assert code == 0
     assert "my-standup             own      inline" in out and "ready" in out
     [brief] = [line for line in out.splitlines() if line.startswith("morning-brief ")]
-    assert "shipped  worker calendar,mail,todos,reminders" in brief and brief.endswith("needs Gmail or IMAP"), brief
+    assert "shipped  worker calendar,mail,todos,reminders,suggestions" in brief, brief
+    assert brief.endswith("needs Gmail or IMAP"), brief
     code, out, _ = run(monkeypatch, capsys, "skills", "show", "weekly-review")
     assert code == 0 and out.startswith("---\nname: weekly-review")
 

@@ -29,6 +29,7 @@ from typing import Any
 from uuid import UUID
 from zoneinfo import ZoneInfo
 
+from core import suggestions
 from core.conversation import (
     conversation_for,
     extend_hold,
@@ -40,6 +41,7 @@ from core.conversation import (
 from core.scheduling import runs
 from core.scheduling.heartbeat import Pulse, pulse_allowed
 from core.scheduling.runs import Claim
+from core.tools.connectors import Connectors
 from core.usage import breaker
 from core.usage.ledger import usage_tier
 from text_loop.prompt import labelled
@@ -77,6 +79,8 @@ class SchedulerConfig:
     busy_poll: float = 0.2
     busy_wait: timedelta = timedelta(seconds=60)
     busy_retry: timedelta = timedelta(seconds=5)
+    # Each pass of the loop also runs the calendar's detectors for accounts whose data changed.
+    suggestions: bool = True
 
 
 def process_owner() -> str:
@@ -144,6 +148,7 @@ class Scheduler:
         while True:
             try:
                 await self.tick()
+                await self.suggest()
                 delay = self.config.poll
             except asyncio.CancelledError:
                 raise
@@ -170,6 +175,13 @@ class Scheduler:
             task.add_done_callback(lambda _t, run_id=claim.run_id: self._done(run_id))
             started.append(task)
         return started
+
+    async def suggest(self) -> int:
+        """Run the calendar's detectors for people whose calendar, todos, notes or inbound mail
+        changed since their last run (``core.suggestions``); one query when nothing changed."""
+        if not self.config.suggestions:
+            return 0
+        return await suggestions.run_changed(self.db, self.deps.connectors or Connectors(), self.owner, self.clock())
 
     async def run_due(self) -> int:
         """Run everything due now and wait for it (tests, the CLI); returns how many runs ran."""

@@ -47,6 +47,8 @@ _SETS = (
     Toolset("email", ("email",), behind_worker=True, about="writing mail: drafts and sends"),
     Toolset("mail", ("mail",), behind_worker=True, about="reading the person's mail (Gmail, IMAP, Pepper's inbox)"),
     Toolset("feeds", ("feeds",), behind_worker=True, about="followed feeds and news"),
+    Toolset("places", ("places",), behind_worker=True, about="where places are and travel time between them"),
+    Toolset("suggestions", ("suggestions",), behind_worker=True, about="the calendar's suggestions"),
     Toolset("github", ("github",), behind_worker=True, about="GitHub through its MCP server", mcp=True),
 )
 TOOLSETS: Mapping[str, Toolset] = MappingProxyType({t.name: t for t in _SETS})

@@ -200,6 +200,7 @@ def google_event(item: dict[str, Any], cal: CalendarRow, tz: ZoneInfo) -> Event:
         if not a.get("self")
     )
     organizer = item.get("organizer", {})
+    me = next((a for a in item.get("attendees", ()) if a.get("self")), None)
     return Event(
         ref=f"{cal.ref}:{item['id']}",
         calendar=cal.name,
@@ -213,7 +214,12 @@ def google_event(item: dict[str, Any], cal: CalendarRow, tz: ZoneInfo) -> Event:
         recurring="recurringEventId" in item or "recurrence" in item,
         busy=item.get("transparency", "opaque") != "transparent",
         organizer=None if organizer.get("self") else organizer.get("email"),
-        extra={"id": item["id"], "recurringEventId": item.get("recurringEventId")},
+        extra={
+            "id": item["id"],
+            "recurringEventId": item.get("recurringEventId"),
+            # The person's own answer (their attendee entry is left out of ``attendees``).
+            "self_status": str(me.get("responseStatus", "")).lower() if me else None,
+        },
     )
 
 
