@@ -31,8 +31,10 @@ from core.conversation import (
     was_sent,
 )
 from core.errors import PepperError
+from core.following.checks import FollowConfig, Following
 from core.settings import Settings
 from core.store.queries import Queries
+from core.tools.connectors import Connectors
 from gateway.segments import split_message
 from gateway.webhooks import MESSAGE_STATUS
 from text_loop import HarnessDeps
@@ -155,7 +157,16 @@ def scheduler_config(settings: Settings) -> SchedulerConfig:
 
 def build_scheduler(settings: Settings, harness: HarnessDeps, messenger: Any = None, mailer: Any = None) -> Scheduler:
     deliverer = GatewayDeliverer(settings, harness.db, messenger, mailer)
-    return Scheduler(harness, deliverer, scheduler_config(settings))
+    return Scheduler(harness, deliverer, scheduler_config(settings), follows=follow_checks(settings, harness))
+
+
+def follow_checks(settings: Settings, harness: HarnessDeps) -> Following:
+    """The checks of followed sources, on the scheduler beside the runs, under the web relay's rules."""
+    from datetime import timedelta
+
+    config = FollowConfig(tier=settings.follow_tier, page_every=timedelta(hours=settings.follow_page_hours))
+    connectors = harness.connectors or Connectors.from_settings(settings)
+    return Following.from_connectors(harness.db, connectors, harness.models, config)
 
 
 def attach_scheduler(

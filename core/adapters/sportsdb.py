@@ -69,12 +69,15 @@ class SportsDB:
             start, all_day = _start(item)
             if start is None:
                 continue
-            status = f"{item.get('strStatus') or ''} {item.get('strPostponed') or ''}".casefold()
+            status = str(item.get("strStatus") or "").casefold()
+            off = str(item.get("strPostponed") or "").casefold() == "yes" or any(
+                word in status for word in ("cancel", "postponed", "abandoned")
+            )
             out.append(SourceEvent(
                 title=str(item.get("strEvent") or "Match")[:200], start=start,
                 end=start + (timedelta(days=1) if all_day else MATCH_LENGTH), all_day=all_day,
                 location=(str(item["strVenue"])[:200] if item.get("strVenue") else None),
-                cancelled="cancel" in status or "postponed" in status or status.strip().startswith("yes"),
+                cancelled=off,
                 key=f"sportsdb:{item['idEvent']}",
             ))  # fmt: skip
         return out

@@ -72,6 +72,17 @@ class Following:
         self.sportsdb = self.sportsdb or SportsDB(self.egress)
         self.tvmaze = self.tvmaze or TVmaze(self.egress)
 
+    @classmethod
+    def from_connectors(
+        cls, db: Queries, connectors: Any, models: ModelService | None = None, config: FollowConfig | None = None
+    ) -> Following:
+        """Built from ``core.tools.connectors.Connectors`` (its egress policy and source addresses)."""
+        egress = Egress(connectors.egress_policy)
+        return cls(
+            db, egress, models, SportsDB(egress, base_url=connectors.sportsdb_url, key=connectors.sportsdb_key),
+            TVmaze(egress, base_url=connectors.tvmaze_url), config or FollowConfig(),
+        )  # fmt: skip
+
     # --- adding ------------------------------------------------------------------------------
 
     async def resolve(self, spec: str) -> tuple[str, str, str]:

@@ -24,7 +24,7 @@ import ipaddress
 import json
 import logging
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit
@@ -35,6 +35,7 @@ import httpx
 from core.errors import ConfigError, InvalidInput
 from core.store.queries import Queries
 from core.vault import SecretKeyError, Vault
+from core.web.egress import EgressPolicy, egress_policy
 from core.web.permission import WebWindow
 
 WEB_TOOL = "web_research"
@@ -75,6 +76,11 @@ class Connectors:
     # After a message that asks for the web, this many follow-ups within this many minutes may use it.
     research_followups: int = 3
     research_followup_minutes: float = 30.0
+    # Following (core/following): pages and sources are fetched under the web relay's egress rules.
+    egress_policy: EgressPolicy = field(default_factory=EgressPolicy)
+    sportsdb_url: str = "https://www.thesportsdb.com"
+    sportsdb_key: str = "123"  # TheSportsDB's free key
+    tvmaze_url: str = "https://api.tvmaze.com"
 
     @classmethod
     def from_settings(cls, settings: Any) -> Connectors:
@@ -99,6 +105,10 @@ class Connectors:
             research_seconds=settings.web_research_seconds,
             research_followups=settings.web_followups,
             research_followup_minutes=settings.web_followup_minutes,
+            egress_policy=egress_policy(settings),
+            sportsdb_url=settings.sportsdb_url,
+            sportsdb_key=secret(settings.sportsdb_key) or "123",
+            tvmaze_url=settings.tvmaze_url,
         )
 
     def require_vault(self) -> Vault:

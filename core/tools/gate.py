@@ -184,7 +184,19 @@ def _widening(tool: Tool, current: dict[str, Any], proposed: dict[str, Any]) -> 
 
 # Feature areas that hold one person's private data; rooms see the room's data instead.
 PERSONAL_AREAS: frozenset[str] = frozenset(
-    {"notes", "todos", "dossier", "tasks", "reminders", "contacts", "calendar", "feeds", "memory", "answering_inbox"}
+    {
+        "notes",
+        "todos",
+        "dossier",
+        "tasks",
+        "reminders",
+        "contacts",
+        "calendar",
+        "feeds",
+        "following",
+        "memory",
+        "answering_inbox",
+    }
 )
 # All a room turn may use: the room's own data (its messages, shared notes and to-dos) and the clock.
 ROOM_AREAS: frozenset[str] = frozenset({"room", "clock"})

@@ -46,6 +46,7 @@ _SETS = (
     Toolset("calendar", ("calendar",), behind_worker=True, about="the person's calendars"),
     Toolset("email", ("email",), behind_worker=True, about="the person's mailbox"),
     Toolset("feeds", ("feeds",), behind_worker=True, about="followed feeds and news"),
+    Toolset("following", ("following",), about="followed web pages, calendar feeds, teams and shows"),
     Toolset("github", ("github",), behind_worker=True, about="GitHub through its MCP server", mcp=True),
 )
 TOOLSETS: Mapping[str, Toolset] = MappingProxyType({t.name: t for t in _SETS})
