@@ -1,4 +1,4 @@
-"""``pepper follow``: follow web pages, calendar feeds, teams and TV shows; list and remove.
+"""``pepper follow``: follow web pages, calendar and news feeds, teams and TV shows; list and remove.
 
 pepper follow add ACCOUNT URL|team:NAME|show:NAME [--write-to-calendar]
 pepper follow list [ACCOUNT]        each source with its last check (failures said) and recent checks
@@ -28,7 +28,7 @@ from core.tools.connectors import Connectors
 def add_commands(sub: Any) -> None:
     top = sub.add_parser("follow", help="follow web pages, calendar feeds, teams and TV shows; list and remove")
     actions = top.add_subparsers(dest="action", metavar="ACTION", required=True)
-    add = actions.add_parser("add", help="follow a web page or calendar feed (URL), team:NAME or show:NAME")
+    add = actions.add_parser("add", help="follow a web page, calendar or news feed (URL), team:NAME or show:NAME")
     add.add_argument("account", help="account id or unique name")
     add.add_argument("source", help="a web address, team:NAME (TheSportsDB) or show:NAME (TVmaze)")
     add.add_argument(

@@ -6,6 +6,7 @@ due follows with a lease (``core.following.store.claim_due``) and checks each:
 
 * a page: conditional GET, text fingerprint, at most one extraction call (``core.following.pages``);
 * a calendar feed: conditional GET; the calendar area reads its events when the agenda is listed;
+* an RSS or Atom feed (a person, a topic): conditional GET; the feeds area reads its items;
 * a team or a show: its adapter's upcoming events, matched by the source's own ids.
 
 Every check is recorded (``follow_checks``) with what it found, failures included; a failing
@@ -26,6 +27,7 @@ from typing import Any
 from uuid import UUID
 from zoneinfo import ZoneInfo
 
+import feedparser
 import icalendar
 
 from core.adapters.sportsdb import SportsDB
@@ -40,6 +42,8 @@ from core.store.queries import Queries
 from core.web.egress import Egress, EgressError
 
 log = logging.getLogger(__name__)
+
+FEED_TYPES = ("application/rss+xml", "application/atom+xml")
 
 
 @dataclass(frozen=True)
@@ -110,12 +114,11 @@ class Following:
         if response.content_type == "text/calendar" or body.upper().startswith(b"BEGIN:VCALENDAR"):
             name = _calendar_name(response.content) or response.url
             return "calendar", text, name
-        if (
-            response.content_type in ("application/rss+xml", "application/atom+xml")
-            or b"<rss" in body[:500]
-            or (b"<feed" in body[:500])
-        ):
-            raise InvalidInput("that is an RSS or Atom feed: follow it as a feed (follow_feed), not as a page")
+        if response.content_type in FEED_TYPES or b"<rss" in body[:500] or b"<feed" in body[:500]:
+            parsed = feedparser.parse(response.content)
+            if not parsed.get("version"):
+                raise FollowFailed("the address looks like a feed but is not RSS or Atom")
+            return "feed", text, str(parsed.feed.get("title") or text)[:200]
         if response.content_type not in pages.HTML_TYPES:
             raise FollowFailed(f"the address gives {response.content_type}, not a web page or a calendar")
         return "page", text, _page_title(response.text) or text
@@ -130,11 +133,13 @@ class Following:
         found = await store.find(self.db, account_id, kind, target)
         if found is not None:
             return found, False
-        calendar_id = None
+        calendar_id = feed_id = None
         if kind == "calendar":
             calendar_id = await store.add_calendar_feed(self.db, account_id, target, title)
+        elif kind == "feed":
+            feed_id = await store.add_news_feed(self.db, account_id, target, title)
         return await store.add(self.db, account_id, kind, target, title, write_to_calendar=write_to_calendar,
-                               calendar_id=calendar_id)  # fmt: skip
+                               calendar_id=calendar_id, feed_id=feed_id)  # fmt: skip
 
     # --- checking ----------------------------------------------------------------------------
 
@@ -157,8 +162,8 @@ class Following:
         try:
             if follow.kind == "page":
                 outcome = await self._page(follow)
-            elif follow.kind == "calendar":
-                outcome = await self._calendar(follow)
+            elif follow.kind in ("calendar", "feed"):
+                outcome = await self._feed(follow)
             else:
                 outcome = await self._structured(follow)
         except (FollowFailed, InvalidInput) as exc:
@@ -177,7 +182,9 @@ class Following:
 
     def _every(self, follow: Follow) -> timedelta:
         c = self.config
-        return {"page": c.page_every, "calendar": c.feed_every}.get(follow.kind, c.structured_every)
+        return {"page": c.page_every, "calendar": c.feed_every, "feed": c.feed_every}.get(
+            follow.kind, c.structured_every
+        )
 
     async def _page(self, follow: Follow) -> Outcome:
         fetched = await pages.fetch_page(self.egress, follow.target, follow.etag, follow.modified)
@@ -201,8 +208,11 @@ class Following:
         return Outcome("changed", detail, events=len(events), model_calls=1, etag=fetched.etag,
                        modified=fetched.modified, fingerprint=print_)  # fmt: skip
 
-    async def _calendar(self, follow: Follow) -> Outcome:
-        headers = {"Accept": "text/calendar"}
+    async def _feed(self, follow: Follow) -> Outcome:
+        """A calendar feed or a news feed: is it still there and what it holds; the calendar area
+        (the agenda) and the feeds area (``read_feeds``) read their contents."""
+        calendar = follow.kind == "calendar"
+        headers = {"Accept": "text/calendar" if calendar else "application/rss+xml, application/atom+xml"}
         if follow.etag:
             headers["If-None-Match"] = follow.etag
         if follow.modified:
@@ -214,13 +224,21 @@ class Following:
         if response.status == 304:
             return Outcome("unchanged", "the feed has not changed (304)")
         if response.status != 200:
-            raise FollowFailed(f"the calendar feed answered {response.status}")
-        try:
-            count = len(icalendar.Calendar.from_ical(response.content).walk("VEVENT"))
-        except ValueError as exc:
-            raise FollowFailed("the feed is no longer an iCalendar calendar") from exc
-        return Outcome("changed", f"the feed has {count} events (the agenda reads them)", events=count,
-                       etag=response.headers.get("ETag"), modified=response.headers.get("Last-Modified"))  # fmt: skip
+            raise FollowFailed(f"the feed answered {response.status}")
+        if calendar:
+            try:
+                count = len(icalendar.Calendar.from_ical(response.content).walk("VEVENT"))
+            except ValueError as exc:
+                raise FollowFailed("the feed is no longer an iCalendar calendar") from exc
+            detail = f"the feed has {count} events (the agenda reads them)"
+        else:
+            parsed = feedparser.parse(response.content)
+            if not parsed.get("version"):
+                raise FollowFailed("the feed is no longer RSS or Atom")
+            count = len(parsed.entries)
+            detail = f"the feed has {count} items (read_feeds reads them)"
+        return Outcome("changed", detail, events=count, etag=response.headers.get("ETag"),
+                       modified=response.headers.get("Last-Modified"))  # fmt: skip
 
     async def _structured(self, follow: Follow) -> Outcome:
         now = self.clock()

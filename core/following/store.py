@@ -16,7 +16,7 @@ from core.following.match import Stored, pair
 from core.following.model import SourceEvent
 from core.store.queries import Queries
 
-KINDS = ("page", "calendar", "team", "show")
+KINDS = ("page", "calendar", "feed", "team", "show")
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,7 @@ class Follow:
     title: str
     write_to_calendar: bool
     calendar_id: UUID | None
+    feed_id: int | None
     etag: str | None
     modified: str | None
     fingerprint: str | None
@@ -35,7 +36,7 @@ class Follow:
     failures: int
 
 
-_FOLLOW = ("id, account_id, kind, target, title, write_to_calendar, calendar_id, etag, modified, fingerprint,"
+_FOLLOW = ("id, account_id, kind, target, title, write_to_calendar, calendar_id, feed_id, etag, modified, fingerprint,"
            " versions, failures")  # fmt: skip
 
 
@@ -45,17 +46,17 @@ def _follow(row: Any) -> Follow:
 
 async def add(
     db: Queries, account_id: UUID, kind: str, target: str, title: str, *, write_to_calendar: bool = False,
-    calendar_id: UUID | None = None,
+    calendar_id: UUID | None = None, feed_id: int | None = None,
 ) -> tuple[Follow, bool]:  # fmt: skip
     """The follow, and whether it is new: the same source twice is one follow (its settings kept)."""
     row = await db.fetchrow(
         f"""
-        INSERT INTO follows (account_id, kind, target, title, write_to_calendar, calendar_id)
-        VALUES ($1, $2, $3, $4, $5, $6)
+        INSERT INTO follows (account_id, kind, target, title, write_to_calendar, calendar_id, feed_id)
+        VALUES ($1, $2, $3, $4, $5, $6, $7)
         ON CONFLICT (account_id, kind, target) DO UPDATE SET title = follows.title
         RETURNING {_FOLLOW}, (xmax = 0) AS created
         """,
-        account_id, kind, target, title[:200], write_to_calendar, calendar_id,
+        account_id, kind, target, title[:200], write_to_calendar, calendar_id, feed_id,
     )  # fmt: skip
     return _follow(row), bool(row["created"])
 
@@ -91,12 +92,16 @@ async def listing(db: Queries, account_id: UUID) -> list[Any]:
 async def remove(db: Queries, account_id: UUID, follow_id: int) -> str | None:
     """Stop following (its events and checks go with it; a calendar feed's calendar too)."""
     row = await db.fetchrow(
-        "DELETE FROM follows WHERE id = $1 AND account_id = $2 RETURNING title, calendar_id", follow_id, account_id
+        "DELETE FROM follows WHERE id = $1 AND account_id = $2 RETURNING title, calendar_id, feed_id",
+        follow_id,
+        account_id,
     )
     if row is None:
         return None
     if row["calendar_id"] is not None:
         await db.execute("DELETE FROM calendars WHERE id = $1 AND kind = 'ical'", row["calendar_id"])
+    if row["feed_id"] is not None:
+        await db.execute("DELETE FROM feeds WHERE id = $1 AND account_id = $2", row["feed_id"], account_id)
     await db.execute(
         "DELETE FROM calendar_events WHERE account_id = $1 AND booking_key LIKE $2", account_id, f"follow:{follow_id}:%"
     )
@@ -115,6 +120,19 @@ async def add_calendar_feed(db: Queries, account_id: UUID, url: str, name: str) 
         account_id,
         name[:200],
         url,
+    )
+
+
+async def add_news_feed(db: Queries, account_id: UUID, url: str, title: str) -> int:
+    """The feeds area's row for a followed RSS or Atom feed (``read_feeds`` reads its items)."""
+    return await db.fetchval(
+        """
+        INSERT INTO feeds (account_id, url, title) VALUES ($1, $2, $3)
+        ON CONFLICT (account_id, url) DO UPDATE SET title = feeds.title RETURNING id
+        """,
+        account_id,
+        url,
+        title[:200],
     )
 
 

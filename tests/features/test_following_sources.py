@@ -44,6 +44,16 @@ END:VCALENDAR
 """
 
 
+RSS = b"""<?xml version="1.0"?><rss version="2.0"><channel><title>Ada Lovelace news</title>
+<link>http://example.com/</link><description>x</description>
+<item><title>Ada wins a prize</title><link>http://example.com/1</link><guid>n1</guid></item>
+</channel></rss>"""
+
+
+async def _rss(request: web.Request) -> web.Response:
+    return web.Response(body=RSS, content_type="application/rss+xml")
+
+
 @pytest.fixture
 async def sources():
     sports, tv = SportsDBPeer(), TVmazePeer()
@@ -58,7 +68,7 @@ async def sources():
         tvmaze_episode(2803001, 3, 1, "Premiere", "2025-03-30T01:00:00+00:00"),
         tvmaze_episode(2803002, 3, 2, "Second", "2025-04-06T01:00:00+00:00"),
     ]
-    async with sports, tv, serving({"/fixtures.ics": _feed, "/broken": _broken}) as site:
+    async with sports, tv, serving({"/fixtures.ics": _feed, "/broken": _broken, "/news.rss": _rss}) as site:
         yield sports, tv, site
 
 
@@ -182,6 +192,21 @@ async def test_a_calendar_feed_and_a_failing_page_in_the_same_surface(db: Databa
     assert again is not None and again.failures == 1
     assert (await call("follow_remove", {"follow": int(text.split("#")[1].split()[0])})).status == "ok"
     assert await db.fetchval("SELECT count(*) FROM calendars WHERE kind = 'ical'") == 0
+
+
+async def test_a_person_or_topic_through_its_feed(db: Database, following_caller: Caller, sources):
+    _, _, site = sources
+    call = following_caller
+    added = await call("follow_add", {"source": f"{site}/news.rss"})
+    assert added.status == "ok" and "Ada Lovelace news" in added.content, added.content
+    read = await call("read_feeds", {})
+    assert read.status == "ok" and "Ada wins a prize" in read.content  # the feeds area reads its items
+    await check_all(db, call)
+    text = (await call("follow_list", {})).content
+    assert "Ada Lovelace news [news feed]" in text and "the feed has 1 items" in text
+    [row] = await store.listing(db, call.account.id)
+    assert (await call("follow_remove", {"follow": row["id"]})).status == "ok"
+    assert (await call("list_feeds", {})).status == "empty"
 
 
 async def test_checks_are_leased(db: Database, owner: Account):

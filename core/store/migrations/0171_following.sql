@@ -1,15 +1,17 @@
--- Following (core/following/): web pages, calendar feeds, teams and TV shows a person follows,
+-- Following (core/following/): web pages, calendar feeds, RSS/Atom feeds (a person, a topic: their items
+-- are read by the feeds area), teams and TV shows a person follows,
 -- each check of them, and the events they give. Followed events show in the agenda; they are
 -- written to a calendar only when the source opts in (write_to_calendar).
 
 CREATE TABLE follows (
     id                 bigserial PRIMARY KEY,
     account_id         uuid NOT NULL REFERENCES accounts (id) ON DELETE CASCADE,
-    kind               text NOT NULL CHECK (kind IN ('page', 'calendar', 'team', 'show')),
+    kind               text NOT NULL CHECK (kind IN ('page', 'calendar', 'feed', 'team', 'show')),
     target             text NOT NULL,        -- the URL, or the source's own id (a team's, a show's)
     title              text NOT NULL,
     write_to_calendar  boolean NOT NULL DEFAULT false,
     calendar_id        uuid REFERENCES calendars (id) ON DELETE SET NULL,  -- a calendar feed's row
+    feed_id            bigint REFERENCES feeds (id) ON DELETE SET NULL,    -- an RSS/Atom feed's row (the feeds area)
     etag               text,
     modified           text,
     fingerprint        text,                 -- of the page's text at the last extraction

@@ -5,7 +5,8 @@ before anything is stored, so a refusal stores nothing; the same source twice is
 Followed events show in the agenda (the calendar's ``list_events``) but are written to a calendar
 only when the person opts in for that source (``write_to_calendar``), which a scheduled run can
 never do (the gate forces it off), and they never carry attendees, so no invitation goes out.
-A person or a topic is followed through its RSS or Atom feed (``follow_feed``, the feeds area).
+A person or a topic is followed through its RSS or Atom feed: ``follow_add`` with the feed's
+address puts it in the feeds area's list (``read_feeds`` reads its items) and checks it here.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ AREA = "following"
 
 def describe(row: Any) -> str:
     """One line per follow: what, its last check (failures said, never hidden), its events."""
-    kind = {"page": "web page", "calendar": "calendar feed", "team": "team", "show": "TV show"}[row["kind"]]
-    where = f" {row['target']}" if row["kind"] in ("page", "calendar") else ""
+    kinds = {"page": "web page", "calendar": "calendar feed", "feed": "news feed", "team": "team", "show": "TV show"}
+    kind = kinds[row["kind"]]
+    where = f" {row['target']}" if row["kind"] in ("page", "calendar", "feed") else ""
     if row["last_checked_at"] is None:
         last = "not checked yet"
     else:
@@ -81,9 +83,9 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
         Tool(
             name="follow_add",
             description=(
-                "Follow a web page (a school calendar, a club's fixtures), an iCalendar feed, a team (team:NAME) or a"
-                " TV show (show:NAME): its events show in the agenda. write_to_calendar copies them into Pepper's"
-                " calendar too; only when the person asks. For a person or topic, follow its feed with follow_feed."
+                "Follow a web page (a school calendar, a club's fixtures), an iCalendar feed, an RSS/Atom feed (a"
+                " person, a topic), a team (team:NAME) or a TV show (show:NAME): events show in the agenda, feed"
+                " items in read_feeds. write_to_calendar also copies events into Pepper's calendar; only when asked."
             ),
             parameters={
                 "type": "object",
