@@ -173,6 +173,9 @@ async def test_writing_to_the_calendar_is_opt_in_and_never_from_a_scheduled_run(
     listed = (await call("list_events", {"start": "2025-03-27T00:00", "days": 14})).content
     assert listed.count("S3E1 Premiere") == 1  # in Pepper's calendar, not twice
     assert listed.count("Arsenal vs Chelsea") == 1  # the other source: the agenda only
+    show = next(r for r in await store.listing(db, call.account.id) if r["kind"] == "show")
+    assert (await call("follow_remove", {"follow": show["id"]})).status == "ok"
+    assert await db.fetchval("SELECT count(*) FROM calendar_events") == 0  # its copies go with it
 
 
 async def test_a_calendar_feed_and_a_failing_page_in_the_same_surface(db: Database, following_caller: Caller, sources):
