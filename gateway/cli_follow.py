@@ -3,6 +3,7 @@
 pepper follow add ACCOUNT URL|team:NAME|show:NAME [--write-to-calendar]
 pepper follow list [ACCOUNT]        each source with its last check (failures said) and recent checks
 pepper follow remove ACCOUNT ID
+pepper follow check ACCOUNT [ID]    check now (a page's one extraction call uses the configured models)
 
 The server's scheduler checks what is followed (``core.following.checks``); ``add`` resolves
 the source now (a page or feed is fetched once, a team or show looked up), so a refusal stores
@@ -12,6 +13,7 @@ nothing, and the same source twice is one follow.
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -36,6 +38,9 @@ def add_commands(sub: Any) -> None:
     )
     listing = actions.add_parser("list", help="what is followed, with each source's last checks and failures")
     listing.add_argument("account", nargs="?", help="account id or unique name (default: every account)")
+    check = actions.add_parser("check", help="check now, due or not, and say what each check found")
+    check.add_argument("account", help="account id or unique name")
+    check.add_argument("id", type=int, nargs="?", help="one follow (default: all of the account's)")
     remove = actions.add_parser("remove", help="stop following (its events go with it)")
     remove.add_argument("account", help="account id or unique name")
     remove.add_argument("id", type=int, help="the number shown by `pepper follow list`")
@@ -65,9 +70,35 @@ async def run(args: argparse.Namespace, settings: Settings, db: Queries, out: Ca
         where = "the agenda and Pepper's calendar" if follow.write_to_calendar else "the agenda only"
         out(f"{account.name} now follows {follow.title!r} (#{follow.id}, {follow.kind}); its events show in {where};"
             " the server checks it on its scheduler")  # fmt: skip
+    elif args.action == "check":
+        await _check(args, settings, db, account, out)
     else:
         title = await store.remove(db, account.id, args.id)
         if title is None:
             raise NotFound(f"{account.name} follows nothing numbered {args.id}; see `pepper follow list`")
         out(f"{account.name} no longer follows {title!r}")
     return True
+
+
+async def _check(
+    args: argparse.Namespace, settings: Settings, db: Queries, account: identity.Account, out: Callable[[str], None]
+) -> None:
+    from gateway import cli
+    from gateway.scheduled import follow_config
+
+    models = cli.model_service_factory(settings)
+    following = Following.from_connectors(db, Connectors.from_settings(settings), models, follow_config(settings))
+    following.owner = f"cli:{os.getpid()}"
+    try:
+        claimed = await store.claim_now(db, following.owner, following.clock(), account.id, args.id,
+                                        lease=following.config.lease)  # fmt: skip
+        if not claimed:
+            what = f"nothing numbered {args.id}" if args.id else "nothing"
+            raise NotFound(f"{account.name} follows {what} that can be checked now; see `pepper follow list`")
+        for follow in claimed:
+            outcome = await following.check(follow)
+            out(f"#{follow.id} {follow.title}: {outcome.status}" + (f" ({outcome.detail})" if outcome.detail else ""))
+    finally:
+        close = getattr(models, "aclose", None)
+        if close is not None:
+            await close()

@@ -160,13 +160,16 @@ def build_scheduler(settings: Settings, harness: HarnessDeps, messenger: Any = N
     return Scheduler(harness, deliverer, scheduler_config(settings), follows=follow_checks(settings, harness))
 
 
-def follow_checks(settings: Settings, harness: HarnessDeps) -> Following:
-    """The checks of followed sources, on the scheduler beside the runs, under the web relay's rules."""
+def follow_config(settings: Settings) -> FollowConfig:
     from datetime import timedelta
 
-    config = FollowConfig(tier=settings.follow_tier, page_every=timedelta(hours=settings.follow_page_hours))
+    return FollowConfig(tier=settings.follow_tier, page_every=timedelta(hours=settings.follow_page_hours))
+
+
+def follow_checks(settings: Settings, harness: HarnessDeps) -> Following:
+    """The checks of followed sources, on the scheduler beside the runs, under the web relay's rules."""
     connectors = harness.connectors or Connectors.from_settings(settings)
-    return Following.from_connectors(harness.db, connectors, harness.models, config)
+    return Following.from_connectors(harness.db, connectors, harness.models, follow_config(settings))
 
 
 def attach_scheduler(

@@ -155,6 +155,27 @@ async def claim_due(db: Queries, owner: str, now: datetime, *, lease: timedelta,
     return [_follow(r) for r in rows]
 
 
+async def claim_now(
+    db: Queries, owner: str, now: datetime, account_id: UUID, follow_id: int | None, *, lease: timedelta
+) -> list[Follow]:
+    """Claim one person's follows (or one of them) to check now, due or not; a follow another
+    process is checking (its lease still held) is left to it."""
+    rows = await db.fetch(
+        f"""
+        UPDATE follows SET lease_owner = $1, lease_expires_at = $2::timestamptz + $3::interval
+        WHERE id IN (
+            SELECT id FROM follows
+            WHERE account_id = $4 AND ($5::bigint IS NULL OR id = $5)
+              AND (lease_expires_at IS NULL OR lease_expires_at <= $2)
+            ORDER BY id FOR UPDATE SKIP LOCKED
+        )
+        RETURNING {_FOLLOW}
+        """,
+        owner, now, lease, account_id, follow_id,
+    )  # fmt: skip
+    return sorted((_follow(r) for r in rows), key=lambda f: f.id)
+
+
 @dataclass
 class Outcome:
     """One check's result: ``changed`` / ``unchanged`` (304) / ``fingerprint-equal`` / ``failed``."""

@@ -254,6 +254,12 @@ async def test_pepper_follow_add_list_remove(db: Database, db_url: str, owner: A
     assert code == 1 and "not on the public internet" in capsys.readouterr().err
     code, out = await asyncio.to_thread(_cli, env, "follow", "list", "Ada")
     assert code == 0 and "Ada: 1 followed" in out and "not checked yet" in out
+    code, out = await asyncio.to_thread(_cli, env, "follow", "check", "Ada")
+    assert code == 0 and "Arsenal (English Premier League): changed (2 upcoming; 2 new)" in out, out
+    code, out = await asyncio.to_thread(_cli, env, "follow", "list")
+    assert code == 0 and "2 events shown" in out and "changed (2 upcoming; 2 new)" in out
+    code, _ = await asyncio.to_thread(_cli, env, "follow", "check", "Ada", "999999")
+    assert code == 1 and "follows nothing numbered 999999" in capsys.readouterr().err
     [row] = await store.listing(db, owner.id)
     code, _ = await asyncio.to_thread(_cli, env, "follow", "remove", "Ada", str(row["id"] + 99))
     assert code == 1 and "follows nothing numbered" in capsys.readouterr().err
