@@ -264,3 +264,30 @@ async def test_adding_twice_is_one_follow_and_refusals_store_nothing(db: Databas
     with pytest.raises(Exception, match="web address"):
         await following.add(owner.id, "ftp://example.com/x")
     assert await db.fetchval("SELECT count(*) FROM follows WHERE account_id = $1", owner.id) == 1
+
+
+async def test_the_extraction_through_the_real_router_and_an_openai_peer(db: Database, owner: Account):
+    """The structured output as a provider sees it: the schema is the one tool, the page is in the
+    labelled block, and the call comes back through the real adapter (background: the flex tier)."""
+    from core.models.router import ModelRouter
+    from core.settings import Settings
+    from core.testing.peers import OpenAIPeer, reply_tools
+
+    site = Site(page(SWIM_4, BAKE))
+    async with OpenAIPeer() as model, serving({"/calendar": site.handler}) as base:
+        router = ModelRouter.from_settings(Settings(openai_api_key="sk-test", openai_base_url=model.base_url))
+        port = int(base.rsplit(":", 1)[1])
+        following = Following(db, Egress(EgressPolicy(loopback_ports=frozenset({port}))), router)
+        follow, _ = await following.add(owner.id, f"{base}/calendar")
+        events = extraction(SWIM_4, BAKE).tool_calls[0].arguments
+        model.script(reply_tools((pages.EXTRACT_TOOL, events)))
+        try:
+            outcome = await following.check(follow)
+        finally:
+            await router.aclose()
+        assert outcome.status == "changed" and outcome.events == 2, outcome.detail
+        body = model.requests[-1].body
+        [tool] = body["tools"]
+        assert tool["name"] == pages.EXTRACT_TOOL and tool["parameters"] == pages.EVENTS_SCHEMA
+        assert WEB_PAGE_LABEL in str(body["input"]) and "Bake sale" in str(body["input"])
+        assert "Bake sale" not in str(body.get("instructions", ""))
