@@ -159,12 +159,17 @@ async def test_duplicates_forgeries_and_removal(db: Database, following_caller: 
     assert await store.listing(db, call.account.id) == []
 
 
-async def test_writing_to_the_calendar_is_opt_in_and_never_from_a_scheduled_run(db: Database, following_caller: Caller):
+async def test_writing_to_the_calendar_is_opt_in_and_following_never_starts_in_a_scheduled_run(
+    db: Database, following_caller: Caller
+):
     call = following_caller
     scheduled = await call("follow_add", {"source": "team:Arsenal", "write_to_calendar": True}, kind="scheduled")
-    assert scheduled.status == "ok" and scheduled.arguments["write_to_calendar"] is False
+    assert scheduled.status == "failed" and "scheduled run cannot" in scheduled.content
+    assert scheduled.arguments["write_to_calendar"] is False  # the gate narrowed it before the tool refused
+    assert await store.listing(db, call.account.id) == []
+    assert (await call("follow_add", {"source": "team:Arsenal"})).status == "ok"
     [row] = await store.listing(db, call.account.id)
-    assert row["write_to_calendar"] is False
+    assert (await call("follow_remove", {"follow": row["id"]}, kind="scheduled")).status == "failed"
     assert (await call("follow_add", {"source": "show:House", "write_to_calendar": True})).status == "ok"
     await check_all(db, call)
     events = await db.fetch("SELECT title, attendees::text, busy FROM calendar_events ORDER BY starts_at")

@@ -3,8 +3,10 @@
 ``follow_add`` resolves what the person named (a web address, ``team:NAME``, ``show:NAME``)
 before anything is stored, so a refusal stores nothing; the same source twice is one follow.
 Followed events show in the agenda (the calendar's ``list_events``) but are written to a calendar
-only when the person opts in for that source (``write_to_calendar``), which a scheduled run can
-never do (the gate forces it off), and they never carry attendees, so no invitation goes out.
+only when the person opts in for that source (``write_to_calendar``), and they never carry
+attendees, so no invitation goes out. A scheduled run can neither start nor stop following (each
+follow costs fetches and model calls for as long as it lasts); the gate also forces
+``write_to_calendar`` off there.
 A person or a topic is followed through its RSS or Atom feed: ``follow_add`` with the feed's
 address puts it in the feeds area's list (``read_feeds`` reads its items) and checks it here.
 """
@@ -22,6 +24,9 @@ from core.tools.connectors import Connectors
 from core.tools.registry import Tool, ToolContext, ToolOutcome
 
 AREA = "following"
+# Each follow costs a fetch every few hours and a model call per change, for as long as it lasts:
+# only the person starts or stops one, never a run nobody watches (what it read could ask for it).
+NOT_IN_SCHEDULED_RUNS = "a scheduled run cannot start or stop following anything; the person asks in a conversation"
 
 
 def describe(row: Any) -> str:
@@ -44,6 +49,8 @@ def describe(row: Any) -> str:
 
 def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
     async def _plan_add(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
+        if ctx.session.kind == "scheduled":
+            return ToolOutcome.failed(NOT_IN_SCHEDULED_RUNS)
         following = Following.from_connectors(ctx.db, connectors)
         try:
             kind, target, title = await following.resolve(args["source"])
@@ -69,6 +76,8 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
         return ToolOutcome.ok("\n".join(["Followed:", *(describe(r) for r in rows)]))
 
     async def _plan_remove(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
+        if ctx.session.kind == "scheduled":
+            return ToolOutcome.failed(NOT_IN_SCHEDULED_RUNS)
         row = await ctx.db.fetchrow(
             "SELECT title FROM follows WHERE id = $1 AND account_id = $2", args["follow"], ctx.session.account_id
         )
