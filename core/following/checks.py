@@ -196,8 +196,11 @@ class Following:
                            modified=fetched.modified)  # fmt: skip
         if self.models is None:
             raise FollowFailed("no model is configured to read the page")
-        raw = await pages.extract(self.models, follow.target, fetched.text, tier=self.config.tier,
-                                  key=f"follow:{follow.id}")  # fmt: skip
+        try:
+            raw = await pages.extract(self.models, follow.target, fetched.text, tier=self.config.tier,
+                                      key=f"follow:{follow.id}")  # fmt: skip
+        except FollowFailed as exc:  # the call was made (and paid for): counted, and retried next time
+            return Outcome("failed", exc.message, model_calls=1)
         tz = await self._zone(follow.account_id)
         events, dropped = pages.checked_events(raw, fetched.text, tz)
         async with transaction(self.db) as conn:

@@ -243,7 +243,7 @@ async def test_hostile_and_garbage_pages(db: Database, owner: Account, site_and_
     site.publish(page(SWIM_4, SWIM_11))
     models.script(calls(("something_else", {"x": 1})))
     outcome = await following.check(follow)
-    assert outcome.status == "failed" and "did not return the events" in outcome.detail
+    assert outcome.status == "failed" and "did not return the events" in outcome.detail and outcome.model_calls == 1
     # Garbage from the site: bytes that are no HTML at all, and a page that is not there.
     site.publish("\x00\xff<<<<>>>>" * 500)
     models.script(calls((pages.EXTRACT_TOOL, {"events": []})))
