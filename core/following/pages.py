@@ -73,6 +73,7 @@ RULES = f"""You read one web page and list the events it announces, by calling {
 Rules:
 - Only events whose date is written on the page. Never guess or work out a date that is not
   there: an event without a date in the text is left out.
+- `title` is the event's name as the page writes it (the same words each time you read the page).
 - For each event, `quote` is the page's own words, copied exactly, that name the event and give
   its date; `date_text` is the date exactly as written there (it must be inside the quote).
 - `cancelled` is true only when the page says the event is cancelled.

@@ -17,6 +17,7 @@ from core.following.model import SourceEvent
 from core.store.queries import Queries
 
 KINDS = ("page", "calendar", "feed", "team", "show")
+KEEP_CHECKS = 50
 
 
 @dataclass(frozen=True)
@@ -213,6 +214,11 @@ async def finish(db: Queries, follow: Follow, owner: str, now: datetime, outcome
         "INSERT INTO follow_checks (follow_id, checked_at, status, events, model_calls, detail)"
         " VALUES ($1, $2, $3, $4, $5, $6)",
         follow.id, now, outcome.status, outcome.events, outcome.model_calls, outcome.detail[:500],
+    )  # fmt: skip
+    await db.execute(  # the last KEEP_CHECKS per follow are enough to say how it has been going
+        "DELETE FROM follow_checks WHERE follow_id = $1 AND id < (SELECT min(id) FROM"
+        " (SELECT id FROM follow_checks WHERE follow_id = $1 ORDER BY id DESC LIMIT $2) kept)",
+        follow.id, KEEP_CHECKS,
     )  # fmt: skip
     return True
 

@@ -229,6 +229,12 @@ async def test_checks_are_leased(db: Database, owner: Account):
     assert not await store.finish(db, follow, "a", now, late, now + timedelta(hours=1))  # fenced off
     assert await store.finish(db, follow, "b", now, store.Outcome("unchanged"), now + timedelta(hours=1))
     assert [r["status"] for r in await store.recent_checks(db, follow.id)] == ["unchanged"]
+    for n in range(store.KEEP_CHECKS + 5):  # the record keeps the last KEEP_CHECKS checks
+        await store.claim_now(db, "c", now, owner.id, follow.id, lease=timedelta(minutes=1))
+        assert await store.finish(db, follow, "c", now, store.Outcome("failed", f"try {n}"), now)
+    kept = await db.fetch("SELECT detail FROM follow_checks WHERE follow_id = $1 ORDER BY id", follow.id)
+    assert len(kept) == store.KEEP_CHECKS and kept[-1]["detail"] == f"try {store.KEEP_CHECKS + 4}"
+    assert (await store.get(db, follow.id)).failures == store.KEEP_CHECKS + 5  # type: ignore[union-attr]
 
 
 def _cli(env: dict[str, str], *argv: str) -> tuple[int, str]:
