@@ -42,7 +42,12 @@ def describe(row: Any) -> str:
             last += f" ({row['last_detail']})"
     if row["failures"]:
         last += f"; FAILING: {row['failures']} check(s) in a row"
-    events = f"{row['shown']} events shown" + (f", {row['hidden']} hidden" if row["hidden"] else "")
+    if row["kind"] == "calendar":
+        events = "its events in the agenda as the feed has them"
+    elif row["kind"] == "feed":
+        events = "its items in read_feeds"
+    else:
+        events = f"{row['shown']} events shown" + (f", {row['hidden']} hidden" if row["hidden"] else "")
     mirror = "; written to Pepper's calendar" if row["write_to_calendar"] else ""
     return f"- #{row['id']} {row['title']} [{kind}]{where}: {events}{mirror}; {last}"
 
