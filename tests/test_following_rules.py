@@ -23,6 +23,12 @@ from core.following.pages import _date_supported, checked_events, normalise
         (date(2025, 4, 14), "Friday 14 March 2025", False),  # another month
         (date(2025, 3, 14), "next Friday", False),  # worked out, not written
         (date(2025, 3, 14), "14 March to 2 April", False),  # two months: not one date
+        (date(2025, 3, 14), "vendredi 14 mars 2025", True),
+        (date(2025, 3, 14), "Freitag, 14. März 2025", True),
+        (date(2025, 4, 14), "lundi 14 avril", True),
+        (date(2025, 6, 14), "samedi 14 juillet", False),  # juin is June, juillet July
+        (date(2025, 9, 3), "3 sept.", True),
+        (date(2025, 5, 3), "sábado 3 de mayo de 2025", True),
     ],
 )
 def test_a_date_must_be_written_as_given(day: date, written: str, supported: bool):

@@ -170,8 +170,23 @@ async def extract(models: ModelService, url: str, text: str, *, tier: str, key: 
     return [e for e in raw["events"][:MAX_EVENTS] if isinstance(e, dict)]
 
 
-MONTHS = ("january", "february", "march", "april", "may", "june", "july", "august", "september", "october",
-          "november", "december")  # fmt: skip
+# Month names (and their usual short forms) in the languages the pages people follow are most often
+# written in; a word names a month only as a whole word, so "juin" and "juillet" stay apart.
+_MONTH_WORDS = (
+    "january jan janvier janv januar jänner jaenner enero gennaio januari",
+    "february feb février fevrier févr fevr februar febrero febbraio februari",
+    "march mar mars märz maerz marzo maart",
+    "april apr avril avr abril aprile",
+    "may mai mayo maggio mei",
+    "june jun juin juni junio giugno",
+    "july jul juillet juil juli julio luglio",
+    "august aug août aout agosto augustus",
+    "september sep sept septembre septiembre setiembre settembre",
+    "october oct octobre oktober octubre ottobre",
+    "november nov novembre noviembre",
+    "december dec décembre decembre déc dezember diciembre dicembre",
+)
+MONTH_OF: dict[str, int] = {word: n for n, words in enumerate(_MONTH_WORDS, 1) for word in words.split()}
 CANCELLED = re.compile(r"\b(cancel+ed|cancel+ation|called off|will not take place|won't take place)\b")
 
 
@@ -181,11 +196,11 @@ def _date_supported(day: date, date_text: str) -> bool:
     numbers = [int(n) for n in re.findall(r"\d+", words)]
     if day.isoformat() in words:
         return True
-    month_named = re.search(rf"\b{MONTHS[day.month - 1][:3]}", words) is not None
-    other_month = any(re.search(rf"\b{m[:3]}", words) for m in MONTHS if m != MONTHS[day.month - 1])
-    if not month_named and (other_month or day.month not in numbers):
-        return False
-    if month_named and other_month:
+    named = {MONTH_OF[w] for w in re.findall(r"[^\W\d_]+", words) if w in MONTH_OF}
+    if named:
+        if named != {day.month}:  # another month, or two: not this one date
+            return False
+    elif day.month not in numbers:
         return False
     if day.day not in numbers:
         return False
