@@ -67,3 +67,16 @@ def test_a_weekly_series_keeps_each_week_and_a_shifted_window_is_not_a_move():
 def test_titles_never_cross():
     result = pair([("Bake sale", d(10))], [Stored(1, "Book fair", d(10))])
     assert result.pairs == [] and result.new == [0] and [s.id for s in result.missing] == [1]
+
+
+@pytest.mark.parametrize(
+    ("line", "cancelled"),
+    [("Concert du 14 mars 2025 - annulé", True), ("Konzert am 14. März 2025 fällt aus", True),
+     ("Concert on 14 March 2025 - CANCELLED", True), ("Concert on 14 March 2025, cancellation policy online", False),
+     ("Concert on 14 March 2025", False)],
+)  # fmt: skip
+def test_cancelled_only_when_the_quote_says_it_is(line: str, cancelled: bool):
+    written = next(p for p in ("14 mars 2025", "14. März 2025", "14 March 2025") if p in line)
+    raw = [{"title": "Concert", "date": "2025-03-14", "date_text": written, "quote": line, "cancelled": True}]
+    [event], _ = checked_events(raw, line, UTC)
+    assert event.cancelled is cancelled

@@ -187,7 +187,10 @@ _MONTH_WORDS = (
     "december dec décembre decembre déc dezember diciembre dicembre",
 )
 MONTH_OF: dict[str, int] = {word: n for n, words in enumerate(_MONTH_WORDS, 1) for word in words.split()}
-CANCELLED = re.compile(r"\b(cancel+ed|cancel+ation|called off|will not take place|won't take place)\b")
+CANCELLED = re.compile(
+    r"\b(cancel+ed|called off|will not take place|won't take place"
+    r"|annulée?s?|abgesagt|entfällt|fällt aus|cancelad[oa]s?|suspendid[oa]|annullat[oa]|geannuleerd)\b"
+)
 
 
 def _date_supported(day: date, date_text: str) -> bool:
