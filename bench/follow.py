@@ -11,7 +11,8 @@ A loopback site in its own process (so its CPU is not counted) serves a school c
 
 Prints, median and p99 of this process's CPU time (``time.process_time``) per check:
 the baseline in the same run (a bare conditional GET through the same egress relay, answered 304),
-an unchanged check (304), a fingerprint-equal check, a changed page. Then model calls per 100
+an unchanged check (304), a fingerprint-equal check, a changed page; and what the relay's fresh
+``httpx`` client per fetch costs by itself (most of every figure). Then model calls per 100
 checks of a page that changes once a week, checked every 6 hours (the default), over 10 weeks.
 
     PYTHONPATH=. .venv/bin/python bench/follow.py [--checks 200]
@@ -27,6 +28,8 @@ import statistics
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
+
+import httpx
 
 from core.following import pages, store
 from core.following.checks import FollowConfig, Following
@@ -154,6 +157,11 @@ async def main(checks: int) -> None:
                 response = await egress.fetch(base + "/same", headers={"If-None-Match": '"v1"'})
                 baseline.append(time.process_time() - started)
                 assert response.status == 304
+            clients: list[float] = []  # what the relay's fresh client per fetch costs by itself
+            for _ in range(max(20, checks // 10)):
+                started = time.process_time()
+                await httpx.AsyncClient(trust_env=False).aclose()
+                clients.append(time.process_time() - started)
             before = len(models.received)
             unchanged = await _cpu_per_check(following, ids["same"], checks)
             equal = await _cpu_per_check(following, ids["stamp"], checks)
@@ -161,6 +169,7 @@ async def main(checks: int) -> None:
             changed = await _cpu_per_check(following, ids["changing"], max(20, checks // 4))
             print(f"CPU per check of a {len(_page(1, 'x'))}-byte page ({checks} checks; {len(changed)} changed),"
                   " this process only (the site and Postgres run elsewhere):")  # fmt: skip
+            print(f"  of which a fresh httpx client (CA bundle) {_ms(clients)}")
             print(f"  baseline: bare conditional GET, 304        {_ms(baseline)}")
             print(f"  unchanged check (304, claim + record)      {_ms(unchanged)}")
             print(f"  fingerprint equal (page read, text same)   {_ms(equal)}")
