@@ -324,6 +324,14 @@ class Settings(BaseSettings):
     web_test_loopback_ports: tuple[int, ...] = Field(
         (), validation_alias=_env("PEPPER_WEB_TEST_LOOPBACK_PORTS", "web_test_loopback_ports")
     )
+    # Following (core/following): the structured sources, the extraction's model tier, how often pages are read.
+    sportsdb_url: str = Field(
+        "https://www.thesportsdb.com", validation_alias=_env("PEPPER_SPORTSDB_URL", "sportsdb_url")
+    )
+    sportsdb_key: SecretStr | None = Field(None, validation_alias=_env("PEPPER_SPORTSDB_KEY", "sportsdb_key"))
+    tvmaze_url: str = Field("https://api.tvmaze.com", validation_alias=_env("PEPPER_TVMAZE_URL", "tvmaze_url"))
+    follow_tier: str = Field("small", validation_alias=_env("PEPPER_FOLLOW_TIER", "follow_tier"))
+    follow_page_hours: float = Field(6.0, gt=0, validation_alias=_env("PEPPER_FOLLOW_PAGE_HOURS", "follow_page_hours"))
     # Where the research helper listens (a unix socket); `pepper serve` sets it when it starts one.
     web_research_socket: str | None = Field(
         None, validation_alias=_env("PEPPER_WEB_RESEARCH_SOCKET", "web_research_socket")

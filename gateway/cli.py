@@ -149,6 +149,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "gateway.cli_memory",
     "gateway.cli_answering",
     "gateway.cli_connect",
+    "gateway.cli_follow",
     "gateway.cli_mcp",
     "gateway.cli_setup",
     "gateway.cli_backup",

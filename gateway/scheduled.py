@@ -35,9 +35,11 @@ from core.conversation import (
     was_sent,
 )
 from core.errors import PepperError
+from core.following.checks import FollowConfig, Following
 from core.scheduling.tasks import ROOM_PREFIX
 from core.settings import Settings
 from core.store.queries import Queries
+from core.tools.connectors import Connectors
 from gateway.segments import split_message
 from gateway.webhooks import MESSAGE_STATUS
 from text_loop import HarnessDeps
@@ -188,7 +190,19 @@ def build_scheduler(settings: Settings, harness: HarnessDeps, messenger: Any = N
 
         poster = RoomPoster(harness.db, lambda: pepper_client(settings))
     deliverer = GatewayDeliverer(settings, harness.db, messenger, mailer, poster)
-    return Scheduler(harness, deliverer, scheduler_config(settings))
+    return Scheduler(harness, deliverer, scheduler_config(settings), follows=follow_checks(settings, harness))
+
+
+def follow_config(settings: Settings) -> FollowConfig:
+    from datetime import timedelta
+
+    return FollowConfig(tier=settings.follow_tier, page_every=timedelta(hours=settings.follow_page_hours))
+
+
+def follow_checks(settings: Settings, harness: HarnessDeps) -> Following:
+    """The checks of followed sources, on the scheduler beside the runs, under the web relay's rules."""
+    connectors = harness.connectors or Connectors.from_settings(settings)
+    return Following.from_connectors(harness.db, connectors, harness.models, follow_config(settings))
 
 
 def attach_scheduler(

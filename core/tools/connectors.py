@@ -28,7 +28,7 @@ import ipaddress
 import json
 import logging
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit
@@ -39,6 +39,7 @@ import httpx
 from core.errors import ConfigError, InvalidInput
 from core.store.queries import Queries
 from core.vault import SecretKeyError, Vault
+from core.web.egress import EgressPolicy, egress_policy
 from core.web.permission import WebWindow
 
 WEB_TOOL = "web_research"
@@ -105,6 +106,11 @@ class Connectors:
     routing_url: str | None = None
     routing_key: str | None = None
     travel_speed_kmh: float = 30.0
+    # Following (core/following): pages and sources are fetched under the web relay's egress rules.
+    egress_policy: EgressPolicy = field(default_factory=EgressPolicy)
+    sportsdb_url: str = "https://www.thesportsdb.com"
+    sportsdb_key: str = "123"  # TheSportsDB's free key
+    tvmaze_url: str = "https://api.tvmaze.com"
 
     @classmethod
     def from_settings(cls, settings: Any) -> Connectors:
@@ -133,6 +139,10 @@ class Connectors:
             routing_url=settings.routing_url,
             routing_key=secret(settings.routing_key),
             travel_speed_kmh=settings.travel_speed_kmh,
+            egress_policy=egress_policy(settings),
+            sportsdb_url=settings.sportsdb_url,
+            sportsdb_key=secret(settings.sportsdb_key) or "123",
+            tvmaze_url=settings.tvmaze_url,
         )
 
     def require_vault(self) -> Vault:

@@ -211,6 +211,7 @@ PERSONAL_AREAS: frozenset[str] = frozenset(
         "answering_inbox",
         "places",
         "suggestions",
+        "following",
     }
 )
 # All a room turn may use: the room's own data (its messages, shared notes and to-dos) and the clock.

@@ -246,7 +246,7 @@ GITHUB_BINARY = "github-mcp-server"  # GitHub's local server (github/github-mcp-
 # exception, it fills the ``github`` set).
 RESERVED = frozenset(
     {"clock", "notes", "todos", "dossier", "contacts", "reminders", "tasks", "memory", "answering", "calendar"}
-    | {"email", "feeds", "web", "scheduler", "search"}
+    | {"email", "feeds", "following", "web", "scheduler", "search"}
 )
 
 

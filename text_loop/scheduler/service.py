@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 from uuid import UUID
 from zoneinfo import ZoneInfo
 
@@ -95,6 +95,14 @@ class ConversationBusy(Exception):
     """A turn is answering the person's conversation: the run waits for it (migration 0103)."""
 
 
+class FollowChecks(Protocol):
+    """Checks of followed sources (``core.following.checks.Following``): claimed with leases of their own."""
+
+    owner: str
+
+    async def tick(self) -> int: ...
+
+
 class Scheduler:
     def __init__(
         self,
@@ -104,6 +112,7 @@ class Scheduler:
         *,
         owner: str | None = None,
         clock: Callable[[], datetime] | None = None,
+        follows: FollowChecks | None = None,
     ):
         self.deps = deps
         self.db = deps.db
@@ -115,6 +124,12 @@ class Scheduler:
         self._running: dict[int, asyncio.Task[None]] = {}
         self._holds: dict[int, UUID] = {}  # run -> the conversation its turn holds
         self._wake = asyncio.Event()
+        # Followed pages, feeds, teams and shows: checked in one task of their own beside the runs,
+        # so a slow site never holds up a briefing.
+        self.follows = follows
+        self._follow_task: asyncio.Task[int] | None = None
+        if follows is not None:
+            follows.owner = self.owner
 
     # --- the loop --------------------------------------------------------------------------
 
@@ -130,6 +145,8 @@ class Scheduler:
             await asyncio.gather(self._loop_task, return_exceptions=True)
             self._loop_task = None
         running = set(self._running.values())
+        if self._follow_task is not None and not self._follow_task.done():
+            running.add(self._follow_task)  # type: ignore[arg-type]
         if running:
             _, late = await asyncio.wait(running, timeout=self.config.drain_grace if grace is None else grace)
             for task in late:
@@ -167,6 +184,7 @@ class Scheduler:
         while await runs.materialize(self.db, now, window=self.config.catch_up):
             pass
         await runs.expire_stale(self.db, now, window=self.config.catch_up)
+        self._check_follows()
         free = self.config.slots - len(self._running)
         started: list[asyncio.Task[None]] = []
         for claim in await runs.claim(self.db, self.owner, now, lease=self.config.lease, limit=free):
@@ -182,6 +200,23 @@ class Scheduler:
         if not self.config.suggestions:
             return 0
         return await suggestions.run_changed(self.db, self.deps.connectors or Connectors(), self.owner, self.clock())
+
+    def _check_follows(self) -> None:
+        if self.follows is None or (self._follow_task is not None and not self._follow_task.done()):
+            return
+        self._follow_task = asyncio.get_running_loop().create_task(self._follow_pass(), name="pepper-follow-checks")
+
+    async def _follow_pass(self) -> int:
+        try:
+            return await self.follows.tick() if self.follows is not None else 0
+        except Exception as exc:  # a check records its own failure; this is the store failing
+            log.warning("follow checks failed: error=%s", type(exc).__name__, exc_info=True)
+            return 0
+
+    async def follows_done(self) -> int:
+        """Wait for the follow checks in flight (tests, the CLI); how many ran."""
+        task = self._follow_task
+        return await task if task is not None else 0
 
     async def run_due(self) -> int:
         """Run everything due now and wait for it (tests, the CLI); returns how many runs ran."""

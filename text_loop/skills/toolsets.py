@@ -49,6 +49,7 @@ _SETS = (
     Toolset("feeds", ("feeds",), behind_worker=True, about="followed feeds and news"),
     Toolset("places", ("places",), behind_worker=True, about="where places are and travel time between them"),
     Toolset("suggestions", ("suggestions",), behind_worker=True, about="the calendar's suggestions"),
+    Toolset("following", ("following",), about="followed web pages, calendar feeds, teams and shows"),
     Toolset("github", ("github",), behind_worker=True, about="GitHub through its MCP server", mcp=True),
 )
 TOOLSETS: Mapping[str, Toolset] = MappingProxyType({t.name: t for t in _SETS})

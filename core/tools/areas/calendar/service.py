@@ -17,6 +17,7 @@ from zoneinfo import ZoneInfo
 import icalendar
 
 from core.errors import InvalidInput
+from core.following import store as following_store
 from core.store.pool import transaction
 from core.store.queries import Queries
 from core.tools.areas.calendar import ical
@@ -175,8 +176,22 @@ async def list_events(
             key = exc.code == SecretKeyError.code
             out.unavailable.append(f"{cal.name} (its stored credentials do not open with this server's key)" if key
                                    else cal.name)  # fmt: skip
+    out.events += [followed_event(r) for r in await following_store.agenda(db, account_id, start, end)]
     out.events.sort(key=lambda ev: (ev.start, ev.title))
     return out
+
+
+FOLLOWED = "followed"
+
+
+def followed_event(row: Any) -> Event:
+    """A followed source's event (``core.following``) in the agenda: read-only, never busy time."""
+    title = row["title"] + (" (cancelled, the source says)" if row["status"] == "cancelled" else "")
+    return Event(
+        ref=f"{FOLLOWED}:{row['id']}", calendar=f"Followed: {row['source']}", kind=FOLLOWED, title=title,
+        start=row["starts_at"], end=row["ends_at"], all_day=row["all_day"], location=row["location"],
+        read_only=True, busy=False, extra={"follow": row["follow_id"]},
+    )  # fmt: skip
 
 
 # --- Finding one event to change ----------------------------------------------------------------
@@ -211,6 +226,8 @@ async def find_event(db: Queries, connectors: Connectors, account_id: UUID, ref:
         cal_ref, key, original = split_ref(ref)
     except ValueError as exc:
         raise InvalidInput(str(exc)) from exc
+    if cal_ref == FOLLOWED:
+        raise InvalidInput("that event comes from a source the person follows and is read-only here")
     cal = next((c for c in await calendars(db, account_id) if c.ref == cal_ref), None)
     if cal is None:
         raise InvalidInput(f"no calendar for ref {ref!r}; list the events again")

@@ -1,0 +1,104 @@
+"""``pepper follow``: follow web pages, calendar and news feeds, teams and TV shows; list and remove.
+
+pepper follow add ACCOUNT URL|team:NAME|show:NAME [--write-to-calendar]
+pepper follow list [ACCOUNT]        each source with its last check (failures said) and recent checks
+pepper follow remove ACCOUNT ID
+pepper follow check ACCOUNT [ID]    check now (a page's one extraction call uses the configured models)
+
+The server's scheduler checks what is followed (``core.following.checks``); ``add`` resolves
+the source now (a page or feed is fetched once, a team or show looked up), so a refusal stores
+nothing, and the same source twice is one follow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from typing import Any
+
+from core import identity
+from core.errors import NotFound
+from core.following import store
+from core.following.checks import Following
+from core.settings import Settings
+from core.store.queries import Queries
+from core.tools.areas.following import describe
+from core.tools.connectors import Connectors
+
+
+def add_commands(sub: Any) -> None:
+    top = sub.add_parser("follow", help="follow web pages, calendar feeds, teams and TV shows; list and remove")
+    actions = top.add_subparsers(dest="action", metavar="ACTION", required=True)
+    add = actions.add_parser("add", help="follow a web page, calendar or news feed (URL), team:NAME or show:NAME")
+    add.add_argument("account", help="account id or unique name")
+    add.add_argument("source", help="a web address, team:NAME (TheSportsDB) or show:NAME (TVmaze)")
+    add.add_argument(
+        "--write-to-calendar", action="store_true", help="also copy its events into Pepper's calendar (default: no)"
+    )
+    listing = actions.add_parser("list", help="what is followed, with each source's last checks and failures")
+    listing.add_argument("account", nargs="?", help="account id or unique name (default: every account)")
+    check = actions.add_parser("check", help="check now, due or not, and say what each check found")
+    check.add_argument("account", help="account id or unique name")
+    check.add_argument("id", type=int, nargs="?", help="one follow (default: all of the account's)")
+    remove = actions.add_parser("remove", help="stop following (its events go with it)")
+    remove.add_argument("account", help="account id or unique name")
+    remove.add_argument("id", type=int, help="the number shown by `pepper follow list`")
+
+
+async def run(args: argparse.Namespace, settings: Settings, db: Queries, out: Callable[[str], None]) -> bool:
+    if args.command != "follow":
+        return False
+    if args.action == "list":
+        accounts = [await identity.get_account(db, args.account)] if args.account else await identity.list_accounts(db)
+        for account in accounts:
+            rows = await store.listing(db, account.id)
+            out(f"{account.name}: " + (f"{len(rows)} followed" if rows else "follows nothing"))
+            for row in rows:
+                out(describe(row))
+                for check in await store.recent_checks(db, row["id"], limit=3):
+                    detail = f" ({check['detail']})" if check["detail"] else ""
+                    out(f"    {check['checked_at']:%Y-%m-%d %H:%M} {check['status']}{detail}")
+        return True
+    account = await identity.get_account(db, args.account)
+    if args.action == "add":
+        following = Following.from_connectors(db, Connectors.from_settings(settings))
+        follow, created = await following.add(account.id, args.source, write_to_calendar=args.write_to_calendar)
+        if not created:
+            out(f"{account.name} already follows {follow.title!r} (#{follow.id}); nothing changed")
+            return True
+        where = "the agenda and Pepper's calendar" if follow.write_to_calendar else "the agenda only"
+        out(f"{account.name} now follows {follow.title!r} (#{follow.id}, {follow.kind}); its events show in {where};"
+            " the server checks it on its scheduler")  # fmt: skip
+    elif args.action == "check":
+        await _check(args, settings, db, account, out)
+    else:
+        title = await store.remove(db, account.id, args.id)
+        if title is None:
+            raise NotFound(f"{account.name} follows nothing numbered {args.id}; see `pepper follow list`")
+        out(f"{account.name} no longer follows {title!r}")
+    return True
+
+
+async def _check(
+    args: argparse.Namespace, settings: Settings, db: Queries, account: identity.Account, out: Callable[[str], None]
+) -> None:
+    from gateway import cli
+    from gateway.scheduled import follow_config
+
+    models = cli.model_service_factory(settings)
+    following = Following.from_connectors(db, Connectors.from_settings(settings), models, follow_config(settings))
+    following.owner = f"cli:{os.getpid()}"
+    try:
+        claimed = await store.claim_now(db, following.owner, following.clock(), account.id, args.id,
+                                        lease=following.config.lease)  # fmt: skip
+        if not claimed:
+            what = f"nothing numbered {args.id}" if args.id else "nothing"
+            raise NotFound(f"{account.name} follows {what} that can be checked now; see `pepper follow list`")
+        for follow in claimed:
+            outcome = await following.check(follow)
+            out(f"#{follow.id} {follow.title}: {outcome.status}" + (f" ({outcome.detail})" if outcome.detail else ""))
+    finally:
+        close = getattr(models, "aclose", None)
+        if close is not None:
+            await close()
