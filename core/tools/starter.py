@@ -10,12 +10,15 @@ from core.tools.areas import (
     dossier,
     email,
     feeds,
+    home,
+    lists,
     memory,
     notes,
     reminders,
     room,
     tasks,
     todos,
+    weather,
     web,
 )
 from core.tools.connectors import Connectors
@@ -38,5 +41,8 @@ def starter_registry(connectors: Connectors | None = None) -> ToolRegistry:
         *answering_inbox.TOOLS,
         *room.TOOLS,
         *web.make_tools(c),
+        *lists.TOOLS,
+        *weather.make_tools(c),
+        *home.make_tools(c),
     )
     return ToolRegistry((*clock.TOOLS, *notes.TOOLS, *todos.TOOLS, *dossier.TOOLS, *areas))
