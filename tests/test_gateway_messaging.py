@@ -181,6 +181,19 @@ async def test_a_number_with_no_account_never_reaches_an_agent(stack: Stack):
     assert stack.model.requests == []
 
 
+async def test_stop_from_a_number_with_no_account_blocks_texts_pepper_sends_for_people(stack: Stack):
+    from core.records import texts
+
+    await stack.text("STOP", sender=STRANGER)
+    await stack.text("STOP", sender=STRANGER)  # a duplicate changes nothing more
+    assert await texts.opted_out(stack.db, STRANGER, "sms")
+    await stack.text("start", sender=STRANGER)
+    assert not await texts.opted_out(stack.db, STRANGER, "sms")
+    await stack.text("STOP please, all of it", sender=STRANGER)  # not a keyword: no change
+    assert not await texts.opted_out(stack.db, STRANGER, "sms")
+    assert await count(stack.db, "messages") == 0 and stack.model.requests == []
+
+
 @pytest.mark.parametrize("stack", [{"unknown_sender": "reply"}], indirect=True)
 async def test_unknown_senders_can_get_one_polite_line(stack: Stack):
     status, body, _ = await stack.text("hello?", sender=STRANGER)

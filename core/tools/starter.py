@@ -13,6 +13,7 @@ from core.tools.areas import (
     home,
     lists,
     memory,
+    messages,
     notes,
     reminders,
     room,
@@ -44,5 +45,6 @@ def starter_registry(connectors: Connectors | None = None) -> ToolRegistry:
         *lists.TOOLS,
         *weather.make_tools(c),
         *home.make_tools(c),
+        *messages.make_tools(c),
     )
     return ToolRegistry((*clock.TOOLS, *notes.TOOLS, *todos.TOOLS, *dossier.TOOLS, *areas))

@@ -1,0 +1,41 @@
+"""Texts Pepper sends for a person (``outbound_texts``) and numbers that said STOP to a line
+without being anyone's handle (``text_opt_outs``)."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from core.store.queries import Queries
+
+
+async def set_opt_out(db: Queries, number: str, *, stopped: bool) -> None:
+    """STOP (``stopped``) or START from a number that is no one's handle."""
+    if stopped:
+        await db.execute("INSERT INTO text_opt_outs (number) VALUES ($1) ON CONFLICT DO NOTHING", number)
+    else:
+        await db.execute("DELETE FROM text_opt_outs WHERE number = $1", number)
+
+
+async def opted_out(db: Queries, number: str, channel: str) -> bool:
+    """Whether the number said STOP: as a handle (any account's consent for the channel) or not."""
+    return bool(
+        await db.fetchval(
+            """
+            SELECT EXISTS (SELECT 1 FROM text_opt_outs WHERE number = $1)
+                OR EXISTS (SELECT 1 FROM handles h JOIN handle_consents c ON c.handle_id = h.id
+                           WHERE h.kind = 'phone' AND h.value = $1 AND c.channel = $2 AND c.opted_out)
+            """,
+            number,
+            channel,
+        )
+    )
+
+
+async def texts_of(db: Queries, account_id: UUID, *, limit: int = 20) -> list[Any]:
+    return await db.fetch(
+        "SELECT id, channel, to_number, contact, body, status, error, created_at FROM outbound_texts"
+        " WHERE account_id = $1 ORDER BY id DESC LIMIT $2",
+        account_id,
+        limit,
+    )
