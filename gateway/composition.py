@@ -61,10 +61,10 @@ def turn_parts(
         from core.adapters.twilio.rest import TwilioMessenger
 
         messenger = TwilioMessenger(settings)
-    connectors = Connectors.from_settings(settings)
-    if messenger is not None:  # the messages area texts from the person's line through the same Twilio
-        from dataclasses import replace
+    from dataclasses import replace
 
+    connectors = replace(Connectors.from_settings(settings), models=router)
+    if messenger is not None:  # the messages area texts from the person's line through the same Twilio
         from core.adapters.twilio.signatures import public_request_url
         from gateway.webhooks import MESSAGE_STATUS
 

@@ -86,6 +86,9 @@ class Connectors:
     texter: Any = None
     # Where Twilio reports the delivery of texts Pepper sends (the gateway's status URL).
     text_status_url: str | None = None
+    # The text models (``core.models.router.ModelRouter`` or anything with its ``generate``): the
+    # translation area's own small call. None: translation says no model is configured.
+    models: Any = None
 
     @classmethod
     def from_settings(cls, settings: Any) -> Connectors:

@@ -59,6 +59,13 @@ CREATE TABLE weather_places (
     updated_at  timestamptz NOT NULL DEFAULT now()
 );
 
+-- The topics the person's news is filtered by (words matched in feed items' titles and summaries).
+CREATE TABLE news_topics (
+    account_id  uuid NOT NULL REFERENCES accounts (id) ON DELETE CASCADE,
+    topic       text NOT NULL CHECK (length(topic) BETWEEN 1 AND 60),
+    PRIMARY KEY (account_id, topic)
+);
+
 ALTER TABLE connections DROP CONSTRAINT connections_provider_check;
 ALTER TABLE connections ADD CONSTRAINT connections_provider_check
     CHECK (provider IN ('google', 'caldav', 'mcp', 'home_assistant'));
