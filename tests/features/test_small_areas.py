@@ -12,14 +12,16 @@ from .support import NOW, Caller
 async def test_timers_and_alarms_become_one_shot_reminders(call: Caller) -> None:
     timer = await call("set_timer", {"minutes": 10, "label": "pasta"})
     assert timer.status == "ok" and "timer set for Thu 11:10, by text" in timer.content
-    alarm = await call("set_alarm", {"at": "07:30", "ring": "whatsapp"})
+    alarm = await call("set_timer", {"at": "07:30", "ring": "whatsapp"})
     assert alarm.status == "ok" and "alarm set for Fri 07:30" in alarm.content  # 07:30 has passed today
     rows = await call.db.fetch("SELECT title, next_run_at, deliver_to FROM scheduled_tasks ORDER BY next_run_at")
     assert [r["title"] for r in rows] == ["Timer: pasta", "Alarm"]
     assert rows[0]["next_run_at"] == NOW + timedelta(minutes=10)
     listed = await call("list_timers", {})
     assert "Timer: pasta" in listed.content and "Alarm at Fri 07:30" in listed.content
-    assert (await call("set_alarm", {"at": "teatime"})).status == "failed"  # garbage time
+    assert (await call("set_timer", {"at": "teatime"})).status == "failed"  # garbage time
+    assert (await call("set_timer", {"at": "07:00", "minutes": 3})).status == "failed"
+    assert (await call("set_timer", {})).status == "failed"
     assert (await call("set_timer", {"minutes": -5})).status == "failed"
     assert (await call("set_timer", {"minutes": 5}, kind="scheduled")).status == "failed"
     assert len(await call.db.fetch("SELECT 1 FROM scheduled_tasks")) == 2

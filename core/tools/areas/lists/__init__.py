@@ -82,36 +82,32 @@ async def _apply_add(conn: Queries, account_id: UUID, payload: dict[str, Any]) -
 async def _show(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
     name = _name(args)
     found = await _find(ctx, name)
+    others = await _others(ctx, found["id"] if found else None)
     if found is None:
-        return ToolOutcome.empty(f"there is no {name} list")
+        return ToolOutcome.empty(f"there is no {name} list" + others)
     rows = await ctx.db.fetch(
         "SELECT id, text FROM list_items WHERE list_id = $1 AND done_at IS NULL ORDER BY id LIMIT 200", found["id"]
     )
     if not rows:
-        return ToolOutcome.empty(f"the {found['name']} list is empty")
+        return ToolOutcome.empty(f"the {found['name']} list is empty" + others)
     shared = " (shared with a room)" if found["room_id"] else ""
-    return ToolOutcome.ok(f"{found['name']}{shared}:\n" + "\n".join(f"- #{r['id']} {r['text']}" for r in rows))
+    items = "\n".join(f"- #{r['id']} {r['text']}" for r in rows)
+    return ToolOutcome.ok(f"{found['name']}{shared}:\n{items}{others}")
 
 
-async def _all(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
-    where, key = (
-        ("l.room_id = $1", ctx.session.room_id)
-        if ctx.session.room_id
-        else ("l.account_id = $1", ctx.session.account_id)
-    )
+async def _others(ctx: ToolContext, shown: int | None) -> str:
+    """The session's other lists with their open counts, as a line to add (empty when none)."""
+    room = ctx.session.room_id
     rows = await ctx.db.fetch(
-        f"""
-        SELECT l.name, l.room_id IS NOT NULL AS shared,
-               (SELECT count(*) FROM list_items i WHERE i.list_id = l.id AND i.done_at IS NULL) AS open
-        FROM lists l WHERE {where} ORDER BY lower(l.name)
+        """
+        SELECT l.name, (SELECT count(*) FROM list_items i WHERE i.list_id = l.id AND i.done_at IS NULL) AS open
+        FROM lists l WHERE (CASE WHEN $1::uuid IS NULL THEN l.account_id = $2 ELSE l.room_id = $1 END)
+          AND l.id IS DISTINCT FROM $3
+        ORDER BY lower(l.name)
         """,
-        key,
-    )
-    if not rows:
-        return ToolOutcome.empty("there are no lists")
-    return ToolOutcome.ok(
-        "\n".join(f"- {r['name']}: {r['open']} open{' (shared)' if r['shared'] else ''}" for r in rows)
-    )
+        room, ctx.session.account_id, shown,
+    )  # fmt: skip
+    return "\nOther lists: " + ", ".join(f"{r['name']} ({r['open']} open)" for r in rows) if rows else ""
 
 
 async def _plan_tick(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
@@ -163,58 +159,22 @@ async def _apply_share(conn: Queries, account_id: UUID, payload: dict[str, Any])
     )  # fmt: skip
 
 
-_LIST = {"type": "string", "minLength": 1, "maxLength": 80, "description": "list name; default shopping"}
-_ITEMS = {
-    "type": "array",
-    "items": {"type": "string", "minLength": 1, "maxLength": 300},
-    "minItems": 1,
-    "maxItems": MAX_ITEMS,
-}
+_LIST = {"type": "string", "maxLength": 80}  # a missing or empty name: the shopping list
+_IDS = {"type": "array", "items": {"type": "integer", "minimum": 1}, "minItems": 1, "maxItems": MAX_ITEMS}
+_ITEMS = {"type": "array", "items": {"type": "string", "maxLength": 300}, "minItems": 1, "maxItems": MAX_ITEMS}
 
 
 def _schema(required: tuple[str, ...] = (), **properties: Any) -> dict[str, Any]:
-    return {"type": "object", "properties": {"list": _LIST, **properties}, "required": list(required),
-            "additionalProperties": False}  # fmt: skip
+    schema = {"type": "object", "properties": {"list": _LIST, **properties}, "additionalProperties": False}
+    return {**schema, "required": list(required)} if required else schema
 
 
 TOOLS: tuple[Tool, ...] = (
-    Tool(
-        "add_to_list",
-        "Add items to a list (made if new).",
-        _schema(("items",), items=_ITEMS),
-        _plan_add,
-        AREA,
-        writes=True,
-        apply=_apply_add,
-    ),
-    Tool("show_list", "Open items of one list, with ids.", _schema(), _show, AREA),
-    Tool(
-        "list_lists",
-        "The lists and how many open items each has.",
-        {"type": "object", "properties": {}, "additionalProperties": False},
-        _all,
-        AREA,
-    ),
-    Tool(
-        "tick_off_list",
-        "Tick items off a list by id.",
-        _schema(
-            ("ids",),
-            ids={"type": "array", "items": {"type": "integer", "minimum": 1}, "minItems": 1, "maxItems": MAX_ITEMS},
-        ),
-        _plan_tick,
-        AREA,
-        writes=True,
-        apply=_apply_tick,
-        staged=True,
-    ),
-    Tool(
-        "share_list",
-        "Share one of the person's lists with a room they are in.",
-        _schema(("room",), room={"type": "string", "minLength": 1, "maxLength": 200}),
-        _plan_share,
-        AREA,
-        writes=True,
-        apply=_apply_share,
-    ),
-)
+    Tool("add_to_list", "Add items to a list (default shopping).", _schema(("items",), items=_ITEMS), _plan_add,
+         AREA, writes=True, apply=_apply_add),
+    Tool("show_list", "A list's open items with ids, and the other lists.", _schema(), _show, AREA),
+    Tool("tick_off_list", "Tick items off a list by id.", _schema(("ids",), ids=_IDS), _plan_tick, AREA,
+         writes=True, apply=_apply_tick, staged=True),
+    Tool("share_list", "Share a list with a room the person is in.", _schema(("room",), room={"type": "string"}),
+         _plan_share, AREA, writes=True, apply=_apply_share),
+)  # fmt: skip

@@ -172,13 +172,13 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
             "\n".join(f"- #{r['id']} {r['status']} to {r['contact']} ({r['channel']}): {r['body'][:80]}" for r in rows)
         )
 
-    to = {"type": "string", "minLength": 1, "maxLength": 80, "description": "contact name or number"}
+    to = {"type": "string", "maxLength": 80, "description": "contact name or number"}
     return (
         Tool(
             "text_contact",
             "Text a contact (SMS or WhatsApp) from the person's Pepper line.",
             {"type": "object", "properties": {
-                "to": to, "text": {"type": "string", "minLength": 1, "maxLength": MAX_TEXT},
+                "to": to, "text": {"type": "string", "maxLength": MAX_TEXT},
                 "channel": {"type": "string", "enum": ["sms", "whatsapp"]},
                 "mode": {"type": "string", "enum": ["send", "draft"]}},
              "required": ["to", "text"], "additionalProperties": False},
@@ -187,7 +187,7 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
         ),
         Tool(
             "send_text_draft",
-            "Send a text draft by id (the person asked).",
+            "Send a text draft by id.",
             {"type": "object", "properties": {"id": {"type": "integer", "minimum": 1}}, "required": ["id"],
              "additionalProperties": False},
             _plan_draft, AREA, writes=True, staged=True, apply=_apply_text, after_commit=_send,
@@ -195,7 +195,7 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
         ),
         Tool(
             "list_texts",
-            "Texts Pepper sent or drafted for the person, newest first.",
+            "Texts Pepper sent or drafted, newest first.",
             {"type": "object", "properties": {}, "additionalProperties": False},
             _drafts, AREA, needs_connection=CONNECTION,
         ),

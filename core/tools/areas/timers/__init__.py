@@ -59,11 +59,9 @@ async def _apply(conn: Queries, account_id: UUID, payload: dict[str, Any]) -> No
 
 
 async def _plan_timer(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
-    return await _plan(ctx, args, "Timer")
-
-
-async def _plan_alarm(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
-    return await _plan(ctx, args, "Alarm")
+    if ("minutes" in args) == ("at" in args):
+        return ToolOutcome.failed("give minutes (a timer) or at (an alarm), not both")
+    return await _plan(ctx, args, "Timer" if "minutes" in args else "Alarm")
 
 
 async def _list(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
@@ -81,19 +79,13 @@ async def _list(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
                                     for r in rows))  # fmt: skip
 
 
-_RING = {"type": "string", "enum": list(RING)}
-_LABEL = {"type": "string", "maxLength": 100}
 TOOLS: tuple[Tool, ...] = (
-    Tool("set_timer", "Start a timer; it rings by text unless told.",
+    Tool("set_timer", "Timer in minutes, or alarm at a time of day; rings by text unless told.",
          {"type": "object", "properties": {"minutes": {"type": "number", "exclusiveMinimum": 0, "maximum": 1440},
-                                           "label": _LABEL, "ring": _RING},
-          "required": ["minutes"], "additionalProperties": False},
+                                           "at": {"type": "string", "maxLength": 20}, "label": {"type": "string"},
+                                           "ring": {"type": "string", "enum": list(RING)}},
+          "additionalProperties": False},
          _plan_timer, AREA, writes=True, apply=_apply),
-    Tool("set_alarm", "Set an alarm at the next such time of day; rings by text unless told.",
-         {"type": "object", "properties": {"at": {"type": "string", "minLength": 1, "maxLength": 20},
-                                           "label": _LABEL, "ring": _RING},
-          "required": ["at"], "additionalProperties": False},
-         _plan_alarm, AREA, writes=True, apply=_apply),
     Tool("list_timers", "Timers and alarms set, with numbers (cancel with cancel_tasks).",
          {"type": "object", "properties": {}, "additionalProperties": False}, _list, AREA),
 )  # fmt: skip

@@ -23,6 +23,8 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
         if connectors.models is None:
             return ToolOutcome.failed("no text model is configured for translation")
         language = " ".join(args["to"].split())
+        if len(language) < 2 or not args["text"].strip():
+            return ToolOutcome.failed("give the text and the language to translate into")
         prompt = Prompt(
             SYSTEM.format(language=language), (ChatMessage("user", args["text"]),), max_output_tokens=800, temperature=0
         )
@@ -39,7 +41,7 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
 
     return (
         Tool("translate", "Translate text into a language.",
-             {"type": "object", "properties": {"text": {"type": "string", "minLength": 1, "maxLength": 4000},
-                                               "to": {"type": "string", "minLength": 2, "maxLength": 40}},
+             {"type": "object", "properties": {"text": {"type": "string", "maxLength": 4000},
+                                               "to": {"type": "string", "maxLength": 40}},
               "required": ["text", "to"], "additionalProperties": False}, _translate, AREA),
     )  # fmt: skip

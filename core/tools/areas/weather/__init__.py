@@ -65,7 +65,7 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
             "weather_forecast",
             "Forecast for the person's saved place, or a named place.",
             {"type": "object", "properties": {
-                "place": {"type": "string", "minLength": 1, "maxLength": 120},
+                "place": {"type": "string", "maxLength": 120},
                 "days": {"type": "integer", "minimum": 1, "maximum": 7}}, "additionalProperties": False},
             _forecast, AREA,
         ),
