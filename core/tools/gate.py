@@ -185,7 +185,7 @@ def _widening(tool: Tool, current: dict[str, Any], proposed: dict[str, Any]) -> 
 # Feature areas that hold one person's private data; rooms see the room's data instead.
 PERSONAL_AREAS: frozenset[str] = frozenset(
     {"notes", "todos", "dossier", "tasks", "reminders", "contacts", "calendar", "feeds", "memory", "answering_inbox"}
-    | {"lists", "home", "messages", "timers", "calls", "files", "news"}
+    | {"lists", "home", "messages", "timers", "calls", "files", "news", "weather", "translation"}
 )
 # All a room turn may use: the room's own data (its messages, shared notes and to-dos, the lists
 # shared with it) and the clock.
