@@ -96,6 +96,10 @@ async def test_weather_for_the_saved_place_and_a_named_one(call: Caller, meteo: 
     assert here.content.count("\n- ") == 2 and "rain 80%" in here.content
     asked = meteo.requests[-1]
     assert asked["latitude"] == "45.74846" and asked["timezone"] == "Europe/Paris"
+    assert (await c("set_weather_place", {"place": "Paris"})).status == "ok"  # again: replaces, one place
+    places = await c.db.fetch("SELECT name FROM weather_places")
+    assert [r["name"] for r in places] == ["Paris, Île-de-France, France"]
+    assert (await c("set_weather_place", {"place": "x"})).status == "failed"  # Open-Meteo's 400: said plainly
     oslo = await c("weather_forecast", {"place": "oslo", "days": 1})
     assert "Oslo" in oslo.content and oslo.content != here.content
     missing = await c("weather_forecast", {"place": "Atlantis"})

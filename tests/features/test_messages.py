@@ -100,3 +100,21 @@ async def test_texting_is_hidden_without_a_line(call: Caller) -> None:
     assert "texting" not in (await call.session()).connections
     out = await call("text_contact", {"to": "Sam", "text": "hi"})
     assert out.status == "denied"
+
+
+async def test_the_servers_turn_parts_text_through_the_reply_messenger(db, twilio: TwilioPeer) -> None:
+    from gateway.composition import turn_parts
+
+    settings = Settings(
+        twilio_account_sid=twilio.account_sid, twilio_auth_token="token", twilio_api_url=twilio.api_url,
+        public_url="https://pepper.example.org",
+    )  # fmt: skip
+    router, harness, messenger, _ = turn_parts(settings, db)
+    try:
+        assert harness.connectors is not None and harness.connectors.texter is messenger
+        assert harness.connectors.text_status_url == "https://pepper.example.org/twilio/status"
+        assert harness.connectors.models is router
+    finally:
+        assert messenger is not None
+        await messenger.close()
+        await router.aclose()

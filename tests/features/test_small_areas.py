@@ -98,7 +98,14 @@ async def test_call_history_quotes_callers(call: Caller) -> None:
         " VALUES ('CA2', $1, 'owner', 'completed', 'Moved the dentist', $2)",
         call.account.id, NOW - timedelta(hours=2),
     )  # fmt: skip
+    from core.identity import create_account
+
+    eve = await create_account(call.db, "Eve", timezone="UTC")
+    await call.db.execute(
+        "INSERT INTO answering_calls (call_sid, account_id, caller) VALUES ('CA3', $1, '+14155550777')", eve.id
+    )
     history = await call("call_history", {"limit": 5})
+    assert "+14155550777" not in history.content and len(history.content.splitlines()) == 3  # Eve's call is hers
     lines = history.content.splitlines()
     assert '"Bob" called your line, left a message (urgent): "Call me back about \'the roof\'"' in lines[1]
     assert "you called Pepper (completed): Moved the dentist" in lines[2]
