@@ -288,6 +288,8 @@ async def answer_status(services: Services, path: str, query_string: bytes, form
         return STATUS_INCOMPLETE
     ack_db = services.ack_db or services.db
     row = await messages.record_receipt(ack_db, sid, status)
+    if row is None and await texts.record_receipt(ack_db, sid, status):
+        return NO_CONTENT  # a text Pepper sent for the person (the messages area)
     if row is None or row["turn_id"] is None or row["turn_status"] in SETTLED:
         return NO_CONTENT  # not ours, or already settled: a late receipt changes nothing
     turn_id = row["turn_id"]

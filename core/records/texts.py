@@ -39,3 +39,20 @@ async def texts_of(db: Queries, account_id: UUID, *, limit: int = 20) -> list[An
         account_id,
         limit,
     )
+
+
+async def record_receipt(db: Queries, sid: str, status: str) -> bool:
+    """Twilio's delivery receipt for a text Pepper sent for someone; False when no text has that id.
+    A receipt never moves a text back (a late "sent" after "delivered" changes nothing)."""
+    settled = {"delivered": "delivered", "read": "delivered", "failed": "failed", "undelivered": "failed"}
+    new = settled.get(status)
+    found = await db.fetchval("SELECT status FROM outbound_texts WHERE sid = $1", sid)
+    if found is None:
+        return False
+    if new is not None:
+        await db.execute(
+            "UPDATE outbound_texts SET status = $2, error = CASE WHEN $2 = 'failed' THEN $3 ELSE error END"
+            " WHERE sid = $1 AND status = 'sent'",
+            sid, new, f"Twilio reported {status}",
+        )  # fmt: skip
+    return True

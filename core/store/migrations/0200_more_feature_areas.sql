@@ -34,7 +34,7 @@ CREATE TABLE outbound_texts (
     from_number  text NOT NULL,
     contact      text NOT NULL,
     body         text NOT NULL,
-    status       text NOT NULL CHECK (status IN ('draft', 'queued', 'sent', 'failed', 'discarded')),
+    status       text NOT NULL CHECK (status IN ('draft', 'queued', 'sent', 'delivered', 'failed', 'discarded')),
     sid          text,
     error        text,
     turn_id      uuid REFERENCES turns (id) ON DELETE SET NULL,
@@ -42,6 +42,7 @@ CREATE TABLE outbound_texts (
     sent_at      timestamptz
 );
 CREATE INDEX outbound_texts_account ON outbound_texts (account_id, id);
+CREATE UNIQUE INDEX outbound_texts_sid ON outbound_texts (sid) WHERE sid IS NOT NULL;
 
 -- Numbers that texted STOP to one of Pepper's lines without being anyone's handle: nothing is
 -- sent to them until they text START.
