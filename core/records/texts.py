@@ -56,3 +56,30 @@ async def record_receipt(db: Queries, sid: str, status: str) -> bool:
             sid, new, f"Twilio reported {status}",
         )  # fmt: skip
     return True
+
+
+async def drafts_of(db: Queries, account_id: UUID) -> list[Any]:
+    """Unsent text drafts (a scheduled run held them back), oldest first."""
+    return await db.fetch(
+        "SELECT id, channel, to_number, from_number, contact, body FROM outbound_texts"
+        " WHERE account_id = $1 AND status = 'draft' ORDER BY id",
+        account_id,
+    )
+
+
+async def edit_draft(db: Queries, account_id: UUID, draft_id: int, body: str) -> bool:
+    """The person's new text for an unsent draft; False when there is no such draft."""
+    found = await db.fetchval(
+        "UPDATE outbound_texts SET body = $3 WHERE id = $1 AND account_id = $2 AND status = 'draft' RETURNING id",
+        draft_id, account_id, body,
+    )  # fmt: skip
+    return found is not None
+
+
+async def discard_draft(db: Queries, account_id: UUID, draft_id: int) -> bool:
+    found = await db.fetchval(
+        "UPDATE outbound_texts SET status = 'discarded' WHERE id = $1 AND account_id = $2 AND status = 'draft'"
+        " RETURNING id",
+        draft_id, account_id,
+    )  # fmt: skip
+    return found is not None

@@ -6,8 +6,10 @@ number a contact write of this turn names does not count. A number that said STO
 
 ``text_contact`` is a staged write: the text is queued only once the reply that says so has been
 delivered, and then sent once (``outbound_texts.key``: a repeated delivery report sends
-nothing more). In a scheduled run the gate makes it a draft (``mode: draft``), which the person
-sends later with ``send_text_draft``.
+nothing more). In a scheduled run the gate makes it a draft (``mode: draft``): a card in the web
+app's chat (``gateway.web_api``), which the person edits, sends or discards, or sends in chat
+with ``send_text_draft`` (an immediate write: the person asked for that send; the recipient
+rules are checked again).
 """
 
 from __future__ import annotations
@@ -190,8 +192,7 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
             "Send a text draft by id.",
             {"type": "object", "properties": {"id": {"type": "integer", "minimum": 1}}, "required": ["id"],
              "additionalProperties": False},
-            _plan_draft, AREA, writes=True, staged=True, apply=_apply_text, after_commit=_send,
-            needs_connection=CONNECTION,
+            _plan_draft, AREA, writes=True, apply=_apply_text, after_commit=_send, needs_connection=CONNECTION,
         ),
         Tool(
             "list_texts",
