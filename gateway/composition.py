@@ -165,11 +165,15 @@ def build_calls(
 
         send_sms = send_sms_now
 
+    from voice.sip import sip_calls_from_settings
+
     delegate, settle = delegated_turns(harness)
-    return call_service_from_settings(
+    service = call_service_from_settings(
         settings, db, registry=harness.registry, gate=harness.gate, send_sms=send_sms,
         connectors=harness.connectors, models=harness.models, delegate=delegate, settle=settle,
     )  # fmt: skip
+    service.sip = sip_calls_from_settings(settings, service)
+    return service
 
 
 def delegated_turns(harness: HarnessDeps) -> tuple[Delegate, Settle]:

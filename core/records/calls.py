@@ -199,3 +199,14 @@ async def call_message_ids(db: Queries, conversation_id: UUID, turn_id: UUID | N
         f"{call_sid}:%",
     )
     return [r["id"] for r in rows]
+
+
+async def claim_sip_webhook(db: Queries, webhook_id: str, session_id: str) -> bool:
+    """Record a SIP direct webhook (``voice.sip``) by its ``webhook-id``; False when it was acted
+    on already (a redelivery)."""
+    inserted = await db.fetchval(
+        "INSERT INTO sip_webhooks (webhook_id, session_id) VALUES ($1, $2) ON CONFLICT DO NOTHING RETURNING true",
+        webhook_id,
+        session_id,
+    )
+    return bool(inserted)

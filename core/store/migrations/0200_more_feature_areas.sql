@@ -69,4 +69,4 @@ CREATE TABLE news_topics (
 
 ALTER TABLE connections DROP CONSTRAINT connections_provider_check;
 ALTER TABLE connections ADD CONSTRAINT connections_provider_check
-    CHECK (provider IN ('google', 'caldav', 'mcp', 'home_assistant'));
+    CHECK (provider IN ('google', 'caldav', 'mcp', 'imap', 'home_assistant'));
