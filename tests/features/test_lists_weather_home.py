@@ -88,8 +88,9 @@ async def meteo():
 
 async def test_weather_for_the_saved_place_and_a_named_one(call: Caller, meteo: OpenMeteoPeer) -> None:
     c = call.using(open_meteo_url=meteo.url, open_meteo_geocoding_url=meteo.url)
-    unset = await c("weather_forecast", {})
-    assert unset.status == "failed" and "no weather place" in unset.content
+    unset = await c("weather_forecast", {})  # nothing saved: the city of the person's time zone
+    assert unset.status == "ok" and unset.content.startswith("Paris, Île-de-France, France (from the person's time")
+    assert meteo.requests[0] == {"path": "search", "name": "Paris", "count": "1", "language": "en", "format": "json"}
     assert (await c("set_weather_place", {"place": "Lyon"})).status == "ok"
     here = await c("weather_forecast", {"days": 2})
     assert here.status == "ok" and here.content.startswith("Lyon, Auvergne")
@@ -157,3 +158,10 @@ async def test_a_lock_needs_a_yes_in_a_later_message(call: Caller, home: HomeAss
     assert in_same.status == "failed"  # the yes must come in a later message
     done = await call("home_action", {**args, "confirm_token": token}, delivered=True)
     assert done.status == "ok" and home.calls == [("lock", "unlock", {"entity_id": "lock.front_door"})]
+
+
+def test_the_time_zone_names_a_city_only_when_it_is_one():
+    from core.tools.areas.weather import zone_city
+
+    assert zone_city("America/New_York") == "New York" and zone_city("Europe/Paris") == "Paris"
+    assert zone_city("UTC") is None and zone_city("Etc/GMT+2") is None and zone_city("US/Pacific") is None

@@ -1,7 +1,8 @@
 """Feature area: weather forecasts for the person's place or a named one (Open-Meteo, no key).
 
-The person's place is stored once (``set_weather_place``, geocoded then); a forecast for another
-place geocodes its name each time. Everything is read-only except saving the place.
+The person's place is stored once (``set_weather_place``, geocoded then); until it is, the city
+their profile's time zone is named after stands in (and the forecast says so). A forecast for
+another place geocodes its name each time. Everything is read-only except saving the place.
 """
 
 from __future__ import annotations
@@ -23,9 +24,16 @@ async def saved_place(db: Queries, account_id: UUID) -> Place | None:
     return Place(row["name"], row["latitude"], row["longitude"]) if row else None
 
 
+def zone_city(timezone: str) -> str | None:
+    """The city an IANA zone is named after (``Europe/Paris``: Paris); None for UTC and the like."""
+    if "/" not in timezone or timezone.startswith(("Etc/", "US/")):
+        return None
+    return timezone.rsplit("/", 1)[1].replace("_", " ")
+
+
 def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
     async def _forecast(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
-        days = int(args.get("days", 3))
+        days, note = int(args.get("days", 3)), ""
         try:
             if args.get("place"):
                 place = await geocode(connectors, args["place"])
@@ -33,6 +41,10 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
                     return ToolOutcome.failed(f"no place called {args['place']!r} was found")
             else:
                 place = await saved_place(ctx.db, ctx.session.account_id)
+                city = zone_city(ctx.session.timezone)
+                if place is None and city is not None:  # the profile's time zone names a city
+                    place = await geocode(connectors, city)
+                    note = " (from the person's time zone; set_weather_place saves their own place)"
                 if place is None:
                     return ToolOutcome.failed("the person has no weather place saved; ask where, or name a place")
             current, found = await forecast(connectors, place, days=days, timezone=ctx.session.timezone)
@@ -40,7 +52,7 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
             return ToolOutcome.failed(exc.message)
         if not found:
             return ToolOutcome.empty(f"Open-Meteo has no forecast for {place.name}")
-        lines = [f"{place.name}" + (f" ({current})" if current else "") + ":"]
+        lines = [f"{place.name}{note}" + (f" ({current})" if current else "") + ":"]
         for day in found:
             when = date.fromisoformat(day.date).strftime("%a %d %b")
             extra = "".join(
