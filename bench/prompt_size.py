@@ -19,7 +19,7 @@ Tokens are counted with OpenAI's o200k_base encoding through ``tiktoken`` when i
 is available, else through ``bpe-openai`` (the same encoding, shipped inside the package:
 ``pip install bpe-openai``); without either, as UTF-8 bytes / 4, and the output says so.
 
-    PYTHONPATH=. .venv/bin/python bench/prompt_size.py [--turns 24]
+    PYTHONPATH=. .venv/bin/python bench/prompt_size.py [--turns 24] [--show]
 """
 
 from __future__ import annotations
@@ -203,7 +203,7 @@ def report(title: str, prompts: list[Prompt], count: Callable[[str], int]) -> tu
     return statistics.median(tokens), statistics.median(shared_prev)
 
 
-async def bench(turns: int) -> None:
+async def bench(turns: int, show: bool = False) -> None:
     count, how = token_counter()
     base_prompts, base_areas, base_behind = await run_day(turns, BASELINE_AREAS)
     prompts, areas, behind = await run_day(turns)
@@ -219,6 +219,9 @@ async def bench(turns: int) -> None:
             f"{len(view_names(first))} skills listed"
         )
         med_tokens, med_shared = report("  memory block: summaries, then today's messages", got, count)
+    if show:
+        print("\n--- the first turn's orchestrator prompt with every area, as sent ---")
+        print(as_sent(prompts[0]))
     met = "met" if med_tokens <= TARGET_TOKENS else "NOT met"
     print(f"target median <= {TARGET_TOKENS} tokens with every area: {met}")
     print(f"target median >= 90% stable prefix with every area: {'met' if med_shared >= 0.9 else 'NOT met'}")
@@ -234,8 +237,9 @@ def view_names(prompt: Prompt) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=24)
+    parser.add_argument("--show", action="store_true", help="also print the first prompt with every area")
     args = parser.parse_args()
-    asyncio.run(bench(max(2, args.turns)))
+    asyncio.run(bench(max(2, args.turns), args.show))
 
 
 if __name__ == "__main__":
