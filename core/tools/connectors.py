@@ -73,6 +73,8 @@ CONNECTION_NAMES: dict[str, str] = {
     "google_calendar": "Google Calendar",
     "caldav": "CalDAV",
     "pepper_mail": "Pepper's mail address",
+    "home_assistant": "Home Assistant",
+    "texting": "a Pepper line (Twilio)",
 }
 
 

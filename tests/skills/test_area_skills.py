@@ -104,7 +104,7 @@ async def test_home_status_without_home_assistant_is_refused_with_the_reason(db,
     peer.script(reply_tools(use("home-status")), reply_text("Home Assistant is not connected."))
     await run_turn(area_deps, account.id, "web", "how's the house?")
     refusal = outputs(peer.requests[1])[0]
-    assert "home_assistant" in refusal and home.calls == []
+    assert "Home Assistant" in refusal and home.calls == []
 
 
 async def test_shopping_list_run_ticks_off_and_adds_in_the_shop(db, area_deps, peer, account):
