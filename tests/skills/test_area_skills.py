@@ -130,3 +130,30 @@ async def test_shopping_list_run_ticks_off_and_adds_in_the_shop(db, area_deps, p
     await commit_turn_writes(db, area_deps.registry, outcome.turn_id)  # the reply was delivered
     left = await db.fetch("SELECT text FROM list_items WHERE done_at IS NULL ORDER BY id")
     assert [r["text"] for r in left] == ["eggs", "coffee", "butter"]
+
+
+async def test_travel_day_picks_up_travel_times_once_a_places_area_is_installed(db, connectors, router, peer, account):
+    from core.tools import Tool, ToolOutcome, ToolRegistry
+
+    async def travel_time(ctx, args):  # a stand-in for the places area another branch builds
+        return ToolOutcome.ok(f"about 25 minutes to {args['to']} by car")
+
+    places = Tool(
+        "travel_time", "Travel time to a place.",
+        {"type": "object", "properties": {"to": {"type": "string"}}, "required": ["to"]}, travel_time, area="places",
+    )  # fmt: skip
+    deps = HarnessDeps(
+        db=db, models=router, registry=ToolRegistry([*starter_registry(connectors).all(), places]),
+        config=HarnessConfig(), clock=lambda: NOW, skills=SkillCatalog.load_builtin(), connectors=connectors,
+    )  # fmt: skip
+    peer.script(
+        reply_tools(use("travel-day", request="off to Lyon")),
+        reply_tools(("weather_forecast", {"place": "Lyon", "days": 1}), ("list_events", {"days": 1})),
+        reply_tools(("travel_time", {"to": "Lyon"})),
+        reply_text("Leave by 11:05: 25 minutes to Lyon. Partly cloudy."),
+    )
+    outcome = await run_turn(deps, account.id, "web", "off to Lyon today")
+    worker = peer.requests[1]
+    assert "travel_time" in tool_names(worker)
+    assert outputs(peer.requests[3])[-1] == "about 25 minutes to Lyon by car"
+    assert outcome.reply.startswith("Leave by 11:05")
