@@ -6,7 +6,7 @@ pepper connect caldav --account A URL --username U         password from $PEPPER
 pepper connect imap A --host H --user U [--port P] [--security ssl|starttls] [--name N]
                                                            password from $PEPPER_IMAP_PASSWORD, a prompt or stdin
 pepper connect ics --account A URL [--name N]
-pepper connect home-assistant --account A URL              token from $PEPPER_HA_TOKEN, a prompt or stdin
+pepper connect home-assistant A URL                        token from $PEPPER_HA_TOKEN, a prompt or stdin
 pepper connect list [--account A]
 pepper connect remove --account A REF                      REF: an id from `list`, or google
 pepper connect rotate-key                                  seal every secret again under the first key
@@ -76,7 +76,7 @@ def add_commands(sub: Any) -> None:
     home = actions.add_parser(
         "home-assistant", help=f"connect Home Assistant (long-lived token: ${HA_TOKEN_ENV} or asked)"
     )
-    home.add_argument("--account", required=True, help="account id or unique name")
+    home.add_argument("account", help="account id or unique name")
     home.add_argument("url", help="the server's address, e.g. http://homeassistant.local:8123")
     listing = actions.add_parser("list", help="connections and feeds, with whether their secrets open")
     listing.add_argument("--account", help="account id or unique name (default: every account)")
