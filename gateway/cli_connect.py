@@ -6,6 +6,7 @@ pepper connect caldav --account A URL --username U         password from $PEPPER
 pepper connect imap A --host H --user U [--port P] [--security ssl|starttls] [--name N]
                                                            password from $PEPPER_IMAP_PASSWORD, a prompt or stdin
 pepper connect ics --account A URL [--name N]
+pepper connect home-assistant A URL                        token from $PEPPER_HA_TOKEN, a prompt or stdin
 pepper connect list [--account A]
 pepper connect remove --account A REF                      REF: an id from `list`, or google
 pepper connect rotate-key                                  seal every secret again under the first key
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import json
 import os
 import sys
 from collections.abc import Callable
@@ -27,6 +29,7 @@ from core.records import connections
 from core.settings import Settings
 from core.store.queries import Queries
 from core.tools.areas.calendar import add_ical_feed, connect_caldav
+from core.tools.areas.home import connect_home_assistant
 from core.tools.areas.mail import connect_imap
 from core.tools.connectors import SCOPE_CONNECTIONS, Connectors, rotate_secrets
 from core.tools.google_api import revoke_grant
@@ -35,6 +38,7 @@ from core.vault import SecretKeyError
 from gateway.connect_routes import callback_url
 
 PASSWORD_ENV = "PEPPER_CALDAV_PASSWORD"
+HA_TOKEN_ENV = "PEPPER_HA_TOKEN"
 IMAP_PASSWORD_ENV = "PEPPER_IMAP_PASSWORD"
 GOOGLE_PERMISSIONS = "https://myaccount.google.com/permissions"
 # What each granted Google scope lets Pepper do, as `pepper connect list` says it.
@@ -45,7 +49,9 @@ connectors_factory: Callable[[Settings], Connectors] = Connectors.from_settings
 
 
 def add_commands(sub: Any) -> None:
-    top = sub.add_parser("connect", help="connect Google, CalDAV calendars and iCalendar feeds; list and remove")
+    top = sub.add_parser(
+        "connect", help="connect Google, CalDAV, IMAP, iCalendar feeds and Home Assistant; list and remove"
+    )
     actions = top.add_subparsers(dest="action", metavar="ACTION", required=True)
     google = actions.add_parser("google", help="print the Google consent URL (the web callback completes it)")
     google.add_argument("--account", required=True, help="account id or unique name")
@@ -67,6 +73,11 @@ def add_commands(sub: Any) -> None:
     ics.add_argument("--account", required=True, help="account id or unique name")
     ics.add_argument("url")
     ics.add_argument("--name", default="Feed", help="how the calendar is called in the agenda")
+    home = actions.add_parser(
+        "home-assistant", help=f"connect Home Assistant (long-lived token: ${HA_TOKEN_ENV} or asked)"
+    )
+    home.add_argument("account", help="account id or unique name")
+    home.add_argument("url", help="the server's address, e.g. http://homeassistant.local:8123")
     listing = actions.add_parser("list", help="connections and feeds, with whether their secrets open")
     listing.add_argument("--account", help="account id or unique name (default: every account)")
     remove = actions.add_parser("remove", help="remove a connection or feed (its calendars go with it)")
@@ -124,6 +135,10 @@ async def run(args: argparse.Namespace, settings: Settings, db: Queries, out: Ca
     elif args.action == "ics":
         calendar_id = await add_ical_feed(db, connectors, account.id, args.url, args.name)
         out(f"following the iCalendar feed {args.name!r} for {account.name} ({calendar_id.hex[:8]})")
+    elif args.action == "home-assistant":
+        token = _read_password(HA_TOKEN_ENV, "Home Assistant long-lived access token: ")
+        url = await connect_home_assistant(db, connectors, account.id, args.url, token)
+        out(f"connected Home Assistant at {url} for {account.name}")
     else:
         out(await _remove(db, connectors, account, args.ref))
     return True
@@ -142,6 +157,9 @@ async def _list(db: Queries, connectors: Connectors, account: identity.Account, 
             what = f"Google: {what or 'no usable scope'}"
         elif row["provider"] == "mcp":
             what = f"MCP server: {row['label']} (pepper mcp list)"
+        elif row["provider"] == "home_assistant":
+            config = json.loads(row["config"]) if isinstance(row["config"], str) else row["config"]
+            what = f"Home Assistant: {config.get('url', '?')}"
         elif row["provider"] == "imap":
             what = f"IMAP mailbox: {row['label']} (read-only)"
         else:

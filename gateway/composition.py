@@ -61,7 +61,15 @@ def turn_parts(
         from core.adapters.twilio.rest import TwilioMessenger
 
         messenger = TwilioMessenger(settings)
-    connectors = Connectors.from_settings(settings)
+    from dataclasses import replace
+
+    connectors = replace(Connectors.from_settings(settings), models=router)
+    if messenger is not None:  # the messages area texts from the person's line through the same Twilio
+        from core.adapters.twilio.signatures import public_request_url
+        from gateway.webhooks import MESSAGE_STATUS
+
+        status = public_request_url(settings, MESSAGE_STATUS.path)
+        connectors = replace(connectors, texter=messenger, text_status_url=status)
     harness = HarnessDeps(
         db=db, models=router, registry=starter_registry(connectors), skills=SkillCatalog.load_builtin(),
         connectors=connectors, usage=settings.usage, mcp=McpHub(connectors, timeout=settings.mcp_call_seconds),

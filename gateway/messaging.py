@@ -11,6 +11,7 @@ for one message goes out in parts, all recorded before the first is sent: once e
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +24,7 @@ from core.adapters.twilio import twiml
 from core.adapters.twilio.signatures import public_request_url, twilio_signature_ok
 from core.conversation import UNSENT, conversation_for, mark_part_sent, mark_parts_failed, record_outbound
 from core.errors import PepperError
-from core.records import messages
+from core.records import messages, texts
 from core.records.turns import SETTLED
 from core.security import record_security_event
 from gateway.channels import AWAITING_RECEIPT, Claimed, Delivery, Limits, failed, receive, settle_delivery
@@ -156,6 +157,11 @@ async def answer_inbound(
             reply = await _answering_reply(services, inbound)
             if reply is not None:
                 return twiml_answer(reply)
+        word = (inbound.opt_out_type or "").upper() or keyword(inbound.body)
+        if handle is None and word in ("STOP", "START"):  # a contact Pepper texted for someone
+            with contextlib.suppress(PepperError):
+                number = identity.normalize_phone(inbound.sender, settings.default_region)
+                await texts.set_opt_out(db, number, stopped=word == "STOP")
         log.info("message from a number with no verified account on %s", channel)
         if settings.unknown_sender == "reply" and keyword(inbound.body) is None:
             return twiml_answer(UNKNOWN_SENDER_TEXT)
@@ -282,6 +288,8 @@ async def answer_status(services: Services, path: str, query_string: bytes, form
         return STATUS_INCOMPLETE
     ack_db = services.ack_db or services.db
     row = await messages.record_receipt(ack_db, sid, status)
+    if row is None and await texts.record_receipt(ack_db, sid, status):
+        return NO_CONTENT  # a text Pepper sent for the person (the messages area)
     if row is None or row["turn_id"] is None or row["turn_status"] in SETTLED:
         return NO_CONTENT  # not ours, or already settled: a late receipt changes nothing
     turn_id = row["turn_id"]

@@ -25,7 +25,7 @@ from core.conversation import conversation_for
 from core.errors import InvalidInput, PepperError
 from core.memory.dossier import set_owner_text
 from core.models.types import ToolCall
-from core.records import rooms
+from core.records import rooms, texts
 from core.records.mcp import McpToolRow, pending_approvals
 from core.records.mcp import decide as decide_tool
 from core.records.rooms import SHARE_LEVELS
@@ -37,6 +37,7 @@ from core.suggestions import cards as suggestion_cards
 from core.suggestions import dismiss as dismiss_suggestion
 from core.suggestions import parse_id as parse_suggestion_id
 from core.tools.areas.email import discard_draft, edit_draft, is_draft, pending_drafts
+from core.tools.areas.messages import MAX_TEXT
 from core.tools.connectors import account_connections
 from core.tools.context import SessionContext
 from core.tools.mcp import definition_diff
@@ -170,7 +171,43 @@ class EmailDrafts:
         return Answer(True, "Discarded; nothing was sent.")
 
 
-DRAFT_KINDS: dict[str, DraftKind] = {kind.name: kind for kind in (EmailDrafts(),)}
+class TextDrafts:
+    """Texts to contacts a scheduled run held back (the messages area): edited (the text only),
+    sent through ``send_text_draft`` (the recipient rules checked again), or discarded."""
+
+    name = "text"
+
+    async def pending(self, services: Services, account_id: UUID) -> list[Draft]:
+        return [
+            Draft("text", str(r["id"]), f"Text to {r['contact']} ({r['channel']}, held by a scheduled run)",
+                  r["from_number"], [r["to_number"]], [], "", r["body"], True)
+            for r in await texts.drafts_of(services.db, account_id)
+        ]  # fmt: skip
+
+    async def edit(self, services: Services, account_id: UUID, draft_id: str, fields: dict[str, Any]) -> Draft | None:
+        number = _message_id(draft_id)
+        body = fields["body"].strip()
+        if not body or len(body) > MAX_TEXT:
+            raise InvalidInput(f"a text is 1 to {MAX_TEXT} characters")
+        if number is None or not await texts.edit_draft(services.db, account_id, number, body):
+            return None
+        return next((d for d in await self.pending(services, account_id) if d.id == draft_id), None)
+
+    async def send(self, services: Services, account_id: UUID, draft_id: str) -> Answer | None:
+        number = _message_id(draft_id)
+        if number is None or not any(d.id == draft_id for d in await self.pending(services, account_id)):
+            return None
+        outcome = await run_owner_tool(services, account_id, "send_text_draft", {"id": number})
+        return Answer(True, "Sent.") if outcome.status == "ok" else Answer(False, outcome.content)
+
+    async def discard(self, services: Services, account_id: UUID, draft_id: str) -> Answer | None:
+        number = _message_id(draft_id)
+        if number is None or not await texts.discard_draft(services.db, account_id, number):
+            return None
+        return Answer(True, "Discarded; nothing was sent.")
+
+
+DRAFT_KINDS: dict[str, DraftKind] = {kind.name: kind for kind in (EmailDrafts(), TextDrafts())}
 
 
 async def all_drafts(services: Services, account_id: UUID) -> list[Draft]:

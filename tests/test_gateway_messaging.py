@@ -181,6 +181,19 @@ async def test_a_number_with_no_account_never_reaches_an_agent(stack: Stack):
     assert stack.model.requests == []
 
 
+async def test_stop_from_a_number_with_no_account_blocks_texts_pepper_sends_for_people(stack: Stack):
+    from core.records import texts
+
+    await stack.text("STOP", sender=STRANGER)
+    await stack.text("STOP", sender=STRANGER)  # a duplicate changes nothing more
+    assert await texts.opted_out(stack.db, STRANGER, "sms")
+    await stack.text("start", sender=STRANGER)
+    assert not await texts.opted_out(stack.db, STRANGER, "sms")
+    await stack.text("STOP please, all of it", sender=STRANGER)  # not a keyword: no change
+    assert not await texts.opted_out(stack.db, STRANGER, "sms")
+    assert await count(stack.db, "messages") == 0 and stack.model.requests == []
+
+
 @pytest.mark.parametrize("stack", [{"unknown_sender": "reply"}], indirect=True)
 async def test_unknown_senders_can_get_one_polite_line(stack: Stack):
     status, body, _ = await stack.text("hello?", sender=STRANGER)
@@ -285,6 +298,30 @@ async def test_delivery_commits_staged_writes_and_failure_drops_them(stack: Stac
     # A late receipt changes nothing once the turn is settled.
     await stack.twilio.send_status(stack.local, PUBLIC, failed, "delivered")
     assert await stack.db.fetchval("SELECT done_at FROM todos WHERE id = $1", second) is None
+
+
+async def test_tell_sam_im_late_texts_sam_once_the_reply_is_delivered(stack: Stack):
+    sam = "+14155550123"
+    await stack.db.execute(
+        "INSERT INTO contacts (account_id, name, phones) VALUES ($1, 'Sam', $2)", stack.account_id, [sam]
+    )
+    stack.model.script(
+        reply_tools(("text_contact", {"to": "Sam", "text": "Ada is running 10 minutes late"})),
+        reply_text("I'll tell Sam you're running late."),
+    )
+    await stack.text("tell Sam I'm running late")
+    [reply] = await stack.twilio.wait_for_sent(1)
+    await stack.settle()
+    assert reply.to == OWNER  # Sam hears nothing until Ada has the reply
+    for _ in range(2):  # a repeated receipt sends nothing more
+        assert (await stack.twilio.send_status(stack.local, PUBLIC, reply, "delivered"))[0] == 204
+    _, text = await stack.twilio.wait_for_sent(2)
+    assert (text.to, text.from_, text.body) == (sam, PEPPER_NUMBER, "Ada is running 10 minutes late")
+    assert (await stack.twilio.send_status(stack.local, PUBLIC, text, "delivered"))[0] == 204
+    assert (await stack.twilio.send_status(stack.local, PUBLIC, text, "sent"))[0] == 204  # late: no step back
+    row = await stack.db.fetchrow("SELECT status, sid FROM outbound_texts")
+    assert row["status"] == "delivered" and row["sid"] == text.sid
+    assert len(stack.twilio.sent) == 2
 
 
 async def test_forged_delivery_receipts_are_refused(stack: Stack):

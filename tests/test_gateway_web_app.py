@@ -491,3 +491,40 @@ async def test_a_member_sets_their_own_calendar_sharing_level_per_room(app: WebA
         }
         async with session.get(app.base + "/rooms") as response:
             assert '<option value="titles" selected>' in await response.text()
+
+
+async def test_a_text_a_scheduled_run_held_back_is_a_card_to_edit_discard_or_send(app: WebApp):
+    rows = [("k1", "Happy birthday!"), ("k2", "See you Sunday")]
+    for key, body in rows:
+        await app.db.execute(
+            "INSERT INTO outbound_texts (account_id, key, channel, to_number, from_number, contact, body, status)"
+            " VALUES ($1, $2, 'sms', '+14155550123', '+14155550100', 'Sam', $3, 'draft')",
+            app.account_id, key, body,
+        )  # fmt: skip
+    session, headers = await signed_in(app)
+    async with session:
+        async with session.get(app.base + "/api/drafts") as response:
+            cards = [d for d in (await response.json())["drafts"] if d["kind"] == "text"]
+        assert [(c["to"], c["body"], c["held"]) for c in cards] == [
+            (["+14155550123"], "Happy birthday!", True),
+            (["+14155550123"], "See you Sunday", True),
+        ]
+        first, second = (f"{app.base}/api/drafts/text/{c['id']}" for c in cards)
+        edit = {"to": [], "cc": [], "subject": "", "body": "Happy birthday, Sam!"}
+        for bad in ({**edit, "body": "  "}, {**edit, "body": "x" * 1001}, "[]"):  # garbage
+            assert (await post(session, first + "/edit", headers, bad))[0] == 400, bad
+        bea = await identity.create_account(app.db, "Bea")
+        await access.set_web_password(app.db, bea.id, "bea", PASSWORD)
+        other, other_headers = await signed_in(app, "bea")
+        async with other:  # another person's session: no such draft
+            for action in ("edit", "send", "discard"):
+                assert (await post(other, f"{first}/{action}", other_headers, edit))[0] == 404
+        status, answer = await post(session, first + "/edit", headers, edit)
+        assert status == 200 and answer["draft"]["body"] == "Happy birthday, Sam!"
+        # Twilio is not set up on this server: the send is refused with the reason, nothing goes out.
+        status, answer = await post(session, first + "/send", headers)
+        assert status == 422 and "texting" in answer["message"]
+        assert (await post(session, second + "/discard", headers))[0] == 200
+        assert (await post(session, second + "/discard", headers))[0] == 404  # a duplicate: already gone
+    statuses = [r["status"] for r in await app.db.fetch("SELECT status FROM outbound_texts ORDER BY id")]
+    assert statuses == ["draft", "discarded"]

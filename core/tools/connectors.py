@@ -16,6 +16,9 @@ Connection names a session can hold (``SessionContext.connections``):
 * ``google_calendar``: a Google connection granted the Calendar events scope;
 * ``caldav``: a CalDAV server;
 * ``mcp:<name>``: an MCP server the person connected (``pepper mcp add``; GitHub's is ``mcp:github``).
+* ``home_assistant``: a Home Assistant server with a long-lived token (``pepper connect home-assistant``);
+* ``texting``: Pepper can text from one of the person's lines (Twilio is set up and they have a
+  personal line);
 * ``web``: not an account: this turn may hand a question to the web research helper (the
   conversation asked for the web, ``core.web.permission``); a text turn adds it, and a verified
   owner's call (``voice.owner_profile``).
@@ -71,6 +74,8 @@ CONNECTION_NAMES: dict[str, str] = {
     "google_calendar": "Google Calendar",
     "caldav": "CalDAV",
     "pepper_mail": "Pepper's mail address",
+    "home_assistant": "Home Assistant",
+    "texting": "a Pepper line (Twilio)",
 }
 
 
@@ -111,6 +116,17 @@ class Connectors:
     sportsdb_url: str = "https://www.thesportsdb.com"
     sportsdb_key: str = "123"  # TheSportsDB's free key
     tvmaze_url: str = "https://api.tvmaze.com"
+    # Weather forecasts (Open-Meteo: no key); tests point these at a loopback peer.
+    open_meteo_url: str = "https://api.open-meteo.com"
+    open_meteo_geocoding_url: str = "https://geocoding-api.open-meteo.com"
+    # Sends texts from the person's line (``core.adapters.twilio.rest.TwilioMessenger`` or anything
+    # with its ``send``); None: the messages area says texting is not set up.
+    texter: Any = None
+    # Where Twilio reports the delivery of texts Pepper sends (the gateway's status URL).
+    text_status_url: str | None = None
+    # The text models (``core.models.router.ModelRouter`` or anything with its ``generate``): the
+    # translation area's own small call. None: translation says no model is configured.
+    models: Any = None
 
     @classmethod
     def from_settings(cls, settings: Any) -> Connectors:
@@ -190,9 +206,12 @@ def connections_select(connectors: Connectors | None = None) -> str:
     email = "false"
     if connectors is not None and connectors.smtp_configured:
         email = "EXISTS (SELECT 1 FROM handles WHERE account_id = $1 AND kind = 'email')"
+    texting = "false"
+    if connectors is not None and connectors.texter is not None:
+        texting = "EXISTS (SELECT 1 FROM phone_lines WHERE account_id = $1 AND kind = 'personal')"
     return (
         "json_build_object('rows', (SELECT coalesce(json_agg(json_build_array(provider, scopes, label)), '[]')"
-        f" FROM connections WHERE account_id = $1), 'email', {email})"
+        f" FROM connections WHERE account_id = $1), 'email', {email}, 'texting', {texting})"
     )
 
 
@@ -205,12 +224,16 @@ def connection_names(selected: str) -> frozenset[str]:
             names.add("caldav")
         elif provider == "mcp":
             names.add(f"mcp:{label}")
+        elif provider == "home_assistant":
+            names.add("home_assistant")
         elif provider == "imap":
             names.add("imap")
         elif provider == "google":
             names.update(SCOPE_CONNECTIONS[s] for s in scopes if s in SCOPE_CONNECTIONS)
     if data["email"]:
         names.add("pepper_mail")
+    if data.get("texting"):
+        names.add("texting")
     if "gmail_read" in names or "imap" in names:
         names.add(MAILBOX)
     return frozenset(names)

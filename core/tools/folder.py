@@ -21,7 +21,7 @@ from core.records import folders
 from core.tools.registry import Tool, ToolContext, ToolOutcome
 from core.untrusted import folder_result_block
 
-AREA = "folder"
+AREA = "files"  # documents Pepper made and the lent folder (docs/feature-areas.md)
 CONNECTION = "folder"
 MAX_TOOLS = 8
 CALL_SECONDS = 20.0

@@ -198,24 +198,13 @@ def _widening(tool: Tool, current: dict[str, Any], proposed: dict[str, Any]) -> 
 
 # Feature areas that hold one person's private data; rooms see the room's data instead.
 PERSONAL_AREAS: frozenset[str] = frozenset(
-    {
-        "notes",
-        "todos",
-        "dossier",
-        "tasks",
-        "reminders",
-        "contacts",
-        "calendar",
-        "feeds",
-        "memory",
-        "answering_inbox",
-        "places",
-        "suggestions",
-        "following",
-    }
+    {"notes", "todos", "dossier", "tasks", "reminders", "contacts", "calendar", "feeds", "memory", "answering_inbox"}
+    | {"places", "suggestions", "following", "mail"}
+    | {"lists", "home", "messages", "timers", "calls", "files", "news", "weather", "translation"}
 )
-# All a room turn may use: the room's own data (its messages, shared notes and to-dos) and the clock.
-ROOM_AREAS: frozenset[str] = frozenset({"room", "clock"})
+# All a room turn may use: the room's own data (its messages, shared notes and to-dos, the lists
+# shared with it) and the clock.
+ROOM_AREAS: frozenset[str] = frozenset({"room", "clock", "lists"})
 # What a caller who is not the owner may use; the answering service narrows it to its own profile.
 THIRD_PARTY_AREAS: frozenset[str] = frozenset({"clock", "answering"})
 

@@ -179,9 +179,10 @@ class Tool:
     needs_connection: str | None = None
     staged: bool = False
     apply: Applier | None = None
-    # Outside effects of an immediate write (``AfterCommit``): ``apply`` commits a record of what
-    # is about to happen (an outbox row), then this runs and records how it went; if it raises, the
-    # call fails with the error.
+    # Outside effects of a write (``AfterCommit``): ``apply`` commits a record of what is about to
+    # happen (an outbox row), then this runs and records how it went; if it raises, the call fails
+    # with the error. A staged write's runs once its apply committed, when the reply is delivered
+    # (``core.tools.staging``); what it raises is logged there, so it records its own failure.
     after_commit: AfterCommit | None = None
     # Arguments a scheduled run (no person present) forces, e.g. (("mode", "draft"),): the gate
     # rewrites the call and the result tells the model what changed.
@@ -204,8 +205,8 @@ class Tool:
             raise ValueError(f"tool {self.name} writes but has no apply step")
         if self.staged and not self.writes:
             raise ValueError(f"tool {self.name} is staged but does not write")
-        if self.after_commit is not None and (self.staged or not self.writes):
-            raise ValueError(f"tool {self.name}: only an immediate write has an after-commit step")
+        if self.after_commit is not None and not self.writes:
+            raise ValueError(f"tool {self.name}: only a write has an after-commit step")
         if self.parameters.get("type") != "object":
             raise ValueError(f"tool {self.name}: parameters must be a JSON Schema object")
         for key, _ in self.scheduled:

@@ -76,6 +76,7 @@ async def _resolve(
     db: Queries, registry: ToolRegistry, turn_ids: list[UUID], commit: bool, write_ids: list[int] | None = None
 ) -> list[ResolvedWrite]:
     resolved: list[ResolvedWrite] = []
+    effects: list[tuple[str, UUID, str]] = []
     async with transaction(db) as conn:
         rows = await conn.fetch(
             """
@@ -103,6 +104,15 @@ async def _resolve(
                 "UPDATE staged_writes SET status = $2, resolved_at = now() WHERE id = $1", row["id"], status
             )
             resolved.append(ResolvedWrite(row["id"], row["tool"], row["summary"], status))
+            if status == "committed":
+                effects.append((row["tool"], row["account_id"], row["payload"]))
+    for name, account_id, payload in effects:  # outside effects, once their records committed
+        tool = registry.get(name)
+        if tool is not None and tool.after_commit is not None:
+            try:
+                await tool.after_commit(db, account_id, json.loads(payload))
+            except Exception:
+                log.exception("staged write's outside effect failed: tool=%s", name)
     return resolved
 
 

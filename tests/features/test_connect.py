@@ -454,3 +454,27 @@ async def test_deleting_an_account_revokes_its_google_grant_first(site: Site, ca
     assert code == 0 and "deleted account" in out and "grant is revoked" in out, out
     assert site.google.revoked == ["refresh-1"]
     assert await site.connections() == []
+
+
+async def test_pepper_connect_home_assistant_checks_the_token_and_seals_it(db: Database, db_url: str, capsys):
+    from core.testing.home_assistant_peer import HomeAssistantPeer
+
+    await identity.create_account(db, "Ada")
+    key = generate_key()
+    async with HomeAssistantPeer() as home:
+        env = {"DATABASE_URL": db_url, "PEPPER_SECRET_KEY": key, "PEPPER_HA_TOKEN": "forged-token"}
+        code, _ = await asyncio.to_thread(cli, env, "connect", "home-assistant", "Ada", home.url)
+        err = capsys.readouterr().err
+        assert code == 1 and "refused the token" in err and "Traceback" not in err
+        assert await db.fetchval("SELECT count(*) FROM connections") == 0
+        env["PEPPER_HA_TOKEN"] = home.token
+        for _ in range(2):  # connecting again replaces the connection: still one
+            code, out = await asyncio.to_thread(cli, env, "connect", "home-assistant", "Ada", home.url)
+            assert code == 0 and f"connected Home Assistant at {home.url}" in out, capsys.readouterr().err
+        row = await db.fetchrow("SELECT * FROM connections")
+        assert await db.fetchval("SELECT count(*) FROM connections") == 1
+        assert home.token.encode() not in row["sealed"] and row["secret"] == "{}"
+        code, out = await asyncio.to_thread(cli, env, "connect", "list", "--account", "Ada")
+        assert code == 0 and f"Home Assistant: {home.url}" in out and "[sealed]" in out
+        code, _ = await asyncio.to_thread(cli, env, "connect", "home-assistant", "Ada", "not a url")
+        assert code == 1 and "http:// or https://" in capsys.readouterr().err

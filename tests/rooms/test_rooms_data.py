@@ -76,6 +76,11 @@ async def test_each_member_is_seen_only_at_their_level_and_an_unreadable_calenda
         "complete_room_todo",
         "find_room_time",
         "current_time",
+        # Lists shared with the room (share_list itself refuses in a room).
+        "add_to_list",
+        "show_list",
+        "tick_off_list",
+        "share_list",
     }
     turn = await db.fetchrow("SELECT tool_calls, session FROM turns WHERE kind = 'room'")
     assert [c.get("status") for c in json.loads(turn["tool_calls"])] != ["ok"]

@@ -120,3 +120,12 @@ def test_mail_skills_say_what_they_need_until_a_mailbox_is_connected(db_url, mon
     connected = states("Ada")
     for name in (*mail_skills, "draft-reply"):
         assert connected[name].endswith("ready"), connected[name]
+
+
+def test_home_status_says_it_needs_home_assistant_and_the_list_run_is_ready(db_url, monkeypatch, capsys):
+    monkeypatch.setenv("DATABASE_URL", db_url)
+    assert run(monkeypatch, capsys, "account", "create", "Ada")[0] == 0
+    code, out, _ = run(monkeypatch, capsys, "skills", "list", "Ada")
+    states = {line.split()[0]: line for line in out.splitlines() if line.strip()}
+    assert code == 0 and states["home-status"].endswith("needs Home Assistant")
+    assert states["shopping-list-run"].endswith("ready") and states["travel-day"].endswith("ready")

@@ -51,6 +51,20 @@ _SETS = (
     Toolset("suggestions", ("suggestions",), behind_worker=True, about="the calendar's suggestions"),
     Toolset("following", ("following",), about="followed web pages, calendar feeds, teams and shows"),
     Toolset("github", ("github",), behind_worker=True, about="GitHub through its MCP server", mcp=True),
+    Toolset("web", ("web",), about="research on the web"),
+    Toolset("room", ("room",), about="a room's shared notes and to-dos"),
+    Toolset("lists", ("lists",), about="shopping and packing lists"),
+    Toolset("weather", ("weather",), about="weather forecasts"),
+    # Weather, and travel times when the places area is installed: a travel skill degrades to
+    # weather alone without it.
+    Toolset("travel", ("weather", "places"), about="weather and travel times"),
+    Toolset("messages", ("messages",), about="texts to contacts"),
+    Toolset("timers", ("timers",), about="timers and alarms"),
+    Toolset("translation", ("translation",), about="translation"),
+    Toolset("files", ("files",), about="documents Pepper made"),
+    Toolset("calls", ("calls",), about="call history"),
+    Toolset("home", ("home",), behind_worker=True, about="the home, through Home Assistant"),
+    Toolset("news", ("news",), behind_worker=True, about="news on the person's topics"),
 )
 TOOLSETS: Mapping[str, Toolset] = MappingProxyType({t.name: t for t in _SETS})
 
