@@ -156,6 +156,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "gateway.cli_slots",
     "gateway.cli_rooms",
     "gateway.cli_quality",
+    "gateway.cli_calls",
 )
 
 

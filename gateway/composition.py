@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # imported where used: a turn worker need not load what only 
     from gateway.mailer import SmtpMailer
     from text_loop import HarnessDeps
     from voice.live_call import Delegate, Settle
+    from voice.outbound import OutboundCalls
     from voice.service import CallService
 
 log = logging.getLogger(__name__)
@@ -158,10 +159,32 @@ def build_calls(
         send_sms = send_sms_now
 
     delegate, settle = delegated_turns(harness)
-    return call_service_from_settings(
+    service = call_service_from_settings(
         settings, db, registry=harness.registry, gate=harness.gate, send_sms=send_sms,
         connectors=harness.connectors, models=harness.models, delegate=delegate, settle=settle,
     )  # fmt: skip
+    service.outbound = outbound_from_settings(settings, db)
+    return service
+
+
+def outbound_from_settings(settings: Settings, db: Database) -> OutboundCalls:
+    """Calls Pepper places (``voice.outbound``): through Twilio's REST API when it is set up, with
+    the public URLs Twilio calls back on; without them, every phone delivery is ``unavailable``."""
+    from datetime import timedelta
+
+    from gateway.webhooks import OUTBOUND_ANSWER, OUTBOUND_STATUS, public_url_for
+    from voice.outbound import OutboundCalls, OutboundConfig
+
+    telephony = None
+    if settings.twilio_account_sid and settings.twilio_auth_token is not None:
+        from core.adapters.twilio.voice_rest import TwilioVoice
+
+        telephony = TwilioVoice(settings)
+    retry = timedelta(seconds=settings.outbound_retry_seconds)
+    config = OutboundConfig(retry_after=retry, poll=settings.outbound_poll_seconds,
+                            ring_seconds=settings.outbound_ring_seconds)  # fmt: skip
+    return OutboundCalls(db, telephony, answer_url=public_url_for(settings, OUTBOUND_ANSWER),
+                         status_url=public_url_for(settings, OUTBOUND_STATUS), config=config)  # fmt: skip
 
 
 def delegated_turns(harness: HarnessDeps) -> tuple[Delegate, Settle]:

@@ -208,14 +208,20 @@ class BackgroundJobs:
 
     def start(self) -> None:
         if self._scheduler is not None:
+            from gateway.scheduled import start_outbound
+
             self._scheduler.start()
+            start_outbound(self._scheduler)
         if self._memory is not None:
             self._memory.start()
             log.info("memory jobs started")
 
     async def stop(self, grace: float) -> None:
         if self._scheduler is not None:
+            from gateway.scheduled import stop_outbound
+
             await self._scheduler.stop(grace)
+            await stop_outbound(self._scheduler)
         if self._memory is not None:
             await self._memory.stop()
 

@@ -72,6 +72,9 @@ VERIFY_TOOLS = ("verify_pin", "send_code", "check_code")
 
 
 class OwnerProfile(CallProfile):
+    # What the model is asked to say once the caller keyed in the right PIN.
+    verified_reply = "Tell the caller in a few words that they are verified, and ask how you can help."
+
     def __init__(self, deps: VoiceDeps, call: AdmittedCall):
         self.deps = deps
         self.trust = "owner_unverified"
@@ -374,8 +377,7 @@ class OwnerProfile(CallProfile):
         if verdict == "verified":
             await self.controls.reconfigure()
             await self.controls.tell_model("The caller keyed in the right PIN: they are verified.", respond=True,
-                                       instructions="Tell the caller in a few words that they are verified, and"
-                                                    " ask how you can help.")  # fmt: skip
+                                           instructions=self.verified_reply)  # fmt: skip
             return
         if self.controls.closing is None:
             wrong = verdict == "wrong"

@@ -87,6 +87,10 @@ class CallService:
         self.default_region = default_region
         self.token_ttl = token_ttl
         self.sessions: dict[str, CallEngine] = {}
+        # Calls Pepper places (``voice.outbound.OutboundCalls``), when Twilio and the public URL are set.
+        self.outbound: Any = None
+        # Handing a caller to the owner (``voice.transfer.Transfers``), when Twilio is set up.
+        self.transfers: Any = None
 
     # --- The voice webhook -------------------------------------------------------------------
 
@@ -190,6 +194,9 @@ class CallService:
             admitted = await self.answering.admit(start, row)
             if admitted is None:
                 await self._refuse("media-not-an-answering-call", start)
+        elif row is not None and row["route"] == "outbound" and self.outbound is not None:
+            # A call Pepper placed (voice.outbound) that a person answered.
+            admitted = await self.outbound.admit(start, row, self.deps)
         elif row is None or row["route"] != "owner" or row["account_id"] is None:
             await self._refuse("media-not-an-owner-call", start)
         await self.refuse_call_over(row, start)
@@ -227,6 +234,8 @@ class CallService:
 
     async def aclose(self) -> None:
         self.hang_up_all()
+        if self.outbound is not None:
+            await self.outbound.aclose()
         if self.deps.engines is not None:
             await self.deps.engines.aclose()
             return

@@ -19,7 +19,8 @@ from core.scheduling.schedule import Place, Schedule, ScheduleError, stable_offs
 from core.store.queries import Queries
 
 # Where a run's result can go. Empty means the person's usual channel (see the scheduler).
-DELIVERY_CHANNELS: tuple[str, ...] = ("chat", "sms", "whatsapp", "email")
+# ``call``: a phone call (``voice.outbound``) to the owner's verified number or the task's approved one.
+DELIVERY_CHANNELS: tuple[str, ...] = ("chat", "sms", "whatsapp", "email", "call")
 TASK_KINDS: tuple[str, ...] = ("task", "reminder")
 # The speed bump: cancelling more than this many tasks in one turn needs an explicit bulk flag.
 CANCEL_LIMIT_PER_TURN = 2
@@ -39,6 +40,8 @@ class ScheduledTask:
     status: str
     next_run_at: datetime | None
     created_at: datetime
+    call_number: str | None = None  # the number a ``call`` delivery dials, if not the owner's
+    call_approved: bool = False  # set by the owner (never by a scheduled run): only then dialled
 
     def describe(self) -> str:
         where = ", ".join(self.deliver_to) if self.deliver_to else "usual channel"
@@ -59,6 +62,8 @@ def task_from_row(row: Any) -> ScheduledTask:
         timezone=row["timezone"],
         deliver_to=tuple(row["deliver_to"] or ()),
         offset_seconds=row["offset_seconds"],
+        call_number=row.get("call_number"),
+        call_approved=bool(row.get("call_approved")),
         status=row["status"],
         next_run_at=row["next_run_at"],
         created_at=row["created_at"],
@@ -71,8 +76,8 @@ def check_channels(channels: Sequence[str]) -> tuple[str, ...]:
         name = channel.strip().lower()
         if name in ("web", "app"):
             name = "chat"
-        if name in ("call", "phone", "voice"):
-            raise InvalidInput("results cannot go to a phone call yet: Pepper makes no outbound calls")
+        if name in ("phone", "voice", "phone call"):
+            name = "call"
         if name not in DELIVERY_CHANNELS:
             raise InvalidInput(f"unknown channel {channel!r}; use one of {', '.join(DELIVERY_CHANNELS)}")
         if name not in out:
