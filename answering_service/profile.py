@@ -37,6 +37,7 @@ from core.tools.gate import Gate
 from core.tools.registry import Tool, ToolRegistry
 from core.tools.runner import CallOutcome
 from voice.profile import AdmittedCall, CallControls, CallProfile
+from voice.transfer import RETURNED_NOTE, RETURNED_NOTICE
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +78,11 @@ class AnsweringProfile(CallProfile):
         text_regions: tuple[str, ...] = (),  # where this call's confirmation text may go
         connectors: Connectors | None = None,
         silence_seconds: float = 15.0,
+        transfers: Any = None,  # voice.transfer.Transfers: the transfer_to_owner tool
     ):
         self.db = db
+        self.transfers = transfers
+        self.returned = False
         self.rules = rules
         self.connectors = connectors
         self.silence_seconds = silence_seconds
@@ -92,7 +96,15 @@ class AnsweringProfile(CallProfile):
     def attach(self, controls: CallControls) -> None:
         self.controls = controls
         end_call = controls.end_call_tool(AREA)
-        self.registry = ToolRegistry(make_tools(self.caller_call, end_call=end_call, connectors=self.connectors))
+        tools = list(make_tools(self.caller_call, end_call=end_call, connectors=self.connectors))
+        if self.transfers is not None and self.rules.transfer_enabled and not self.returned:
+            tools.append(self.transfers.tool(controls, self._call, area=AREA))
+        self.registry = ToolRegistry(tools)
+
+    def came_back(self) -> None:
+        """The caller was put through and the owner did not pick up: back here, for a message."""
+        self.returned = True
+        self.notice = RETURNED_NOTICE
 
     # --- The profile ------------------------------------------------------------------------
 
@@ -124,6 +136,13 @@ class AnsweringProfile(CallProfile):
         parts = [PROFILE_TEXT.format(owner=owner, booking=booking, booking_short=booking_short)]
         if rules.caller_info.strip():
             parts.append(f"What {owner} wrote for callers (you may tell callers this):\n{rules.caller_info.strip()}")
+        if self.transfers is not None and rules.transfer_enabled and not self.returned:
+            parts.append(
+                f"If the caller asks to speak to {owner} in person, you may put them through (transfer_to_owner)"
+                " with their name and why they call."
+            )
+        if self.returned:
+            parts.append(RETURNED_NOTE)
         if self.caller_call.vip:
             parts.append(
                 f"This caller is on {owner}'s VIP list. After you save their message, tell them:"

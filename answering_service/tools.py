@@ -41,7 +41,9 @@ log = logging.getLogger(__name__)
 
 AREA = "answering"
 CHANNEL = "answering"
-PROFILE: frozenset[str] = frozenset({"take_message", "check_availability", "book_appointment", "end_call"})
+PROFILE: frozenset[str] = frozenset(
+    {"take_message", "check_availability", "book_appointment", "end_call", "transfer_to_owner"}
+)
 HOLD_TTL = timedelta(minutes=10)
 MAX_FREE_LISTED = 8
 

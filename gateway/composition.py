@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # imported where used: a turn worker need not load what only 
     from voice.live_call import Delegate, Settle
     from voice.outbound import OutboundCalls
     from voice.service import CallService
+    from voice.transfer import Transfers
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +165,20 @@ def build_calls(
         connectors=harness.connectors, models=harness.models, delegate=delegate, settle=settle,
     )  # fmt: skip
     service.outbound = outbound_from_settings(settings, db)
+    service.transfers = transfers_from_settings(settings, db)
+    service.answering.transfers = service.transfers
     return service
+
+
+def transfers_from_settings(settings: Settings, db: Database) -> Transfers | None:
+    """Putting callers through to the owner (``voice.transfer``): needs the public URLs Twilio calls."""
+    from gateway.webhooks import TRANSFER_AFTER, TRANSFER_WHISPER, public_url_for
+    from voice.transfer import Transfers
+
+    whisper, after = public_url_for(settings, TRANSFER_WHISPER), public_url_for(settings, TRANSFER_AFTER)
+    if whisper is None or after is None:
+        return None
+    return Transfers(db, whisper_url=whisper, after_url=after, ring_seconds=settings.transfer_ring_seconds)
 
 
 def outbound_from_settings(settings: Settings, db: Database) -> OutboundCalls:

@@ -140,6 +140,10 @@ class CallService:
 
     async def after_stream(self, call_sid: str) -> str:
         """TwiML once Pepper closed the media socket: an apology if the model failed, else hang up."""
+        if self.transfers is not None:
+            dial = await self.transfers.after_stream(call_sid)  # the caller is being handed to the owner
+            if dial is not None:
+                return dial
         reason = await call_records.end_reason(self.deps.db, call_sid)
         if reason in ("model-failed", "error"):
             return twiml.say_and_hang_up(routing.APOLOGY_TEXT)

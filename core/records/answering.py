@@ -344,3 +344,8 @@ async def answering_call_ended(db: Queries, call_sid: str, *, reason: str | None
         " AND status = 'pending' AND due_at > now()",
         call_sid,
     )
+
+
+async def set_transfer_enabled(db: Queries, account_id: UUID, enabled: bool) -> None:
+    """Whether callers may be put through to the owner (the settings row exists: ``save_settings``)."""
+    await db.execute("UPDATE answering_settings SET transfer_enabled = $2 WHERE account_id = $1", account_id, enabled)

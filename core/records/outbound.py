@@ -205,3 +205,8 @@ async def run_of(db: Queries, task_id: int, occurrence_at: datetime) -> int | No
 
 async def call_row(db: Queries, call_sid: str) -> Any:
     return await db.fetchrow("SELECT * FROM calls WHERE call_sid = $1", call_sid)
+
+
+async def attempts_of_run(db: Queries, run_id: int) -> list[Any]:
+    """The call attempts of one scheduled run, in order (its receipts)."""
+    return await db.fetch("SELECT * FROM outbound_calls WHERE run_id = $1 ORDER BY attempt", run_id)

@@ -135,8 +135,12 @@ async def create_task(
     deliver_to: Sequence[str] = (),
     timezone: str | None = None,
     created_turn_id: UUID | None = None,
+    call_number: str | None = None,
+    call_approved: bool = False,
 ) -> ScheduledTask:
     """Insert a task with its first occurrence; ``conn`` should be a connection in a transaction.
+    ``call_number``: where a ``call`` delivery dials (not the owner's own number), dialled only
+    with ``call_approved`` (the owner set it: the CLI, a live turn's confirmed write).
 
     Raises ``InvalidInput`` (or ``ScheduleError``) for a task that could never run.
     """
@@ -153,8 +157,9 @@ async def create_task(
     row = await conn.fetchrow(
         """
         INSERT INTO scheduled_tasks
-            (account_id, kind, title, prompt, schedule, timezone, deliver_to, next_run_at, created_turn_id)
-        VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9)
+            (account_id, kind, title, prompt, schedule, timezone, deliver_to, next_run_at, created_turn_id,
+             call_number, call_approved)
+        VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9, $10, $11)
         RETURNING *
         """,
         account_id,
@@ -166,6 +171,8 @@ async def create_task(
         list(channels),
         first,
         created_turn_id,
+        call_number,
+        call_approved and call_number is not None,
     )
     offset = stable_offset(row["id"], schedule)
     if offset:

@@ -15,7 +15,7 @@ from phone_support import LINE, OWNER, PIN, PUBLIC, STRANGER, until, verify_by_k
 from core.scheduling.schedule import parse_schedule
 from core.scheduling.tasks import create_task
 from core.testing.scripted import ScriptedModels, reply
-from gateway import cli_calls
+from gateway import cli_calls, cli_tasks
 from gateway.composition import outbound_from_settings
 from gateway.scheduled import GatewayDeliverer
 from text_loop import HarnessDeps
@@ -86,11 +86,11 @@ async def _attempts(db, task_id):
     return await db.fetch("SELECT * FROM outbound_calls WHERE task_id = $1 ORDER BY attempt", task_id)
 
 
-async def _cli(db, settings, *argv: str) -> str:
+async def _cli(db, settings, *argv: str, module=cli_calls) -> str:
     parser = argparse.ArgumentParser()
-    cli_calls.add_commands(parser.add_subparsers(dest="command"))
+    module.add_commands(parser.add_subparsers(dest="command"))
     lines: list[str] = []
-    assert await cli_calls.run(parser.parse_args(list(argv)), settings, db, lines.append)
+    assert await module.run(parser.parse_args(list(argv)), settings, db, lines.append)
     return "\n".join(lines)
 
 
@@ -190,6 +190,8 @@ async def test_no_answer_is_tried_once_more_then_the_receipt_says_so(phone_out):
         assert delivery["status"] == "failed" and "not calling again" in delivery["detail"]
         shown = await _cli(phone.db, phone.services.settings, "calls", "show", second.sid)
         assert "no-answer" in shown and "attempt 2" in shown
+        runs = await _cli(phone.db, phone.services.settings, "tasks", "list", "--all", module=cli_tasks)
+        assert "call attempt 1" in runs and "call attempt 2" in runs and "not calling again" in runs
     finally:
         await placing.aclose()
 

@@ -57,3 +57,22 @@ CREATE TABLE line_opt_outs (
 ALTER TABLE answering_calls ADD COLUMN line_type text;
 ALTER TABLE answering_calls ADD COLUMN caller_name_lookup text;
 ALTER TABLE answering_calls ADD COLUMN screened text;   -- robocall pattern that ended the call, if any
+
+-- A caller handed to the owner (voice.transfer): the <Dial> waits on the call's stream ending; if the
+-- owner does not pick up, the caller comes back to Pepper on the same call.
+CREATE TABLE call_transfers (
+    call_sid        text PRIMARY KEY,
+    account_id      uuid NOT NULL REFERENCES accounts (id) ON DELETE CASCADE,
+    to_number       text NOT NULL,
+    caller_id       text NOT NULL,               -- the line the owner sees the call come from
+    caller_name     text NOT NULL,
+    reason          text NOT NULL,
+    status          text NOT NULL DEFAULT 'pending'
+                    CHECK (status IN ('pending', 'dialing', 'connected', 'returned')),
+    dial_status     text,                        -- Twilio's DialCallStatus
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    updated_at      timestamptz NOT NULL DEFAULT now()
+);
+
+-- Whether the answering service may put a caller through to the owner (off unless the owner says so).
+ALTER TABLE answering_settings ADD COLUMN transfer_enabled boolean NOT NULL DEFAULT false;
