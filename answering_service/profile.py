@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import re
 from datetime import datetime
 from typing import Any
 
@@ -62,6 +63,18 @@ BOOKING_TEXT = (
     " Hours for appointments: {hours}. Today is {today} ({zone})"
 )
 TRANSCRIBED = "This call is transcribed."
+# What recorded sales and scam calls say (checked on the caller's words, case-insensitive).
+ROBOCALL = re.compile(
+    r"\bpress (?:one|1|2|9)\b|extended (?:car |auto |vehicle )?warranty|this is (?:an? )?(?:important|final|"
+    r"courtesy|urgent) (?:message|notice|call)|removed from (?:our|the|this) (?:call|calling|mailing) list|"
+    r"you (?:have been|are|were) (?:selected|pre-?approved)|social security number (?:has been |was )?suspended|"
+    r"(?:account|card) (?:has been|will be) (?:suspended|charged)|lower (?:your )?interest rate",
+    re.IGNORECASE,
+)
+
+
+def robocall_words(text: str) -> bool:
+    return ROBOCALL.search(text) is not None
 
 
 class AnsweringProfile(CallProfile):
@@ -83,6 +96,8 @@ class AnsweringProfile(CallProfile):
         self.db = db
         self.transfers = transfers
         self.returned = False
+        self._heard_speech = False
+        self._screened = False
         self.rules = rules
         self.connectors = connectors
         self.silence_seconds = silence_seconds
@@ -185,8 +200,27 @@ class AnsweringProfile(CallProfile):
     async def _silence_watch(self) -> None:
         await asyncio.sleep(self.silence_seconds)
         if not any(e.get("role") == "caller" for e in self.controls.transcript):
-            log.info("no caller speech on an answering call; ending it")
+            # Silence (nothing heard), or sound but no words in answer to the greeting.
+            pattern = "no-response" if self._heard_speech else "silence"
+            log.info("robocall pattern on an answering call; ending it: pattern=%s", pattern)
+            await answering_records.mark_screened(self.db, self._call.call_sid, pattern)
             await self.controls.begin_closing("silent-caller", SILENT_CLOSING)
+
+    def on_speech_started(self, item_id: str | None) -> None:
+        self._heard_speech = True
+
+    def on_caller_words(self, item_id: str, text: str) -> None:
+        # A recorded message: the patterns of robocalls, on the caller's first words. The call ends
+        # at once, without a goodbye; it is logged with the call, never a message to the owner.
+        if self._screened or self.controls.closing is not None or not robocall_words(text):
+            return
+        self._screened = True
+        log.info("robocall pattern on an answering call; ending it: pattern=recorded-message")
+        self.controls.spawn("robocall", self._end_robocall())
+
+    async def _end_robocall(self) -> None:
+        await answering_records.mark_screened(self.db, self._call.call_sid, "recorded-message")
+        await self.controls.begin_closing("robocall", None)
 
     # --- Records ------------------------------------------------------------------------------
 

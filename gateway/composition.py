@@ -141,7 +141,24 @@ def answering_notifier(settings: Settings, db: Database, messenger: TwilioMessen
     from answering_service.notify import OwnerNotifier
 
     return OwnerNotifier(db, send_sms=plain_sms(messenger), send_email=_owner_mail(settings),
-                         public_url=settings.public_url)  # fmt: skip
+                         public_url=settings.public_url, lookup=twilio_lookup(settings))  # fmt: skip
+
+
+def twilio_lookup(settings: Settings) -> Callable[[str], Awaitable[Any]] | None:
+    """Twilio Lookup v2 of one number (line type, caller name) when ``PEPPER_TWILIO_LOOKUP`` is on:
+    a client per lookup (one per answering message), closed at once."""
+    if not settings.twilio_lookup or not settings.twilio_account_sid or settings.twilio_auth_token is None:
+        return None
+    from core.adapters.twilio.voice_rest import TwilioVoice
+
+    async def lookup(number: str) -> Any:
+        client = TwilioVoice(settings)
+        try:
+            return await client.lookup(number)
+        finally:
+            await client.close()
+
+    return lookup
 
 
 def build_calls(

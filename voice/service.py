@@ -110,6 +110,8 @@ class CallService:
                 handle_id=route.handle_id, route=route.route, attested=form.get("StirVerstat") == ATTESTED,
             )  # fmt: skip
             log.info("voice call classified: route=%s reason=%s", route.route, route.reason)
+            if inserted and form.get("StirVerstat"):
+                await call_records.set_verstat(db, call_sid, form["StirVerstat"])
         if route.route == "blocked":
             return route, twiml.say_and_hang_up(routing.BLOCKED_TEXT)
         if route.route == "refused":

@@ -349,3 +349,24 @@ async def answering_call_ended(db: Queries, call_sid: str, *, reason: str | None
 async def set_transfer_enabled(db: Queries, account_id: UUID, enabled: bool) -> None:
     """Whether callers may be put through to the owner (the settings row exists: ``save_settings``)."""
     await db.execute("UPDATE answering_settings SET transfer_enabled = $2 WHERE account_id = $1", account_id, enabled)
+
+
+async def caller_signals(db: Queries, call_sid: str) -> Any:
+    """The call's caller ID and what Twilio Lookup said of it (``line_type``, ``caller_name_lookup``)."""
+    return await db.fetchrow(
+        "SELECT caller, line_type, caller_name_lookup FROM answering_calls WHERE call_sid = $1", call_sid
+    )
+
+
+async def store_lookup(db: Queries, call_sid: str, line_type: str | None, caller_name: str | None) -> None:
+    await db.execute(
+        "UPDATE answering_calls SET line_type = coalesce($2, ''), caller_name_lookup = $3 WHERE call_sid = $1",
+        call_sid,
+        line_type,
+        caller_name,
+    )
+
+
+async def mark_screened(db: Queries, call_sid: str, pattern: str) -> None:
+    """A robocall pattern ended the call (logged; never a message to the owner)."""
+    await db.execute("UPDATE answering_calls SET screened = $2 WHERE call_sid = $1", call_sid, pattern)

@@ -199,3 +199,12 @@ async def call_message_ids(db: Queries, conversation_id: UUID, turn_id: UUID | N
         f"{call_sid}:%",
     )
     return [r["id"] for r in rows]
+
+
+async def set_verstat(db: Queries, call_sid: str, verstat: str) -> None:
+    """Twilio's ``StirVerstat`` for the call, as it came."""
+    await db.execute("UPDATE calls SET stir_verstat = $2 WHERE call_sid = $1", call_sid, verstat[:80])
+
+
+async def verstat(db: Queries, call_sid: str) -> str | None:
+    return await db.fetchval("SELECT stir_verstat FROM calls WHERE call_sid = $1", call_sid)

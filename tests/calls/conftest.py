@@ -72,3 +72,10 @@ async def phone_out(db: Database, db_url: str) -> AsyncIterator[Phone]:
     model and a clock it moves), an unanswered call's retry due at once."""
     async with _phone(db, db_url, outbound_retry_seconds=0, scheduler_enabled=False) as phone:
         yield phone
+
+
+@pytest.fixture
+async def phone_lookup(db: Database, db_url: str) -> AsyncIterator[Phone]:
+    """``phone`` with Twilio Lookup v2 on (the loopback Twilio answers it: ``twilio.lookup_answers``)."""
+    async with _phone(db, db_url, twilio_lookup=True) as phone:
+        yield phone

@@ -76,3 +76,7 @@ CREATE TABLE call_transfers (
 
 -- Whether the answering service may put a caller through to the owner (off unless the owner says so).
 ALTER TABLE answering_settings ADD COLUMN transfer_enabled boolean NOT NULL DEFAULT false;
+
+-- Twilio's StirVerstat of an inbound call as it came (TN-Validation-Passed-A/B/C, ...-Failed-..., NULL:
+-- none): a call claiming the owner's number without attestation A is told it stays restricted.
+ALTER TABLE calls ADD COLUMN stir_verstat text;
