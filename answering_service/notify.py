@@ -61,7 +61,8 @@ class OwnerNotifier:
             CALLER_LABEL,
             f"Name: {quoted(row['caller_name'])}",
             f"Reason: {quoted(row['reason'])}",
-            f"Call back: {row['callback_number']}",
+            f"Call back: {row['callback_number']}"
+            + (" (Pepper said you would: it is on your todos)" if row["callback_promised"] else ""),
             *await self._signals(call_sid),
             f"Transcript: {self.transcript_link(call_sid)}",
         ])  # fmt: skip

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import secrets
+import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -39,6 +40,7 @@ class SentMessage:
     status_callback: str | None
     account_sid: str
     auth: str | None
+    received_at: float = field(default_factory=time.time)  # wall clock, when the peer got the request
 
 
 @dataclass
@@ -55,6 +57,7 @@ class PlacedCall:
     send_digits: str | None
     auth: str | None
     sequence: int = 0
+    received_at: float = field(default_factory=time.time)  # wall clock, when the peer got the request
 
 
 @dataclass

@@ -80,3 +80,6 @@ ALTER TABLE answering_settings ADD COLUMN transfer_enabled boolean NOT NULL DEFA
 -- Twilio's StirVerstat of an inbound call as it came (TN-Validation-Passed-A/B/C, ...-Failed-..., NULL:
 -- none): a call claiming the owner's number without attestation A is told it stays restricted.
 ALTER TABLE calls ADD COLUMN stir_verstat text;
+
+-- The answering service told the caller "I'll have them call you back": a todo for the owner.
+ALTER TABLE answering_messages ADD COLUMN callback_promised boolean NOT NULL DEFAULT false;
