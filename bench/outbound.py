@@ -5,7 +5,8 @@ scheduler on a scripted model that answers at once (no model time), delivering t
 deliverer and the twilio SDK to the loopback Twilio, which timestamps each request as it arrives.
 Pepper's own time per run is from its claim (``task_runs.started_at``) to the ``Calls`` request
 reaching Twilio: the scheduled turn, its records, the number check at the point of dialing, the
-attempt's row and the SDK request. The baseline is the same 100 runs delivering by SMS (the
+attempt's row and the SDK request; "deliver" is the delivery alone (the turn done, to the request).
+The baseline is the same 100 runs delivering by SMS (the
 ``Messages`` request), so the difference is what placing a call adds. "Due to request" also counts
 the wait for one of the scheduler's run slots.
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import time
 from datetime import UTC, datetime, timedelta
 
 from core import identity
@@ -54,6 +56,18 @@ async def _seed(db: Database, account_id, tasks: int, channel: str) -> None:
     )
 
 
+class TimedDeliverer(GatewayDeliverer):
+    """The gateway's deliverer, noting when each delivery starts (the scheduled turn is done)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.started: list[float] = []
+
+    async def deliver(self, request):
+        self.started.append(time.time())
+        return await super().deliver(request)
+
+
 async def _round(db: Database, settings: Settings, twilio: TwilioPeer, account_id, args, channel: str):
     await _seed(db, account_id, args.tasks, channel)
     twilio.calls.clear()
@@ -65,7 +79,7 @@ async def _round(db: Database, settings: Settings, twilio: TwilioPeer, account_i
         from core.adapters.twilio.rest import TwilioMessenger
 
         messenger = TwilioMessenger(settings)
-    deliverer = GatewayDeliverer(settings, db, messenger, outbound=outbound)
+    deliverer = TimedDeliverer(settings, db, messenger, outbound=outbound)
     config = SchedulerConfig(slots=args.slots, lease=timedelta(minutes=5), catch_up=timedelta(days=1))
     scheduler = Scheduler(HarnessDeps(db=db, models=models), deliverer, config)
     try:
@@ -84,7 +98,8 @@ async def _round(db: Database, settings: Settings, twilio: TwilioPeer, account_i
     due = rows[0]["due_at"].timestamp()
     own = [(a - s) * 1000 for a, s in zip(sorted(arrivals), started, strict=True)]
     waited = [(a - due) * 1000 for a in arrivals]
-    return own, waited
+    delivering = [(a - s) * 1000 for a, s in zip(sorted(arrivals), sorted(deliverer.started), strict=True)]
+    return own, waited, delivering
 
 
 def _line(label: str, values: list[float]) -> str:
@@ -112,16 +127,18 @@ async def main() -> None:
             try:
                 print(f"{args.tasks} due tasks, {args.slots} run slots, scripted model, loopback Twilio, "
                       f"embedded Postgres, {datetime.now(UTC):%Y-%m-%d}")  # fmt: skip
-                figures: dict[str, tuple[list[float], list[float]]] = {"call": ([], []), "sms": ([], [])}
+                figures: dict[str, tuple[list[float], ...]] = {"call": ([], [], []), "sms": ([], [], [])}
                 for _ in range(args.rounds):
                     for channel in ("sms", "call"):
-                        own, waited = await _round(db, settings, twilio, account.id, args, channel)
-                        figures[channel][0].extend(own)
-                        figures[channel][1].extend(waited)
+                        measured = await _round(db, settings, twilio, account.id, args, channel)
+                        for into, values in zip(figures[channel], measured, strict=True):
+                            into.extend(values)
                 print(_line("baseline: claim -> Messages request", figures["sms"][0]))
                 print(_line("call: claim -> Calls request", figures["call"][0]))
                 print(_line("baseline: due -> Messages request", figures["sms"][1]))
                 print(_line("call: due -> Calls request", figures["call"][1]))
+                print(_line("baseline: deliver -> Messages request", figures["sms"][2]))
+                print(_line("call: deliver -> Calls request", figures["call"][2]))
             finally:
                 await db.close()
 

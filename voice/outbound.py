@@ -148,13 +148,13 @@ class OutboundCalls:
         if not self.ready:
             return Placed("unavailable", "phone calls are not set up (Twilio and PEPPER_PUBLIC_URL)")
         db = self.db
-        target = await self._target(account_id, task_id)
-        if target is None:
+        found = await self._target(account_id, task_id)
+        if found is None:
             return Placed("unavailable", "no verified phone number to call")
+        target, own = found
         line = await identity.personal_line(db, account_id)
         if line is None:
             return Placed("unavailable", "the account has no personal line to call from")
-        _, own = await may_call(db, account_id, task_id, target)
         attempt_id = await records.add_attempt(
             db, account_id=account_id, task_id=task_id, run_id=run_id, delivery_key=key, purpose=purpose,
             attempt=1, to_number=target, from_number=line.number, owner_number=own, brief=brief,
@@ -168,13 +168,15 @@ class OutboundCalls:
             return Placed("queued", "being placed by another process")
         return await self._dial(row)
 
-    async def _target(self, account_id: UUID, task_id: int | None) -> str | None:
+    async def _target(self, account_id: UUID, task_id: int | None) -> tuple[str, bool] | None:
+        """(the number to call: the task's own if it has one, else the owner's first verified
+        number; whether it is the owner's). Whether it may be called is :func:`may_call`'s."""
+        numbers = await owner_numbers(self.db, account_id)
         if task_id is not None:
             number = await records.approved_number(self.db, task_id, account_id)
             if number:
-                return number
-        numbers = await owner_numbers(self.db, account_id)
-        return numbers[0] if numbers else None
+                return number, number in numbers
+        return (numbers[0], True) if numbers else None
 
     async def _dial(self, row: Any) -> Placed:
         """Dial one claimed attempt, after checking, here at the point of dialing, that its number may
