@@ -2,7 +2,7 @@
 
 pepper tasks [list] [--account A] [--all]   tasks and their recent receipts
 pepper tasks add ACCOUNT TITLE --schedule S --prompt P [--to chat,sms,call] [--call-number N] [--reminder]
-pepper tasks call-number ID NUMBER|none          the number a task's calls go to (approved by you)
+pepper tasks call-number ID NUMBER|none [--digits D]   the number a task's calls go to (approved by you)
 pepper tasks remove ID [ID ...]
 pepper tasks place ACCOUNT LAT LON [--label L]   where sunrise and sunset are computed
 """
@@ -10,6 +10,7 @@ pepper tasks place ACCOUNT LAT LON [--label L]   where sunrise and sunset are co
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -17,7 +18,7 @@ from zoneinfo import ZoneInfo
 
 from core import identity
 from core.errors import InvalidInput, NotFound
-from core.records.outbound import attempts_of_run, set_call_number
+from core.records.outbound import attempts_of_run, set_call_digits, set_call_number
 from core.scheduling.runs import recent_receipts
 from core.scheduling.schedule import SCHEDULE_HELP, Place, parse_schedule
 from core.scheduling.tasks import account_timezone, cancel_tasks, create_task, get_task, list_tasks, set_owner_place
@@ -45,6 +46,7 @@ def add_commands(subparsers: Any) -> None:
     number = sub.add_parser("call-number", help="approve the number a task's calls go to ('none': the owner's own)")
     number.add_argument("task_id", type=int)
     number.add_argument("number")
+    number.add_argument("--digits", help="keys pressed once the call connects (a menu or extension): 0-9 * # w")
     remove = sub.add_parser("remove", help="cancel tasks by number")
     remove.add_argument("ids", nargs="+", type=int)
     place = sub.add_parser("place", help="set where an account's sunrise and sunset are computed")
@@ -84,6 +86,10 @@ async def run(args: argparse.Namespace, settings: Settings, db: Database, out: C
         task = await get_task(db, args.task_id)
         number = None if args.number.strip().lower() == "none" else _number(args.number, settings)
         await set_call_number(db, task.id, number, approved=number is not None)
+        if args.digits is not None:
+            if not re.fullmatch(r"[0-9*#wW]{0,32}", args.digits):
+                raise InvalidInput("digits are 0-9, *, # and w (a half-second wait), at most 32")
+            await set_call_digits(db, task.id, args.digits or None)
         out(f"task #{task.id} calls {number or 'the owner' + chr(39) + 's verified number'}")
     elif action == "remove":
         async with db.transaction() as conn:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # imported where used: a turn worker need not load what only 
     from core.adapters.twilio.rest import TwilioMessenger
     from core.memory.worker import MemoryWorker
     from core.models.router import ModelRouter
+    from core.store.queries import Queries
     from gateway.channels import Channel
     from gateway.mailer import SmtpMailer
     from text_loop import HarnessDeps
@@ -165,7 +166,7 @@ def build_calls(
     settings: Settings, db: Database, harness: HarnessDeps, messenger: TwilioMessenger | None
 ) -> CallService:
     """Phone calls on the same registry and gate as text; the one-time code goes out by SMS."""
-    from answering_service.service import call_service_from_settings
+    from answering_service.service import AnsweringService, call_service_from_settings
 
     send_sms: SendSms | None = None
     if messenger is not None:
@@ -183,7 +184,8 @@ def build_calls(
     )  # fmt: skip
     service.outbound = outbound_from_settings(settings, db)
     service.transfers = transfers_from_settings(settings, db)
-    service.answering.transfers = service.transfers
+    if isinstance(service.answering, AnsweringService):
+        service.answering.transfers = service.transfers
     return service
 
 
@@ -198,7 +200,7 @@ def transfers_from_settings(settings: Settings, db: Database) -> Transfers | Non
     return Transfers(db, whisper_url=whisper, after_url=after, ring_seconds=settings.transfer_ring_seconds)
 
 
-def outbound_from_settings(settings: Settings, db: Database) -> OutboundCalls:
+def outbound_from_settings(settings: Settings, db: Queries) -> OutboundCalls:
     """Calls Pepper places (``voice.outbound``): through Twilio's REST API when it is set up, with
     the public URLs Twilio calls back on; without them, every phone delivery is ``unavailable``."""
     from datetime import timedelta

@@ -38,7 +38,6 @@ from core.records import calls as call_records
 from core.records import outbound as records
 from core.scheduling import runs
 from core.security import record_security_event
-from core.store import Database
 from core.store.queries import Queries
 from voice.deps import VoiceDeps
 from voice.outbound_profile import OutboundProfile
@@ -116,7 +115,7 @@ class OutboundCalls:
 
     def __init__(
         self,
-        db: Database,
+        db: Queries,
         telephony: Telephony | None,
         *,
         answer_url: str | None,
@@ -191,10 +190,11 @@ class OutboundCalls:
             log.warning("refused to place a call to a number that is not approved: task=%s", row["task_id"])
             return Placed("unavailable", receipt)
         assert self.telephony is not None and self.answer_url and self.status_url
+        digits = await records.task_digits(db, row["task_id"]) if row["task_id"] is not None else None
         try:
             sid = await self.telephony.place_call(
                 to=row["to_number"], from_=row["from_number"], url=self.answer_url, status_callback=self.status_url,
-                ring_seconds=self.config.ring_seconds,
+                ring_seconds=self.config.ring_seconds, send_digits=digits,
             )  # fmt: skip
         except PepperError as exc:
             await records.settle(db, row["id"], status="failed", outcome="failed", receipt=f"not placed: {exc.code}")
@@ -275,6 +275,12 @@ class OutboundCalls:
             await self._not_answered(row, "no-answer")
         elif status == "completed" and row["status"] == "answered" and row["outcome"] == "machine":
             await records.settle(db, row["id"], status="done", outcome="machine", receipt=row["receipt"])
+        elif status == "completed" and row["status"] == "answered":
+            # A person answered; the call's own end (``brief_given``) says whether they heard the
+            # brief. Until it does (or if the media stream never started), this stands.
+            receipt = "answered, but the call ended before the brief was given"
+            await records.settle(db, row["id"], status="done", outcome="human", receipt=receipt)
+            await self._delivery(row, "failed", receipt)
         return "acted"
 
     async def _not_answered(self, row: Any, status: str) -> None:

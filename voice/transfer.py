@@ -16,6 +16,7 @@ transport a REFER would replace step 2; this build has no SIP transport, so tran
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping
 from datetime import timedelta
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 
 TOOL = "transfer_to_owner"
 CONNECTED = frozenset({"completed", "answered"})
+RECORDS_WAIT = 10.0  # seconds, at most, for the first stream's records before the caller comes back
 RETURNED_NOTICE = "Sorry, they did not pick up. May I take a message?"
 RETURNED_NOTE = (
     "The caller asked to speak to the owner; you tried to put them through and the owner did not pick up."
@@ -115,6 +117,13 @@ class Transfers:
         if row is None or connected:
             return twiml.hang_up()
         log.info("the owner did not pick up a handed-on call; back to Pepper: status=%s", dial_status)
+        # The first stream's records are written just after its socket closed; an owner who
+        # declines at once can answer before they are. Reopened after them, or they would close
+        # the call again. Twilio waits for this answer (up to 15 s), so waiting here is safe.
+        for _ in range(int(RECORDS_WAIT / 0.05)):
+            if await records.first_leg_recorded(self.db, call_sid):
+                break
+            await asyncio.sleep(0.05)
         await records.reopen_call(self.db, call_sid)
         token = await issue_token(self.db, call_sid, timedelta(seconds=60))
         return twiml.connect_stream(stream_url, token, action_url=action_url, name=f"call-{call_sid[-8:]}")

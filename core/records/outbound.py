@@ -210,3 +210,12 @@ async def call_row(db: Queries, call_sid: str) -> Any:
 async def attempts_of_run(db: Queries, run_id: int) -> list[Any]:
     """The call attempts of one scheduled run, in order (its receipts)."""
     return await db.fetch("SELECT * FROM outbound_calls WHERE run_id = $1 ORDER BY attempt", run_id)
+
+
+async def task_digits(db: Queries, task_id: int) -> str | None:
+    """Keys Twilio presses once the task's call connects (``SendDigits``: a menu, an extension)."""
+    return await db.fetchval("SELECT call_digits FROM scheduled_tasks WHERE id = $1", task_id)
+
+
+async def set_call_digits(db: Queries, task_id: int, digits: str | None) -> None:
+    await db.execute("UPDATE scheduled_tasks SET call_digits = $2 WHERE id = $1", task_id, digits)

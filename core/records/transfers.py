@@ -51,6 +51,11 @@ async def dialled(db: Queries, call_sid: str, *, status: str, dial_status: str) 
     )
 
 
+async def first_leg_recorded(db: Queries, call_sid: str) -> bool:
+    """Whether the call engine has written the end of the call's stream so far (its summary)."""
+    return bool(await db.fetchval("SELECT summary IS NOT NULL FROM calls WHERE call_sid = $1", call_sid))
+
+
 async def reopen_call(db: Queries, call_sid: str) -> None:
     """The caller comes back to Pepper on the same call: its records take a second stream (the
     minutes of the first were counted when it ended; ``started_at`` moves so they are not again)."""

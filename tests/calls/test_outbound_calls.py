@@ -239,8 +239,9 @@ async def test_a_number_nobody_approved_is_never_dialled(phone_out):
         assert await phone.db.fetchval(
             "SELECT count(*) FROM messages WHERE direction = 'outbound' AND channel = 'web' AND body = $1", BRIEF
         )
-        # Approved by the owner, the same number is called.
-        await phone.db.execute("UPDATE scheduled_tasks SET call_approved = true WHERE id = $1", task.id)
+        # Approved by the owner (with a menu's keys to press), the same number is called.
+        await _cli(phone.db, phone.services.settings, "tasks", "call-number", str(task.id), STRANGER,
+                   "--digits", "ww2#", module=cli_tasks)  # fmt: skip
         placing.models.script(reply(BRIEF))
         await phone.db.execute(
             "INSERT INTO task_runs (task_id, occurrence_at, due_at, ready_at, status) VALUES ($1, $2, $2, $2, 'due')",
@@ -248,6 +249,6 @@ async def test_a_number_nobody_approved_is_never_dialled(phone_out):
         )  # fmt: skip
         assert await placing.scheduler.run_due() == 1
         [placed] = await phone.twilio.wait_for_calls(1)
-        assert placed.to == STRANGER
+        assert placed.to == STRANGER and placed.send_digits == "ww2#"
     finally:
         await placing.aclose()

@@ -9,6 +9,8 @@ ALTER TABLE calls ADD CONSTRAINT calls_route_check
 -- (set by a scheduled run: never dialled); a task may always call the owner's own verified numbers.
 ALTER TABLE scheduled_tasks ADD COLUMN call_number text;
 ALTER TABLE scheduled_tasks ADD COLUMN call_approved boolean NOT NULL DEFAULT false;
+-- Keys Twilio presses once the call connects (SendDigits: 0-9, *, #, w for a half-second wait).
+ALTER TABLE scheduled_tasks ADD COLUMN call_digits text;
 
 CREATE TABLE outbound_calls (
     id              bigserial PRIMARY KEY,
