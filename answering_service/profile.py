@@ -211,8 +211,8 @@ class AnsweringProfile(CallProfile):
         self._heard_speech = True
 
     def on_caller_words(self, item_id: str, text: str) -> None:
-        # A recorded message: the patterns of robocalls, on the caller's first words. The call ends
-        # at once, without a goodbye; it is logged with the call, never a message to the owner.
+        # A recorded message: the patterns of robocalls, on the caller's words. The call ends at
+        # once, without a goodbye; it is logged with the call, never a message to the owner.
         if self._screened or self.controls.closing is not None or not robocall_words(text):
             return
         self._screened = True
@@ -221,7 +221,7 @@ class AnsweringProfile(CallProfile):
 
     async def _end_robocall(self) -> None:
         await answering_records.mark_screened(self.db, self._call.call_sid, "recorded-message")
-        await self.controls.begin_closing("robocall", None)
+        self.controls.hang_up("robocall")
 
     # --- Records ------------------------------------------------------------------------------
 
