@@ -33,6 +33,7 @@ from uuid import UUID
 from core import identity
 from core.adapters.twilio import media_streams as media
 from core.adapters.twilio import twiml
+from core.conversation import conversation_for, record_sent_once
 from core.errors import InvalidInput, NotFound, PepperError
 from core.records import calls as call_records
 from core.records import outbound as records
@@ -215,9 +216,10 @@ class OutboundCalls:
         answered_by = (form.get("AnsweredBy") or "unknown").lower()
         if answered_by not in HUMAN:
             if await records.first_event(db, call_sid, "answer"):
-                receipt = "reached voicemail; left a short message with no details"
+                receipt = "reached voicemail; left a short message with no details; the brief is in chat"
                 await records.answered(db, call_sid, answered_by, "machine", receipt)
                 await self._delivery(row, "delivered", receipt)
+                await self._to_chat(row, "I left you a voicemail without details")
             return twiml.say_and_hang_up(VOICEMAIL)
         if await records.first_event(db, call_sid, "answer"):
             await records.answered(db, call_sid, answered_by, "human", "answered by a person")
@@ -297,9 +299,21 @@ class OutboundCalls:
             )  # fmt: skip
             self._wake_later(self.config.retry_after.total_seconds())
             return
-        receipt = f"{status} on attempt {row['attempt']} of {MAX_ATTEMPTS}: not calling again"
+        receipt = f"{status} on attempt {row['attempt']} of {MAX_ATTEMPTS}: not calling again; the brief is in chat"
         await records.settle(db, row["id"], status="done", outcome=status, receipt=receipt)
         await self._delivery(row, "failed", receipt)
+        await self._to_chat(row, f"I called you {MAX_ATTEMPTS} times and nobody answered")
+
+    async def _to_chat(self, row: Any, why: str) -> None:
+        """The brief, in the owner's chat (once), when the call could not give it: only for a call
+        to the owner's own number (the brief is theirs), so it is there when they call back."""
+        if not row["owner_number"]:
+            return
+        conversation_id = await conversation_for(self.db, row["account_id"])
+        key = f"{row['delivery_key'] or 'call-' + str(row['id'])}#call-fallback"
+        body = f"{why}. Here is what I was calling about:\n\n{row['brief']}"
+        await record_sent_once(self.db, conversation_id, "web", body, provider_message_id=key,
+                               delivery_status="delivered")  # fmt: skip
 
     async def _delivery(self, row: Any, status: str, detail: str) -> None:
         if row["delivery_key"]:

@@ -168,6 +168,9 @@ async def test_a_machine_gets_a_voicemail_without_one_private_word(phone_out):
         assert "voicemail" in attempt["receipt"]
         assert await phone.db.fetchval("SELECT count(*) FROM calls WHERE call_sid = $1", placed.sid) == 0
         assert len(phone.twilio.calls) == 1  # a voicemail is a delivery: no retry
+        # The brief itself waits in the owner's chat, for when they call back.
+        chat = await phone.db.fetchval("SELECT body FROM messages WHERE direction = 'outbound' AND channel = 'web'")
+        assert BRIEF in chat and "voicemail" in chat
     finally:
         await placing.aclose()
 
@@ -189,6 +192,8 @@ async def test_no_answer_is_tried_once_more_then_the_receipt_says_so(phone_out):
         assert [a["attempt"] for a in attempts] == [1, 2]
         assert "trying once more" in attempts[0]["receipt"]
         assert "not calling again" in attempts[1]["receipt"]
+        chat = await phone.db.fetchval("SELECT body FROM messages WHERE direction = 'outbound' AND channel = 'web'")
+        assert BRIEF in chat and "nobody answered" in chat
         delivery = await phone.db.fetchrow("SELECT status, detail FROM task_deliveries WHERE channel = 'call'")
         assert delivery["status"] == "failed" and "not calling again" in delivery["detail"]
         shown = await _cli(phone.db, phone.services.settings, "calls", "show", second.sid)
