@@ -62,6 +62,13 @@ class OutboundProfile(OwnerProfile):
             return [t for t in self.registry.all() if t.name == "end_call"]
         return super().visible_tools()
 
+    def on_dtmf(self, digit: str) -> None:
+        if self.owner_number:  # at another number nobody can become the owner, PIN or not
+            super().on_dtmf(digit)
+
+    async def verify_spoken(self, digits: str) -> bool | None:
+        return await super().verify_spoken(digits) if self.owner_number else False
+
     async def instructions(self) -> str:
         if not self.owner_number:
             return CALLED_OTHER.format(brief=self.brief)
