@@ -422,7 +422,7 @@ class ModelConn(WSListener):
         self.peer.conns.append(self)
         if not self.live:  # GPT-Live speaks once session.start came
             session = {"type": "realtime", "id": f"sess_{self.index}", "object": "realtime.session",
-                       "model": "gpt-realtime", "output_modalities": ["audio"]}  # fmt: skip
+                       "model": "gpt-realtime-2", "output_modalities": ["audio"]}  # fmt: skip
             self.emit({"type": "session.created", "session": session})
 
     def on_ws_disconnected(self, transport: WSTransport) -> None:

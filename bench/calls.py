@@ -44,8 +44,17 @@ processes as ``pepper serve`` runs them (``--media-processes 2``); ``--media-pro
 both, side by side at each level, so the comparison is made under the same machine load. Server
 CPU and memory are those of the server and its media processes together.
 
+Capacity per server core (``--pin``): the server under test (its web server, media processes and
+the embedded Postgres it uses) is pinned to core 0 and everything else (the model, the callers and
+this driver) to core 1 (``sched_setaffinity``), so neither side takes CPU from the other and the
+figure is what one server core holds. Both servers, Pepper's and pipecat's, are pinned the same
+way in the same run. The closing lines give, per server, the most calls one core held with p99 at
+or under 20 ms (per frame both ways for Pepper, onsets for pipecat) and no audio lost, its CPU
+seconds per call-minute and its RSS per call there, and how busy the load side's core was (a load
+side near 100 % is the limit, not the server).
+
     PYTHONPATH=. .venv/bin/python bench/calls.py [--calls 1,50,100,300] [--seconds 5] [--baseline 1,50]
-                                                 [--media-processes 1,2] [--load-nice 10]
+                                                 [--media-processes 1,2] [--load-nice 10] [--pin]
 """
 
 from __future__ import annotations
@@ -53,6 +62,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import bisect
+import contextlib
 import json
 import math
 import os
@@ -116,6 +126,7 @@ async def _serve_pepper(
         openai_api_key="sk-bench", openai_realtime_url=realtime_url, port=0,
         voice_max_call_seconds=3600, log_level="ERROR", voice_engine=engine, gpt_live_url=realtime_url,
         openai_base_url=text_url, memory_jobs_interval=0,
+        voice_notice_audio="model",  # the notice is off the frame path
     )  # fmt: skip
     db = await Database.open(dsn, max_size=20)
     async with running_app(settings, db, media_processes=media_processes) as (app, port):
@@ -457,6 +468,48 @@ def _name(media_processes: int, engine: str = "openai-realtime") -> str:
     return f"Pepper{on}, {media_processes} media processes"
 
 
+SERVER_CORE, LOAD_CORE = 0, 1
+
+
+def _pin_tree(pid: int, core: int) -> None:
+    """Pin a process and its children (the media processes) to one core."""
+    import psutil
+
+    root = psutil.Process(pid)
+    for proc in [root, *root.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            proc.cpu_affinity([core])
+
+
+def _pin_postgres(dsn: str, core: int) -> None:
+    """The embedded Postgres serves the server under test: it goes on the server's core (found by
+    the port it listens on; pg_ctl detaches it from this driver)."""
+    from urllib.parse import urlsplit
+
+    import psutil
+
+    port = urlsplit(dsn).port or 5432
+    for conn in psutil.net_connections("tcp"):
+        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
+            _pin_tree(conn.pid, core)
+
+
+def _capacity(name: str, runs: list[dict[str, Any]]) -> str:
+    """What one pinned server core held: the largest count with p99 <= 20 ms and no audio lost,
+    before the first count that missed."""
+    missed = next((r["calls"] for r in runs if _p99_both(r) > 20.0 or not r.get("sustained")), None)
+    held = [r for r in runs if _p99_both(r) <= 20.0 and r.get("sustained") and (missed is None or r["calls"] < missed)]
+    if not held:
+        return f"{name}: one server core held no level at p99 <= 20 ms" + (f" (missed at {missed})" if missed else "")
+    best = max(held, key=lambda r: r["calls"])
+    return (
+        f"{name}: one server core held {best['calls']} calls at p99 {_p99_both(best):.1f} ms, no audio lost;"
+        f" {best['cpu_ms_per_call_s'] * 60 / 1000:.2f} CPU-s per call-minute, {best['rss_per_call_kb']:+.0f} kB RSS"
+        f" per call; load side {best['generator'] * 100:.0f} % of its core"
+        + (f" (missed at {missed})" if missed else " (the highest level run)")
+    )
+
+
 def report(
     r: dict[str, Any], base: dict[str, Any] | None, clear_ms: list[float] | None, own_ms: list[float] | None = None
 ) -> None:
@@ -559,7 +612,12 @@ async def main() -> None:
         "--media-processes", default="1", help="media process counts to compare (1: calls in the web server)"
     )
     parser.add_argument("--engines", default="openai-realtime,gpt-live", help="Pepper's engines, side by side")
+    parser.add_argument("--pin", action="store_true", help="server on core 0, the load side on core 1")
     args = parser.parse_args()
+    if args.pin:
+        if len(os.sched_getaffinity(0)) < 2 or not {SERVER_CORE, LOAD_CORE} <= os.sched_getaffinity(0):
+            raise SystemExit("--pin needs cores 0 and 1")
+        os.sched_setaffinity(0, {LOAD_CORE})  # this driver, and every process it starts, unless moved
     levels = [int(c) for c in args.calls.split(",")]
     base_levels = {int(c) for c in args.baseline.split(",") if c}
     media_counts = [int(c) for c in args.media_processes.split(",")]
@@ -580,6 +638,10 @@ async def main() -> None:
                     peppers[engine, n] = await _start_server(["--serve", dsn, model_url, str(n), engine, text_url],
                                                              env)  # fmt: skip
                     procs.append(peppers[engine, n][0])
+                    if args.pin:
+                        _pin_tree(peppers[engine, n][0].pid, SERVER_CORE)
+            if args.pin:
+                _pin_postgres(dsn, SERVER_CORE)
             n_workers = max(1, math.ceil(max(levels) / CALLS_PER_WORKER))
             workers = [
                 p
@@ -592,6 +654,7 @@ async def main() -> None:
                   f" {args.seconds:.0f} s windows; media processes {media_counts}; load side at nice"
                   f" +{args.load_nice}", flush=True)  # fmt: skip
             results: dict[tuple[str, int], list[dict[str, Any]]] = {key: [] for key in peppers}
+            baseline_runs: list[dict[str, Any]] = []
             for count in levels:
                 for (engine, n), (pepper, http, media) in peppers.items():
                     since = await db.fetchval("SELECT now()")
@@ -604,6 +667,8 @@ async def main() -> None:
                         # A fresh pipecat server per level, stopped after it: pipelines of calls that never
                         # started go on resampling after the caller hung up and would load the next level.
                         base, b_http, b_media = await _start_server(["--pipecat", model_url], env)
+                        if args.pin:
+                            _pin_tree(base.pid, SERVER_CORE)
                         try:
                             theirs = await run_level("pipecat", count, args.seconds, model, workers,
                                                      ServerGroup(base.pid), b_http, b_media)  # fmt: skip
@@ -613,6 +678,7 @@ async def main() -> None:
                     report(mine, theirs, await _pepper_clear_ms(db, mine.get("ok", 0), since), own)
                     if theirs is not None:
                         report(theirs, None, None)
+                        baseline_runs.append(theirs)
                     sys.stdout.flush()
                     results[engine, n].append(mine)
             for (engine, n), runs in results.items():
@@ -621,6 +687,11 @@ async def main() -> None:
                 print(f"\n{_name(n, engine)}: largest call count run before p99 passed 20 ms (per frame, both ways,"
                       f" sustained): {max((c for c in held if passed is None or c < passed), default=0)}"
                       + (f" (not met at {passed})" if passed else " (never passed)"))  # fmt: skip
+            if args.pin:
+                print("\nPinned: server on core 0, load on core 1")
+                for (engine, n), runs in results.items():
+                    print("  " + _capacity(_name(n, engine), runs))
+                print("  " + _capacity("pipecat baseline", baseline_runs))
         finally:
             for load in loads:
                 await load.stop()

@@ -260,6 +260,24 @@ class Settings(BaseSettings):
         " the pound key, say your PIN, or ask me to text you a code.",
         validation_alias=_env("PEPPER_VOICE_NOTICE", "voice_notice"),
     )
+    # How calls reach the voice model: Twilio Media Streams through Pepper, or SIP direct (a Twilio
+    # Elastic SIP trunk to OpenAI's SIP endpoint; Pepper answers the signed webhook and drives the
+    # GPT-Live session over its sideband socket, voice/sip.py).
+    voice_transport: Literal["media-streams", "sip"] = Field(
+        "media-streams", validation_alias=_env("PEPPER_VOICE_TRANSPORT", "voice_transport")
+    )
+    openai_webhook_secret: SecretStr | None = Field(
+        None, validation_alias=_env("OPENAI_WEBHOOK_SECRET", "openai_webhook_secret")
+    )
+    # The REST base of the Live sessions API for SIP direct (accept, reject, hangup); OPENAI_BASE_URL if unset.
+    openai_live_api_url: str | None = Field(
+        None, validation_alias=_env("PEPPER_OPENAI_LIVE_API_URL", "openai_live_api_url")
+    )
+    # Who speaks the transcription notice: Pepper itself from a cached local-TTS recording (a
+    # guarantee, voice/notice.py), or the model asked to say it (an instruction).
+    voice_notice_audio: Literal["local", "model"] = Field(
+        "local", validation_alias=_env("PEPPER_VOICE_NOTICE_AUDIO", "voice_notice_audio")
+    )
     voice_max_call_seconds: int = Field(
         1800, ge=10, validation_alias=_env("PEPPER_VOICE_MAX_CALL_SECONDS", "voice_max_call_seconds")
     )
@@ -413,7 +431,13 @@ def _config_file() -> Path | None:
 
 # PEPPER_ variables that are not settings: read by one command, or by the test suite.
 OTHER_PEPPER_VARIABLES = frozenset(
-    {"PEPPER_TOKEN", "PEPPER_CALDAV_PASSWORD", "PEPPER_BACKUP_PASSPHRASE", "PEPPER_TEST_DATABASE_URL"}
+    {
+        "PEPPER_TOKEN",
+        "PEPPER_CALDAV_PASSWORD",
+        "PEPPER_IMAP_PASSWORD",
+        "PEPPER_BACKUP_PASSPHRASE",
+        "PEPPER_TEST_DATABASE_URL",
+    }
 )
 
 

@@ -17,6 +17,7 @@ from gateway import (
     email_channel,
     messaging,
     metrics_route,
+    openapi,
     outbound_routes,
     pages,
     voice_routes,
@@ -100,6 +101,7 @@ def create_app(settings: Settings, db, *, turns_in_process: bool = True, media_i
                                                         shared.media_listener)  # fmt: skip
 
     metrics_route.register(app, settings)
+    openapi.register(app)
 
     @app.get("/healthz")
     async def health():  # type: ignore[no-untyped-def]

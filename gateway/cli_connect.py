@@ -3,6 +3,8 @@ and remove connections, and re-seal secrets under a new key.
 
 pepper connect google --account A --area calendar|gmail   prints the consent URL; the web callback completes it
 pepper connect caldav --account A URL --username U         password from $PEPPER_CALDAV_PASSWORD, a prompt or stdin
+pepper connect imap A --host H --user U [--port P] [--security ssl|starttls] [--name N]
+                                                           password from $PEPPER_IMAP_PASSWORD, a prompt or stdin
 pepper connect ics --account A URL [--name N]
 pepper connect list [--account A]
 pepper connect remove --account A REF                      REF: an id from `list`, or google
@@ -25,14 +27,18 @@ from core.records import connections
 from core.settings import Settings
 from core.store.queries import Queries
 from core.tools.areas.calendar import add_ical_feed, connect_caldav
-from core.tools.connectors import GOOGLE_SCOPES, Connectors, rotate_secrets
+from core.tools.areas.mail import connect_imap
+from core.tools.connectors import SCOPE_CONNECTIONS, Connectors, rotate_secrets
 from core.tools.google_api import revoke_grant
 from core.tools.oauth import AREA_NAMES, CLI_CONSENT_TTL, GOOGLE_AREAS, begin_google_consent
 from core.vault import SecretKeyError
 from gateway.connect_routes import callback_url
 
 PASSWORD_ENV = "PEPPER_CALDAV_PASSWORD"
+IMAP_PASSWORD_ENV = "PEPPER_IMAP_PASSWORD"
 GOOGLE_PERMISSIONS = "https://myaccount.google.com/permissions"
+# What each granted Google scope lets Pepper do, as `pepper connect list` says it.
+GRANT_NAMES = {"google_calendar": "Google Calendar", "gmail_read": "Gmail (read)", "gmail": "Gmail (drafts and sends)"}
 
 # Tests replace this (to let feeds and calendars on 127.0.0.1 through).
 connectors_factory: Callable[[Settings], Connectors] = Connectors.from_settings
@@ -48,6 +54,15 @@ def add_commands(sub: Any) -> None:
     caldav.add_argument("--account", required=True, help="account id or unique name")
     caldav.add_argument("url", help="the calendar collection URL")
     caldav.add_argument("--username", required=True)
+    mailbox = actions.add_parser(
+        "imap", help=f"connect an IMAP mailbox for Pepper to read (password: ${IMAP_PASSWORD_ENV} or asked)"
+    )
+    mailbox.add_argument("account", help="account id or unique name")
+    mailbox.add_argument("--host", required=True)
+    mailbox.add_argument("--user", required=True, help="the mailbox's user name")
+    mailbox.add_argument("--port", type=int, help="default: 993 for ssl, 143 for starttls")
+    mailbox.add_argument("--security", choices=("ssl", "starttls", "none"), default="ssl")
+    mailbox.add_argument("--name", help="how Pepper names the mailbox (default: user@host)")
     ics = actions.add_parser("ics", help="follow a read-only iCalendar feed (fetched once now to check it)")
     ics.add_argument("--account", required=True, help="account id or unique name")
     ics.add_argument("url")
@@ -60,12 +75,12 @@ def add_commands(sub: Any) -> None:
     actions.add_parser("rotate-key", help="seal every stored secret again under the first PEPPER_SECRET_KEY key")
 
 
-def _read_password() -> str:
-    from_env = os.environ.get(PASSWORD_ENV)
+def _read_password(env: str = PASSWORD_ENV, prompt: str = "CalDAV password: ") -> str:
+    from_env = os.environ.get(env)
     if from_env:
         return from_env
     if sys.stdin.isatty():
-        return getpass.getpass("CalDAV password: ")
+        return getpass.getpass(prompt)
     return sys.stdin.readline().rstrip("\n")
 
 
@@ -97,6 +112,15 @@ async def run(args: argparse.Namespace, settings: Settings, db: Queries, out: Ca
         calendar_id = await connect_caldav(db, connectors, account.id, args.url, args.username, password or None)
         name = await connections.calendar_name(db, calendar_id)
         out(f"connected CalDAV calendar {name!r} for {account.name}")
+    elif args.action == "imap":
+        password = _read_password(IMAP_PASSWORD_ENV, "IMAP password: ")
+        name = args.name or f"{args.user}@{args.host}"
+        _, created, count = await connect_imap(
+            db, connectors, account.id, name, host=args.host, port=args.port, username=args.user, password=password,
+            security=args.security,
+        )  # fmt: skip
+        state = "connected" if created else "updated the already connected"
+        out(f"{state} IMAP mailbox {name!r} for {account.name} (read-only; its INBOX holds {count} message(s))")
     elif args.action == "ics":
         calendar_id = await add_ical_feed(db, connectors, account.id, args.url, args.name)
         out(f"following the iCalendar feed {args.name!r} for {account.name} ({calendar_id.hex[:8]})")
@@ -113,11 +137,13 @@ async def _list(db: Queries, connectors: Connectors, account: identity.Account, 
         out("  nothing connected")
     for row in rows:
         if row["provider"] == "google":
-            granted = set(row["scopes"])
-            what = ", ".join(AREA_NAMES[f] for f, scopes in GOOGLE_SCOPES.items() if granted.issuperset(scopes))
+            granted = {SCOPE_CONNECTIONS[s] for s in row["scopes"] if s in SCOPE_CONNECTIONS}
+            what = ", ".join(name for key, name in GRANT_NAMES.items() if key in granted)
             what = f"Google: {what or 'no usable scope'}"
         elif row["provider"] == "mcp":
             what = f"MCP server: {row['label']} (pepper mcp list)"
+        elif row["provider"] == "imap":
+            what = f"IMAP mailbox: {row['label']} (read-only)"
         else:
             what = f"CalDAV: {row['label']}"
         out(f"  {row['id'].hex[:8]}  {what}  [{_secret_state(connectors, row)}]")

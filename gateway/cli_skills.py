@@ -2,7 +2,9 @@
 
 A skill file that does not parse, takes a shipped skill's name, or asks for more than a user
 skill may (see ``text_loop.skills.SkillLimits``) is refused with one line saying why; nothing is
-stored. ``list`` shows every skill with whether it can run in this Pepper, and why not.
+stored. ``list`` shows every skill with whether it can run in this Pepper, and why not: a skill whose
+required steps need an account that is not connected shows what it needs ("needs Gmail or IMAP")
+instead of "ready" (with an account given, for what that account connected).
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from core.errors import InvalidInput
 from core.records.skills import get_skill, list_skills, remove_skill
 from core.settings import Settings
 from core.store.queries import Queries
+from core.tools.connectors import Connectors, account_connections
 from core.tools.starter import starter_registry
-from text_loop.skills import SkillCatalog, SkillError, limit_problem, parse_skill
+from text_loop.skills import Skill, SkillCatalog, SkillError, limit_problem, parse_skill
 from text_loop.skills.store import add_user_skill
 
 MAX_FILE_BYTES = 64 * 1024
@@ -65,20 +68,20 @@ async def run(args: argparse.Namespace, settings: Settings, db: Queries, out: Ca
     catalog = SkillCatalog.load_builtin()
     registry = starter_registry()
     if args.action == "list":
+        # Whether a skill is ready depends on what the person connected: the account's, or nothing.
+        account = await identity.get_account(db, args.account) if args.account else None
+        connected = await account_connections(db, account.id, _connectors(settings)) if account else frozenset()
         for problem in catalog.problems:
             out(f"{problem.skill:<22} shipped  BROKEN: {problem.problem}")
         for skill in catalog.builtins.values():
             kind = "worker " + ",".join(skill.header.toolsets) if skill.is_worker else "inline"
-            reason = catalog.unavailable(skill, registry)
-            state = f"unavailable: {reason}" if reason else "ready"
-            out(f"{skill.name:<22} shipped  {kind:<34} {state}")
-        if args.account:
-            account = await identity.get_account(db, args.account)
+            out(f"{skill.name:<22} shipped  {kind:<34} {_state(catalog, skill, registry, connected, account)}")
+        if account is not None:
             stored = await list_skills(db, account.id)
             if not stored:
                 out(f"{account.name} has no skills of their own")
             for row in stored:
-                out(f"{row.name:<22} own      {_user_state(row.source, row.name, catalog, registry)}")
+                out(f"{row.name:<22} own      {_user_state(row.source, row.name, catalog, registry, connected)}")
         return True
     if args.action == "show":
         if args.account:
@@ -106,7 +109,22 @@ async def run(args: argparse.Namespace, settings: Settings, db: Queries, out: Ca
     return True
 
 
-def _user_state(text: str, stored_name: str, catalog: SkillCatalog, registry: Any) -> str:
+def _connectors(settings: Settings) -> Connectors:
+    """Enough of the connectors to tell which connections an account has (no secret is opened)."""
+    return Connectors(smtp_host=settings.smtp_host, smtp_from=settings.smtp_from)
+
+
+def _state(catalog: SkillCatalog, skill: Skill, registry: Any, connected: frozenset[str], account: Any) -> str:
+    reason = catalog.unavailable(skill, registry)
+    if reason:
+        return f"unavailable: {reason}"
+    needs = catalog.needs(skill, registry, connected)
+    if needs:
+        return needs if account is not None else f"{needs} (give an account to check what it connected)"
+    return "ready"
+
+
+def _user_state(text: str, stored_name: str, catalog: SkillCatalog, registry: Any, connected: frozenset[str]) -> str:
     try:
         skill = parse_skill(text, source=repr(stored_name), origin="user")
     except SkillError as exc:
@@ -115,5 +133,4 @@ def _user_state(text: str, stored_name: str, catalog: SkillCatalog, registry: An
     problem = limit_problem(skill, catalog.limits, catalog.toolsets)
     if problem:
         return f"{kind:<34} REFUSED when run: {problem}"
-    reason = catalog.unavailable(skill, registry)
-    return f"{kind:<34} {'unavailable: ' + reason if reason else 'ready'}"
+    return f"{kind:<34} {_state(catalog, skill, registry, connected, True)}"

@@ -177,6 +177,8 @@ def build_calls(
 
         send_sms = send_sms_now
 
+    from voice.sip import sip_calls_from_settings
+
     delegate, settle = delegated_turns(harness)
     service = call_service_from_settings(
         settings, db, registry=harness.registry, gate=harness.gate, send_sms=send_sms,
@@ -186,6 +188,7 @@ def build_calls(
     service.transfers = transfers_from_settings(settings, db)
     if isinstance(service.answering, AnsweringService):
         service.answering.transfers = service.transfers
+    service.sip = sip_calls_from_settings(settings, service)
     return service
 
 

@@ -347,6 +347,7 @@ async def check_online(settings: Settings) -> list[Check]:
         who = "logged in" if settings.smtp_username else "connected (no PEPPER_SMTP_USERNAME to log in with)"
         await attempt("online: SMTP", check_login(settings), lambda _: f"{who} at {settings.smtp_host}")
     await _google_online(settings, attempt, checks)
+    await _imap_online(settings, attempt, checks)
     return checks
 
 
@@ -389,6 +390,23 @@ async def _google_online(settings: Settings, attempt: Any, checks: list[Check]) 
                               lambda _: "the token refreshes")  # fmt: skip
     except PepperError as exc:
         checks.append(Check("online: Google", BAD, f"cannot read the connections: {exc.message}"))
+
+
+async def _imap_online(settings: Settings, attempt: Any, checks: list[Check]) -> None:
+    """Sign in to each connected IMAP mailbox (INBOX opened read-only, nothing kept)."""
+    from core.records.connections import imap_connections
+    from core.store import open_store
+    from core.tools.areas.mail import check_mailbox
+    from core.tools.connectors import Connectors
+
+    try:
+        async with open_store(settings, serving=False) as db:
+            connectors = Connectors.from_settings(settings)
+            for row in await imap_connections(db):
+                await attempt(f"online: IMAP mailbox {row['label']}", check_mailbox(db, connectors, row),
+                              lambda count: f"signs in; INBOX holds {count} message(s)")  # fmt: skip
+    except PepperError as exc:
+        checks.append(Check("online: IMAP", BAD, f"cannot read the connections: {exc.message}"))
 
 
 def render(report: Report) -> str:

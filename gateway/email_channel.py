@@ -34,12 +34,12 @@ from quart import Blueprint, Response, current_app, request
 from core import identity
 from core.conversation import conversation_for, record_outbound
 from core.errors import InvalidInput, PepperError
+from core.mailtext import html_to_text, strip_quoted
 from core.records import inbox
 from core.security import record_security_event
 from core.settings import Settings
 from gateway.channels import Claimed, Delivery, Limits, delivered, failed, receive
 from gateway.limits import MAX_EMAIL_BYTES
-from gateway.mailtext import html_to_text, strip_quoted
 from gateway.services import Services
 from gateway.webhooks import EMAIL
 

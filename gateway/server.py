@@ -8,6 +8,7 @@ import signal
 import socket
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from typing import Any
 
 import uvicorn
 from quart import Quart
@@ -58,6 +59,18 @@ def build_app(
         resolved = await recover_unresolved(db, harness.registry)
         if any(resolved.values()):
             log.info("resolved staged writes left by an earlier crash: %s", resolved)
+
+    warming: set[asyncio.Task[Any]] = set()
+
+    @app.before_serving
+    async def record_the_call_notice() -> None:
+        # The notice Pepper plays at each call's start (voice.notice), recorded now in the
+        # background rather than on the first call (piper loads in about a second).
+        notice = getattr(getattr(calls, "deps", None), "notice_audio", None)
+        if notice is not None and media_in_process:
+            task = asyncio.create_task(notice.mulaw(calls.deps.config.notice), name="pepper-notice-audio")
+            warming.add(task)
+            task.add_done_callback(warming.discard)
 
     @app.before_serving
     async def seal_connection_secrets() -> None:

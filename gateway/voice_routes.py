@@ -13,7 +13,8 @@ from quart import Blueprint, Response, current_app, request
 from core.adapters.twilio.signatures import public_request_url, twilio_signature_ok
 from core.security import record_security_event
 from gateway.services import Services
-from gateway.webhooks import MEDIA_STREAM, VOICE, VOICE_AFTER_STREAM, VOICE_STATUS, public_url_for
+from gateway.webchat import _storable, plain_id
+from gateway.webhooks import MEDIA_STREAM, SIP_INCOMING, VOICE, VOICE_AFTER_STREAM, VOICE_STATUS, public_url_for
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,14 @@ async def _signed_form(services: Services) -> dict[str, str] | Response:
         log.warning("refused a voice webhook with a missing or invalid Twilio signature")
         await record_security_event(services.db, "twilio-signature-invalid", path=request.path)
         return Response("invalid signature\n", status=403, content_type="text/plain")
-    return {k: form.get(k) for k in form}
+    fields = {k: form.get(k) or "" for k in form}
+    # Signed is not well-formed: Twilio's fields are plain text and its call SIDs plain ids, and
+    # Postgres stores neither a NUL nor a lone surrogate.
+    if not all(_storable(k) and _storable(v) for k, v in fields.items()):
+        return Response("the form holds a character that cannot be stored\n", status=400, content_type="text/plain")
+    if "CallSid" in fields and not plain_id(fields["CallSid"]):
+        return Response("CallSid is not a call SID\n", status=400, content_type="text/plain")
+    return fields
 
 
 @blueprint.post(VOICE.path)
@@ -81,3 +89,17 @@ async def call_status() -> Response:
     if services.calls is not None and form.get("CallSid"):
         await services.calls.call_status(form["CallSid"], (form.get("CallStatus") or "").lower())
     return Response("", status=204)
+
+
+@blueprint.post(SIP_INCOMING.path)
+async def sip_incoming() -> Response:
+    """SIP direct: OpenAI's signed webhook for a call on its SIP endpoint (``voice.sip``)."""
+    services = _services()
+    sip = getattr(services.calls, "sip", None)
+    if sip is None:
+        return Response("SIP direct is not configured (PEPPER_VOICE_TRANSPORT=sip)\n", status=404,
+                        content_type="text/plain")  # fmt: skip
+    body = await request.get_data(cache=False)
+    headers = {k.lower(): v for k, v in request.headers.items()}
+    status, reason = await sip.incoming(body, headers)
+    return Response(reason + "\n", status=status, content_type="text/plain")

@@ -32,6 +32,10 @@ TRANSFER_AFTER = Webhook("transfer-after", "/twilio/voice/transfer/after", "set 
 SMS = Webhook("sms", "/twilio/sms", "Twilio phone number > Messaging > A message comes in (HTTP POST)")
 WHATSAPP = Webhook("whatsapp", "/twilio/whatsapp", "Twilio WhatsApp sender > When a message comes in")
 MESSAGE_STATUS = Webhook("message-status", "/twilio/status", "set per message by Pepper; nothing to paste")
+# SIP direct (PEPPER_VOICE_TRANSPORT=sip): OpenAI's signed webhook for a call its SIP endpoint took.
+SIP_INCOMING = Webhook(
+    "openai-sip", "/openai/live/webhook", "OpenAI project settings > Webhooks > live.transport.incoming"
+)
 EMAIL = Webhook("email", "/email/inbound", "mail provider inbound route (Mailgun forward)")
 # Where Google sends the browser back after consent (`pepper connect google`, the web page's link).
 GOOGLE_CALLBACK = Webhook(
@@ -39,7 +43,7 @@ GOOGLE_CALLBACK = Webhook(
 )
 
 WEBHOOKS: tuple[Webhook, ...] = (
-    VOICE, VOICE_STATUS, MEDIA_STREAM, SMS, WHATSAPP, MESSAGE_STATUS, EMAIL, GOOGLE_CALLBACK,
+    VOICE, VOICE_STATUS, MEDIA_STREAM, SIP_INCOMING, SMS, WHATSAPP, MESSAGE_STATUS, EMAIL, GOOGLE_CALLBACK,
 )  # fmt: skip
 
 

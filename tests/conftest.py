@@ -35,7 +35,8 @@ SLOW_TESTS = (
     "test_port_lock.py", "test_browser_", "test_setup.py", "test_config_errors.py", "test_answering_cli.py",
     "test_backup.py", "test_metrics.py",
     "test_deploy_files.py", "scheduler/test_runs.py", "scheduler/test_faults.py", "scheduler/test_cli_tasks.py",
-    "features/test_connect.py", "features/test_calendar", "memory/test_cli_memory.py", "memory/test_search",
+    "features/test_connect.py", "features/test_calendar", "features/test_imap.py", "memory/test_cli_memory.py",
+    "memory/test_search",
     "skills/test_skills_cli.py", "skills/test_skills_turns.py", "rooms/",
 )  # fmt: skip
 _TESTS_DIR = Path(__file__).resolve().parent

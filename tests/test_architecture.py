@@ -45,8 +45,12 @@ SDK_HOMES: dict[str, tuple[str, ...]] = {
     # Browser calls over WebRTC, and the loopback browser that tests them.
     "aiortc": ("voice/adapters/", "voice/testing/"),
     "av": ("voice/adapters/", "voice/testing/"),
+    # Traces: the tracing module, and the loopback collector tests send them to.
+    "opentelemetry": ("core/tracing.py", "core/testing/"),
     # The database driver: the store and its records.
     "asyncpg": ("core/",),
+    # Reading a mailbox the person connected over IMAP.
+    "imapclient": ("core/adapters/imap/",),
 }
 
 # A string that is an SQL statement (or a fragment that starts one): what a string constant, or the

@@ -71,7 +71,8 @@ async def test_a_call_from_the_chat_page_reaches_the_model_plays_its_reply_and_b
         model.script(speak(NOTICE, ms=300), speak("Here is a long answer about your list.", ms=REPLY_MS))
         model.hear("what is on my list", "stop, thank you")
         settings = Settings(database_url=db_url, openai_api_key="sk-test", openai_realtime_url=model.websocket_url,
-                            voice_notice=NOTICE, port=0, media_port=0, graceful_timeout=2)  # fmt: skip
+                            voice_notice=NOTICE, port=0, media_port=0, graceful_timeout=2,
+                            voice_notice_audio="model")  # fmt: skip
         async with running_app(settings, db) as (app, port):
             deps = app.extensions["pepper"].calls.deps
             deps.config = dataclasses.replace(deps.config, notice_timeout=10.0)

@@ -8,6 +8,7 @@ import asyncio
 from cli_support import run_cli
 
 from core import identity
+from core.models.voice_models import default_voice_model
 from core.store import Database
 from core.testing.google_api_peer import GoogleApiPeer
 from core.testing.peers import AnthropicPeer, GooglePeer, OpenAIPeer
@@ -132,7 +133,9 @@ async def test_doctor_online_checks_the_voice_models_against_the_providers_model
             monkeypatch.setenv(name, value)
         code, out = await _doctor_online(monkeypatch, capsys)
         assert code == 0, out
-        assert "gpt-realtime is offered" in line_of(out, "online: voice model openai-realtime")
+        assert f"{default_voice_model('openai-realtime')} is offered" in line_of(
+            out, "online: voice model openai-realtime"
+        )
         assert "gpt-live-1 is offered" in line_of(out, "online: voice model gpt-live")
         monkeypatch.setenv("PEPPER_GPT_LIVE_MODEL", "gpt-live-0")
         code, out = await _doctor_online(monkeypatch, capsys)

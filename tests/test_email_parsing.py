@@ -9,6 +9,7 @@ import pytest
 from werkzeug.datastructures import MultiDict
 
 from core.errors import InvalidInput
+from core.mailtext import html_to_text, strip_quoted
 from core.settings import Settings
 from core.testing.mailgun_peer import MailgunPeer
 from gateway.email_channel import (
@@ -21,7 +22,6 @@ from gateway.email_channel import (
     sender_problem,
     signature_ok,
 )
-from gateway.mailtext import html_to_text, strip_quoted
 
 KEY = "key-123"
 peer = MailgunPeer(KEY)

@@ -38,6 +38,7 @@ from core.tools.registry import ToolContext, ToolRegistry
 from core.tools.runner import CallOutcome, run_call
 from core.tools.staging import ResolvedWrite, commit_turn_writes, drop_turn_writes
 from core.tools.starter import starter_registry
+from core.tracing import remember_turn, traced
 from core.usage.breaker import (
     BREAKER_SELECT,
     PAUSE_FOR,
@@ -163,6 +164,21 @@ def turn_parts(
     }
 
 
+def _turn_span(arguments: Any) -> dict[str, Any]:
+    return {
+        "account_id": arguments["account_id"],
+        "channel": arguments["channel"],
+        "kind": arguments.get("kind", "live"),
+        "trust": arguments.get("trust", "owner_verified"),
+    }
+
+
+def _turn_outcome(outcome: TurnOutcome, _: Any) -> dict[str, Any]:
+    remember_turn(outcome.turn_id)  # inside the turn's span: its delivery, reported later, joins it
+    return {"turn_id": outcome.turn_id, "status": outcome.status, "rounds": outcome.rounds, "model": outcome.model}
+
+
+@traced("pepper.turn", _turn_span, _turn_outcome)
 async def run_turn(
     deps: HarnessDeps,
     account_id: UUID,
@@ -537,6 +553,12 @@ async def finish_turn(
     )
 
 
+@traced(
+    "pepper.delivery",
+    lambda a: {"turn_id": a["turn_id"], "delivered": a["ok"]},
+    lambda writes, _: {"writes": len(writes)},
+    turn="turn_id",
+)
 async def deliver(
     deps: HarnessDeps, turn_id: UUID, ok: bool, *, detail: dict[str, Any] | None = None
 ) -> list[ResolvedWrite]:

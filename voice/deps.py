@@ -19,6 +19,7 @@ from core.tools.registry import ToolRegistry
 from core.usage.config import UsageConfig
 from voice.engines import RealtimeEngines
 from voice.live_call import Delegate, Settle
+from voice.notice import NoticeAudio
 from voice.realtime import RealtimeModel
 
 SendSms = Callable[[str, str, str], Awaitable[None]]  # (to, from_, body)
@@ -84,6 +85,8 @@ class VoiceDeps:
     # harness, built by the gateway (voice never imports it); None: no text model to run them.
     delegate: Delegate | None = None
     settle: Settle | None = None
+    # The notice as audio Pepper plays itself (voice.notice); None: the model is asked to say it.
+    notice_audio: NoticeAudio | None = None
 
     async def model_for_line(self, line_number: str | None) -> RealtimeModel | None:
         """The model for calls on this line: its own engine if it names one, else ``model``.

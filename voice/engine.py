@@ -4,9 +4,11 @@ The engine runs the call; a :class:`~voice.profile.CallProfile` says who it is f
 the instructions, the trust, what the keypad does, where the transcript goes). What the engine
 promises, for every profile:
 
-* **Opening.** The profile's notice is the first thing the model says. Until the Twilio mark
-  after it comes back (the caller has heard it), caller audio is discarded: neither buffered nor
-  sent to the model.
+* **Opening.** The profile's notice is the first thing the caller hears: Pepper plays it itself
+  from a cached recording (``voice.notice``), straight to Twilio with a mark after it (on GPT-Live
+  as the session's audio fixture), before the model may speak; without a recording the model is
+  asked to say it. Until the Twilio mark after it comes back (the caller has heard it), caller
+  audio is discarded: neither buffered nor sent to the model.
 * **Tools** come from the profile's registry and pass its gate and the same runner as text
   turns. A tool that takes longer than ``filler_after`` seconds makes the caller hear a short filler.
 * **Barge-in.** When the model reports the caller speaking over Pepper: Twilio ``clear``, cancel
@@ -26,6 +28,7 @@ promises, for every profile:
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import logging
@@ -45,6 +48,7 @@ from core.records import calls as call_records
 from core.tools.registry import Tool, ToolContext, ToolOutcome
 from core.tools.runner import CallOutcome, run_call
 from core.tools.staging import commit_writes, drop_turn_writes, drop_writes
+from core.tracing import traced
 from core.untrusted import neutralise_labels
 from voice.deps import VoiceDeps
 from voice.live_call import LiveCall
@@ -140,7 +144,14 @@ class CallEngine:
     :meth:`feed`, :meth:`hang_up` and :meth:`run` drive it."""
 
     def __init__(
-        self, deps: VoiceDeps, link: TwilioLink, start: media.StreamStart, call: AdmittedCall, profile: CallProfile
+        self,
+        deps: VoiceDeps,
+        link: TwilioLink,
+        start: media.StreamStart,
+        call: AdmittedCall,
+        profile: CallProfile,
+        *,
+        model: RealtimeModel | None = None,  # the call's own model (SIP direct: its session), else the line's
     ):
         self.deps = deps
         self.link = link
@@ -154,7 +165,8 @@ class CallEngine:
         self._ended = asyncio.Event()
         self._end_stored = False  # the end reason is in the calls row (see ``ended``)
         self._sid = start.stream_sid
-        self.model: RealtimeModel | None = deps.model  # the line's engine, looked up in run()
+        self.model: RealtimeModel | None = model or deps.model  # the line's engine, looked up in run()
+        self._own_model = model is not None
         self._conn: RealtimeConnection | None = None
         self._conn_stack: AsyncExitStack | None = None
         self._generation = 0  # bumps on every model reconnect
@@ -197,6 +209,9 @@ class CallEngine:
         self._call_trust: dict[str, str] = {}  # the session's trust when each tool call ran
         # The model side of a call on a full-duplex model (GPT-Live), set once the line's model is known.
         self._live: LiveCall | None = None
+        # The notice as Pepper plays it (mu-law 8 kHz, voice.notice); None: the model says it.
+        self.notice_mulaw: bytes | None = None
+        self._notice_sent = False  # Pepper's recording of it went to Twilio (never twice)
         profile.attach(self)
 
     # --- What profiles see (voice.profile.CallControls) ----------------------------------------
@@ -313,6 +328,11 @@ class CallEngine:
             log.error("call task %s failed", task.get_name(), exc_info=task.exception())
             self._end("error")
 
+    @traced(
+        "pepper.call",
+        lambda a: {"call_sid": a["self"]._call.call_sid, "route": a["self"]._profile.route},
+        lambda _, a: {"end_reason": a["self"].end_reason, "turn_id": a["self"]._turn_id},
+    )
     async def run(self) -> None:
         """Run the call until it ends, then record it. Returns normally; CancelledError passes."""
         db, call = self.deps.db, self._call
@@ -325,12 +345,15 @@ class CallEngine:
         counted.calls_active.inc()
         recorder = self.spawn("recorder", self._record_loop())
         try:
-            self.model = await self.deps.model_for_line(call.line_number)
+            if not self._own_model:
+                self.model = await self.deps.model_for_line(call.line_number)
         except RealtimeError:
             log.exception("the voice engine of this call's line is unavailable")
             self.model = None
         if getattr(self.model, "full_duplex", False):
             self._live = LiveCall(self)
+        if self.deps.notice_audio is not None and self.model is not None:
+            self.notice_mulaw = await self.deps.notice_audio.mulaw(self._profile.notice)
         try:
             if self.model is None or not await self._open_model():
                 self._end("model-failed")
@@ -341,6 +364,8 @@ class CallEngine:
                 if self._live is not None:
                     self.spawn("speech-watch", self._live.watch())
                     await self._live.start()
+                elif self.notice_mulaw:
+                    self._play_notice(self.notice_mulaw)
                 else:
                     await self._request_response(_Request(self._notice_instructions(), notice=True))
             await self._ended.wait()
@@ -557,8 +582,9 @@ class CallEngine:
         if dropped:
             await self._resolve_writes(dropped, commit=False, tell_model=True)
         notice_playing = any(m.kind == "notice" and not m.cancelled for m in self._marks.values())
-        if not self._listening and not notice_playing:
-            # Dropped while the notice played (or before it was asked): the new socket says it.
+        if not self._listening and not notice_playing and not self._notice_sent:
+            # Dropped while the model said the notice (or before it was asked): the new socket says
+            # it. Pepper's own recording went to Twilio, not to the model: it plays on regardless.
             await self._request_response(_Request(self._notice_instructions(), notice=True))
         elif self._listening:
             await self._request_response(
@@ -580,6 +606,22 @@ class CallEngine:
             say = "Apologise in a few words for the short interruption and carry on."
             await self.tell_model("The line dropped for a moment.", respond=True, instructions=say)
         return True
+
+    def _play_notice(self, audio: bytes) -> None:
+        """Pepper's recording of the notice straight to Twilio, then its mark: caller audio reaches
+        the model only once the mark comes back. Sent once a call, whatever the model socket does."""
+        self._notice_sent = True
+        step = MARK_EVERY_BYTES
+        frames = [media.media_frame(self._sid, base64.b64encode(audio[at : at + step]).decode())
+                  for at in range(0, len(audio), step)]  # fmt: skip
+        frames.append(self._mark_frame(_Mark("notice")))
+        self.stats.audio_out_bytes += len(audio)
+        self.link.send_many(frames)
+        self.notice_heard_as_said()
+
+    def notice_heard_as_said(self) -> None:
+        """Pepper's own notice into the call's transcript and records, as the model's words would be."""
+        self._on_model_nowait(AssistantTranscript("notice", "notice", self._profile.notice))
 
     def _notice_instructions(self) -> str:
         return f"Say exactly this, and nothing else: {self._profile.notice}"

@@ -4,9 +4,12 @@ itself when to speak and holds no tools.
 The engine still relays the audio both ways (the same hot path), keeps the marks, the records
 and the profile; this module replaces what is response-based there:
 
-* **Opening.** The notice is asked for as the session's first commentary ("say exactly"); the
-  first stretch of model speech is the notice, and caller audio reaches the model only once the
-  Twilio mark after it came back.
+* **Opening.** The notice is Pepper's own recording (``voice.notice``) played as the session's
+  audio fixture (``session.output_audio.fixture.play``: the model's speech is interrupted and its
+  input muted while it plays); without a recording it is asked for as the session's first
+  commentary ("say exactly"). The first stretch of output is the notice, it ends at
+  ``…fixture.played``, and caller audio reaches the model only once the Twilio mark after it came
+  back. A drop before the fixture finished plays it again on the new session.
 * **Delegation.** On ``session.delegation.created`` (metadata only) the task is what the caller
   said since the previous delegation, up to its ``offset_ms`` (from the raw input transcript kept
   here, never recorded with its digits). It runs as a **Pepper turn** of the call's session kind
@@ -42,6 +45,7 @@ from core.adapters.twilio import media_streams as media
 from core.persona import NEVER_PRETEND, runtime_note_rule
 from core.tools.context import SessionKind, Trust
 from core.untrusted import CALLER_LABEL, neutralise_labels, quoted
+from voice.notice import fixture_pcm
 from voice.profile import labelled, spoken_digits, withhold_digits
 from voice.realtime import (
     AssistantTranscript,
@@ -127,6 +131,9 @@ class LiveCall:
         self._last_audio = 0.0
         self._notice_asked = False
         self._notice_segment: str | None = None
+        self._fixture: str | None = None  # the event id of the notice's fixture.play, until it played
+        self._notice_noted = False
+        self._transcribed = 0  # stretches of speech known only from the transcript (SIP direct)
         self._waiting: dict[str, _Pending] = {}  # by the event id of its commentary
         self._acks: dict[str, float] = {}  # commentary acknowledged before its pending was known
         self._pending: list[_Pending] = []
@@ -159,9 +166,18 @@ class LiveCall:
         self._t0 = time.monotonic()
 
     async def start(self) -> None:
-        """Ask for the notice (the session's first words)."""
+        """Play the notice (the session's first words): Pepper's recording as the audio fixture,
+        else asked of the model."""
         self._notice_asked = True
-        await self.e._conn.create_response(self.e._notice_instructions())
+        conn, audio = self.e._conn, self.e.notice_mulaw
+        play = getattr(conn, "play_fixture", None)
+        if audio and play is not None:
+            self._fixture = await play(fixture_pcm(audio))
+            if not self._notice_noted:
+                self._notice_noted = True
+                self.e.notice_heard_as_said()
+            return
+        await conn.create_response(self.e._notice_instructions())
 
     def now_ms(self) -> int:
         return round((time.monotonic() - self._t0) * 1000)
@@ -244,8 +260,15 @@ class LiveCall:
         elif kind is TranscriptFragment:
             if event.role == "caller":
                 await self._caller_words(event)
-            elif self._segment is not None:
-                self._pepper.setdefault(self._segment, []).append(event.text)
+            else:
+                if getattr(self.e.link, "audio_free", False):
+                    # SIP direct: no audio reaches Pepper; the model's transcript marks its speech.
+                    if self._segment is None:
+                        self._transcribed += 1
+                        self._begin_segment(f"t{self._transcribed}")
+                    self._last_audio = time.monotonic()
+                if self._segment is not None:
+                    self._pepper.setdefault(self._segment, []).append(event.text)
         elif kind is Delegated:
             if event.delegation_id in self._seen:
                 self.duplicates += 1
@@ -259,7 +282,17 @@ class LiveCall:
 
     def _other(self, event: Other) -> None:
         data = event.data
-        if event.type == "session.commentary.appended":
+        if event.type == "session.output_audio.fixture.played" and self._fixture is not None:
+            if data.get("client_event_id") in (None, self._fixture):
+                # The notice drained from the model's mixer: its speech ends here, whatever follows.
+                self._fixture = None
+                heard = self._notice_segment is not None
+                self._end_segment()
+                if not heard and not self.e.listening:
+                    self.e._send_mark(self.e._new_mark("notice"))  # no audio came through Pepper (SIP direct)
+                if self.e._conn is not None:
+                    self.e._conn.break_output()
+        elif event.type == "session.commentary.appended":
             ident = str(data.get("client_event_id") or "")
             pending = self._waiting.pop(ident, None)
             if pending is None:
@@ -268,6 +301,8 @@ class LiveCall:
                 self._acks[ident] = time.monotonic()
             elif not any(i in self._waiting for i in pending.event_ids):
                 pending.acked_at = time.monotonic()
+        elif event.type == "session.closed" and data.get("reason") == "remote_hangup":
+            self.e._end("hangup")  # SIP direct: the caller hung up
         elif event.type == "session.usage.updated":
             usage = data.get("usage")
             seconds = usage.get("seconds") if isinstance(usage, dict) else None
@@ -454,6 +489,9 @@ class LiveCall:
 
     async def dropped_model(self) -> None:
         """The model socket is being replaced: what it was confirming will never be said."""
+        if self._fixture is not None:
+            # The notice fixture never finished playing: not heard, so the new session plays it.
+            self._fixture, self._notice_segment = None, None
         self._end_segment()  # what it said so far is the call so far
         waiting, self._pending = self._pending, []
         self._waiting.clear()

@@ -91,6 +91,7 @@ class CallService:
         self.outbound: Any = None
         # Handing a caller to the owner (``voice.transfer.Transfers``), when Twilio is set up.
         self.transfers: Any = None
+        self.sip: Any = None  # voice.sip.SipCalls when calls also come by SIP direct
 
     # --- The voice webhook -------------------------------------------------------------------
 
@@ -242,6 +243,8 @@ class CallService:
         self.hang_up_all()
         if self.outbound is not None:
             await self.outbound.aclose()
+        if self.sip is not None:
+            await self.sip.aclose()
         if self.deps.engines is not None:
             await self.deps.engines.aclose()
             return
@@ -258,10 +261,14 @@ def voice_deps_from_settings(
     the text model service the cascade answers with. Raises EngineUnavailable if the setting names
     an engine this build lacks."""
     from voice.engines import RealtimeEngines
+    from voice.notice import NoticeAudio, local_synthesiser
 
     engines = RealtimeEngines(settings, models=models)
+    notice = None
+    if settings.voice_notice_audio == "local" and (synthesise := local_synthesiser()) is not None:
+        notice = NoticeAudio(settings.data_dir / "notice-audio", synthesise)
     return VoiceDeps(
         db=db, model=engines.get(settings.voice_engine), registry=registry, gate=gate,
         config=VoiceConfig.from_settings(settings), send_sms=send_sms, engines=engines, connectors=connectors,
-        usage=settings.usage,
+        usage=settings.usage, notice_audio=notice,
     )  # fmt: skip

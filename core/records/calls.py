@@ -208,3 +208,14 @@ async def set_verstat(db: Queries, call_sid: str, verstat: str) -> None:
 
 async def verstat(db: Queries, call_sid: str) -> str | None:
     return await db.fetchval("SELECT stir_verstat FROM calls WHERE call_sid = $1", call_sid)
+
+
+async def claim_sip_webhook(db: Queries, webhook_id: str, session_id: str) -> bool:
+    """Record a SIP direct webhook (``voice.sip``) by its ``webhook-id``; False when it was acted
+    on already (a redelivery)."""
+    inserted = await db.fetchval(
+        "INSERT INTO sip_webhooks (webhook_id, session_id) VALUES ($1, $2) ON CONFLICT DO NOTHING RETURNING true",
+        webhook_id,
+        session_id,
+    )
+    return bool(inserted)

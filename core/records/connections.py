@@ -75,3 +75,49 @@ async def feeds_matching(db: Queries, account_id: UUID, prefix: str) -> list[UUI
 
 async def remove_calendar(db: Queries, calendar_id: UUID) -> None:
     await db.execute("DELETE FROM calendars WHERE id = $1", calendar_id)
+
+
+async def imap_connections(db: Queries, account_id: UUID | None = None) -> list[Any]:
+    """The IMAP mailboxes, oldest first (the account's, or everyone's when None): ``id``,
+    ``label``, ``config``, ``secret``, ``sealed``."""
+    return await db.fetch(
+        "SELECT id, label, config, secret, sealed FROM connections WHERE provider = 'imap'"
+        " AND ($1::uuid IS NULL OR account_id = $1) ORDER BY created_at",
+        account_id,
+    )
+
+
+async def store_imap(
+    db: Queries, account_id: UUID, label: str, host: str, username: str, config: str, sealed: bytes | None
+) -> tuple[UUID, bool]:
+    """Store the IMAP mailbox: the same host and user name (or the same name) is the same mailbox,
+    updated, not a second one. Its id and whether it is new."""
+    existing = await db.fetchval(
+        "SELECT id FROM connections WHERE account_id = $1 AND provider = 'imap'"
+        " AND ((config->>'host' = $2 AND config->>'username' = $3) OR label = $4) ORDER BY created_at LIMIT 1",
+        account_id,
+        host,
+        username,
+        label,
+    )
+    if existing is not None:
+        await db.execute(
+            "UPDATE connections SET config = $2::jsonb, sealed = $3, secret = '{}', updated_at = now() WHERE id = $1",
+            existing,
+            config,
+            sealed,
+        )
+        return existing, False
+    row = await db.fetchrow(
+        """
+        INSERT INTO connections (account_id, provider, label, config, sealed) VALUES ($1, 'imap', $2, $3::jsonb, $4)
+        ON CONFLICT (account_id, provider, label) DO UPDATE SET config = EXCLUDED.config, sealed = EXCLUDED.sealed,
+            secret = '{}', updated_at = now()
+        RETURNING id, xmax = 0 AS created
+        """,
+        account_id,
+        label,
+        config,
+        sealed,
+    )
+    return row["id"], row["created"]

@@ -1,5 +1,12 @@
 """A loopback Google API for tests: the OAuth token endpoint, Calendar v3 events and Gmail v1
-drafts and sends, keeping state in memory like the real service.
+drafts, sends and reading (``users.messages.list`` with ``q=``, ``users.messages.get``,
+``users.threads.get``), keeping state in memory like the real service.
+
+Gmail reading answers 403 "insufficient authentication scopes", as Google does, unless the
+access token was granted ``gmail.readonly``. :meth:`GoogleApiPeer.add_mail` puts a message in
+the mailbox (the API's ``format=full`` shape: ``payload.headers``, base64url ``body.data``,
+``labelIds`` with ``UNREAD`` and ``INBOX``); ``q`` understands from:, to:, subject:, is:unread,
+is:read, in:inbox, in:sent, after:, before:, newer_than:, older_than: and free words, like Gmail's search.
 
 ``async with GoogleApiPeer() as google:`` then ``Connectors(google_api_url=google.url,
 google_token_url=google.token_url, google_client_id=..., google_client_secret=...)``.
@@ -22,7 +29,9 @@ import base64
 import hashlib
 import itertools
 import json
+import shlex
 from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
 from typing import Any
 from urllib.parse import urlencode
 from zoneinfo import ZoneInfo
@@ -33,6 +42,11 @@ from dateutil.rrule import rrulestr
 from core.testing.loopback import HttpPeer
 
 STAMP = "%Y%m%dT%H%M%SZ"
+# Any of these lets a token read Gmail (users.messages.list/get, users.threads.get).
+READ_SCOPES = {
+    "https://www.googleapis.com/auth/gmail.readonly", "https://www.googleapis.com/auth/gmail.modify",
+    "https://mail.google.com/",
+}  # fmt: skip
 JSON_BODY = web.RequestKey("json_body", object)
 
 
@@ -63,6 +77,9 @@ class GoogleApiPeer(HttpPeer):
         self.ever_granted: set[str] = set()
         self.revoked: list[str] = []
         self.fail_next: int | None = None
+        self.mail: dict[str, dict[str, Any]] = {}  # Gmail messages by id, in the API's format=full shape
+        self.token_scopes: dict[str, set[str]] = {}
+        self.now: datetime | None = None  # what newer_than: counts back from (None: the real clock)
         self._ids = itertools.count(1)
 
     @property
@@ -88,6 +105,9 @@ class GoogleApiPeer(HttpPeer):
             web.post("/gmail/v1/users/me/drafts", self._draft),
             web.post("/gmail/v1/users/me/drafts/send", self._draft_send),
             web.post("/gmail/v1/users/me/messages/send", self._send),
+            web.get("/gmail/v1/users/me/messages", self._messages_list),
+            web.get("/gmail/v1/users/me/messages/{id}", self._messages_get),
+            web.get("/gmail/v1/users/me/threads/{id}", self._threads_get),
         ]
 
     @web.middleware
@@ -105,6 +125,9 @@ class GoogleApiPeer(HttpPeer):
             status, self.fail_next = self.fail_next, None
             return _error(status, "injected failure")
         request[JSON_BODY] = body
+        if request.method == "GET" and request.path.startswith("/gmail/v1/users/me/"):
+            if not self.token_scopes.get(token, set()) & READ_SCOPES:
+                return _error(403, "Request had insufficient authentication scopes.")
         return await handler(request)
 
     # OAuth.
@@ -172,6 +195,8 @@ class GoogleApiPeer(HttpPeer):
             return web.json_response({"error": "invalid_grant"}, status=400)
         token = f"token-{next(self._ids)}"
         self.tokens.add(token)
+        scope = out.get("scope") or self.granted_scopes or " ".join(sorted(self.ever_granted))
+        self.token_scopes[token] = set(scope.split())
         out["access_token"] = token
         return web.json_response(out)
 
@@ -290,6 +315,84 @@ class GoogleApiPeer(HttpPeer):
     async def _send(self, request: web.Request) -> web.Response:
         self.sent.append(request[JSON_BODY])
         return web.json_response({"id": f"m{next(self._ids)}", "labelIds": ["SENT"]})
+
+    # Gmail reading.
+    def add_mail(
+        self, sender: str, subject: str, text: str, *, to: str = "owner@example.com", when: datetime | None = None,
+        thread: str | None = None, unread: bool = True, html: bool = False, sent: bool = False,
+    ) -> str:  # fmt: skip
+        """Put a message in the mailbox (received ``when``, default now); returns its id. ``thread``:
+        the id of a message (or thread) it replies to; ``sent``: one the person sent (label SENT)."""
+        message_id = f"{next(self._ids):x}0000"
+        when = when or datetime.now(UTC)
+        thread_id = self.mail[thread]["threadId"] if thread in self.mail else thread or message_id
+        data = base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+        mime = "text/html" if html else "text/plain"
+        headers = [
+            {"name": "From", "value": sender}, {"name": "To", "value": to}, {"name": "Subject", "value": subject},
+            {"name": "Date", "value": format_datetime(when)},
+            {"name": "Message-ID", "value": f"<{message_id}@mail.gmail.test>"},
+        ]  # fmt: skip
+        self.mail[message_id] = {
+            "id": message_id, "threadId": thread_id,
+            "labelIds": ["SENT"] if sent else ["INBOX", *(["UNREAD"] if unread else [])],
+            "snippet": text[:100], "internalDate": str(int(when.timestamp() * 1000)), "sizeEstimate": len(text),
+            "payload": {
+                "mimeType": "multipart/alternative", "headers": headers,
+                "parts": [{"partId": "0", "mimeType": mime, "headers": [], "body": {"size": len(text), "data": data}}],
+            },
+        }  # fmt: skip
+        return message_id
+
+    def _matches(self, message: dict[str, Any], q: str) -> bool:
+        headers = {h["name"].lower(): h["value"].lower() for h in message["payload"]["headers"]}
+        when = datetime.fromtimestamp(int(message["internalDate"]) / 1000, UTC)
+        text = base64.urlsafe_b64decode(message["payload"]["parts"][0]["body"]["data"] + "==").decode().lower()
+        for token in shlex.split(q.lower()):
+            key, sep, value = token.partition(":")
+            if not sep:
+                ok = token in text or token in headers.get("subject", "") or token in headers.get("from", "")
+            elif key in ("from", "to", "subject"):
+                ok = value in headers.get(key, "")
+            elif key == "is":
+                ok = ("UNREAD" in message["labelIds"]) == (value == "unread")
+            elif key == "in":
+                ok = value.upper() in message["labelIds"]
+            elif key in ("after", "before"):
+                day = datetime.strptime(value.replace("-", "/"), "%Y/%m/%d").replace(tzinfo=UTC)
+                ok = when >= day if key == "after" else when < day
+            elif key in ("newer_than", "older_than"):
+                n, unit = int(value[:-1]), value[-1]
+                edge = (self.now or datetime.now(UTC)) - timedelta(days=n * {"d": 1, "m": 30, "y": 365}[unit])
+                ok = when >= edge if key == "newer_than" else when < edge
+            else:
+                return False
+            if not ok:
+                return False
+        return True
+
+    async def _messages_list(self, request: web.Request) -> web.Response:
+        q = request.query.get("q", "")
+        limit = int(request.query.get("maxResults", "100"))
+        found = [m for m in self.mail.values() if self._matches(m, q)]
+        found.sort(key=lambda m: int(m["internalDate"]), reverse=True)
+        body: dict[str, Any] = {"resultSizeEstimate": len(found)}
+        if found:
+            body["messages"] = [{"id": m["id"], "threadId": m["threadId"]} for m in found[:limit]]
+        return web.json_response(body)
+
+    async def _messages_get(self, request: web.Request) -> web.Response:
+        found = self.mail.get(request.match_info["id"])
+        return web.json_response(found) if found else _error(404, "Requested entity was not found.")
+
+    async def _threads_get(self, request: web.Request) -> web.Response:
+        thread_id = request.match_info["id"]
+        messages = sorted(
+            (m for m in self.mail.values() if m["threadId"] == thread_id), key=lambda m: int(m["internalDate"])
+        )
+        if not messages:
+            return _error(404, "Requested entity was not found.")
+        return web.json_response({"id": thread_id, "historyId": "1", "messages": messages})
 
 
 def _error(status: int, message: str) -> web.Response:

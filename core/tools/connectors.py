@@ -8,7 +8,11 @@ Connection names a session can hold (``SessionContext.connections``):
 
 * ``pepper_mail``: Pepper's own SMTP address is configured and the person has an email handle to
   put on CC;
-* ``gmail``: a Google connection granted the Gmail compose scope;
+* ``gmail``: a Google connection granted the Gmail compose scope (drafts and sends);
+* ``gmail_read``: a Google connection granted the Gmail read-only scope;
+* ``imap``: an IMAP mailbox (``pepper connect imap``);
+* ``mailbox``: a mailbox Pepper can read: ``gmail_read`` or ``imap`` (what the mail-reading tools
+  need; Pepper's own inbox is read beside them);
 * ``google_calendar``: a Google connection granted the Calendar events scope;
 * ``caldav``: a CalDAV server;
 * ``mcp:<name>``: an MCP server the person connected (``pepper mcp add``; GitHub's is ``mcp:github``).
@@ -42,10 +46,31 @@ WEB_TOOL = "web_research"
 log = logging.getLogger(__name__)
 
 GMAIL_COMPOSE = "https://www.googleapis.com/auth/gmail.compose"
+GMAIL_READONLY = "https://www.googleapis.com/auth/gmail.readonly"
 CALENDAR_EVENTS = "https://www.googleapis.com/auth/calendar.events"
-# What each Google feature asks for: only the scopes its tools use (compose for Gmail, events
-# for Calendar; the events scope also reads events, which is all free/busy needs).
-GOOGLE_SCOPES: dict[str, tuple[str, ...]] = {"gmail": (GMAIL_COMPOSE,), "google_calendar": (CALENDAR_EVENTS,)}
+# What each Google feature asks for: only the scopes its tools use (read and compose for Gmail,
+# events for Calendar; the events scope also reads events, which is all free/busy needs).
+GOOGLE_SCOPES: dict[str, tuple[str, ...]] = {
+    "gmail": (GMAIL_COMPOSE, GMAIL_READONLY),
+    "google_calendar": (CALENDAR_EVENTS,),
+}
+# The connection name each granted scope gives (a person who connected Gmail before it asked to
+# read keeps the send tools, and reads once they connect again).
+SCOPE_CONNECTIONS: dict[str, str] = {
+    GMAIL_COMPOSE: "gmail",
+    GMAIL_READONLY: "gmail_read",
+    CALENDAR_EVENTS: "google_calendar",
+}
+MAILBOX = "mailbox"
+# How a missing connection is named to the person (``pepper skills list``).
+CONNECTION_NAMES: dict[str, str] = {
+    "gmail": "Gmail",
+    "gmail_read": "Gmail",
+    MAILBOX: "Gmail or IMAP",
+    "google_calendar": "Google Calendar",
+    "caldav": "CalDAV",
+    "pepper_mail": "Pepper's mail address",
+}
 
 
 @dataclass(frozen=True)
@@ -161,11 +186,14 @@ def connection_names(selected: str) -> frozenset[str]:
             names.add("caldav")
         elif provider == "mcp":
             names.add(f"mcp:{label}")
+        elif provider == "imap":
+            names.add("imap")
         elif provider == "google":
-            granted = set(scopes)
-            names.update(name for name, wanted in GOOGLE_SCOPES.items() if granted.issuperset(wanted))
+            names.update(SCOPE_CONNECTIONS[s] for s in scopes if s in SCOPE_CONNECTIONS)
     if data["email"]:
         names.add("pepper_mail")
+    if "gmail_read" in names or "imap" in names:
+        names.add(MAILBOX)
     return frozenset(names)
 
 

@@ -26,6 +26,7 @@ from typing import Any, Literal
 from core.tools.context import SessionContext
 from core.tools.registry import MISSING as _MISSING
 from core.tools.registry import Tool, check_arguments
+from core.tracing import traced
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +122,11 @@ class Gate:
                 return True
         return False
 
+    @traced(
+        "pepper.gate",
+        lambda a: {"tool": a["tool"].name, "kind": a["session"].kind, "trust": a["session"].trust},
+        lambda decision, _: {"gate.allowed": decision.allowed, "gate.policy": _deciding_policy(decision)},
+    )
     async def decide(self, tool: Tool, arguments: dict[str, Any], session: SessionContext) -> GateDecision:
         current = dict(arguments)
         pinned: dict[str, tuple[str, Any]] = {}
@@ -164,6 +170,14 @@ class Gate:
                 continue
             steps.append(GateStep(policy.name, "allow"))
         return GateDecision(True, current, tuple(steps))
+
+
+def _deciding_policy(decision: GateDecision) -> str | None:
+    """The policy that denied or last changed the call (None: every policy allowed it)."""
+    for step in reversed(decision.steps):
+        if step.action != "allow":
+            return step.policy
+    return None
 
 
 def _widening(tool: Tool, current: dict[str, Any], proposed: dict[str, Any]) -> str | None:
@@ -265,8 +279,9 @@ def _describe(forced: dict[str, Any]) -> str:
 
 # (turn, tool) pairs of tools marked ``once_per_turn`` that already ran; the oldest forgotten first.
 _RAN_ONCE: OrderedDict[tuple[Any, str], None] = OrderedDict()
-# Turns in which such a tool ran: text from outside is in their model's context (``AFTER_WEB_POLICY``).
-_WEB_TURNS: OrderedDict[Any, None] = OrderedDict()
+# Turns in which such a tool, or one that reads outside text (``Tool.outside_text``: mail), ran:
+# text from outside is in their model's context (``AFTER_WEB_POLICY``); what it was.
+_WEB_TURNS: OrderedDict[Any, str] = OrderedDict()
 _RAN_ONCE_KEPT = 10_000
 
 
@@ -281,7 +296,7 @@ def _once_check(tool: Tool, args: dict[str, Any], session: SessionContext) -> Ve
     if key in _RAN_ONCE:
         return Verdict.deny(f"{tool.name} already ran once in this turn, and one is the limit; answer from its result")
     _RAN_ONCE[key] = None
-    _WEB_TURNS[session.turn_id] = None
+    _WEB_TURNS[session.turn_id] = "the web"
     for kept in (_RAN_ONCE, _WEB_TURNS):
         while len(kept) > _RAN_ONCE_KEPT:
             kept.popitem(last=False)
@@ -309,20 +324,25 @@ UNATTENDED_ACTS_POLICY = Policy("unattended-acts", _unattended_check, _unattende
 
 
 def _after_web_check(tool: Tool, args: dict[str, Any], session: SessionContext) -> Verdict:
-    """Once a tool marked ``once_per_turn`` (web research) ran in a turn, text from the web is in
-    its model's context and may steer it: for the rest of the turn, what would reach people
-    outside is held back as in a scheduled run (a send becomes a draft, no invitations go out),
-    and other changes with outside effects wait for the person's next message."""
+    """Once a tool marked ``once_per_turn`` (web research) or one that reads outside text (mail)
+    ran in a turn, that text is in its model's context and may steer it: for the rest of the turn,
+    what would reach people outside is held back as in a scheduled run (a send becomes a draft, no
+    invitations go out), and other changes with outside effects wait for the person's next message."""
+    if session.turn_id is not None and tool.outside_text:
+        _WEB_TURNS.setdefault(session.turn_id, tool.outside_text)
+        while len(_WEB_TURNS) > _RAN_ONCE_KEPT:
+            _WEB_TURNS.popitem(last=False)
     if tool.once_per_turn or session.turn_id is None or session.turn_id not in _WEB_TURNS:
         return Verdict.allow()
+    source = _WEB_TURNS[session.turn_id]
     if tool.scheduled:
         forced = dict(tool.scheduled)
         if all(args.get(key, _MISSING) == value for key, value in forced.items()):
             return Verdict.allow()
-        return Verdict.modify({**args, **forced}, "this turn brought in text from the web, so " + _describe(forced))
+        return Verdict.modify({**args, **forced}, f"this turn brought in text from {source}, so " + _describe(forced))
     if tool.after_commit is not None:
         return Verdict.deny(
-            "this turn brought in text from the web, so changes that reach outside Pepper wait for the person's"
+            f"this turn brought in text from {source}, so changes that reach outside Pepper wait for the person's"
             " next message; say what you would do and ask"
         )
     return Verdict.allow()

@@ -192,6 +192,9 @@ class Tool:
     # Changes something outside Pepper that no staged write can hold back (an MCP tool whose
     # annotations do not say read-only): refused in scheduled runs (the ``unattended-acts`` policy).
     acts: bool = False
+    # Brings text from outside into the turn's context ("mail"): its result may hold instructions,
+    # so for the rest of the turn sends are held back as after web research (the ``after-web`` policy).
+    outside_text: str = ""
 
     def __post_init__(self) -> None:
         if self.writes and self.apply is None:

@@ -26,6 +26,7 @@ from core.store.pool import transaction
 from core.tools.gate import Gate, GateDecision
 from core.tools.registry import Tool, ToolContext, ToolRegistry, check_arguments
 from core.tools.staging import stage_write
+from core.tracing import traced
 from core.untrusted import neutralise_labels
 
 log = logging.getLogger(__name__)
@@ -106,6 +107,11 @@ def render_unknown(name: str) -> str:
     return f"Unknown tool {name!r}: no such tool is available in this conversation. Nothing ran."
 
 
+@traced(
+    "pepper.tool",
+    lambda a: {"tool": a["call"].name, "turn_id": a["ctx"].session.turn_id},
+    lambda outcome, _: {"tool_status": outcome.status},
+)
 async def run_call(
     registry: ToolRegistry,
     gate: Gate,

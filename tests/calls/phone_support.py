@@ -126,6 +126,7 @@ class Phone:
 
 def call_settings(db_url: str, twilio: TwilioPeer, **extra: Any) -> Settings:
     """Pepper's settings for a call test: the Twilio peer, the notice, a free port."""
+    extra.setdefault("voice_notice_audio", "model")  # the notice tests (test_notice.py) play it themselves
     return Settings(database_url=db_url, public_url=PUBLIC, twilio_account_sid=twilio.account_sid,
                     twilio_auth_token=TOKEN, twilio_api_url=twilio.api_url, openai_api_key="sk-test",
                     voice_notice=NOTICE, port=0, media_port=0, graceful_timeout=2, **extra)  # fmt: skip
@@ -136,3 +137,18 @@ def caller_for(app: Any, port: int, twilio: TwilioPeer) -> TwilioCaller:
     media = media_port(app.extensions["pepper"].media)
     return TwilioCaller(TOKEN, local=f"http://127.0.0.1:{port}", public=PUBLIC, account_sid=twilio.account_sid,
                         media_local=f"ws://127.0.0.1:{media}")  # fmt: skip
+
+
+def normalised(text: str) -> str:
+    """Words only: lower case, no punctuation (how a transcript is compared with the text spoken)."""
+    import re
+
+    return " ".join(re.sub(r"[^a-z0-9' ]", " ", text.lower()).split())
+
+
+async def transcribed(mulaw: bytes) -> str:
+    """8 kHz mu-law as the cascade's local Whisper hears it (loaded on first use)."""
+    from voice.adapters.cascade import local_speech
+    from voice.codec import audioop
+
+    return await asyncio.to_thread(local_speech().stt.transcribe_sync, audioop.ulaw2lin(mulaw, 2))

@@ -55,7 +55,8 @@ async def web(db: Database, db_url: str) -> AsyncIterator[Web]:
     token, session = await access.create_session(db, ada.id)
     async with RealtimePeer() as model:
         settings = Settings(database_url=db_url, openai_api_key="sk-test", openai_realtime_url=model.websocket_url,
-                            voice_notice=NOTICE, port=0, media_port=0, graceful_timeout=2)  # fmt: skip
+                            voice_notice=NOTICE, port=0, media_port=0, graceful_timeout=2,
+                            voice_notice_audio="model")  # fmt: skip
         async with running_app(settings, db) as (app, port):
             services = app.extensions["pepper"]
             deps = services.calls.deps
@@ -196,7 +197,8 @@ async def test_a_browser_call_is_held_by_the_web_server_when_media_processes_hol
     async with RealtimePeer() as model:
         model.script(speak(NOTICE, ms=300))
         settings = Settings(database_url=db_url, openai_api_key="sk-test", openai_realtime_url=model.websocket_url,
-                            voice_notice=NOTICE, port=0, media_port=0, graceful_timeout=2)  # fmt: skip
+                            voice_notice=NOTICE, port=0, media_port=0, graceful_timeout=2,
+                            voice_notice_audio="model")  # fmt: skip
         async with running_app(settings, db, media_processes=2) as (_app, port), BrowserPeer() as browser:
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", cookies={"pepper_session": token},
                                          timeout=15, headers={"X-CSRF-Token": session.csrf_token}) as http:  # fmt: skip

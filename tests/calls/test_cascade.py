@@ -100,7 +100,8 @@ async def _line(db: Database, db_url: str, **extra: Any) -> AsyncIterator[Line]:
         settings = Settings(
             database_url=db_url, public_url=PUBLIC, twilio_account_sid=twilio.account_sid, twilio_auth_token=TOKEN,
             twilio_api_url=twilio.api_url, openai_api_key="sk-test", openai_base_url=model.base_url,
-            voice_engine="cascade", voice_notice=NOTICE, port=0, media_port=0, graceful_timeout=2,
+            voice_engine="cascade", voice_notice=NOTICE, voice_notice_audio="model",
+            port=0, media_port=0, graceful_timeout=2,
             memory_jobs_interval=0, scheduler_enabled=False, **extra,
         )  # fmt: skip
         async with running_app(settings, db) as (app, port):

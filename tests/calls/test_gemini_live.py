@@ -19,6 +19,7 @@ from phone_support import LINE, NOTICE, OWNER, PIN, TOKEN, Phone, _set_pin, call
 
 from core import identity
 from core.models.types import ToolSpec
+from core.models.voice_models import default_voice_model
 from core.testing.peers import OpenAIPeer, reply_text, reply_tools
 from core.testing.twilio_peer import TwilioPeer
 from core.testing.web_peer import WebPeer
@@ -29,6 +30,8 @@ from voice.codec import audioop
 from voice.realtime import RealtimeDisconnected, SessionConfig
 from voice.testing.gemini_live_peer import GeminiLivePeer
 from voice.testing.realtime_peer import RealtimePeer, call_tool, speak, tone
+
+GEMINI_DEFAULT = default_voice_model("gemini-live")
 
 GEMINI_LINE = "+14155550102"
 
@@ -119,7 +122,7 @@ async def test_audio_reaches_gemini_as_pcm16_16k_and_comes_back_as_mulaw_8k(gpho
     async with gphone.caller.media(answer) as call:
         await gphone.until_listening(call)
         session = gphone.gemini.sessions[0]
-        assert session.setup["model"] == "models/gemini-live-2.5-flash-preview"
+        assert session.setup["model"] == f"models/{GEMINI_DEFAULT}"
         assert "verify_pin" in session.tool_names() and "add_todo" not in session.tool_names()
         assert "has not yet proved" in session.instructions()
         assert session.setup["generationConfig"]["responseModalities"] == ["AUDIO"]
@@ -143,7 +146,7 @@ async def test_audio_reaches_gemini_as_pcm16_16k_and_comes_back_as_mulaw_8k(gpho
     bodies = [r["body"] for r in await gphone.db.fetch("SELECT body FROM messages ORDER BY id")]
     assert "what is on my list" in bodies and "You have two todos." in bodies
     turn = await gphone.db.fetchrow("SELECT model FROM turns WHERE id = $1", row["turn_id"])
-    assert turn["model"] == "gemini-live-2.5-flash-preview"
+    assert turn["model"] == GEMINI_DEFAULT
 
 
 async def test_a_spoken_pin_unlocks_by_resuming_with_the_new_tools_and_a_gated_tool_round_trips(gphone):
@@ -338,7 +341,7 @@ async def test_one_server_runs_each_line_on_its_own_engine(gphone):
     assert (await gphone.call_row(gemini_call.call_sid))["end_reason"] == "hangup"
     assert (await gphone.call_row(openai_call.call_sid))["end_reason"] == "hangup"
     models = {r["model"] for r in await gphone.db.fetch("SELECT model FROM turns WHERE kind = 'call'")}
-    assert models == {"gemini-live-2.5-flash-preview", "gpt-realtime"}
+    assert models == {GEMINI_DEFAULT, default_voice_model("openai-realtime")}
 
 
 async def test_a_line_on_an_engine_this_build_lacks_apologises(gphone, monkeypatch):

@@ -155,6 +155,7 @@ async def test_serve_spreads_calls_over_media_processes_and_controls_them_across
             "TWILIO_ACCOUNT_SID": twilio.account_sid, "TWILIO_AUTH_TOKEN": TOKEN,
             "PEPPER_TWILIO_API_URL": twilio.api_url, "OPENAI_API_KEY": "sk-test",
             "PEPPER_OPENAI_REALTIME_URL": model.websocket_url, "PEPPER_VOICE_NOTICE": NOTICE,
+            "PEPPER_VOICE_NOTICE_AUDIO": "model",
             "PEPPER_GRACEFUL_TIMEOUT": "5", "PEPPER_SCHEDULER_ENABLED": "false", "PEPPER_MEMORY_JOBS_INTERVAL": "0",
         }  # fmt: skip
         caller = TwilioCaller(TOKEN, local=f"http://127.0.0.1:{port}", public=PUBLIC, account_sid=twilio.account_sid,

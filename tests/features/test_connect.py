@@ -25,6 +25,7 @@ from core.testing.radicale_server import RadicaleServer
 from core.tools.connectors import (
     CALENDAR_EVENTS,
     GMAIL_COMPOSE,
+    GMAIL_READONLY,
     Connectors,
     account_connections,
     rotate_secrets,
@@ -150,17 +151,18 @@ async def test_the_google_consent_dance_through_the_web_page_then_calendar_tools
     assert row["sealed"] != before and b"token-" not in row["sealed"]
 
 
-async def test_gmail_asks_for_the_compose_scope_only_and_keeps_calendar(site: Site):
+async def test_gmail_asks_for_compose_and_read_only_and_keeps_calendar(site: Site):
     async with site.browser() as browser:
         await sign_in(browser, site.base)
         for area in ("calendar", "gmail"):
             back, asked = await consent(site, browser, area)
-            assert asked["scope"] == [CALENDAR_EVENTS if area == "calendar" else GMAIL_COMPOSE]
+            gmail = " ".join(sorted([GMAIL_COMPOSE, GMAIL_READONLY]))
+            assert asked["scope"] == [CALENDAR_EVENTS if area == "calendar" else gmail]
             status, page = await visit(browser, site.local(back))
             assert status == 200, page
     [row] = await site.connections()
-    assert sorted(row["scopes"]) == sorted([CALENDAR_EVENTS, GMAIL_COMPOSE])
-    assert {"gmail", "google_calendar"} <= await account_connections(site.db, site.account.id)
+    assert sorted(row["scopes"]) == sorted([CALENDAR_EVENTS, GMAIL_COMPOSE, GMAIL_READONLY])
+    assert {"gmail", "gmail_read", "mailbox", "google_calendar"} <= await account_connections(site.db, site.account.id)
 
 
 async def test_forged_expired_foreign_and_declined_consents_store_nothing(site: Site):
@@ -236,7 +238,7 @@ async def test_pepper_connect_google_prints_the_url_and_the_web_callback_complet
     url = out.splitlines()[-1]
     asked = parse_qs(urlsplit(url).query)
     assert url.startswith(site.google.auth_url) and asked["redirect_uri"] == [CALLBACK]
-    assert asked["scope"] == [GMAIL_COMPOSE]
+    assert asked["scope"] == [" ".join(sorted([GMAIL_COMPOSE, GMAIL_READONLY]))]
     async with site.browser() as browser:  # a browser that never signed in to Pepper
         async with browser.get(url, allow_redirects=False) as answer:
             back = answer.headers["Location"]
@@ -245,7 +247,7 @@ async def test_pepper_connect_google_prints_the_url_and_the_web_callback_complet
         status, page = await visit(browser, site.local(back))
         assert status == 400 and "already used" in page
     code, out = await asyncio.to_thread(cli, env, "connect", "list", "--account", "Ada")
-    assert code == 0 and "Google: Gmail" in out and "[sealed]" in out, out
+    assert code == 0 and "Google: Gmail (read), Gmail (drafts and sends)" in out and "[sealed]" in out, out
     code, out = await asyncio.to_thread(cli, env, "connect", "remove", "--account", "Ada", "google")
     assert code == 0 and "removed" in out and "grant is revoked" in out, out
     assert site.google.revoked == ["refresh-1"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import email
 import email.policy
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
@@ -101,11 +102,16 @@ async def test_smtp_refusal_is_a_failure_and_records_nothing(mailer, smtp):
 
 async def test_google_connection_asks_only_for_the_scopes_it_uses(call):
     connectors = call.connectors.__class__(google_client_id="client-id")
-    url = authorization_url(connectors, ["gmail"], "https://pepper.test/cb", "s1")
-    assert "scope=https%3A%2F%2Fwww.googleapis.com%2Fauth%2Fgmail.compose&" in url
-    url = authorization_url(connectors, ["google_calendar", "gmail"], "https://pepper.test/cb", "s1")
-    assert (
-        "calendar.events" in url and "gmail.compose" in url and "readonly" not in url and "mail.google.com" not in url
+
+    def scopes(features: list[str]) -> list[str]:
+        url = authorization_url(connectors, features, "https://pepper.test/cb", "s1")
+        return parse_qs(urlsplit(url).query)["scope"][0].split()
+
+    gmail = ["https://www.googleapis.com/auth/gmail.compose", "https://www.googleapis.com/auth/gmail.readonly"]
+    assert scopes(["gmail"]) == gmail
+    assert scopes(["google_calendar"]) == ["https://www.googleapis.com/auth/calendar.events"]
+    assert sorted(scopes(["google_calendar", "gmail"])) == sorted(
+        [*gmail, "https://www.googleapis.com/auth/calendar.events"]
     )
 
 

@@ -55,7 +55,8 @@ def test_an_owner_adds_lists_shows_and_removes_their_own_skills(db_url, monkeypa
     code, out, _ = run(monkeypatch, capsys, "skills", "list", "Ada")
     assert code == 0
     assert "my-standup             own      inline" in out and "ready" in out
-    assert "morning-brief          shipped  worker calendar,email,todos,reminders" in out
+    [brief] = [line for line in out.splitlines() if line.startswith("morning-brief ")]
+    assert "shipped  worker calendar,mail,todos,reminders" in brief and brief.endswith("needs Gmail or IMAP"), brief
     code, out, _ = run(monkeypatch, capsys, "skills", "show", "weekly-review")
     assert code == 0 and out.startswith("---\nname: weekly-review")
 
@@ -89,3 +90,32 @@ def test_bad_skills_are_refused_with_one_line_and_nothing_is_stored(db_url, monk
     )
     code, out, _ = run(monkeypatch, capsys, "skills", "list", "Ada")
     assert "old                    own      BROKEN: skill 'old': description: Field required" in out
+
+
+def test_mail_skills_say_what_they_need_until_a_mailbox_is_connected(db_url, monkeypatch, capsys):
+    monkeypatch.setenv("DATABASE_URL", db_url)
+    assert run(monkeypatch, capsys, "account", "create", "Ada")[0] == 0
+
+    def states(*argv: str) -> dict[str, str]:
+        code, out, _ = run(monkeypatch, capsys, "skills", "list", *argv)
+        assert code == 0
+        return {line.split()[0]: line for line in out.splitlines()}
+
+    mail_skills = ("inbox-triage", "anything-from", "email-digest", "follow-up-unanswered", "meeting-prep")
+    unconnected = states()
+    for name in mail_skills:
+        assert "needs Gmail or IMAP (give an account" in unconnected[name] and "ready" not in unconnected[name]
+    assert unconnected["plan-my-day"].endswith("ready")
+    for name in (*mail_skills, "morning-brief", "draft-reply"):
+        assert states("Ada")[name].endswith("needs Gmail or IMAP")
+    # Gmail connected with the read-only scope: ready. (Compose alone reads nothing.)
+    sql(
+        db_url,
+        "INSERT INTO connections (account_id, provider, scopes) SELECT id, 'google', $1 FROM accounts",
+        ["https://www.googleapis.com/auth/gmail.compose"],
+    )
+    assert states("Ada")["inbox-triage"].endswith("needs Gmail or IMAP")
+    sql(db_url, "UPDATE connections SET scopes = scopes || $1::text", "https://www.googleapis.com/auth/gmail.readonly")
+    connected = states("Ada")
+    for name in (*mail_skills, "draft-reply"):
+        assert connected[name].endswith("ready"), connected[name]

@@ -15,9 +15,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from core.tools.connectors import CONNECTION_NAMES
 from core.tools.registry import ToolRegistry
 from text_loop.skills.model import TIERS, Skill, SkillError, parse_skill
-from text_loop.skills.toolsets import TOOLSETS, Toolset, installed
+from text_loop.skills.toolsets import TOOLSETS, Toolset, installed, tools_of
 
 log = logging.getLogger(__name__)
 
@@ -158,6 +159,22 @@ class SkillCatalog:
             elif step not in registry:
                 return f"its required step {step!r} names no tool or tool set that exists"
         return None
+
+    def needs(self, skill: Skill, registry: ToolRegistry, connections: frozenset[str]) -> str | None:
+        """What the person must connect before the skill can run ("needs Gmail or IMAP"): a required
+        step none of whose tools is usable with ``connections``; None when every step has one."""
+        missing: list[str] = []
+        for step in skill.header.required:
+            if step in self.toolsets:
+                tools = tools_of(step, registry, self.toolsets)
+            else:
+                tool = registry.get(step)
+                tools = [tool] if tool is not None else []
+            if not tools or any(t.needs_connection is None or t.needs_connection in connections for t in tools):
+                continue  # a step with no tool here is ``unavailable``'s to report
+            wanted = sorted({CONNECTION_NAMES.get(t.needs_connection or "", t.needs_connection or "") for t in tools})
+            missing.append(" or ".join(wanted))
+        return "needs " + " and ".join(dict.fromkeys(missing)) if missing else None
 
     def report(self, registry: ToolRegistry) -> list[SkillProblem]:
         """Every shipped skill that cannot be used with ``registry``, and why (for start-up and the CLI)."""

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.models.types import ChatMessage, ModelService, ToolCall, ToolSpec
+from core.tools.connectors import CONNECTION_NAMES
 from core.tools.context import SessionContext
 from core.tools.gate import Gate
 from core.tools.registry import Tool, ToolRegistry, check_arguments
@@ -279,7 +280,7 @@ class SkillRuntime:
             connected = self.session.connections
             visible = [t for t in members if t.needs_connection is None or t.needs_connection in connected]
             if not visible:
-                needed = sorted({t.needs_connection for t in members if t.needs_connection})
+                needed = sorted({CONNECTION_NAMES.get(n, n) for t in members if (n := t.needs_connection)})
                 return [], f"its {name} tools need an account that is not connected ({', '.join(needed)})"
             allowed = [t for t in visible if not hides(t, self.session)]
             if not allowed:
@@ -302,6 +303,8 @@ class SkillRuntime:
                 ),
             )
         tools, reason = self._worker_tools(skill)
+        if reason is None and (needs := self.catalog.needs(skill, self.registry, self.session.connections)):
+            reason = f"it {needs} connected (the person connects it)"
         if reason is not None:
             log.info("worker skill cannot run: skill=%s", skill.name)
             return self._outcome(call, "failed", render_failed(f"the skill {skill.name} cannot run: {reason}"))

@@ -44,7 +44,8 @@ _SETS = (
     Toolset("memory", ("memory", "search"), about="search of past conversations"),
     Toolset("answering", ("answering_inbox",), about="messages and bookings from the answering service"),
     Toolset("calendar", ("calendar",), behind_worker=True, about="the person's calendars"),
-    Toolset("email", ("email",), behind_worker=True, about="the person's mailbox"),
+    Toolset("email", ("email",), behind_worker=True, about="writing mail: drafts and sends"),
+    Toolset("mail", ("mail",), behind_worker=True, about="reading the person's mail (Gmail, IMAP, Pepper's inbox)"),
     Toolset("feeds", ("feeds",), behind_worker=True, about="followed feeds and news"),
     Toolset("github", ("github",), behind_worker=True, about="GitHub through its MCP server", mcp=True),
 )

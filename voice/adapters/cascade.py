@@ -187,12 +187,13 @@ class PiperTTS:
 
         self.config = SynthesisConfig(noise_scale=0.0, noise_w_scale=0.0)
 
-    def pcm_sync(self, text: str) -> bytes:
+    def pcm_sync(self, text: str, config: Any = None) -> bytes:
         """16-bit PCM at the voice's own rate (22.05 kHz)."""
-        return b"".join(chunk.audio_int16_bytes for chunk in self.voice.synthesize(text, syn_config=self.config))
+        config = config if config is not None else self.config
+        return b"".join(chunk.audio_int16_bytes for chunk in self.voice.synthesize(text, syn_config=config))
 
-    def mulaw_sync(self, text: str) -> bytes:
-        pcm = np.frombuffer(self.pcm_sync(text), np.int16)
+    def mulaw_sync(self, text: str, config: Any = None) -> bytes:
+        pcm = np.frombuffer(self.pcm_sync(text, config), np.int16)
         if not len(pcm):
             return b""
         out = soxr.resample(pcm, self.rate, RATE)
@@ -322,6 +323,16 @@ def _load(kind: str) -> Any:
                 _loaded[kind] = tts
             log.info("local speech model loaded: model=%s seconds=%.2f", kind, time.perf_counter() - started)
         return _loaded[kind]
+
+
+def notice_mulaw(text: str) -> bytes:
+    """The call notice spoken by the local piper voice, noise-free (the same recording every time;
+    ``voice.notice`` caches it), as mu-law 8 kHz. Blocking."""
+    from piper import SynthesisConfig
+
+    tts: PiperTTS = _load("piper")
+    quiet = SynthesisConfig(noise_scale=0.0, noise_w_scale=0.0)
+    return tts.mulaw_sync(text, quiet)
 
 
 def local_speech() -> LocalSpeech:

@@ -15,6 +15,7 @@ and ``truncate`` do nothing: the model stops itself when talked over.
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import time
 from collections.abc import Iterator
@@ -168,6 +169,15 @@ class GptLiveConnection(OpenAIRealtimeConnection):
             await self._send(event)
             sent.append(event_id)
         return sent
+
+    async def play_fixture(self, pcm24: bytes) -> str:
+        """``session.output_audio.fixture.play``: one fixed clip (raw PCM16 24 kHz, at most 30 s)
+        through the session's output; the model's speech is interrupted and its input muted and
+        dropped while it plays. Its event id (``…fixture.played`` echoes it)."""
+        event_id = self._next_id()
+        await self._send({"type": "session.output_audio.fixture.play", "event_id": event_id,
+                          "audio": base64.b64encode(pcm24).decode()})  # fmt: skip
+        return event_id
 
     async def send_tool_output(self, call_id: str, output: str) -> None:
         await self.append_context("commentary", output, call_id)

@@ -22,6 +22,11 @@ Behaviour (shared/reference/gpt-live.md):
   ``chunk_ms`` at a time, ``pace`` seconds apart) and its words as output transcript fragments.
   "Say exactly this, and nothing else: X" says X.
 * Full duplex: caller words that arrive while it speaks stop its speech (it stops itself).
+* ``session.output_audio.fixture.play {audio}`` (raw PCM16 24 kHz, at most 30 s, validated whole
+  first: an ``error`` otherwise): the model's speech stops, input is muted, ``…fixture.playing``,
+  the clip goes out as ``output_audio.delta`` in the session's format (pcmu 8 kHz here) at the
+  peer's pace, then ``…fixture.played {client_event_id}``; caller audio appended while it plays is
+  dropped (``audio_dropped``), not replayed. One fixture at a time.
 * ``session.close`` answers ``session.closed {reason: close_requested}`` and closes.
 """
 
@@ -41,10 +46,13 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
 from voice.adapters.gpt_live import START_FIELDS
+from voice.codec import audioop
 from voice.testing.realtime_peer import tone
 
 SAY_EXACTLY = "Say exactly this, and nothing else: "
 APPENDS = ("thinking", "commentary", "instructions")
+FIXTURE_RATE = 24000
+FIXTURE_MAX_BYTES = 30 * FIXTURE_RATE * 2
 
 
 @dataclass
@@ -65,6 +73,11 @@ class LiveSession:
     delegations: list[str] = field(default_factory=list)
     said: list[str] = field(default_factory=list)
     interrupted: int = 0
+    sip: bool = False  # a SIP session: its audio goes to the SIP leg, never on the (sideband) socket
+    sip_out: bytearray = field(default_factory=bytearray)  # what the SIP caller was played
+    fixtures: list[bytes] = field(default_factory=list)  # each fixture played, as the pcmu sent
+    fixture_playing: bool = False
+    audio_dropped: int = 0  # bytes of caller audio dropped while a fixture played
     closed: bool = False
     ws: ServerConnection | None = None
     _speaking: asyncio.Task[None] | None = None
@@ -100,6 +113,8 @@ class LiveSession:
     async def caller_says(self, text: str, ms: int = 600) -> None:
         """The caller's words (the model transcribes them), ending now; talking over the model's
         speech stops it."""
+        if self.fixture_playing:
+            return  # input is muted while a fixture plays: the model never hears these words
         end = self.now_ms()
         if self._speaking is not None and not self._speaking.done():
             self._speaking.cancel()
@@ -134,9 +149,14 @@ class LiveSession:
         await self.send({"type": "session.output_transcript.delta", "delta": text, "start_ms": start,
                          "end_ms": start + len(audio) // 8})  # fmt: skip
         for at in range(0, len(audio), step):
-            await self.send({"type": "session.output_audio.delta",
-                             "delta": base64.b64encode(audio[at : at + step]).decode()})  # fmt: skip
+            await self._out(audio[at : at + step])
             await asyncio.sleep(self.peer.pace)
+
+    async def _out(self, chunk: bytes) -> None:
+        if self.sip:
+            self.sip_out += chunk  # to the caller over SIP: the sideband carries no audio
+        else:
+            await self.send({"type": "session.output_audio.delta", "delta": base64.b64encode(chunk).decode()})
 
     async def drop(self) -> None:
         """The socket fails (no close frame)."""
@@ -156,6 +176,9 @@ class LiveSession:
         """One client event; False once the session is over."""
         kind = event.get("type")
         client_id = event.get("event_id")
+        if self.sip and kind == "session.start":
+            await self.error("session_already_started", "a sideband attaches to a started session", client_id)
+            return True
         if self.started_at is None:
             if kind != "session.start":
                 await self.error("session_not_started", "send session.start first", client_id)
@@ -177,6 +200,9 @@ class LiveSession:
             except (ValueError, TypeError):
                 await self.error("invalid_audio", "audio is not base64", client_id)
                 return True
+            if self.fixture_playing:
+                self.audio_dropped += len(audio)  # muted: dropped and not replayed
+                return True
             if self.first_audio_at is None:
                 self.first_audio_at = time.monotonic()
             self.audio_in.extend(audio)
@@ -186,6 +212,9 @@ class LiveSession:
             if what in APPENDS:
                 await self._append(what, event)
                 return True
+        if kind == "session.output_audio.fixture.play":
+            await self._fixture(event)
+            return True
         if kind == "session.close":
             await self.send({"type": "session.closed", "reason": "close_requested",
                              "usage": {"seconds": self.now_ms() // 1000}})  # fmt: skip
@@ -195,6 +224,38 @@ class LiveSession:
             return True
         await self.error("unknown_event", f"unknown client event {kind!r}", client_id)
         return True
+
+    async def _fixture(self, event: dict[str, Any]) -> None:
+        client_id = event.get("event_id")
+        try:
+            pcm = base64.b64decode(event.get("audio") or "", validate=True)
+        except (ValueError, TypeError):
+            pcm = b""
+        if not pcm or len(pcm) % 2 or len(pcm) > FIXTURE_MAX_BYTES:
+            await self.error("invalid_audio", "a fixture is raw PCM16 at 24 kHz, at most 30 s", client_id)
+            return
+        if self.fixture_playing:
+            await self.error("fixture_active", "a fixture is already playing", client_id)
+            return
+        if self._speaking is not None and not self._speaking.done():
+            self._speaking.cancel()  # the model's speech is interrupted
+            self.interrupted += 1
+        self.fixture_playing = True
+        await self.send({"type": "session.output_audio.fixture.playing", "client_event_id": client_id})
+        lin8, _ = audioop.ratecv(pcm, 2, 1, FIXTURE_RATE, 8000, None)
+        self._speaking = asyncio.get_running_loop().create_task(self._play_fixture(audioop.lin2ulaw(lin8, 2),
+                                                                                   client_id))  # fmt: skip
+
+    async def _play_fixture(self, mulaw: bytes, client_id: Any) -> None:
+        step = 8 * self.peer.chunk_ms
+        try:
+            for at in range(0, len(mulaw), step):
+                await self._out(mulaw[at : at + step])
+                await asyncio.sleep(self.peer.pace)
+            self.fixtures.append(mulaw)
+        finally:
+            self.fixture_playing = False
+        await self.send({"type": "session.output_audio.fixture.played", "client_event_id": client_id})
 
     async def _append(self, what: str, event: dict[str, Any]) -> None:
         client_id = event.get("event_id")
@@ -227,6 +288,8 @@ class GptLivePeer:
         self.speak_commentary = speak_commentary
         self.hz = hz
         self.sessions: list[LiveSession] = []
+        self.sip_sessions: dict[str, LiveSession] = {}  # accepted SIP sessions, by id (voice.testing.gpt_live_sip_peer)
+        self.sidebands: list[str] = []  # session ids a sideband attached to, in order
         self._server: Server | None = None
         self._new = asyncio.Event()
         self.port = 0
@@ -267,13 +330,23 @@ class GptLivePeer:
         request = ws.request
         assert request is not None
         headers = {k.lower(): v for k, v in request.headers.raw_items()}
-        if request.path.split("?")[0] != "/v1/live/sessions" or not headers.get("authorization", "").startswith(
-            "Bearer "
-        ):
+        path = request.path.split("?")[0]
+        attach = path.startswith("/v1/live/sessions/") and path.endswith("/attach")
+        if (path != "/v1/live/sessions" and not attach) or not headers.get("authorization", "").startswith("Bearer "):
             await ws.close(4001, "unauthorized or unknown path")
             return
-        session = LiveSession(headers, request.path, self, ws=ws)
-        self.sessions.append(session)
+        if attach:
+            session_id = path[len("/v1/live/sessions/") : -len("/attach")]
+            accepted = self.sip_sessions.get(session_id)
+            if accepted is None or accepted.closed:
+                await ws.close(4004, "no such accepted session")
+                return
+            accepted.ws = ws
+            self.sidebands.append(session_id)
+            session = accepted
+        else:
+            session = LiveSession(headers, request.path, self, ws=ws)
+            self.sessions.append(session)
         try:
             async for raw in ws:
                 try:
@@ -291,6 +364,7 @@ class GptLivePeer:
         except ConnectionClosed:
             pass
         finally:
-            session.closed = True
-            if session._speaking is not None:
-                session._speaking.cancel()
+            if not session.sip or session.ws is ws:
+                session.closed = not session.sip  # a SIP session outlives its sideband (the call goes on)
+                if session._speaking is not None:
+                    session._speaking.cancel()

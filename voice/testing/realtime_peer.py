@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import binascii
 import contextlib
 import functools
 import json
@@ -149,7 +150,14 @@ class _Conn:
     async def handle(self, event: dict[str, Any]) -> None:
         kind = event.get("type")
         if kind == "input_audio_buffer.append":
-            audio = base64.b64decode(event.get("audio", ""))
+            try:
+                audio = base64.b64decode(event.get("audio", ""), validate=True)
+            except (binascii.Error, TypeError, ValueError):
+                # A bad append is refused with an error event; the session goes on.
+                error = {"type": "invalid_request_error", "code": "invalid_value", "param": "audio",
+                         "message": "Invalid 'audio': expected base64-encoded audio."}  # fmt: skip
+                await self.emit({"type": "error", "error": error})
+                return
             if self.rec.first_audio_at is None:
                 self.rec.first_audio_at = time.monotonic()
             self.rec.audio_in += audio
@@ -381,7 +389,7 @@ class RealtimePeer:
         conn = _Conn(self, ws, record)
         self._conns.append(conn)
         created = {"type": "realtime", "id": conn.next_id("sess"), "object": "realtime.session",
-                   "model": "gpt-realtime", "output_modalities": ["audio"]}  # fmt: skip
+                   "model": "gpt-realtime-2", "output_modalities": ["audio"]}  # fmt: skip
         await conn.emit({"type": "session.created", "session": created})
         try:
             async for raw in ws:

@@ -67,6 +67,10 @@ def media_payload(frame: dict[str, Any]) -> str:
     payload = media.get("payload") if isinstance(media, dict) else None
     if not isinstance(payload, str) or not payload:
         raise MalformedFrame("media without a payload")
+    # The payload goes to the model as it came (no decoding on the hot path); what cannot be
+    # base64 at a glance (its length, its characters) stops here. Both checks run in C.
+    if len(payload) % 4 or not payload.isascii():
+        raise MalformedFrame("media payload is not base64")
     return payload
 
 

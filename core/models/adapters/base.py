@@ -31,6 +31,7 @@ from core.models.errors import (
     StreamInterrupted,
 )
 from core.models.types import FinishReason, Generation, Prompt, StreamEvent, TextDelta, WebSource
+from core.tracing import traced, traced_stream
 
 try:  # The OpenAI and Anthropic SDKs ship on httpx2, a fork under its own import name.
     import httpx2
@@ -107,6 +108,20 @@ def finish_for(tool_calls: tuple[Any, ...], reason: FinishReason) -> FinishReaso
     return "tool_calls" if tool_calls and reason == "stop" else reason
 
 
+def _model_span(arguments: Any) -> dict[str, Any]:
+    return {"provider": arguments["self"].provider, "model": arguments["options"].model}
+
+
+def _usage_span(event: Any) -> dict[str, Any]:
+    if not isinstance(event, Generation):
+        return {}
+    return {
+        "tokens.input": event.usage.input_tokens,
+        "tokens.output": event.usage.output_tokens,
+        "status": event.finish_reason,
+    }
+
+
 class ModelAdapter(ABC):
     """One provider behind the common interface. Subclasses fill the three hooks below."""
 
@@ -128,6 +143,7 @@ class ModelAdapter(ABC):
                 raise
             raise error from exc
 
+    @traced("pepper.model.generate", lambda a: _model_span(a), lambda g, _: _usage_span(g))
     async def generate(self, prompt: Prompt, options: CallOptions) -> Generation:
         try:
             generation = await self._converting(self._generate(prompt, options))
@@ -147,6 +163,7 @@ class ModelAdapter(ABC):
             tokens.labels(self.provider, "output").inc(usage.output_tokens)
             tokens.labels(self.provider, "cached").inc(usage.cached_input_tokens)
 
+    @traced_stream("pepper.model.stream", lambda a: _model_span(a), lambda e, _: _usage_span(e))
     async def stream(self, prompt: Prompt, options: CallOptions) -> AsyncGenerator[StreamEvent, None]:
         """TextDelta items, then exactly one Generation. A failure after the first delta raises
         ``StreamInterrupted``; before it, the converted error (which the router may fail over)."""

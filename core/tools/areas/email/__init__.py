@@ -1,4 +1,4 @@
-"""Feature area: email. Every tool names who sends:
+"""Feature area: email, the mail Pepper writes (reading is the ``mail`` area). Every tool names who sends:
 
 * ``email_from_pepper``: Pepper, from its own address (SMTP); the person is always on CC;
 * ``email_from_my_gmail``: the person, from their Gmail (compose scope); a draft unless asked to send.
@@ -416,4 +416,13 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
 
 TOOLS = make_tools(Connectors())
 
-__all__ = ["TOOLS", "discard_draft", "draft_cards", "edit_draft", "is_draft", "make_tools", "pending_drafts"]
+__all__ = [
+    "TOOLS",
+    "connect_imap",
+    "discard_draft",
+    "draft_cards",
+    "edit_draft",
+    "is_draft",
+    "make_tools",
+    "pending_drafts",
+]

@@ -1,0 +1,180 @@
+"""SIP direct (``PEPPER_VOICE_TRANSPORT=sip``): OpenAI's signed webhook for a call its SIP endpoint
+took, accepted or rejected through the Live sessions API, the call driven over the sideband socket
+(media never passes through Pepper). Loopback peers: the SIP side (REST + signed webhooks), the
+GPT-Live server (the sideband), OpenAI's text API behind Pepper's own turns."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+import pytest
+from phone_support import (
+    LINE,
+    NOTICE,
+    OWNER,
+    PIN,
+    STRANGER,
+    TOKEN,
+    _set_pin,
+    call_settings,
+    normalised,
+    transcribed,
+    until,
+)
+
+from core import identity
+from core.store import Database
+from core.testing.peers import OpenAIPeer, reply_text, reply_tools
+from core.testing.twilio_peer import TwilioPeer
+from core.usage.ledger import add_usage, set_limits
+from gateway.server import running_app
+from gateway.webhooks import SIP_INCOMING
+from voice.live_call import FRONT
+from voice.testing.gpt_live_peer import GptLivePeer, LiveSession
+from voice.testing.gpt_live_sip_peer import GptLiveSipPeer, new_secret, sign_webhook
+
+pytestmark = pytest.mark.slow
+
+
+@dataclass
+class SipLine:
+    db: Database
+    live: GptLivePeer
+    sip: GptLiveSipPeer
+    text: OpenAIPeer
+    url: str
+    http: aiohttp.ClientSession
+    services: Any
+
+    async def post(self, body: bytes, headers: dict[str, str]) -> tuple[int, str]:
+        async with self.http.post(self.url, data=body, headers=headers) as response:
+            return response.status, (await response.text()).strip()
+
+    async def delegated(self, session: LiveSession, words: str) -> str:
+        await session.caller_says(words)
+        ident = await session.delegate()
+        await self.live.wait_for(lambda: session.results(ident), within=15, what="the delegation's result")
+        return session.result_text(ident)
+
+
+@asynccontextmanager
+async def sip_line(db: Database, db_url: str) -> AsyncIterator[SipLine]:
+    ada = await identity.create_account(db, "Ada")
+    await identity.add_handle(db, ada.id, "phone", OWNER, verified=True)
+    await _set_pin(db, ada.id)
+    await identity.assign_line(db, LINE, "personal", ada.id)
+    secret = new_secret()
+    async with (TwilioPeer(auth_token=TOKEN) as twilio, GptLivePeer() as live, GptLiveSipPeer(live, secret) as sip,
+                OpenAIPeer() as text):  # fmt: skip
+        settings = call_settings(
+            db_url, twilio, voice_transport="sip", openai_webhook_secret=secret, openai_live_api_url=sip.base_url,
+            gpt_live_url=live.websocket_url, openai_base_url=text.base_url, voice_notice_audio="local",
+            memory_jobs_interval=0,
+        )  # fmt: skip
+        async with running_app(settings, db) as (app, port), aiohttp.ClientSession() as http:
+            yield SipLine(db, live, sip, text, f"http://127.0.0.1:{port}{SIP_INCOMING.path}", http,
+                          app.extensions["pepper"])  # fmt: skip
+
+
+def skills_offered(request: Any) -> set[str]:
+    for tool in request.body.get("tools") or ():
+        if tool.get("name") == "use_skill":
+            return set(tool["parameters"]["properties"]["name"]["enum"])
+    return set()
+
+
+async def test_a_sip_call_from_the_owner_s_number_is_accepted_restricted_and_a_spoken_pin_unlocks_it(db, db_url):
+    async with sip_line(db, db_url) as line:
+        session_id, body, headers = line.sip.incoming(caller=OWNER, line=LINE)
+        assert await line.post(body, headers) == (200, "accepted")
+        session = await line.sip.accepted(session_id)
+        accepted = line.sip.accepts[0]
+        # The session config: the live model, Pepper's front instructions, client delegation; no
+        # tools and no audio format (SIP negotiates it).
+        assert accepted["instructions"] == FRONT and accepted["delegation"] == {"type": "client"}
+        assert "tools" not in accepted and "format" not in accepted["audio"]
+        await line.live.wait_for(lambda: line.live.sidebands == [session_id], what="the sideband attached")
+        # The notice is Pepper's recording played as a fixture; it went to the SIP leg, not to Pepper.
+        await line.live.wait_for(lambda: session.fixtures, what="the notice fixture played")
+        assert not any(e.get("type") == "session.start" for e in session.events)
+        assert len(session.sip_out) > 8000 and not session.appends
+        assert normalised(await transcribed(bytes(session.sip_out))) == normalised(NOTICE)
+
+        # Restricted until proven: the agenda asked before the PIN runs without the calendar.
+        engine = line.services.calls.sessions[session_id]
+        await line.live.wait_for(lambda: engine.listening, what="Pepper taking the caller's words")
+        assert engine.trust == "owner_unverified"
+        line.text.script(reply_text("I can't see the calendar until you verify."))
+        result = await line.delegated(session, "what's on my calendar tomorrow")
+        assert result == "I can't see the calendar until you verify."
+        assert "calendar" not in skills_offered(line.text.requests[-1])
+
+        # The PIN, spoken: checked by Pepper; the model hears only the verdict.
+        assert await line.delegated(session, f"my pin is {' '.join(PIN)}") == "verified"
+        line.text.script(reply_tools(("use_skill", {"name": "calendar", "request": "tomorrow"})),
+                         reply_text("Tomorrow is clear."))  # fmt: skip
+        assert await line.delegated(session, "so what's on tomorrow") == "Tomorrow is clear."
+        assert "calendar" in skills_offered(line.text.requests[-2])  # the owner session, same SIP call
+
+        await session.send({"type": "session.closed", "reason": "remote_hangup", "usage": {"seconds": 30}})
+        row = await until(lambda: db.fetchrow("SELECT * FROM calls WHERE call_sid = $1 AND summary IS NOT NULL",
+                                              session_id), 15, "the call recorded")  # fmt: skip
+        assert "caller verified (pin-spoken)" in row["summary"] and row["end_reason"] == "hangup"
+        assert PIN not in json.dumps([dict(r) for r in await db.fetch("SELECT body FROM messages")])
+        assert "hangup" not in {a for _, a in line.sip.requests}  # the caller hung up: nothing to end
+
+
+async def test_forged_garbage_duplicate_and_unknown_sip_webhooks(db, db_url):
+    async with sip_line(db, db_url) as line:
+        # Forged: signed with another secret. Refused, and nothing recorded or asked of OpenAI.
+        _, body, headers = line.sip.incoming(caller=OWNER, line=LINE, secret=new_secret())
+        assert (await line.post(body, headers))[0] == 401
+        # Stale: a real signature ten minutes old (a replay).
+        _, body, headers = line.sip.incoming(caller=OWNER, line=LINE, timestamp=0)
+        assert (await line.post(body, headers))[0] == 401
+        # Garbage: unsigned, signed but not JSON, signed but not an incoming call.
+        assert (await line.post(b"\xff\x00garbage", {"content-type": "application/json"}))[0] == 401
+        wid, ts = "wh_garbage", int(time.time())
+        nul = json.dumps({"type": "live.transport.incoming", "data": {"session_id": "live_\u0000x", "sip_headers": []}})
+        for text in ("not json", json.dumps({"type": "batch.completed", "data": {}}), json.dumps([1, 2]), nul):
+            signed = {"webhook-id": wid, "webhook-timestamp": str(ts),
+                      "webhook-signature": sign_webhook(line.sip.secret, wid, ts, text)}  # fmt: skip
+            assert (await line.post(text.encode(), signed))[0] == 400
+        assert await db.fetchval("SELECT count(*) FROM calls") == 0
+        assert await db.fetchval("SELECT count(*) FROM sip_webhooks") == 0
+        assert line.sip.requests == []
+
+        # The Realtime API's event for a pending call is acknowledged and not acted on.
+        _, body, headers = line.sip.incoming(caller=OWNER, line=LINE, event_type="realtime.call.incoming")
+        assert await line.post(body, headers) == (200, "ignored")
+        assert line.sip.requests == []
+
+        # A redelivered webhook (same webhook-id) starts one call.
+        session_id, body, headers = line.sip.incoming(caller=OWNER, line=LINE)
+        assert await line.post(body, headers) == (200, "accepted")
+        assert await line.post(body, headers) == (200, "duplicate")
+        assert [a for s, a in line.sip.requests if s == session_id] == ["accept"]
+        assert await db.fetchval("SELECT count(*) FROM calls") == 1
+
+        # An unknown caller (untrusted SIP From) is rejected; a forged From cannot name the owner's
+        # line as the caller's own: the number is only looked up.
+        stranger, body, headers = line.sip.incoming(caller=STRANGER, line=LINE)
+        assert await line.post(body, headers) == (200, "rejected")
+        assert line.sip.answered[stranger] == "rejected:403"
+        row = await db.fetchrow("SELECT route, status FROM calls WHERE call_sid = $1", stranger)
+        assert row["route"] == "refused" and stranger not in line.live.sidebands
+
+        # The owner at the day's usage cap: rejected (486), no session started.
+        account = await db.fetchval("SELECT account_id FROM calls WHERE call_sid = $1", session_id)
+        await set_limits(db, account, tokens=100, cost=None, minutes=None)
+        await add_usage(db, account, datetime.now(UTC), tokens=100)
+        capped, body, headers = line.sip.incoming(caller=OWNER, line=LINE)
+        assert await line.post(body, headers) == (200, "rejected")
+        assert line.sip.answered[capped] == "rejected:486" and capped not in line.live.sidebands
