@@ -10,8 +10,9 @@
    ``ring_seconds`` (busy, no answer, failed): the caller comes back to Pepper on the same call,
    a new media stream, and hears "they did not pick up, may I take a message?".
 
-Only the account's own verified number is ever dialled (never a number a caller names). On a SIP
-transport a REFER would replace step 2; this build has no SIP transport, so transfers are Twilio only.
+Only the account's own verified number is ever dialled (never a number a caller names). SIP direct
+(``voice.sip``) takes only owner calls, never the answering service's, so no SIP call is put through;
+a REFER (``live.sessions.refer``) would replace step 2 once answering calls run on SIP.
 """
 
 from __future__ import annotations
