@@ -258,5 +258,22 @@ async def test_a_number_nobody_approved_is_never_dialled(phone_out):
         assert await placing.scheduler.run_due() == 1
         [placed] = await phone.twilio.wait_for_calls(1)
         assert placed.to == STRANGER and placed.send_digits == "ww2#"
+        # Whoever answers there hears the message the owner sent them, and nothing more: no memory,
+        # no tools but end_call, and the owner's PIN keyed there makes nobody the owner.
+        status, text = await placing.answer(placed, "human")
+        assert status == 200
+        parsed = parse_twiml(text)
+        answer = Answer(200, text, placed.sid, parsed["stream_url"], parsed["parameters"])
+        async with phone.caller.media(answer) as call:
+            await phone.until_listening(call)
+            session = phone.model.sessions[0]
+            assert BRIEF in session.config.get("instructions", "")
+            assert session.tool_names() == ["end_call"]
+            updates = len([e for e in session.events if e["type"] == "session.update"])
+            await call.keypad(PIN + "#")
+            await call.hang_up()
+        row = await phone.call_row(placed.sid)
+        assert row["verified_by"] is None
+        assert len([e for e in session.events if e["type"] == "session.update"]) == updates
     finally:
         await placing.aclose()
