@@ -9,9 +9,11 @@ tried: SMS, then web chat, which always works (a message in the owner's conversa
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 from uuid import UUID
 from zoneinfo import ZoneInfo
 
@@ -33,6 +35,9 @@ class OwnerNotifier:
     send_sms: SendSms | None = None
     send_email: SendEmail | None = None
     public_url: str | None = None
+    # Twilio Lookup v2 (``PEPPER_TWILIO_LOOKUP``): (number) -> an object with ``line_type`` and
+    # ``caller_name``; shown with each message. None: not configured.
+    lookup: Callable[[str], Awaitable[Any]] | None = None
 
     def transcript_link(self, call_sid: str) -> str:
         base = (self.public_url or "").rstrip("/")
@@ -56,7 +61,9 @@ class OwnerNotifier:
             CALLER_LABEL,
             f"Name: {quoted(row['caller_name'])}",
             f"Reason: {quoted(row['reason'])}",
-            f"Call back: {row['callback_number']}",
+            f"Call back: {row['callback_number']}"
+            + (" (Pepper said you would: it is on your todos)" if row["callback_promised"] else ""),
+            *await self._signals(call_sid),
             f"Transcript: {self.transcript_link(call_sid)}",
         ])  # fmt: skip
         subject = ("URGENT: " if urgent else "") + f"Message from {quoted(row['caller_name'])}"
@@ -68,6 +75,28 @@ class OwnerNotifier:
         channel, error = await self._deliver(row["account_id"], call_sid, subject, body, trying=trying)
         await answering.notice_result(db, row["id"], channel, error)
         return True
+
+    async def _signals(self, call_sid: str) -> list[str]:
+        """What Twilio Lookup says of the caller ID (looked up once per call, kept with it)."""
+        if self.lookup is None:
+            return []
+        row = await answering.caller_signals(self.db, call_sid)
+        if row is None or not row["caller"]:
+            return []
+        line_type, name = row["line_type"], row["caller_name_lookup"]
+        if line_type is None:
+            try:
+                async with asyncio.timeout(5):
+                    found = await self.lookup(row["caller"])
+                line_type, name = found.line_type, found.caller_name
+            except Exception as exc:  # a lookup that fails leaves the notice as it was
+                log.warning("Twilio Lookup failed for an answering caller: error=%s", type(exc).__name__)
+                return []
+            await answering.store_lookup(self.db, call_sid, line_type, name)
+        lines = [f"Line type (Twilio Lookup): {line_type or 'unknown'}"]
+        if name:
+            lines.append(f"Registered name (Twilio Lookup): {quoted(name)}")
+        return lines
 
     async def bookings(self, call_sid: str) -> None:
         for row in await answering_bookings.claim_owner_notices(self.db, call_sid):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import re
 from datetime import datetime
 from typing import Any
 
@@ -37,6 +38,7 @@ from core.tools.gate import Gate
 from core.tools.registry import Tool, ToolRegistry
 from core.tools.runner import CallOutcome
 from voice.profile import AdmittedCall, CallControls, CallProfile
+from voice.transfer import RETURNED_NOTE, RETURNED_NOTICE
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +50,8 @@ PROFILE_TEXT = """You are a polite answering service on a phone call, answering 
 {owner}, and you know nothing about them beyond the notes below. You cannot see their messages,
 contacts, email or what is in their calendar, and you cannot send anything on their behalf.
 You can: take a message (the caller's name, a callback number, which you read back digit by digit
-before saving it, the reason, and whether it is urgent){booking}; and end the call when the caller is done.
+before saving it, the reason, and whether it is urgent; you may offer "I'll have them call you back", and
+if they want that, save it with call_back true){booking}; and end the call when the caller is done.
 If a caller asks for anything else (the owner's schedule, whereabouts, phone number, other people's
 appointments, to send an email, to change someone else's booking), say kindly that you can only
 take a message{booking_short}. A caller who says they are {owner} is treated like any caller.
@@ -61,6 +64,18 @@ BOOKING_TEXT = (
     " Hours for appointments: {hours}. Today is {today} ({zone})"
 )
 TRANSCRIBED = "This call is transcribed."
+# What recorded sales and scam calls say (checked on the caller's words, case-insensitive).
+ROBOCALL = re.compile(
+    r"\bpress (?:one|1|2|9)\b|extended (?:car |auto |vehicle )?warranty|this is (?:an? )?(?:important|final|"
+    r"courtesy|urgent) (?:message|notice|call)|removed from (?:our|the|this) (?:call|calling|mailing) list|"
+    r"you (?:have been|are|were) (?:selected|pre-?approved)|social security number (?:has been |was )?suspended|"
+    r"(?:account|card) (?:has been|will be) (?:suspended|charged)|lower (?:your )?interest rate",
+    re.IGNORECASE,
+)
+
+
+def robocall_words(text: str) -> bool:
+    return ROBOCALL.search(text) is not None
 
 
 class AnsweringProfile(CallProfile):
@@ -77,8 +92,13 @@ class AnsweringProfile(CallProfile):
         text_regions: tuple[str, ...] = (),  # where this call's confirmation text may go
         connectors: Connectors | None = None,
         silence_seconds: float = 15.0,
+        transfers: Any = None,  # voice.transfer.Transfers: the transfer_to_owner tool
     ):
         self.db = db
+        self.transfers = transfers
+        self.returned = False
+        self._heard_speech = False
+        self._screened = False
         self.rules = rules
         self.connectors = connectors
         self.silence_seconds = silence_seconds
@@ -92,7 +112,15 @@ class AnsweringProfile(CallProfile):
     def attach(self, controls: CallControls) -> None:
         self.controls = controls
         end_call = controls.end_call_tool(AREA)
-        self.registry = ToolRegistry(make_tools(self.caller_call, end_call=end_call, connectors=self.connectors))
+        tools = list(make_tools(self.caller_call, end_call=end_call, connectors=self.connectors))
+        if self.transfers is not None and self.rules.transfer_enabled and not self.returned:
+            tools.append(self.transfers.tool(controls, self._call, area=AREA))
+        self.registry = ToolRegistry(tools)
+
+    def came_back(self) -> None:
+        """The caller was put through and the owner did not pick up: back here, for a message."""
+        self.returned = True
+        self.notice = RETURNED_NOTICE
 
     # --- The profile ------------------------------------------------------------------------
 
@@ -124,6 +152,13 @@ class AnsweringProfile(CallProfile):
         parts = [PROFILE_TEXT.format(owner=owner, booking=booking, booking_short=booking_short)]
         if rules.caller_info.strip():
             parts.append(f"What {owner} wrote for callers (you may tell callers this):\n{rules.caller_info.strip()}")
+        if self.transfers is not None and rules.transfer_enabled and not self.returned:
+            parts.append(
+                f"If the caller asks to speak to {owner} in person, you may put them through (transfer_to_owner)"
+                " with their name and why they call."
+            )
+        if self.returned:
+            parts.append(RETURNED_NOTE)
         if self.caller_call.vip:
             parts.append(
                 f"This caller is on {owner}'s VIP list. After you save their message, tell them:"
@@ -166,8 +201,27 @@ class AnsweringProfile(CallProfile):
     async def _silence_watch(self) -> None:
         await asyncio.sleep(self.silence_seconds)
         if not any(e.get("role") == "caller" for e in self.controls.transcript):
-            log.info("no caller speech on an answering call; ending it")
+            # Silence (nothing heard), or sound but no words in answer to the greeting.
+            pattern = "no-response" if self._heard_speech else "silence"
+            log.info("robocall pattern on an answering call; ending it: pattern=%s", pattern)
+            await answering_records.mark_screened(self.db, self._call.call_sid, pattern)
             await self.controls.begin_closing("silent-caller", SILENT_CLOSING)
+
+    def on_speech_started(self, item_id: str | None) -> None:
+        self._heard_speech = True
+
+    def on_caller_words(self, item_id: str, text: str) -> None:
+        # A recorded message: the patterns of robocalls, on the caller's words. The call ends at
+        # once, without a goodbye; it is logged with the call, never a message to the owner.
+        if self._screened or self.controls.closing is not None or not robocall_words(text):
+            return
+        self._screened = True
+        log.info("robocall pattern on an answering call; ending it: pattern=recorded-message")
+        self.controls.spawn("robocall", self._end_robocall())
+
+    async def _end_robocall(self) -> None:
+        await answering_records.mark_screened(self.db, self._call.call_sid, "recorded-message")
+        self.controls.hang_up("robocall")
 
     # --- Records ------------------------------------------------------------------------------
 

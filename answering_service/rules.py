@@ -56,6 +56,7 @@ class Rules:
     max_line_calls_per_hour: int = 30  # per line, every caller
     max_texts_per_hour: int = 10  # confirmation texts to callers, per line
     sms_countries: tuple[str, ...] = ()  # regions a caller's text may go to; empty: PEPPER_DEFAULT_REGION's
+    transfer_enabled: bool = False  # callers may be put through to the owner (transfer_to_owner)
 
     @property
     def zone(self) -> ZoneInfo:
@@ -181,6 +182,7 @@ async def load_rules(db: Queries, account_id: UUID) -> Rules:
         max_line_calls_per_hour=row["max_line_calls_per_hour"],
         max_texts_per_hour=row["max_texts_per_hour"],
         sms_countries=tuple(row["sms_countries"]),
+        transfer_enabled=bool(row.get("transfer_enabled")),
     )
 
 
@@ -205,6 +207,7 @@ async def save_rules(db: Queries, rules: Rules) -> None:
         max_texts_per_hour=rules.max_texts_per_hour,
         sms_countries=list(rules.sms_countries),
     )
+    await answering.set_transfer_enabled(db, rules.account_id, rules.transfer_enabled)
 
 
 # --- Slots ---------------------------------------------------------------------------------------

@@ -76,6 +76,7 @@ class AnsweringService:
         self.connectors = connectors
         self.silence_seconds = silence_seconds
         self.gate = gate.with_policy(ANSWERING_POLICY)
+        self.transfers: Any = None  # voice.transfer.Transfers: callers may be put through to the owner
 
     async def screen(self, route: CallRoute, form: Mapping[str, str]) -> tuple[CallRoute, str | None, bool]:
         db, account_id = self.db, route.account_id
@@ -110,7 +111,10 @@ class AnsweringService:
         rules = await load_rules(self.db, row["account_id"])
         profile = AnsweringProfile(self.db, call, rules, gate=self.gate, vip=caller["vip"],
                                    text_regions=text_countries(rules, self.default_region),
-                                   connectors=self.connectors, silence_seconds=self.silence_seconds)  # fmt: skip
+                                   connectors=self.connectors, silence_seconds=self.silence_seconds,
+                                   transfers=self.transfers)  # fmt: skip
+        if self.transfers is not None and await self.transfers.returned(start.call_sid):
+            profile.came_back()
         return call, profile
 
 

@@ -41,7 +41,9 @@ log = logging.getLogger(__name__)
 
 AREA = "answering"
 CHANNEL = "answering"
-PROFILE: frozenset[str] = frozenset({"take_message", "check_availability", "book_appointment", "end_call"})
+PROFILE: frozenset[str] = frozenset(
+    {"take_message", "check_availability", "book_appointment", "end_call", "transfer_to_owner"}
+)
 HOLD_TTL = timedelta(minutes=10)
 MAX_FREE_LISTED = 8
 
@@ -169,8 +171,10 @@ def make_tools(
             "reason": args["reason"].strip(),
             "urgency": args.get("urgency", "normal"),
             "vip": call.vip,
+            "call_back": bool(args.get("call_back")),
         }
-        return ToolOutcome.planned(payload, "message saved for the owner")
+        promised = "; the owner has a todo to call them back" if payload["call_back"] else ""
+        return ToolOutcome.planned(payload, f"message saved for the owner{promised}")
 
     async def apply_message(conn: Queries, account_id: UUID, payload: dict[str, Any]) -> None:
         await answering.save_message(
@@ -180,6 +184,8 @@ def make_tools(
         )  # fmt: skip
         # Due now for a VIP's message, else when the call ends (``AnsweringSession._finish`` makes it
         # due), at the latest in an hour if the call's end was never recorded.
+        if payload.get("call_back"):
+            await answering.promise_callback(conn, account_id, payload["call_sid"], payload["callback_number"])
         await answering.record_owner_notice(conn, account_id, payload["call_sid"], now=bool(payload["vip"]))
 
     message_schema = {
@@ -192,6 +198,9 @@ def make_tools(
                                  "description": "True only after you read the number back and the caller agreed."},
             "reason": {"type": "string", "minLength": 1, "maxLength": 1000},
             "urgency": {"type": "string", "enum": ["normal", "urgent"]},
+            "call_back": {"type": "boolean",
+                          "description": "True when you offered 'I'll have them call you back' and the caller agreed:"
+                                         " the owner gets a todo to call back."},
         },
         "required": ["caller_name", "reason", "urgency", "number_confirmed"],
         "additionalProperties": False,

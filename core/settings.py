@@ -188,6 +188,23 @@ class Settings(BaseSettings):
     # Seals connection secrets (OAuth tokens, CalDAV passwords) at rest: Fernet keys, comma-separated,
     # the first seals and all open (rotation). Unset: <data dir>/secret.key, created on first use.
     secret_key: SecretStr | None = Field(None, validation_alias=_env("PEPPER_SECRET_KEY", "secret_key"))
+    # Calls Pepper places (voice.outbound): an unanswered call is tried once more this many seconds
+    # later; due retries are looked for every outbound_poll_seconds; a call rings this long.
+    outbound_retry_seconds: float = Field(
+        600.0, ge=0, validation_alias=_env("PEPPER_OUTBOUND_RETRY_SECONDS", "outbound_retry_seconds")
+    )
+    outbound_poll_seconds: float = Field(
+        5.0, gt=0, validation_alias=_env("PEPPER_OUTBOUND_POLL_SECONDS", "outbound_poll_seconds")
+    )
+    outbound_ring_seconds: int = Field(
+        25, ge=5, le=600, validation_alias=_env("PEPPER_OUTBOUND_RING_SECONDS", "outbound_ring_seconds")
+    )
+    # Hand a caller to the owner (transfer_to_owner): how long the owner's phone rings first.
+    transfer_ring_seconds: int = Field(
+        20, ge=5, le=600, validation_alias=_env("PEPPER_TRANSFER_RING_SECONDS", "transfer_ring_seconds")
+    )
+    # Twilio Lookup v2 (line type and caller name) for each answering-service caller; costs per lookup.
+    twilio_lookup: bool = Field(False, validation_alias=_env("PEPPER_TWILIO_LOOKUP", "twilio_lookup"))
     # Phone calls (voice/). A caller on a personal line who is not its verified owner: "refuse"
     # politely, or hand the call to the "answering" service. Never the owner's session.
     voice_unknown_caller: Literal["refuse", "answering"] = Field(

@@ -20,6 +20,7 @@ from gateway import (
     messaging,
     metrics_route,
     openapi,
+    outbound_routes,
     pages,
     voice_routes,
     web_api,
@@ -63,6 +64,7 @@ def create_app(settings: Settings, db, *, turns_in_process: bool = True, media_i
     app.register_blueprint(webchat.blueprint)
     app.register_blueprint(email_channel.blueprint)
     app.register_blueprint(voice_routes.blueprint)
+    app.register_blueprint(outbound_routes.blueprint)
     app.register_blueprint(answering_routes.blueprint)
     app.register_blueprint(connect_routes.blueprint)
     app.register_blueprint(browser_calls.blueprint)

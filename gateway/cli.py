@@ -158,6 +158,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "gateway.cli_rooms",
     "gateway.cli_quality",
     "gateway.cli_suggestions",
+    "gateway.cli_calls",
 )
 
 

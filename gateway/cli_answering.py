@@ -4,7 +4,8 @@ pepper answering show ACCOUNT
 pepper answering set ACCOUNT [--greeting T] [--caller-info T] [--booking on|off] [--type NAME=MIN ...]
                              [--hours mon-fri=09:00-17:00,...] [--buffer MIN] [--notice MIN] [--horizon DAYS]
                              [--vip NUMBER ...] [--unvip NUMBER ...] [--block NUMBER ...] [--unblock NUMBER ...]
-                             [--notify sms|email|web] [--invitations on|off] [--max-calls-per-hour N]
+                             [--notify sms|email|web] [--invitations on|off] [--transfer on|off]
+                             [--max-calls-per-hour N]
 pepper answering calls ACCOUNT       recent answering calls, messages and bookings
 pepper answering transcript CALL_SID
 """
@@ -47,6 +48,7 @@ def add_commands(subparsers: Any) -> None:
     s.add_argument("--unblock", action="append", default=[], metavar="NUMBER")
     s.add_argument("--notify", choices=CHANNELS, help="where messages from callers reach you")
     s.add_argument("--invitations", choices=("on", "off"), help="send calendar invitations to callers who book")
+    s.add_argument("--transfer", choices=("on", "off"), help="let callers who ask be put through to your phone")
     s.add_argument(
         "--max-calls-per-hour",
         type=int,
@@ -105,6 +107,8 @@ def _changed(rules: Rules, args: argparse.Namespace, region: str) -> Rules:
         changes["booking_enabled"] = args.booking == "on"
     if args.invitations is not None:
         changes["send_invitations"] = args.invitations == "on"
+    if getattr(args, "transfer", None) is not None:
+        changes["transfer_enabled"] = args.transfer == "on"
     if args.type:
         types = tuple(parse_type(t) for t in args.type)
         if len({t.name.lower() for t in types}) != len(types):
@@ -142,6 +146,7 @@ def _show(rules: Rules, out: Callable[[str], None]) -> None:
     out(f"buffer:        {rules.buffer_minutes} min; notice {rules.min_notice_minutes} min;"
         f" up to {rules.horizon_days} days ahead")  # fmt: skip
     out(f"notify by:     {rules.notify_channel}; invitations {'on' if rules.send_invitations else 'off'}")
+    out(f"put through:   {'on' if rules.transfer_enabled else 'off'} (callers who ask are put through to you)")
     out(f"VIP:           {', '.join(rules.vip_numbers) or '(none)'}")
     out(f"blocked:       {', '.join(rules.blocked_numbers) or '(none)'}")
     out(f"rate limit:    {rules.max_calls_per_hour} calls per number per hour (withheld numbers share one);"

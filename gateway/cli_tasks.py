@@ -1,7 +1,8 @@
 """``pepper tasks``: scheduled tasks and their receipts, from the command line.
 
 pepper tasks [list] [--account A] [--all]   tasks and their recent receipts
-pepper tasks add ACCOUNT TITLE --schedule S --prompt P [--to chat,sms,room:ROOM] [--reminder]
+pepper tasks add ACCOUNT TITLE --schedule S --prompt P [--to chat,sms,call,room:ROOM] [--call-number N] [--reminder]
+pepper tasks call-number ID NUMBER|none [--digits D]   the number a task's calls go to (approved by you)
 pepper tasks remove ID [ID ...]
 pepper tasks place ACCOUNT LAT LON [--label L]   where sunrise and sunset are computed
 """
@@ -9,6 +10,7 @@ pepper tasks place ACCOUNT LAT LON [--label L]   where sunrise and sunset are co
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -16,9 +18,10 @@ from zoneinfo import ZoneInfo
 
 from core import identity
 from core.errors import InvalidInput, NotFound
+from core.records.outbound import attempts_of_run, set_call_digits, set_call_number
 from core.scheduling.runs import recent_receipts
 from core.scheduling.schedule import SCHEDULE_HELP, Place, parse_schedule
-from core.scheduling.tasks import account_timezone, cancel_tasks, create_task, list_tasks, set_owner_place
+from core.scheduling.tasks import account_timezone, cancel_tasks, create_task, get_task, list_tasks, set_owner_place
 from core.settings import Settings
 from core.store import Database
 from core.store.queries import Queries
@@ -37,8 +40,15 @@ def add_commands(subparsers: Any) -> None:
     add.add_argument("title")
     add.add_argument("--schedule", required=True, help="e.g. 'weekdays at 07:30', 'sunset', 'cron 0 8 * * 1'")
     add.add_argument("--prompt", required=True, help="what Pepper does at each run")
-    add.add_argument("--to", default="", help="comma-separated: chat, sms, whatsapp, email, room:ROOM (default: usual)")
+    add.add_argument(
+        "--to", default="", help="comma-separated: chat, sms, whatsapp, email, call, room:ROOM (default: usual)"
+    )
+    add.add_argument("--call-number", help="for --to call: a number other than the owner's own, approved by you")
     add.add_argument("--reminder", action="store_true", help="a one-shot reminder")
+    number = sub.add_parser("call-number", help="approve the number a task's calls go to ('none': the owner's own)")
+    number.add_argument("task_id", type=int)
+    number.add_argument("number")
+    number.add_argument("--digits", help="keys pressed once the call connects (a menu or extension): 0-9 * # w")
     remove = sub.add_parser("remove", help="cancel tasks by number")
     remove.add_argument("ids", nargs="+", type=int)
     place = sub.add_parser("place", help="set where an account's sunrise and sunset are computed")
@@ -70,9 +80,19 @@ async def run(args: argparse.Namespace, settings: Settings, db: Database, out: C
             task = await create_task(
                 conn, account.id, title=args.title, prompt=args.prompt, schedule=schedule, now=now,
                 kind="reminder" if args.reminder else "task", deliver_to=channels,
+                call_number=_number(args.call_number, settings), call_approved=True,
             )  # fmt: skip
         first = task.next_run_at.astimezone(ZoneInfo(zone)) if task.next_run_at else None
         out(f"scheduled {task.describe()}; first run {first:%a %d %b %Y %H:%M} ({zone})")
+    elif action == "call-number":
+        task = await get_task(db, args.task_id)
+        number = None if args.number.strip().lower() == "none" else _number(args.number, settings)
+        await set_call_number(db, task.id, number, approved=number is not None)
+        if args.digits is not None:
+            if not re.fullmatch(r"[0-9*#wW]{0,32}", args.digits):
+                raise InvalidInput("digits are 0-9, *, # and w (a half-second wait), at most 32")
+            await set_call_digits(db, task.id, args.digits or None)
+        out(f"task #{task.id} calls {number or 'the owner' + chr(39) + 's verified number'}")
     elif action == "remove":
         async with db.transaction() as conn:
             done = await cancel_tasks(conn, None, args.ids, now=now)
@@ -86,6 +106,10 @@ async def run(args: argparse.Namespace, settings: Settings, db: Database, out: C
         await set_owner_place(db, account.id, Place(args.latitude, args.longitude), args.label)
         out(f"{account.name}'s place is now {args.latitude:.4f},{args.longitude:.4f}")
     return True
+
+
+def _number(raw: str | None, settings: Settings) -> str | None:
+    return identity.normalize_phone(raw, settings.default_region) if raw else None
 
 
 async def _list(db: Queries, account_id: Any, include_inactive: bool, out: Callable[[str], None]) -> None:
@@ -103,3 +127,6 @@ async def _list(db: Queries, account_id: Any, include_inactive: bool, out: Calla
             why = f"  ({r['reason']})" if r["reason"] else ""
             tries = f"  attempts {r['attempts']}" if r["attempts"] > 1 else ""
             out(f"    {r['occurrence_at'].astimezone(zone):%Y-%m-%d %H:%M}  {r['status']:<7}{why}{tries}")
+            for call in await attempts_of_run(db, r["id"]):
+                out(f"      call attempt {call['attempt']} to {call['to_number']}: {call['outcome'] or call['status']}"
+                    f" ({call['receipt'] or 'ringing'})")  # fmt: skip

@@ -25,11 +25,14 @@ if TYPE_CHECKING:  # imported where used: a turn worker need not load what only 
     from core.adapters.twilio.rest import TwilioMessenger
     from core.memory.worker import MemoryWorker
     from core.models.router import ModelRouter
+    from core.store.queries import Queries
     from gateway.channels import Channel
     from gateway.mailer import SmtpMailer
     from text_loop import HarnessDeps
     from voice.live_call import Delegate, Settle
+    from voice.outbound import OutboundCalls
     from voice.service import CallService
+    from voice.transfer import Transfers
 
 log = logging.getLogger(__name__)
 
@@ -148,14 +151,31 @@ def answering_notifier(settings: Settings, db: Database, messenger: TwilioMessen
     from answering_service.notify import OwnerNotifier
 
     return OwnerNotifier(db, send_sms=plain_sms(messenger), send_email=_owner_mail(settings),
-                         public_url=settings.public_url)  # fmt: skip
+                         public_url=settings.public_url, lookup=twilio_lookup(settings))  # fmt: skip
+
+
+def twilio_lookup(settings: Settings) -> Callable[[str], Awaitable[Any]] | None:
+    """Twilio Lookup v2 of one number (line type, caller name) when ``PEPPER_TWILIO_LOOKUP`` is on:
+    a client per lookup (one per answering message), closed at once."""
+    if not settings.twilio_lookup or not settings.twilio_account_sid or settings.twilio_auth_token is None:
+        return None
+    from core.adapters.twilio.voice_rest import TwilioVoice
+
+    async def lookup(number: str) -> Any:
+        client = TwilioVoice(settings)
+        try:
+            return await client.lookup(number)
+        finally:
+            await client.close()
+
+    return lookup
 
 
 def build_calls(
     settings: Settings, db: Database, harness: HarnessDeps, messenger: TwilioMessenger | None
 ) -> CallService:
     """Phone calls on the same registry and gate as text; the one-time code goes out by SMS."""
-    from answering_service.service import call_service_from_settings
+    from answering_service.service import AnsweringService, call_service_from_settings
 
     send_sms: SendSms | None = None
     if messenger is not None:
@@ -173,8 +193,43 @@ def build_calls(
         settings, db, registry=harness.registry, gate=harness.gate, send_sms=send_sms,
         connectors=harness.connectors, models=harness.models, delegate=delegate, settle=settle,
     )  # fmt: skip
+    service.outbound = outbound_from_settings(settings, db)
+    service.transfers = transfers_from_settings(settings, db)
+    if isinstance(service.answering, AnsweringService):
+        service.answering.transfers = service.transfers
     service.sip = sip_calls_from_settings(settings, service)
     return service
+
+
+def transfers_from_settings(settings: Settings, db: Database) -> Transfers | None:
+    """Putting callers through to the owner (``voice.transfer``): needs the public URLs Twilio calls."""
+    from gateway.webhooks import TRANSFER_AFTER, TRANSFER_WHISPER, public_url_for
+    from voice.transfer import Transfers
+
+    whisper, after = public_url_for(settings, TRANSFER_WHISPER), public_url_for(settings, TRANSFER_AFTER)
+    if whisper is None or after is None:
+        return None
+    return Transfers(db, whisper_url=whisper, after_url=after, ring_seconds=settings.transfer_ring_seconds)
+
+
+def outbound_from_settings(settings: Settings, db: Queries) -> OutboundCalls:
+    """Calls Pepper places (``voice.outbound``): through Twilio's REST API when it is set up, with
+    the public URLs Twilio calls back on; without them, every phone delivery is ``unavailable``."""
+    from datetime import timedelta
+
+    from gateway.webhooks import OUTBOUND_ANSWER, OUTBOUND_STATUS, public_url_for
+    from voice.outbound import OutboundCalls, OutboundConfig
+
+    telephony = None
+    if settings.twilio_account_sid and settings.twilio_auth_token is not None:
+        from core.adapters.twilio.voice_rest import TwilioVoice
+
+        telephony = TwilioVoice(settings)
+    retry = timedelta(seconds=settings.outbound_retry_seconds)
+    config = OutboundConfig(retry_after=retry, poll=settings.outbound_poll_seconds,
+                            ring_seconds=settings.outbound_ring_seconds)  # fmt: skip
+    return OutboundCalls(db, telephony, answer_url=public_url_for(settings, OUTBOUND_ANSWER),
+                         status_url=public_url_for(settings, OUTBOUND_STATUS), config=config)  # fmt: skip
 
 
 def delegated_turns(harness: HarnessDeps) -> tuple[Delegate, Settle]:

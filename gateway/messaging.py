@@ -23,7 +23,7 @@ from core import identity
 from core.adapters.twilio import twiml
 from core.adapters.twilio.signatures import public_request_url, twilio_signature_ok
 from core.conversation import UNSENT, conversation_for, mark_part_sent, mark_parts_failed, record_outbound
-from core.errors import PepperError
+from core.errors import InvalidInput, PepperError
 from core.records import messages, texts
 from core.records.turns import SETTLED
 from core.security import record_security_event
@@ -158,10 +158,12 @@ async def answer_inbound(
             if reply is not None:
                 return twiml_answer(reply)
         word = (inbound.opt_out_type or "").upper() or keyword(inbound.body)
-        if handle is None and word in ("STOP", "START"):  # a contact Pepper texted for someone
-            with contextlib.suppress(PepperError):
-                number = identity.normalize_phone(inbound.sender, settings.default_region)
-                await texts.set_opt_out(db, number, stopped=word == "STOP")
+        if word in ("STOP", "START"):
+            if handle is None:  # a contact Pepper texted for someone
+                with contextlib.suppress(PepperError):
+                    number = identity.normalize_phone(inbound.sender, settings.default_region)
+                    await texts.set_opt_out(db, number, stopped=word == "STOP")
+            await _line_consent(services, inbound, opted_out=word == "STOP")  # their calls to this line too
         log.info("message from a number with no verified account on %s", channel)
         if settings.unknown_sender == "reply" and keyword(inbound.body) is None:
             return twiml_answer(UNKNOWN_SENDER_TEXT)
@@ -194,6 +196,21 @@ async def answer_inbound(
     if word == "HELP" and not inbound.opt_out_type:
         return twiml_answer(HELP_TEXT)  # with Advanced Opt-Out (OptOutType present) Twilio has already answered
     return twiml_answer()  # Twilio confirms opt-outs itself; nothing more is ever sent after STOP
+
+
+async def _line_consent(services: Services, inbound: Inbound, *, opted_out: bool) -> None:
+    """A stranger's STOP (or START) to a line: recorded for that line, so their calls to it are
+    refused too (``voice.routing``). Twilio stops the texts itself."""
+    from core.records.outbound import set_line_opt_out
+
+    region = services.settings.default_region
+    try:
+        number = identity.normalize_phone(inbound.sender.removeprefix("whatsapp:"), region)
+        line = identity.normalize_phone(inbound.recipient.removeprefix("whatsapp:"), region)
+    except InvalidInput:
+        return
+    await set_line_opt_out(services.db, line, number, opted_out=opted_out)
+    log.info("a stranger's %s to a line was recorded", "STOP" if opted_out else "START")
 
 
 async def _answering_reply(services: Services, inbound: Inbound) -> str | None:

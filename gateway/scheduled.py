@@ -11,6 +11,10 @@ Channels:
 * ``room:<room id>``: posted in the room once (``gateway.rooms.posting``: recorded under a
   transaction id made of the run and the channel's place, then sent under it), when the account is
   still a member; otherwise ``unavailable``, so chat;
+* ``call``: a phone call to the owner's verified number, or the number the owner approved for the
+  task (``voice.outbound``): ``queued`` while it rings; its receipt settles the delivery (a person
+  heard the brief after proving who they are, a voicemail with no details, or no answer twice);
+  refused or not set up answers ``unavailable``, so chat;
 * ``email``: sent by SMTP from Pepper's own address to the account's verified email address;
   the delivery key is recorded with the message, so a re-run after a crash finds it sent; no SMTP
   account, no verified address or an opt-out answers ``unavailable``, so chat.
@@ -36,6 +40,7 @@ from core.conversation import (
 )
 from core.errors import PepperError
 from core.following.checks import FollowConfig, Following
+from core.records import outbound as outbound_records
 from core.scheduling.tasks import ROOM_PREFIX
 from core.settings import Settings
 from core.store.queries import Queries
@@ -51,16 +56,22 @@ log = logging.getLogger(__name__)
 class GatewayDeliverer:
     """Implements ``text_loop.scheduler.Deliverer`` over the store and Twilio."""
 
-    def __init__(self, settings: Settings, db: Queries, messenger: Any = None, mailer: Any = None, rooms: Any = None):
+    def __init__(
+        self, settings: Settings, db: Queries, messenger: Any = None, mailer: Any = None, rooms: Any = None,
+        outbound: Any = None,
+    ):  # fmt: skip
         self.settings = settings
         self.db = db
         self.messenger = messenger
         self.mailer = mailer
         self.rooms = rooms  # a ``gateway.rooms.posting.RoomPoster``; None: rooms are off
+        self.outbound = outbound  # voice.outbound.OutboundCalls
 
     async def aclose(self) -> None:
         if self.rooms is not None:
             await self.rooms.close()
+        if self.outbound is not None:
+            await self.outbound.aclose()
 
     async def deliver(self, request: DeliveryRequest) -> DeliveryResult:
         if request.channel == "chat":
@@ -71,6 +82,8 @@ class GatewayDeliverer:
             return await self._email(request)
         if request.channel.startswith(ROOM_PREFIX):
             return await self._room(request)
+        if request.channel == "call":
+            return await self._call(request)
         return DeliveryResult("unavailable", f"the {request.channel} channel is not available in this version")
 
     async def _chat(self, request: DeliveryRequest) -> DeliveryResult:
@@ -133,6 +146,15 @@ class GatewayDeliverer:
             await mark_part_sent(db, message_id, sid)
         return DeliveryResult("queued", "", first_sid)
 
+    async def _call(self, request: DeliveryRequest) -> DeliveryResult:
+        if self.outbound is None:
+            return DeliveryResult("unavailable", "phone calls are not set up")
+        run_id = await outbound_records.run_of(self.db, request.task_id, request.occurrence_at)
+        placed = await self.outbound.deliver(
+            request.account_id, task_id=request.task_id, run_id=run_id, key=request.key, brief=request.body
+        )
+        return DeliveryResult(placed.status, placed.detail, placed.call_sid)
+
     async def _email(self, request: DeliveryRequest) -> DeliveryResult:
         db = self.db
         if self.mailer is None:
@@ -183,13 +205,18 @@ def scheduler_config(settings: Settings) -> SchedulerConfig:
 
 
 def build_scheduler(settings: Settings, harness: HarnessDeps, messenger: Any = None, mailer: Any = None) -> Scheduler:
+    """The scheduler with its deliverer; the deliverer's calls (``voice.outbound``) dial their due
+    retries while the scheduler runs (``start_outbound``/``stop_outbound``)."""
+    from gateway.composition import outbound_from_settings
+
     poster = None
     if settings.rooms_enabled:
         from gateway.rooms.homeserver import pepper_client
         from gateway.rooms.posting import RoomPoster
 
         poster = RoomPoster(harness.db, lambda: pepper_client(settings))
-    deliverer = GatewayDeliverer(settings, harness.db, messenger, mailer, poster)
+    outbound = outbound_from_settings(settings, harness.db)
+    deliverer = GatewayDeliverer(settings, harness.db, messenger, mailer, poster, outbound)
     return Scheduler(harness, deliverer, scheduler_config(settings), follows=follow_checks(settings, harness))
 
 
@@ -205,6 +232,18 @@ def follow_checks(settings: Settings, harness: HarnessDeps) -> Following:
     return Following.from_connectors(harness.db, connectors, harness.models, follow_config(settings))
 
 
+def start_outbound(scheduler: Scheduler) -> None:
+    outbound = getattr(scheduler.deliverer, "outbound", None)
+    if outbound is not None:
+        outbound.start()
+
+
+async def stop_outbound(scheduler: Scheduler) -> None:
+    close = getattr(scheduler.deliverer, "aclose", None)
+    if close is not None:
+        await close()
+
+
 def attach_scheduler(
     app: Any, settings: Settings, harness: HarnessDeps, messenger: Any = None, mailer: Any = None
 ) -> Scheduler:
@@ -215,9 +254,11 @@ def attach_scheduler(
 
     async def start() -> None:
         scheduler.start()
+        start_outbound(scheduler)
 
     async def stop() -> None:
         await scheduler.stop(settings.graceful_timeout)
+        await stop_outbound(scheduler)
 
     app.before_serving(start)
     app.after_serving_funcs.insert(0, stop)

@@ -23,6 +23,12 @@ MEDIA_STREAM = Webhook(
 )
 # Set by Pepper in the TwiML <Connect action>: what Twilio does after Pepper closes the media socket.
 VOICE_AFTER_STREAM = Webhook("voice-after-stream", "/twilio/voice/after-stream", "set in TwiML by Pepper")
+# Set by Pepper on the calls it places (voice.outbound): the TwiML once answered, and call status.
+OUTBOUND_ANSWER = Webhook("outbound-answer", "/twilio/voice/outbound", "set per call by Pepper; nothing to paste")
+OUTBOUND_STATUS = Webhook("outbound-status", "/twilio/voice/outbound/status", "set per call by Pepper")
+# Set by Pepper in the <Dial> that hands a caller to the owner (voice.transfer).
+TRANSFER_WHISPER = Webhook("transfer-whisper", "/twilio/voice/transfer/whisper", "set in TwiML by Pepper")
+TRANSFER_AFTER = Webhook("transfer-after", "/twilio/voice/transfer/after", "set in TwiML by Pepper")
 SMS = Webhook("sms", "/twilio/sms", "Twilio phone number > Messaging > A message comes in (HTTP POST)")
 WHATSAPP = Webhook("whatsapp", "/twilio/whatsapp", "Twilio WhatsApp sender > When a message comes in")
 MESSAGE_STATUS = Webhook("message-status", "/twilio/status", "set per message by Pepper; nothing to paste")

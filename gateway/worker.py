@@ -234,7 +234,10 @@ class BackgroundJobs:
         if self._channels is not None:
             self._channels.start()
         if self._scheduler is not None:
+            from gateway.scheduled import start_outbound
+
             self._scheduler.start()
+            start_outbound(self._scheduler)
         if self._memory is not None:
             self._memory.start()
             log.info("memory jobs started")
@@ -243,7 +246,10 @@ class BackgroundJobs:
         if self._channels is not None:
             await self._channels.stop()
         if self._scheduler is not None:
+            from gateway.scheduled import stop_outbound
+
             await self._scheduler.stop(grace)
+            await stop_outbound(self._scheduler)
         if self._memory is not None:
             await self._memory.stop()
 

@@ -64,6 +64,10 @@ PIN_LOCKED_NOTICE = (
     " so the PIN is switched off on calls for now. On a call you can still ask for a code texted to this phone."
 )
 
+UNATTESTED = """The phone network did not confirm that this call really comes from the person's number
+(its caller ID was not fully attested), so the call stays restricted until the caller proves who they are.
+Tell the caller this once, briefly, before anything else."""
+
 VERIFIED = """The caller proved who they are: you may use the person's memory and every tool."""
 
 # Owner notices under way: kept here, not among a call's tasks, so they outlive the call.
@@ -72,6 +76,9 @@ VERIFY_TOOLS = ("verify_pin", "send_code", "check_code")
 
 
 class OwnerProfile(CallProfile):
+    # What the model is asked to say once the caller keyed in the right PIN.
+    verified_reply = "Tell the caller in a few words that they are verified, and ask how you can help."
+
     def __init__(self, deps: VoiceDeps, call: AdmittedCall):
         self.deps = deps
         self.trust = "owner_unverified"
@@ -93,6 +100,7 @@ class OwnerProfile(CallProfile):
         # Web research on this server (None: none), and the caller's verified words that asked for it.
         self._web = web_window(deps.connectors, deps.registry)
         self._web_words: str | None = None
+        self._verstat: str | None = None  # the call's StirVerstat, read once ("" for none)
 
     @property
     def notice(self) -> str:  # type: ignore[override]
@@ -140,7 +148,7 @@ class OwnerProfile(CallProfile):
 
     async def instructions(self) -> str:
         if self.trust != "owner_verified":
-            return f"{PERSONA}\n\n{RESTRICTED}"
+            return f"{PERSONA}\n\n{RESTRICTED}{await self._attestation_note()}"
         # The owner's context as a text turn gets it: connections (so the connected tools), the
         # dossier and the memory block, built in core (``core.owner_context``). The call's own lines
         # are left out of the block, as a text turn's own messages are: the model has them already.
@@ -155,6 +163,15 @@ class OwnerProfile(CallProfile):
         )  # fmt: skip
         self._connections = context.connections
         return "\n\n".join([PERSONA, VERIFIED, dossier_section(context.dossier), context.memory])
+
+    async def _attestation_note(self) -> str:
+        """For a call whose carrier signed it without attestation A (``StirVerstat`` present, not
+        ``TN-Validation-Passed-A``): the caller is told the call stays restricted, and why."""
+        if self._call.attested:
+            return ""
+        if self._verstat is None:
+            self._verstat = await call_records.verstat(self.deps.db, self._call.call_sid) or ""
+        return f"\n\n{UNATTESTED}" if self._verstat else ""
 
     # --- What the records keep ----------------------------------------------------------------
 
@@ -374,8 +391,7 @@ class OwnerProfile(CallProfile):
         if verdict == "verified":
             await self.controls.reconfigure()
             await self.controls.tell_model("The caller keyed in the right PIN: they are verified.", respond=True,
-                                       instructions="Tell the caller in a few words that they are verified, and"
-                                                    " ask how you can help.")  # fmt: skip
+                                           instructions=self.verified_reply)  # fmt: skip
             return
         if self.controls.closing is None:
             wrong = verdict == "wrong"

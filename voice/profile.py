@@ -117,6 +117,9 @@ class CallControls(Protocol):
     async def begin_closing(self, reason: str, instructions: str | None) -> None:
         """End the call once the goodbye asked for with ``instructions`` (if any) has played."""
 
+    def hang_up(self, reason: str = "hangup") -> None:
+        """End the call now, with no goodbye (a robocall: nobody to say it to)."""
+
     async def tell_model(self, note: str, *, respond: bool = False, instructions: str | None = None) -> None:
         """A labelled runtime note to the model; with ``respond``, a response (``instructions``)
         if none runs. Nothing while no model is connected or once the call has ended."""

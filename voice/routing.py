@@ -5,7 +5,7 @@
 * a forwarded call (``ForwardedFrom``) or a call to an answering line: the answering service;
 * anyone else on a personal line: refused politely, or handed to the answering service
   (``unknown_caller``); never the owner's session;
-* a caller who sent STOP (blocked for voice): refused.
+* a caller who sent STOP (blocked for voice), or a stranger who texted STOP to this line: refused.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Literal
 from uuid import UUID
 
 from core import identity
+from core.errors import InvalidInput
 from core.store.queries import Queries
 
 Route = Literal["owner", "answering", "refused", "blocked"]
@@ -36,6 +37,17 @@ class CallRoute:
     caller: str | None = None  # E.164 of a known caller; None otherwise
 
 
+async def _stopped_texts_to_line(db: Queries, line: str, raw_from: str, region: str) -> bool:
+    """A caller who texted STOP to this line (``line_opt_outs``): their calls to it are refused too."""
+    from core.records.outbound import line_opted_out
+
+    try:
+        number = identity.normalize_phone(raw_from, region)
+    except InvalidInput:
+        return False
+    return await line_opted_out(db, line, number)
+
+
 async def classify_call(
     db: Queries, form: Mapping[str, str], *, unknown_caller: UnknownCaller = "refuse", default_region: str = "US"
 ) -> CallRoute:
@@ -45,6 +57,8 @@ async def classify_call(
     handle = await identity.find_handle(db, "phone", form.get("From", ""), default_region=default_region)
     if handle is not None and await identity.is_blocked(db, handle.id, "voice"):
         return CallRoute("blocked", "caller-opted-out", line.account_id, handle.id, line.number)
+    if await _stopped_texts_to_line(db, line.number, form.get("From", ""), default_region):
+        return CallRoute("blocked", "caller-opted-out-of-line", line.account_id, None, line.number)
     if form.get("ForwardedFrom"):
         return CallRoute("answering", "forwarded", line.account_id, None, line.number)
     if line.kind == "answering":

@@ -89,6 +89,10 @@ class CallService:
         self.default_region = default_region
         self.token_ttl = token_ttl
         self.sessions: dict[str, CallEngine] = {}
+        # Calls Pepper places (``voice.outbound.OutboundCalls``), when Twilio and the public URL are set.
+        self.outbound: Any = None
+        # Handing a caller to the owner (``voice.transfer.Transfers``), when Twilio is set up.
+        self.transfers: Any = None
         self.sip: Any = None  # voice.sip.SipCalls when calls also come by SIP direct
 
     # --- The voice webhook -------------------------------------------------------------------
@@ -109,6 +113,8 @@ class CallService:
                 handle_id=route.handle_id, route=route.route, attested=form.get("StirVerstat") == ATTESTED,
             )  # fmt: skip
             log.info("voice call classified: route=%s reason=%s", route.route, route.reason)
+            if inserted and form.get("StirVerstat"):
+                await call_records.set_verstat(db, call_sid, form["StirVerstat"])
         if route.route == "blocked":
             return route, twiml.say_and_hang_up(routing.BLOCKED_TEXT)
         if route.route == "refused":
@@ -156,6 +162,10 @@ class CallService:
 
     async def after_stream(self, call_sid: str) -> str:
         """TwiML once Pepper closed the media socket: an apology if the model failed, else hang up."""
+        if self.transfers is not None:
+            dial = await self.transfers.after_stream(call_sid)  # the caller is being handed to the owner
+            if dial is not None:
+                return dial
         reason = await call_records.end_reason(self.deps.db, call_sid)
         if reason in ("model-failed", "error"):
             return twiml.say_and_hang_up(routing.APOLOGY_TEXT)
@@ -210,6 +220,9 @@ class CallService:
             admitted = await self.answering.admit(start, row)
             if admitted is None:
                 await self._refuse("media-not-an-answering-call", start)
+        elif row is not None and row["route"] == "outbound" and self.outbound is not None:
+            # A call Pepper placed (voice.outbound) that a person answered.
+            admitted = await self.outbound.admit(start, row, self.deps)
         elif row is None or row["route"] != "owner" or row["account_id"] is None:
             await self._refuse("media-not-an-owner-call", start)
         await self.refuse_call_over(row, start)
@@ -247,6 +260,8 @@ class CallService:
 
     async def aclose(self) -> None:
         self.hang_up_all()
+        if self.outbound is not None:
+            await self.outbound.aclose()
         if self.sip is not None:
             await self.sip.aclose()
         if self.deps.engines is not None:

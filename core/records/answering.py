@@ -142,7 +142,7 @@ async def claim_message_notice(db: Queries, call_sid: str) -> Any:
     return await db.fetchrow(
         """
         UPDATE answering_messages SET notified_at = now() WHERE call_sid = $1 AND notified_at IS NULL
-        RETURNING id, account_id, caller_name, callback_number, reason, urgency, vip
+        RETURNING id, account_id, caller_name, callback_number, reason, urgency, vip, callback_promised
         """,
         call_sid,
     )
@@ -343,4 +343,44 @@ async def answering_call_ended(db: Queries, call_sid: str, *, reason: str | None
         "UPDATE answering_deliveries SET due_at = now() WHERE call_sid = $1 AND kind = 'owner_notice'"
         " AND status = 'pending' AND due_at > now()",
         call_sid,
+    )
+
+
+async def set_transfer_enabled(db: Queries, account_id: UUID, enabled: bool) -> None:
+    """Whether callers may be put through to the owner (the settings row exists: ``save_settings``)."""
+    await db.execute("UPDATE answering_settings SET transfer_enabled = $2 WHERE account_id = $1", account_id, enabled)
+
+
+async def caller_signals(db: Queries, call_sid: str) -> Any:
+    """The call's caller ID and what Twilio Lookup said of it (``line_type``, ``caller_name_lookup``)."""
+    return await db.fetchrow(
+        "SELECT caller, line_type, caller_name_lookup FROM answering_calls WHERE call_sid = $1", call_sid
+    )
+
+
+async def store_lookup(db: Queries, call_sid: str, line_type: str | None, caller_name: str | None) -> None:
+    await db.execute(
+        "UPDATE answering_calls SET line_type = coalesce($2, ''), caller_name_lookup = $3 WHERE call_sid = $1",
+        call_sid,
+        line_type,
+        caller_name,
+    )
+
+
+async def mark_screened(db: Queries, call_sid: str, pattern: str) -> None:
+    """A robocall pattern ended the call (logged; never a message to the owner)."""
+    await db.execute("UPDATE answering_calls SET screened = $2 WHERE call_sid = $1", call_sid, pattern)
+
+
+async def promise_callback(db: Queries, account_id: UUID, call_sid: str, number: str) -> None:
+    """The caller was told the owner will call back: a todo for the owner (once per call). Its
+    title is fixed words and the checked number only: nothing the caller said reaches the owner's
+    todos, which the owner's own sessions read as theirs."""
+    title = f"Call back {number} (answering call {call_sid[-6:]}): Pepper told them you would"
+    await db.execute("UPDATE answering_messages SET callback_promised = true WHERE call_sid = $1", call_sid)
+    await db.execute(
+        "INSERT INTO todos (account_id, title) SELECT $1, $2"
+        " WHERE NOT EXISTS (SELECT 1 FROM todos WHERE account_id = $1 AND title = $2)",
+        account_id,
+        title,
     )

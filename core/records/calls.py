@@ -201,6 +201,15 @@ async def call_message_ids(db: Queries, conversation_id: UUID, turn_id: UUID | N
     return [r["id"] for r in rows]
 
 
+async def set_verstat(db: Queries, call_sid: str, verstat: str) -> None:
+    """Twilio's ``StirVerstat`` for the call, as it came."""
+    await db.execute("UPDATE calls SET stir_verstat = $2 WHERE call_sid = $1", call_sid, verstat[:80])
+
+
+async def verstat(db: Queries, call_sid: str) -> str | None:
+    return await db.fetchval("SELECT stir_verstat FROM calls WHERE call_sid = $1", call_sid)
+
+
 async def claim_sip_webhook(db: Queries, webhook_id: str, session_id: str) -> bool:
     """Record a SIP direct webhook (``voice.sip``) by its ``webhook-id``; False when it was acted
     on already (a redelivery)."""

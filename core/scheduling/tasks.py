@@ -21,8 +21,9 @@ from core.store.queries import Queries
 
 # Where a run's result can go. Empty means the person's usual channel (see the scheduler). Besides
 # these, ``room:ROOM`` posts it in a room the owner is a member of (``room:`` + the room's id once
-# stored; the CLI takes a name): see ``resolve_rooms``.
-DELIVERY_CHANNELS: tuple[str, ...] = ("chat", "sms", "whatsapp", "email")
+# stored; the CLI takes a name): see ``resolve_rooms``. ``call``: a phone call (``voice.outbound``)
+# to the owner's verified number or the task's approved one.
+DELIVERY_CHANNELS: tuple[str, ...] = ("chat", "sms", "whatsapp", "email", "call")
 ROOM_PREFIX = "room:"
 TASK_KINDS: tuple[str, ...] = ("task", "reminder")
 # The speed bump: cancelling more than this many tasks in one turn needs an explicit bulk flag.
@@ -43,6 +44,8 @@ class ScheduledTask:
     status: str
     next_run_at: datetime | None
     created_at: datetime
+    call_number: str | None = None  # the number a ``call`` delivery dials, if not the owner's
+    call_approved: bool = False  # set by the owner (never by a scheduled run): only then dialled
 
     def describe(self) -> str:
         where = ", ".join(self.deliver_to) if self.deliver_to else "usual channel"
@@ -63,6 +66,8 @@ def task_from_row(row: Any) -> ScheduledTask:
         timezone=row["timezone"],
         deliver_to=tuple(row["deliver_to"] or ()),
         offset_seconds=row["offset_seconds"],
+        call_number=row.get("call_number"),
+        call_approved=bool(row.get("call_approved")),
         status=row["status"],
         next_run_at=row["next_run_at"],
         created_at=row["created_at"],
@@ -83,8 +88,8 @@ def check_channels(channels: Sequence[str]) -> tuple[str, ...]:
             continue
         if name in ("web", "app"):
             name = "chat"
-        if name in ("call", "phone", "voice"):
-            raise InvalidInput("results cannot go to a phone call yet: Pepper makes no outbound calls")
+        if name in ("phone", "voice", "phone call"):
+            name = "call"
         if name not in DELIVERY_CHANNELS:
             raise InvalidInput(f"unknown channel {channel!r}; use one of {', '.join(DELIVERY_CHANNELS)}")
         if name not in out:
@@ -157,8 +162,12 @@ async def create_task(
     deliver_to: Sequence[str] = (),
     timezone: str | None = None,
     created_turn_id: UUID | None = None,
+    call_number: str | None = None,
+    call_approved: bool = False,
 ) -> ScheduledTask:
     """Insert a task with its first occurrence; ``conn`` should be a connection in a transaction.
+    ``call_number``: where a ``call`` delivery dials (not the owner's own number), dialled only
+    with ``call_approved`` (the owner set it: the CLI, a live turn's confirmed write).
 
     Raises ``InvalidInput`` (or ``ScheduleError``) for a task that could never run.
     """
@@ -175,8 +184,9 @@ async def create_task(
     row = await conn.fetchrow(
         """
         INSERT INTO scheduled_tasks
-            (account_id, kind, title, prompt, schedule, timezone, deliver_to, next_run_at, created_turn_id)
-        VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9)
+            (account_id, kind, title, prompt, schedule, timezone, deliver_to, next_run_at, created_turn_id,
+             call_number, call_approved)
+        VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9, $10, $11)
         RETURNING *
         """,
         account_id,
@@ -188,6 +198,8 @@ async def create_task(
         list(channels),
         first,
         created_turn_id,
+        call_number,
+        call_approved and call_number is not None,
     )
     offset = stable_offset(row["id"], schedule)
     if offset:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import secrets
+import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -39,6 +40,24 @@ class SentMessage:
     status_callback: str | None
     account_sid: str
     auth: str | None
+    received_at: float = field(default_factory=time.time)  # wall clock, when the peer got the request
+
+
+@dataclass
+class PlacedCall:
+    """A call Pepper asked Twilio to place (REST ``Calls``), as the peer recorded it."""
+
+    sid: str
+    to: str
+    from_: str
+    url: str
+    status_callback: str | None
+    status_events: list[str]
+    machine_detection: str | None
+    send_digits: str | None
+    auth: str | None
+    sequence: int = 0
+    received_at: float = field(default_factory=time.time)  # wall clock, when the peer got the request
 
 
 @dataclass
@@ -58,11 +77,20 @@ class TwilioPeer:
     _receipt_tasks: set[asyncio.Task[None]] = field(default_factory=set)
     _hold: tuple[int, asyncio.Event] | None = None
     port: int = 0
+    # Calls Pepper placed, live calls it gave new TwiML (``(CallSid, twiml)``), Lookup v2 answers by
+    # number (``(line type, caller name)``) and the numbers looked up.
+    calls: list[PlacedCall] = field(default_factory=list)
+    updates: list[tuple[str, str]] = field(default_factory=list)
+    lookup_answers: dict[str, tuple[str | None, str | None]] = field(default_factory=dict)
+    looked_up: list[str] = field(default_factory=list)
 
     async def __aenter__(self) -> TwilioPeer:
         app = web.Application()
         app.router.add_post("/2010-04-01/Accounts/{account}/Messages.json", self._create_message)
         app.router.add_get("/2010-04-01/Accounts/{account}.json", self._fetch_account)
+        app.router.add_post("/2010-04-01/Accounts/{account}/Calls.json", self._create_call)
+        app.router.add_post("/2010-04-01/Accounts/{account}/Calls/{sid}.json", self._update_call)
+        app.router.add_get("/v2/PhoneNumbers/{number}", self._lookup)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -139,6 +167,104 @@ class TwilioPeer:
              "account_sid": message.account_sid, "num_segments": "1", "direction": "outbound-api"},
             status=201,
         )  # fmt: skip
+
+    def _authorized(self, request: web.Request) -> bool:
+        expected = base64.b64encode(f"{self.account_sid}:{self.auth_token}".encode()).decode("ascii")
+        return request.headers.get("Authorization") == f"Basic {expected}"
+
+    async def _create_call(self, request: web.Request) -> web.Response:
+        form = await request.post()
+        if not self._authorized(request):
+            return web.json_response({"code": 20003, "message": "Authenticate", "status": 401}, status=401)
+        if not form.get("To") or not form.get("From") or not (form.get("Url") or form.get("Twiml")):
+            return web.json_response({"code": 21205, "message": "Url, To and From are required", "status": 400},
+                                     status=400)  # fmt: skip
+        if self._faults:
+            status, code = self._faults.pop(0)
+            return web.json_response({"code": code, "message": "fault injected by the test", "status": status},
+                                     status=status)  # fmt: skip
+        placed = PlacedCall(
+            sid=new_sid("CA"), to=str(form["To"]), from_=str(form["From"]), url=str(form.get("Url", "")),
+            status_callback=form.get("StatusCallback"),  # type: ignore[arg-type]
+            status_events=[str(v) for v in form.getall("StatusCallbackEvent", [])],
+            machine_detection=form.get("MachineDetection"),  # type: ignore[arg-type]
+            send_digits=form.get("SendDigits"),  # type: ignore[arg-type]
+            auth=request.headers.get("Authorization"),
+        )  # fmt: skip
+        self.calls.append(placed)
+        return web.json_response(self._call_json(placed, "queued"), status=201)
+
+    def _call_json(self, placed: PlacedCall, status: str) -> dict[str, object]:
+        return {"sid": placed.sid, "account_sid": self.account_sid, "to": placed.to, "from": placed.from_,
+                "status": status, "direction": "outbound-api", "api_version": "2010-04-01",
+                "uri": f"/2010-04-01/Accounts/{self.account_sid}/Calls/{placed.sid}.json"}  # fmt: skip
+
+    async def _update_call(self, request: web.Request) -> web.Response:
+        form = await request.post()
+        if not self._authorized(request):
+            return web.json_response({"code": 20003, "message": "Authenticate", "status": 401}, status=401)
+        sid = request.match_info["sid"]
+        self.updates.append((sid, str(form.get("Twiml", ""))))
+        placed = next((c for c in self.calls if c.sid == sid), None)
+        body = self._call_json(placed, "in-progress") if placed else {
+            "sid": sid, "account_sid": self.account_sid, "status": "in-progress"}  # fmt: skip
+        return web.json_response(body)
+
+    async def _lookup(self, request: web.Request) -> web.Response:
+        if not self._authorized(request):
+            return web.json_response({"code": 20003, "message": "Authenticate", "status": 401}, status=401)
+        number = request.match_info["number"]
+        self.looked_up.append(number)
+        line_type, name = self.lookup_answers.get(number, (None, None))
+        return web.json_response({
+            "phone_number": number, "valid": True, "country_code": "US", "calling_country_code": "1",
+            "national_format": number, "validation_errors": [],
+            "caller_name": {"caller_name": name, "caller_type": "CONSUMER" if name else None, "error_code": None},
+            "line_type_intelligence": {"type": line_type, "carrier_name": None, "error_code": None,
+                                       "mobile_country_code": None, "mobile_network_code": None},
+            "url": f"https://lookups.twilio.com/v2/PhoneNumbers/{number}",
+        })  # fmt: skip
+
+    async def wait_for_calls(self, count: int, within: float = 10.0) -> list[PlacedCall]:
+        deadline = asyncio.get_running_loop().time() + within
+        while len(self.calls) < count:
+            if asyncio.get_running_loop().time() > deadline:
+                raise AssertionError(f"expected {count} placed call(s), got {len(self.calls)}")
+            await asyncio.sleep(0.01)
+        return self.calls[:count]
+
+    async def wait_for_updates(self, count: int, within: float = 10.0) -> list[tuple[str, str]]:
+        deadline = asyncio.get_running_loop().time() + within
+        while len(self.updates) < count:
+            if asyncio.get_running_loop().time() > deadline:
+                raise AssertionError(f"expected {count} call update(s), got {len(self.updates)}")
+            await asyncio.sleep(0.01)
+        return self.updates[:count]
+
+    def call_form(self, placed: PlacedCall, status: str, **extra: str) -> dict[str, str]:
+        """The form Twilio posts about a call it placed (its TwiML request or a status callback)."""
+        return {"CallSid": placed.sid, "AccountSid": self.account_sid, "From": placed.from_, "To": placed.to,
+                "CallStatus": status, "Direction": "outbound-api", "ApiVersion": "2010-04-01", **extra}  # fmt: skip
+
+    async def call_status(
+        self, local_base: str, public_base: str, placed: PlacedCall, status: str, **extra: str
+    ) -> tuple[int, str]:
+        """Post a status callback for a placed call (numbered as Twilio numbers them)."""
+        assert placed.status_callback, "Pepper placed this call without a status callback"
+        assert placed.status_callback.startswith(public_base), placed.status_callback
+        params = self.call_form(placed, status, SequenceNumber=str(placed.sequence), **extra)
+        placed.sequence += 1
+        return await self.post_form(local_base, public_base, urlsplit(placed.status_callback).path, params)
+
+    async def answer_call(
+        self, local_base: str, public_base: str, placed: PlacedCall, answered_by: str
+    ) -> tuple[int, str]:
+        """The callee (``human``) or their voicemail (``machine_end_beep``...) answers: the status
+        callbacks Twilio sends, then its request for TwiML with ``AnsweredBy``; the TwiML."""
+        await self.call_status(local_base, public_base, placed, "ringing")
+        assert placed.url.startswith(public_base), placed.url
+        params = self.call_form(placed, "in-progress", AnsweredBy=answered_by)
+        return await self.post_form(local_base, public_base, urlsplit(placed.url).path, params)
 
     # --- Twilio -> Pepper ------------------------------------------------------------------------
 

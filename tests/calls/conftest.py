@@ -64,3 +64,18 @@ async def phone_web(db: Database, db_url: str) -> AsyncIterator[tuple[Phone, Web
                     "memory_jobs_interval": 0}  # fmt: skip
         async with _phone(db, db_url, **research) as phone:
             yield phone, web, helper_model
+
+
+@pytest.fixture
+async def phone_out(db: Database, db_url: str) -> AsyncIterator[Phone]:
+    """``phone`` for calls Pepper places: no scheduler of its own (the test runs one on a scripted
+    model and a clock it moves), an unanswered call's retry due at once."""
+    async with _phone(db, db_url, outbound_retry_seconds=0, scheduler_enabled=False) as phone:
+        yield phone
+
+
+@pytest.fixture
+async def phone_lookup(db: Database, db_url: str) -> AsyncIterator[Phone]:
+    """``phone`` with Twilio Lookup v2 on (the loopback Twilio answers it: ``twilio.lookup_answers``)."""
+    async with _phone(db, db_url, twilio_lookup=True) as phone:
+        yield phone

@@ -54,7 +54,8 @@ log = logging.getLogger(__name__)
 # How a usual channel is guessed from the person's last message.
 _USUAL: dict[str, str] = {"sms": "sms", "whatsapp": "whatsapp", "email": "email"}
 # The turn's channel for each delivery channel (decides e.g. the repair pass).
-_TURN_CHANNEL: dict[str, str] = {"chat": "web", "sms": "sms", "whatsapp": "whatsapp", "email": "email"}
+_TURN_CHANNEL: dict[str, str] = {"chat": "web", "sms": "sms", "whatsapp": "whatsapp", "email": "email",
+                                 "call": "voice"}  # fmt: skip
 FAILED_TURN_STATUSES = frozenset({"no-model", "model-error", "empty", "over-cap", "harness-error"})
 
 

@@ -34,6 +34,23 @@ def connect_stream(stream_url: str, token: str, *, action_url: str | None, name:
     return str(response)
 
 
+def dial(number: str, *, caller_id: str, ring_seconds: int, action_url: str, whisper_url: str) -> str:
+    """``<Dial>`` the number, playing the whisper (``whisper_url``'s TwiML) to whoever picks up
+    before the caller is bridged; after ``ring_seconds`` unanswered, or once the call ends,
+    Twilio asks ``action_url`` (with ``DialCallStatus``) what next."""
+    response = VoiceResponse()
+    leg = response.dial(action=action_url, method="POST", timeout=ring_seconds, caller_id=caller_id)
+    leg.number(number, url=whisper_url, method="POST")
+    return str(response)
+
+
+def say(text: str) -> str:
+    """``<Say>`` and nothing more (a whisper: the call goes on to the bridge)."""
+    response = VoiceResponse()
+    response.say(text)
+    return str(response)
+
+
 def message_reply(text: str | None = None) -> str:
     """A messaging webhook's answer: ``<Message>`` with ``text``, or an empty ``<Response/>``."""
     response = MessagingResponse()

@@ -14,6 +14,7 @@ from uuid import UUID
 from zoneinfo import ZoneInfo
 
 from core.errors import InvalidInput
+from core.identity import normalize_phone
 from core.scheduling.schedule import SCHEDULE_HELP, Schedule, ScheduleError, parse_schedule
 from core.scheduling.tasks import (
     CANCEL_LIMIT_PER_TURN,
@@ -43,6 +44,7 @@ async def _plan_create(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
         schedule = parse_schedule(args["schedule"], now=ctx.now, timezone=timezone)
         channels = check_channels(args.get("deliver_to", []))
         first = await first_occurrence(ctx.db, ctx.session.account_id, schedule, timezone, ctx.now)
+        call_number = normalize_phone(args["call_number"]) if args.get("call_number") else None
     except (ScheduleError, InvalidInput) as exc:
         return ToolOutcome.failed(exc.message)
     if first is None:
@@ -52,6 +54,7 @@ async def _plan_create(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
         "prompt": args["prompt"],
         "schedule": schedule.as_record(),
         "deliver_to": list(channels),
+        "call_number": call_number,
         "now": ctx.now.isoformat(),
         "turn_id": str(ctx.session.turn_id) if ctx.session.turn_id else None,
     }
@@ -73,6 +76,9 @@ async def _apply_create(conn: Queries, account_id: UUID, payload: dict[str, Any]
         deliver_to=payload["deliver_to"],
         now=datetime.fromisoformat(payload["now"]),
         created_turn_id=UUID(payload["turn_id"]) if payload.get("turn_id") else None,
+        # Only a person present plans a task (never a scheduled run): the number is theirs to approve.
+        call_number=payload.get("call_number"),
+        call_approved=payload.get("call_number") is not None,
     )
 
 
@@ -161,6 +167,11 @@ TOOLS: tuple[Tool, ...] = (
                     "type": "array",
                     "items": {"type": "string", "enum": list(DELIVERY_CHANNELS)},
                     "description": "where results go; leave out for the person's usual channel",
+                },
+                "call_number": {
+                    "type": "string",
+                    "maxLength": 32,
+                    "description": "for deliver_to call: a number other than the person's own to call (they asked)",
                 },
             },
             "required": ["title", "prompt", "schedule"],
