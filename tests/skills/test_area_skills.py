@@ -75,7 +75,7 @@ async def test_travel_day_reads_the_calendar_and_the_destinations_weather(db, ar
     orchestrator, worker, results = peer.requests[:3]
     assert "travel-day" in skill_names(orchestrator)
     assert {"list_events", "weather_forecast"} <= set(tool_names(worker))
-    assert not [n for n in tool_names(worker) if n.startswith("travel_time")]  # no places area: weather only
+    assert "travel_time" in tool_names(worker)  # the places area is built in: the travel set has it
     events, weather = outputs(results)
     assert "Client visit" in events and weather.startswith("Lyon, Auvergne")
     assert [r["path"] for r in meteo.requests] == ["search", "forecast"]
@@ -132,28 +132,21 @@ async def test_shopping_list_run_ticks_off_and_adds_in_the_shop(db, area_deps, p
     assert [r["text"] for r in left] == ["eggs", "coffee", "butter"]
 
 
-async def test_travel_day_picks_up_travel_times_once_a_places_area_is_installed(db, connectors, router, peer, account):
-    from core.tools import Tool, ToolOutcome, ToolRegistry
-
-    async def travel_time(ctx, args):  # a stand-in for the places area another branch builds
-        return ToolOutcome.ok(f"about 25 minutes to {args['to']} by car")
-
-    places = Tool(
-        "travel_time", "Travel time to a place.",
-        {"type": "object", "properties": {"to": {"type": "string"}}, "required": ["to"]}, travel_time, area="places",
-    )  # fmt: skip
+async def test_travel_day_adds_the_travel_time_from_the_places_area(db, connectors, router, peer, account):
     deps = HarnessDeps(
-        db=db, models=router, registry=ToolRegistry([*starter_registry(connectors).all(), places]),
+        db=db, models=router, registry=starter_registry(connectors),
         config=HarnessConfig(), clock=lambda: NOW, skills=SkillCatalog.load_builtin(), connectors=connectors,
     )  # fmt: skip
+    # Paris to Lyon by coordinates: no routing service here, so the offline estimate, said as one.
+    trip = {"origin": "48.8566,2.3522", "destination": "45.7640,4.8357"}
     peer.script(
         reply_tools(use("travel-day", request="off to Lyon")),
         reply_tools(("weather_forecast", {"place": "Lyon", "days": 1}), ("list_events", {"days": 1})),
-        reply_tools(("travel_time", {"to": "Lyon"})),
-        reply_text("Leave by 11:05: 25 minutes to Lyon. Partly cloudy."),
+        reply_tools(("travel_time", trip)),
+        reply_text("Leave by 11:05: about 13 hours by car, an estimate. Partly cloudy."),
     )
     outcome = await run_turn(deps, account.id, "web", "off to Lyon today")
     worker = peer.requests[1]
     assert "travel_time" in tool_names(worker)
-    assert outputs(peer.requests[3])[-1] == "about 25 minutes to Lyon by car"
+    assert "an estimate from straight-line distance" in outputs(peer.requests[3])[-1]
     assert outcome.reply.startswith("Leave by 11:05")
