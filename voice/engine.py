@@ -46,6 +46,7 @@ from core.tools.registry import Tool, ToolContext, ToolOutcome
 from core.tools.runner import CallOutcome, run_call
 from core.tools.staging import commit_writes, drop_turn_writes, drop_writes
 from core.untrusted import neutralise_labels
+from voice.call_tape import CallTape
 from voice.deps import VoiceDeps
 from voice.live_call import LiveCall
 from voice.profile import AdmittedCall, CallProfile, labelled
@@ -197,6 +198,9 @@ class CallEngine:
         self._call_trust: dict[str, str] = {}  # the session's trust when each tool call ran
         # The model side of a call on a full-duplex model (GPT-Live), set once the line's model is known.
         self._live: LiveCall | None = None
+        # The call's recording for replay (voice.call_tape), made in run() unless turned off.
+        self.tape: CallTape | None = None
+        self._tape_writes: set[asyncio.Task[None]] = set()
         profile.attach(self)
 
     # --- What profiles see (voice.profile.CallControls) ----------------------------------------
@@ -243,6 +247,8 @@ class CallEngine:
         return task
 
     async def begin_closing(self, reason: str, instructions: str | None) -> None:
+        if self.tape is not None:
+            self.tape.add("cl", reason, instructions)
         if self._closing is not None:
             return
         self._closing = reason
@@ -255,6 +261,8 @@ class CallEngine:
                 await self._request_response(_Request(instructions), first=True)
 
     async def tell_model(self, note: str, *, respond: bool = False, instructions: str | None = None) -> None:
+        if self.tape is not None:
+            self.tape.add("tm", note, respond, instructions)
         conn = self._conn
         if conn is None or self._ended.is_set():
             return
@@ -264,12 +272,16 @@ class CallEngine:
                 await conn.create_response(instructions)
 
     async def reconfigure(self) -> None:
+        if self.tape is not None:
+            self.tape.add("rf")
         self._trust_changed = False
         if self._conn is not None:
             with contextlib.suppress(RealtimeDisconnected):
                 await self._conn.configure(await self._config())
 
     def reconfigure_after_tools(self) -> None:
+        if self.tape is not None:
+            self.tape.add("ra")
         self._trust_changed = True
 
     def end_call_tool(self, area: str) -> Tool:
@@ -285,9 +297,12 @@ class CallEngine:
         if self._live is not None:
             return self._live.config()
         profile = self._profile
-        return SessionConfig(
+        config = SessionConfig(
             await profile.instructions(), tuple(t.spec for t in profile.visible_tools()), voice=self.deps.config.voice
         )
+        if self.tape is not None:
+            self.tape.config(config)
+        return config
 
     # --- Running -----------------------------------------------------------------------------
 
@@ -299,11 +314,15 @@ class CallEngine:
 
     def hang_up(self, reason: str = "hangup") -> None:
         """End the call from outside (the caller hung up, the status callback said so)."""
+        if self.tape is not None:
+            self.tape.add("hup", reason)
         self._end(reason)
 
     def _end(self, reason: str) -> None:
         if self.end_reason is None:
             self.end_reason = reason
+            if self.tape is not None:
+                self.tape.add("oe", reason)
         self._ended.set()
 
     def _task_done(self, task: asyncio.Task[Any]) -> None:
@@ -315,11 +334,8 @@ class CallEngine:
 
     async def run(self) -> None:
         """Run the call until it ends, then record it. Returns normally; CancelledError passes."""
-        db, call = self.deps.db, self._call
-        self._conversation_id = await conversation_for(db, call.account_id)
-        self._timezone = await call_records.account_timezone(db, call.account_id)
-        self._turn_id = await start_turn(db, self._conversation_id, channel="voice", kind="call")
-        await call_records.call_started(db, call.call_sid, self._turn_id, self.deps.holder)
+        call = self._call
+        await self._open_records()
         counted = metrics()
         counted.calls_started.labels(self._profile.route).inc()
         counted.calls_active.inc()
@@ -331,6 +347,7 @@ class CallEngine:
             self.model = None
         if getattr(self.model, "full_duplex", False):
             self._live = LiveCall(self)
+        self._start_tape()
         try:
             if self.model is None or not await self._open_model():
                 self._end("model-failed")
@@ -352,6 +369,63 @@ class CallEngine:
                 await self._shutdown(recorder)
             finally:
                 self._count_end(counted)
+
+    async def _open_records(self) -> None:
+        """The call's conversation, the person's time zone, and the call's turn (started)."""
+        db, call = self.deps.db, self._call
+        self._conversation_id = await conversation_for(db, call.account_id)
+        self._timezone = await call_records.account_timezone(db, call.account_id)
+        self._turn_id = await start_turn(db, self._conversation_id, channel="voice", kind="call")
+        await call_records.call_started(db, call.call_sid, self._turn_id, self.deps.holder)
+
+    # --- The recording for replay (voice.call_tape) ----------------------------------------------
+
+    def _start_tape(self) -> None:
+        if not self.deps.config.record_calls or self.tape is not None:
+            return
+        model = self.model
+        self.tape = CallTape({"call_sid": self._call.call_sid, "notice": self._profile.notice,
+                              "trust": self._profile.trust, "route": self._profile.route,
+                              "medium": self._profile.medium, "full_duplex": self._live is not None,
+                              "engine": getattr(model, "model", None) or getattr(model, "name", None),
+                              "stream_sid": self._sid, "account_id": str(self._call.account_id),
+                              "model_reconnects": self.deps.config.model_reconnects})  # fmt: skip
+        self.link = self.tape.wrap_link(self.link)
+        self.spawn("tape", self._tape_loop())
+
+    async def _tape_loop(self) -> None:
+        """Writes the recording in chunks while the call runs (the frame path only appends)."""
+        while True:
+            await asyncio.sleep(self.deps.config.tape_flush_s)
+            self._write_tape(final=False)
+
+    def _write_tape(self, *, final: bool) -> asyncio.Task[None] | None:
+        if self.tape is None:
+            return None
+        seq, entries = self.tape.take()
+        if not entries and not final:
+            return None
+        task = asyncio.get_running_loop().create_task(self._store_tape(seq, entries, final))
+        self._tape_writes.add(task)  # not cancelled by the end of the call; _finish waits for it
+        task.add_done_callback(self._tape_writes.discard)
+        return task
+
+    async def _store_tape(self, seq: int, entries: list[list[Any]], final: bool) -> None:
+        try:
+            await call_records.store_recording(self.deps.db, self._call.call_sid, self._call.account_id, seq,
+                                               entries, final=final)  # fmt: skip
+        except Exception:
+            log.exception("could not store a chunk of a call's recording")
+
+    def _timer_fired(self, name: str) -> None:
+        """A timer of the call ran out (``grace``: the closing grace; ``notice``: the notice's)."""
+        if self.tape is not None:
+            self.tape.add("tmr", name)
+        if name == "grace":
+            self._end(self._closing or "end-call")
+        elif name == "notice" and not self._listening:
+            log.warning("the opening notice never finished playing; ending the call")
+            self._end("model-failed")
 
     def _count_end(self, counted: Metrics) -> None:
         """The call's figures into the metrics, once, when it is over (nothing per frame)."""
@@ -386,7 +460,10 @@ class CallEngine:
                 await self.link.close(1000)
         self._records.put_nowait(None)
         await asyncio.gather(recorder, return_exceptions=True)
-        await self._finish()
+        try:
+            await self._finish()
+        finally:
+            await self._finish_tape()
 
     async def _open_model(self) -> bool:
         assert self.model is not None
@@ -398,6 +475,8 @@ class CallEngine:
             await stack.aclose()
             log.warning("could not open the realtime model session")
             return False
+        if self.tape is not None:
+            conn = self.tape.wrap(conn)
         self._conn, self._conn_stack = conn, stack
         if self._live is not None:
             self._live.opened()
@@ -412,13 +491,11 @@ class CallEngine:
 
     async def _notice_watch(self) -> None:
         await asyncio.sleep(self.deps.config.notice_timeout)
-        if not self._listening:
-            log.warning("the opening notice never finished playing; ending the call")
-            self._end("model-failed")
+        self._timer_fired("notice")
 
     async def _closing_grace(self, reason: str) -> None:
         await asyncio.sleep(self.deps.config.closing_grace)
-        self._end(reason)
+        self._timer_fired("grace")
 
     # --- Twilio -> model (the hot path) -----------------------------------------------------------
 
@@ -432,6 +509,8 @@ class CallEngine:
             event = frame["event"]
             if event == "media":
                 return self.feed_audio(media.media_payload(frame))
+            if self.tape is not None:
+                self.tape.frame_in(event, frame)
             if event == "mark":
                 self._on_mark(media.mark_name(frame))
             elif event == "dtmf":
@@ -442,6 +521,8 @@ class CallEngine:
                 raise media.MalformedFrame("unknown event")
         except media.MalformedFrame:
             self.stats.frames_malformed += 1
+            if self.tape is not None:
+                self.tape.add("bad")
         return None
 
     def feed_audio(self, payload: str) -> Awaitable[None] | None:
@@ -449,6 +530,8 @@ class CallEngine:
         Twilio ``media`` frame's payload, or a browser call's audio (``voice.adapters.webrtc``)."""
         stats = self.stats
         stats.frames_in += 1
+        if self.tape is not None:
+            self.tape.audio_in(payload)
         if not self._listening:
             stats.frames_discarded += 1
             return None
@@ -515,11 +598,15 @@ class CallEngine:
             assert conn is not None
             try:
                 async for event in conn.events():
+                    if self.tape is not None:
+                        self.tape.model_event(event)
                     await handle(event)
                 raise RealtimeDisconnected("the event stream ended")
             except RealtimeDisconnected as exc:
                 if self._ended.is_set():
                     return
+                if self.tape is not None:
+                    self.tape.add("drop")
                 log.warning("realtime model socket dropped mid-call: close_code=%s", getattr(exc, "close_code", None))
                 if reconnects >= self.deps.config.model_reconnects or not await self._reconnect():
                     self._end("model-failed")
@@ -610,6 +697,8 @@ class CallEngine:
         False, and nothing done, while the caller's socket is backed up."""
         if self.link.backed_up:
             return False
+        if self.tape is not None:
+            self.tape.model_audio(event)
         self._relay_audio(event)
         return True
 
@@ -781,6 +870,8 @@ class CallEngine:
         except ValueError:
             arguments = event.arguments  # the runner reports it as not a JSON object
         call = ToolCall(event.call_id, event.name, arguments)
+        if self.tape is not None:
+            self.tape.add("otool", event.call_id, event.name)
         task = self.spawn(f"tool-{event.name}", self._run_tool(call))
         self._tool_tasks.setdefault(event.response_id, []).append(task)
 
@@ -788,7 +879,7 @@ class CallEngine:
         profile = self._profile
         ctx = ToolContext(profile.session_context(), self.deps.db, self.deps.clock())
         visible = {t.name for t in profile.visible_tools()}
-        work = asyncio.ensure_future(run_call(profile.registry, profile.gate, ctx, call, visible=visible))
+        work = asyncio.ensure_future(self._execute(ctx, call, visible))
         try:
             done, _ = await asyncio.wait({work}, timeout=self.deps.config.filler_after)
             if not done:
@@ -802,9 +893,19 @@ class CallEngine:
         if outcome.write is not None and outcome.write.get("staged"):
             self._unconfirmed.append(int(outcome.write["id"]))
             self._write_summaries[int(outcome.write["id"])] = str(outcome.write.get("summary", ""))
-        return profile.tool_result(outcome)
+        result = profile.tool_result(outcome)
+        if self.tape is not None:
+            self.tape.tool_done(result.as_record())
+        return result
+
+    async def _execute(self, ctx: ToolContext, call: ToolCall, visible: set[str]) -> CallOutcome:
+        """Run one tool call through the profile's gate and the shared runner."""
+        profile = self._profile
+        return await run_call(profile.registry, profile.gate, ctx, call, visible=visible)
 
     async def _play_filler(self) -> None:
+        if self.tape is not None:
+            self.tape.add("fl")
         self.stats.fillers += 1
         self.link.send(media.media_frame(self._sid, self.deps.filler_payload))
         self._send_mark(_Mark("audio", None))
@@ -850,9 +951,11 @@ class CallEngine:
         await asyncio.shield(task)
 
     async def _resolve_writes(self, ids: list[int], *, commit: bool, tell_model: bool = False) -> None:
-        assert self._turn_id is not None
-        resolve = commit_writes if commit else drop_writes
-        records = [w.as_record() for w in await resolve(self.deps.db, self._profile.registry, self._turn_id, ids)]
+        if self.tape is not None:
+            self.tape.add("ow", commit, ids)
+        records = await self._settle_writes(ids, commit=commit)
+        if self.tape is not None:
+            self.tape.add("wd")  # the store answered (the replay waits for this point)
         self._resolved.extend(records)
         if tell_model and not commit and self._conn is not None:
             summaries = ", ".join(self._write_summaries.get(i, "a change") for i in ids)
@@ -862,6 +965,12 @@ class CallEngine:
                              " Ask again if they still want it.")
                 )  # fmt: skip
         await self._profile.after_resolve(ids, commit=commit, records=records)
+
+    async def _settle_writes(self, ids: list[int], *, commit: bool) -> list[dict[str, Any]]:
+        """Commit or drop these staged writes of the call's turn: their records."""
+        assert self._turn_id is not None
+        resolve = commit_writes if commit else drop_writes
+        return [w.as_record() for w in await resolve(self.deps.db, self._profile.registry, self._turn_id, ids)]
 
     # --- Records -----------------------------------------------------------------------------
 
@@ -908,6 +1017,14 @@ class CallEngine:
                 record.pop("gated_arguments", None)
             records.append(record)
         return records
+
+    async def _finish_tape(self) -> None:
+        """The last chunk of the recording, marked final, after every chunk before it."""
+        if self._tape_writes:
+            await asyncio.gather(*list(self._tape_writes), return_exceptions=True)
+        last = self._write_tape(final=True)
+        if last is not None:
+            await last
 
     async def _finish(self) -> None:
         if self._commits:  # a commit the hang-up interrupted: it finishes before the call is recorded

@@ -4,6 +4,7 @@ what the call engine and the voice webhook record of them."""
 from __future__ import annotations
 
 import json
+import zlib
 from typing import Any
 from uuid import UUID
 
@@ -199,3 +200,46 @@ async def call_message_ids(db: Queries, conversation_id: UUID, turn_id: UUID | N
         f"{call_sid}:%",
     )
     return [r["id"] for r in rows]
+
+
+# --- Recordings for replay (voice.call_tape) ----------------------------------------------------
+
+
+async def store_recording(
+    db: Queries, call_sid: str, account_id: UUID | None, seq: int, entries: list[list[Any]], *, final: bool
+) -> None:
+    """One chunk of a call's recording (written once: a retried chunk changes nothing)."""
+    await db.execute(
+        "INSERT INTO call_recordings (call_sid, seq, account_id, entries, final) VALUES ($1, $2, $3, $4, $5)"
+        " ON CONFLICT (call_sid, seq) DO NOTHING",
+        call_sid,
+        seq,
+        account_id,
+        zlib.compress(json.dumps(entries, separators=(",", ":")).encode(), 6),
+        final,
+    )
+
+
+async def load_recording(db: Queries, call_sid: str) -> tuple[list[list[Any]], bool] | None:
+    """A call's recorded entries in order, and whether the recording is complete (its final chunk
+    is there and no chunk before it is missing); None when the call has none."""
+    rows = await db.fetch("SELECT seq, entries, final FROM call_recordings WHERE call_sid = $1 ORDER BY seq", call_sid)
+    if not rows:
+        return None
+    entries: list[list[Any]] = []
+    complete = False
+    for expected, row in enumerate(rows):
+        if row["seq"] != expected:
+            return entries, False  # a chunk is missing: what came before it is readable
+        entries.extend(json.loads(zlib.decompress(row["entries"])))
+        complete = bool(row["final"])
+    return entries, complete
+
+
+async def recorded_call_of(db: Queries, call: str) -> str | None:
+    """The CallSid of ``call``: a CallSid, or the id of the call's turn."""
+    return await db.fetchval(
+        "SELECT call_sid FROM calls WHERE call_sid = $1 OR turn_id::text = $1"
+        " UNION SELECT call_sid FROM call_recordings WHERE call_sid = $1 LIMIT 1",
+        call,
+    )
