@@ -58,6 +58,7 @@ class VoiceConfig:
             voice=settings.voice_voice,
             max_call_seconds=float(settings.voice_max_call_seconds),
             max_verify_failures=settings.voice_max_verify_failures,
+            record_calls=settings.voice_record_calls,
         )
 
 

@@ -136,13 +136,27 @@ MARK_EVERY_BYTES = 100 * media.BYTES_PER_MS
 SECRET_TOOLS = frozenset({"verify_pin", "check_code"})
 
 
+class CallOutside(Protocol):
+    """The engine's edges to the store and the tools, replaced as a whole by a replay
+    (``voice.replay_call``); without one the engine uses the store and the tool runner."""
+
+    async def open_records(self, engine: CallEngine) -> None: ...
+
+    async def execute(self, ctx: ToolContext, call: ToolCall, visible: set[str]) -> CallOutcome: ...
+
+    async def settle_writes(self, ids: list[int], *, commit: bool) -> list[dict[str, Any]]: ...
+
+    async def finish(self) -> None: ...
+
+
 class CallEngine:
     """Runs one admitted call with its profile. ``trust`` and ``stats`` may be read from outside;
     :meth:`feed`, :meth:`hang_up` and :meth:`run` drive it."""
 
     def __init__(
-        self, deps: VoiceDeps, link: TwilioLink, start: media.StreamStart, call: AdmittedCall, profile: CallProfile
-    ):
+        self, deps: VoiceDeps, link: TwilioLink, start: media.StreamStart, call: AdmittedCall, profile: CallProfile,
+        outside: CallOutside | None = None,
+    ):  # fmt: skip
         self.deps = deps
         self.link = link
         self.start = start
@@ -201,6 +215,7 @@ class CallEngine:
         # The call's recording for replay (voice.call_tape), made in run() unless turned off.
         self.tape: CallTape | None = None
         self._tape_writes: set[asyncio.Task[None]] = set()
+        self._outside = outside
         profile.attach(self)
 
     # --- What profiles see (voice.profile.CallControls) ----------------------------------------
@@ -372,6 +387,9 @@ class CallEngine:
 
     async def _open_records(self) -> None:
         """The call's conversation, the person's time zone, and the call's turn (started)."""
+        if self._outside is not None:
+            await self._outside.open_records(self)
+            return
         db, call = self.deps.db, self._call
         self._conversation_id = await conversation_for(db, call.account_id)
         self._timezone = await call_records.account_timezone(db, call.account_id)
@@ -400,7 +418,7 @@ class CallEngine:
             self._write_tape(final=False)
 
     def _write_tape(self, *, final: bool) -> asyncio.Task[None] | None:
-        if self.tape is None:
+        if self.tape is None or self._outside is not None:  # a replay's tape stays in memory
             return None
         seq, entries = self.tape.take()
         if not entries and not final:
@@ -900,6 +918,8 @@ class CallEngine:
 
     async def _execute(self, ctx: ToolContext, call: ToolCall, visible: set[str]) -> CallOutcome:
         """Run one tool call through the profile's gate and the shared runner."""
+        if self._outside is not None:
+            return await self._outside.execute(ctx, call, visible)
         profile = self._profile
         return await run_call(profile.registry, profile.gate, ctx, call, visible=visible)
 
@@ -968,6 +988,8 @@ class CallEngine:
 
     async def _settle_writes(self, ids: list[int], *, commit: bool) -> list[dict[str, Any]]:
         """Commit or drop these staged writes of the call's turn: their records."""
+        if self._outside is not None:
+            return await self._outside.settle_writes(ids, commit=commit)
         assert self._turn_id is not None
         resolve = commit_writes if commit else drop_writes
         return [w.as_record() for w in await resolve(self.deps.db, self._profile.registry, self._turn_id, ids)]
@@ -1027,6 +1049,9 @@ class CallEngine:
             await last
 
     async def _finish(self) -> None:
+        if self._outside is not None:
+            await self._outside.finish()
+            return
         if self._commits:  # a commit the hang-up interrupted: it finishes before the call is recorded
             await asyncio.gather(*list(self._commits), return_exceptions=True)
         db, turn_id, profile = self.deps.db, self._turn_id, self._profile

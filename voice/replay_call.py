@@ -210,29 +210,28 @@ class _Profile(CallProfile):
         return text
 
 
-class _Engine(CallEngine):
-    """The current build's engine with its store replaced by the recording (tool results,
-    staged writes, the call's records)."""
+class _Outside:
+    """The engine's store and tools as the recording has them (``voice.engine.CallOutside``): a
+    tool's result and the store's answer to staged writes come at their recorded points."""
 
-    def __init__(self, *args: Any, results: dict[str, asyncio.Future[CallOutcome]], **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self._results = results
-        self.settled: asyncio.Queue[Any] = asyncio.Queue()  # the store's answers, at their points
+    def __init__(self) -> None:
+        self.results: dict[str, asyncio.Future[CallOutcome]] = {}
+        self.settled: asyncio.Queue[Any] = asyncio.Queue()
 
-    async def _open_records(self) -> None:
-        self._turn_id = uuid4()
+    def result(self, call_id: str) -> asyncio.Future[CallOutcome]:
+        return self.results.setdefault(call_id, asyncio.get_running_loop().create_future())
 
-    def _write_tape(self, *, final: bool) -> asyncio.Task[None] | None:
-        return None  # the replay's tape stays in memory
+    async def open_records(self, engine: CallEngine) -> None:
+        return None  # nothing is stored
 
-    async def _execute(self, ctx: ToolContext, call: ToolCall, visible: set[str]) -> CallOutcome:
-        return await self._results.setdefault(call.id, asyncio.get_running_loop().create_future())
+    async def execute(self, ctx: ToolContext, call: ToolCall, visible: set[str]) -> CallOutcome:
+        return await self.result(call.id)
 
-    async def _settle_writes(self, ids: list[int], *, commit: bool) -> list[dict[str, Any]]:
+    async def settle_writes(self, ids: list[int], *, commit: bool) -> list[dict[str, Any]]:
         await _next(self.settled)
         return []
 
-    async def _finish(self) -> None:
+    async def finish(self) -> None:
         return None
 
 
@@ -312,16 +311,16 @@ async def replay_call(
     start = media.StreamStart(sid, f"replay:{call_sid}", "", {}, "audio/x-mulaw")
     admitted = AdmittedCall(f"replay:{call_sid}", _profile_account(header), None, None, None)
     profile = _Profile(header)
-    results: dict[str, asyncio.Future[CallOutcome]] = {}
-    engine = _Engine(deps, _Link(), start, admitted, profile, results=results)  # type: ignore[arg-type]
+    outside = _Outside()
+    engine = CallEngine(deps, _Link(), start, admitted, profile, outside)  # type: ignore[arg-type]
     if change is not None:
         change(engine)
     task = asyncio.get_running_loop().create_task(engine.run(), name="replay-call")
     try:
-        await _drive(engine, model, entries, results)
+        await _drive(engine, model, profile, outside, entries)
         profile.configs.put_nowait(_END)
-        engine.settled.put_nowait(_END)
-        for future in results.values():
+        outside.settled.put_nowait(_END)
+        for future in outside.results.values():
             if not future.done():
                 future.cancel()  # a tool the original never saw come back
         for _ in range(SPINS * 4):
@@ -343,9 +342,8 @@ def _profile_account(header: dict[str, Any]) -> UUID:
     return UUID(header["account_id"]) if header.get("account_id") else uuid4()
 
 
-async def _drive(
-    engine: _Engine, model: _Model, entries: list[list[Any]], results: dict[str, asyncio.Future[CallOutcome]]
-) -> None:
+async def _drive(engine: CallEngine, model: _Model, profile: _Profile, outside: _Outside,
+                 entries: list[list[Any]]) -> None:  # fmt: skip
     for _ in range(SPINS):
         if engine.tape is not None:
             break
@@ -369,7 +367,7 @@ async def _drive(
             before += units
             continue
         await _catch_up(outputs, before, model)
-        await _give(engine, model, entry, results)
+        await _give(engine, model, profile, outside, entry)
 
 
 async def _catch_up(outputs: Callable[[], int], target: int, model: _Model) -> None:
@@ -386,7 +384,7 @@ async def _catch_up(outputs: Callable[[], int], target: int, model: _Model) -> N
         await asyncio.sleep(0)
 
 
-async def _give(engine: _Engine, model: _Model, entry: list[Any], results: dict[str, Any]) -> None:
+async def _give(engine: CallEngine, model: _Model, profile: _Profile, outside: _Outside, entry: list[Any]) -> None:
     code = entry[0]
     sid = engine.start.stream_sid
     if code in MODEL_CODES:
@@ -410,7 +408,7 @@ async def _give(engine: _Engine, model: _Model, entry: list[Any], results: dict[
         engine.hang_up(entry[2])
     elif code == "td":
         record = entry[2]
-        future = results.setdefault(record["id"], asyncio.get_running_loop().create_future())
+        future = outside.result(record["id"])
         if not future.done():
             future.set_result(_outcome(record))
     elif code == "tmr":
@@ -428,11 +426,9 @@ async def _give(engine: _Engine, model: _Model, entry: list[Any], results: dict[
     elif code == "ra":
         engine.reconfigure_after_tools()
     elif code == "cf":
-        profile = engine._profile
-        assert isinstance(profile, _Profile)
         profile.configs.put_nowait(entry)
     elif code == "wd":
-        engine.settled.put_nowait(None)
+        outside.settled.put_nowait(None)
 
 
 # --- Comparing ------------------------------------------------------------------------------------
