@@ -3,7 +3,10 @@ call, replays identically on the same build, and a change to barge-in handling s
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
+from cli_support import run_cli
 from phone_support import speech, until, verify_by_keypad
 
 from core.errors import InvalidInput
@@ -40,7 +43,7 @@ async def _barged_call(phone) -> str:
     return answer.call_sid
 
 
-async def test_a_recorded_call_replays_identically_and_a_barge_in_change_shows(phone):
+async def test_a_recorded_call_replays_identically_and_a_barge_in_change_shows(phone, db_url, monkeypatch, capsys):
     call_sid = await _barged_call(phone)
     recording = await until(lambda: call_records.load_recording(phone.db, call_sid), what="the recording")
     entries, complete = recording
@@ -66,6 +69,16 @@ async def test_a_recorded_call_replays_identically_and_a_barge_in_change_shows(p
     clears = sum(1 for e in entries if e[0] == "oc")
     assert clears >= 1 and not any(e[0] == "oc" for e in changed.replayed)
     assert said.count("clear") >= clears and "response.cancel" in said and "truncate item_" in said
+
+    # From the command line, by CallSid or by the call's turn; a call with no recording is refused.
+    monkeypatch.setenv("DATABASE_URL", db_url)
+    turn = (await phone.call_row(call_sid))["turn_id"]
+    for which in (call_sid, str(turn)):
+        code, out, err = await asyncio.to_thread(run_cli, monkeypatch, capsys, "replay-call", which)
+        assert code == 0, err
+        assert f"call {call_sid}: recording complete" in out and "replay identical" in out
+    code, out, err = await asyncio.to_thread(run_cli, monkeypatch, capsys, "replay-call", "CA' OR 1=1 --")
+    assert code == 1 and "no recorded call" in err
 
 
 async def test_a_call_cut_short_leaves_a_readable_incomplete_recording(phone):
