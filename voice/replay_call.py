@@ -312,7 +312,7 @@ async def replay_call(
     admitted = AdmittedCall(f"replay:{call_sid}", _profile_account(header), None, None, None)
     profile = _Profile(header)
     outside = _Outside()
-    engine = CallEngine(deps, _Link(), start, admitted, profile, outside)  # type: ignore[arg-type]
+    engine = CallEngine(deps, _Link(), start, admitted, profile, outside)
     if change is not None:
         change(engine)
     task = asyncio.get_running_loop().create_task(engine.run(), name="replay-call")

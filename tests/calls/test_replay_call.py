@@ -116,3 +116,15 @@ async def test_garbage_recordings_are_refused(phone):
     ):
         with pytest.raises(InvalidInput):
             await replay_call(phone.db, bad)
+
+
+async def test_recording_chunks_are_written_once_and_a_gap_reads_as_incomplete(db):
+    first = [["hdr", 0.0, {"version": 1}], ["mk", 1.0, "n1"]]
+    await call_records.store_recording(db, "CAgap", None, 0, first, final=False)
+    await call_records.store_recording(db, "CAgap", None, 0, [["forged", 0.0]], final=True)  # a duplicate seq
+    await call_records.store_recording(db, "CAgap", None, 2, [["oe", 9.0, "hangup"]], final=True)
+    entries, complete = await call_records.load_recording(db, "CAgap")
+    assert entries == first and not complete  # chunk 1 never came: what came before it still reads
+    await call_records.store_recording(db, "CAgap", None, 1, [["stop", 5.0]], final=False)
+    entries, complete = await call_records.load_recording(db, "CAgap")
+    assert [e[0] for e in entries] == ["hdr", "mk", "stop", "oe"] and complete
