@@ -68,44 +68,40 @@ def crc(text: str) -> int:
 
 
 class CallTape:
-    """One call's recording, in memory until :meth:`take` hands the new entries to be written."""
+    """One call's recording, in memory until :meth:`take` hands the new entries to be written.
 
-    __slots__ = ("_model_run", "_play_run", "_run", "_seq", "_t0", "entries")
+    Times are kept as raw ``perf_counter`` readings and made ms since the start in :meth:`take`,
+    off the frame path; a run grows only while it is the last entry."""
+
+    __slots__ = ("_media_overhead", "_seq", "_t0", "entries")
 
     def __init__(self, header: dict[str, Any]):
         self._t0 = time.perf_counter()
-        self.entries: list[list[Any]] = [["hdr", 0.0, {"version": VERSION, **header}]]
-        self._run: list[Any] | None = None  # the caller-audio run being added to
-        self._model_run: list[Any] | None = None
-        self._play_run: list[Any] | None = None
+        self.entries: list[list[Any]] = [["hdr", self._t0, {"version": VERSION, **header}]]
         self._seq = 0  # chunks taken so far
-
-    def now(self) -> float:
-        return round((time.perf_counter() - self._t0) * 1000, 1)
+        # An outgoing media frame's length beyond its base64 payload (voice.engine sends media.media_frame).
+        self._media_overhead = len(media.media_frame(str(header.get("stream_sid", "")), ""))
 
     def add(self, *entry: Any) -> None:
-        """An entry other than a run; ends the runs under way."""
-        self._run = self._model_run = self._play_run = None
-        self.entries.append([entry[0], self.now(), *entry[1:]])
+        self.entries.append([entry[0], time.perf_counter(), *entry[1:]])
 
     # --- The frame path ------------------------------------------------------------------------
 
     def audio_in(self, payload: str) -> None:
         """One caller frame: ``["a", t, frames, crc, t_last, to_model]``."""
-        run = self._run
-        if run is None:
-            now = self.now()
-            self._model_run = self._play_run = None
-            run = self._run = ["a", now, 0, 0, now, 0]
-            self.entries.append(run)
-        run[2] += 1
-        run[3] = zlib.crc32(payload.encode(), run[3])
-        run[4] = self.now()
+        entries = self.entries
+        now = time.perf_counter()
+        if entries and (run := entries[-1])[0] == "a":
+            run[2] += 1
+            run[3] = zlib.crc32(payload.encode(), run[3])
+            run[4] = now
+        else:
+            entries.append(["a", now, 1, zlib.crc32(payload.encode()), now, 0])
 
     def to_model(self) -> None:
         """The frame just fed reached the model (counted on its run)."""
-        run = self._run
-        if run is not None:
+        entries = self.entries
+        if entries and (run := entries[-1])[0] == "a":
             run[5] += 1
         else:
             self.add("oa")
@@ -113,27 +109,26 @@ class CallTape:
     def model_audio(self, event: AudioDelta) -> None:
         """``["ad", t, response, item, bytes, deltas]``: equal deltas of one item run together."""
         size = media.decoded_length(event.payload)
-        run = self._model_run
-        if run is not None and run[2] == event.response_id and run[3] == event.item_id and run[4] == size:
-            run[5] += 1
-            return
-        self._run = self._play_run = None
-        self._model_run = ["ad", self.now(), event.response_id, event.item_id, size, 1]
-        self.entries.append(self._model_run)
+        entries = self.entries
+        if entries:
+            run = entries[-1]
+            if run[0] == "ad" and run[4] == size and run[3] == event.item_id and run[2] == event.response_id:
+                run[5] += 1
+                return
+        entries.append(["ad", time.perf_counter(), event.response_id, event.item_id, size, 1])
 
     def sent(self, text: str) -> None:
-        """A frame to the caller: ``["op", t, bytes, frames]`` for audio, else a mark or a clear."""
-        if text.startswith(_MEDIA_HEAD):
-            start = text.index('"payload":"') + 11
-            size = media.decoded_length(text[start : len(text) - _MEDIA_TAIL])
-            run = self._play_run
-            if run is not None and run[2] == size:
+        """A frame to the caller: ``["op", t, base64 length, frames]`` for audio, else a mark or a
+        clear (``{"event":"media"``, ``{"event":"mark"``, ``{"event":"clear"``)."""
+        kind = text[11]
+        if kind == "e":
+            size = len(text) - self._media_overhead
+            entries = self.entries
+            if entries and (run := entries[-1])[0] == "op" and run[2] == size:
                 run[3] += 1
-                return
-            self._run = self._model_run = None
-            self._play_run = ["op", self.now(), size, 1]
-            self.entries.append(self._play_run)
-        elif '"event":"mark"' in text:
+            else:
+                entries.append(["op", time.perf_counter(), size, 1])
+        elif kind == "a":
             self.add("om", text[text.rindex('"name":"') + 8 : -3])
         else:
             self.add("oc")
@@ -189,9 +184,14 @@ class CallTape:
         return TapedLink(link, self)
 
     def take(self) -> tuple[int, list[list[Any]]]:
-        """The entries added since the last take, and their chunk number; the runs end."""
+        """The entries added since the last take (times made ms since the start), and their
+        chunk number."""
         taken, self.entries = self.entries, []
-        self._run = self._model_run = self._play_run = None
+        t0 = self._t0
+        for entry in taken:
+            entry[1] = round((entry[1] - t0) * 1000, 1)
+            if entry[0] == "a":
+                entry[4] = round((entry[4] - t0) * 1000, 1)
         seq = self._seq
         self._seq += 1
         return seq, taken

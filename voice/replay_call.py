@@ -334,7 +334,7 @@ async def replay_call(
     finally:
         if not task.done():
             task.cancel()
-    replayed = engine.tape.entries if engine.tape is not None else []
+    replayed = engine.tape.take()[1] if engine.tape is not None else []
     return compare(call_sid, entries, replayed, complete=complete)
 
 
