@@ -107,7 +107,8 @@ class CallTape:
             self.add("oa")
 
     def model_audio(self, event: AudioDelta) -> None:
-        """``["ad", t, response, item, bytes, deltas]``: equal deltas of one item run together."""
+        """``["ad", t, response, item, bytes, deltas, relayed]``: equal deltas of one item run
+        together, with how many were relayed to the caller as they came (outputs)."""
         size = media.decoded_length(event.payload)
         entries = self.entries
         if entries:
@@ -115,16 +116,21 @@ class CallTape:
             if run[0] == "ad" and run[4] == size and run[3] == event.item_id and run[2] == event.response_id:
                 run[5] += 1
                 return
-        entries.append(["ad", time.perf_counter(), event.response_id, event.item_id, size, 1])
+        entries.append(["ad", time.perf_counter(), event.response_id, event.item_id, size, 1, 0])
 
     def sent(self, text: str) -> None:
-        """A frame to the caller: ``["op", t, base64 length, frames]`` for audio, else a mark or a
-        clear (``{"event":"media"``, ``{"event":"mark"``, ``{"event":"clear"``)."""
+        """A frame to the caller: audio counted on the model audio it relays, else
+        ``["op", t, bytes, frames]``; a mark or a clear (``{"event":"media"``, ``{"event":"mark"``,
+        ``{"event":"clear"``)."""
         kind = text[11]
         if kind == "e":
-            size = len(text) - self._media_overhead
+            end = len(text)
+            encoded = end - self._media_overhead
+            size = encoded * 3 // 4 - text.count("=", end - 5, end - 3)  # as media.decoded_length
             entries = self.entries
-            if entries and (run := entries[-1])[0] == "op" and run[2] == size:
+            if entries and (run := entries[-1])[0] == "ad" and run[4] == size and run[6] < run[5]:
+                run[6] += 1
+            elif entries and (run := entries[-1])[0] == "op" and run[2] == size:
                 run[3] += 1
             else:
                 entries.append(["op", time.perf_counter(), size, 1])

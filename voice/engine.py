@@ -100,13 +100,22 @@ class CallStats:
     fillers: int = 0
     model_reconnects: int = 0
     # Per reply: ms from the model hearing the caller stop to Pepper's first audio frame sent
-    # (the dashboard's call latency plots).
+    # (the dashboard's call latency plots), and that split: the model's part (its speech_stopped
+    # to its first audio) and Pepper's own relay (that audio handled to its frame written).
     response_ms: list[float] = field(default_factory=list)
+    model_ms: list[float] = field(default_factory=list)
+    relay_ms: list[float] = field(default_factory=list)
+    # Per caller turn, as the model reports it: ms of caller audio Pepper had sent past the end of
+    # the speech when the model said it stopped (its end-of-speech detection).
+    endpointing_ms: list[float] = field(default_factory=list)
+    tool_ms: list[float] = field(default_factory=list)  # per tool call
 
     def as_record(self) -> dict[str, Any]:
-        out = {k: v for k, v in self.__dict__.items() if k not in ("clear_ms", "response_ms")}
+        out = {k: v for k, v in self.__dict__.items() if not isinstance(v, list)}
         out["clear_ms"] = [round(v, 3) for v in self.clear_ms]
-        out["response_ms"] = [round(v, 1) for v in self.response_ms]
+        out["relay_ms"] = [round(v, 3) for v in self.relay_ms]
+        for name in ("response_ms", "model_ms", "endpointing_ms", "tool_ms"):
+            out[name] = [round(v, 1) for v in getattr(self, name)]
         return out
 
 
@@ -131,6 +140,7 @@ class _Request:
 
 
 # Playback is tracked with a Twilio mark at least every 100 ms of audio (and at each response's end).
+FRAME_MS = 20  # one caller frame (Twilio and browser calls alike)
 MARK_EVERY_BYTES = 100 * media.BYTES_PER_MS
 # Arguments never written to records: a PIN or code the caller gave.
 SECRET_TOOLS = frozenset({"verify_pin", "check_code"})
@@ -164,6 +174,7 @@ class CallEngine:
         self._profile = profile
         self.stats = CallStats()
         self._heard_at: float | None = None  # when the caller last stopped speaking, until Pepper answers
+        self._session_frames = 0  # caller frames sent to the model before its session began
         self.end_reason: str | None = None
         self._listening = False
         self._ended = asyncio.Event()
@@ -413,9 +424,12 @@ class CallEngine:
 
     async def _tape_loop(self) -> None:
         """Writes the recording in chunks while the call runs (the frame path only appends)."""
+        every = self.deps.config.tape_flush_s
+        # Calls that began together write at different moments, not all in one burst.
+        await asyncio.sleep(every * (0.5 + (hash(self._sid) % 1000) / 1000))
         while True:
-            await asyncio.sleep(self.deps.config.tape_flush_s)
             self._write_tape(final=False)
+            await asyncio.sleep(every)
 
     def _write_tape(self, *, final: bool) -> asyncio.Task[None] | None:
         if self.tape is None or self._outside is not None:  # a replay's tape stays in memory
@@ -448,8 +462,12 @@ class CallEngine:
     def _count_end(self, counted: Metrics) -> None:
         """The call's figures into the metrics, once, when it is over (nothing per frame)."""
         counted.calls_ended.labels(self.end_reason or "unknown").inc()
-        for ms in self.stats.clear_ms:
-            counted.call_clear_ms.observe(ms)
+        stats = self.stats
+        for histogram, values in ((counted.call_clear_ms, stats.clear_ms), (counted.call_model_ms, stats.model_ms),
+                                  (counted.call_relay_ms, stats.relay_ms), (counted.call_tool_ms, stats.tool_ms),
+                                  (counted.call_endpointing_ms, stats.endpointing_ms)):  # fmt: skip
+            for ms in values:
+                histogram.observe(ms)
         if self.stats.barge_ins:
             counted.call_barge_ins.inc(self.stats.barge_ins)
 
@@ -496,6 +514,7 @@ class CallEngine:
         if self.tape is not None:
             conn = self.tape.wrap(conn)
         self._conn, self._conn_stack = conn, stack
+        self._session_frames = self.stats.frames_to_model  # the new session's audio starts here
         if self._live is not None:
             self._live.opened()
             conn.deliver_audio_to(self._live.audio_now)
@@ -717,8 +736,26 @@ class CallEngine:
             return False
         if self.tape is not None:
             self.tape.model_audio(event)
-        self._relay_audio(event)
+        if self._heard_at is not None:
+            self._reply_audio(event)
+        else:
+            self._relay_audio(event)
         return True
+
+    def _reply_audio(self, event: AudioDelta) -> None:
+        """Audio after the caller stopped speaking: relayed, and the first of a reply timed (the
+        model's part, Pepper's own relay)."""
+        heard = self._heard_at
+        arrived = time.perf_counter()
+        self._relay_audio(event)
+        if heard is None or event.response_id in self._cancelled_responses:
+            return
+        sent = time.perf_counter()
+        self._heard_at = None
+        stats = self.stats
+        stats.model_ms.append((arrived - heard) * 1000)
+        stats.relay_ms.append((sent - arrived) * 1000)
+        stats.response_ms.append((sent - heard) * 1000)
 
     def _relay_audio(self, event: AudioDelta) -> None:
         if event.response_id in self._cancelled_responses:
@@ -746,10 +783,10 @@ class CallEngine:
 
     async def _on_model(self, event: Any) -> None:
         if type(event) is AudioDelta:
-            if self._heard_at is not None and event.response_id not in self._cancelled_responses:
-                self.stats.response_ms.append((time.perf_counter() - self._heard_at) * 1000)
-                self._heard_at = None
-            self._relay_audio(event)
+            if self._heard_at is not None:
+                self._reply_audio(event)
+            else:
+                self._relay_audio(event)
             if self.link.backed_up:
                 await self.link.drained()
         elif type(event) is SpeechStarted:
@@ -757,6 +794,9 @@ class CallEngine:
             await self._barge_in()
         elif type(event) is SpeechStopped:
             self._heard_at = time.perf_counter()
+            if event.audio_end_ms is not None:
+                sent_ms = (self.stats.frames_to_model - self._session_frames) * FRAME_MS
+                self.stats.endpointing_ms.append(max(0.0, float(sent_ms - event.audio_end_ms)))
         elif type(event) is ResponseCreated:
             self._active_response = event.response_id
             request, self._requested = self._requested, None
@@ -907,6 +947,7 @@ class CallEngine:
             if not work.done():
                 work.cancel()
         self._outcomes.append(outcome)
+        self.stats.tool_ms.append(outcome.duration_ms)
         self._call_trust[call.id] = ctx.session.trust  # whose words its arguments are (core.memory.records)
         if outcome.write is not None and outcome.write.get("staged"):
             self._unconfirmed.append(int(outcome.write["id"]))

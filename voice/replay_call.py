@@ -279,8 +279,11 @@ MODEL_CODES = frozenset({"ad", "ss", "se", "rc", "rd", "fc", "ut", "at", "er", "
 
 
 def _units(entry: list[Any]) -> int:
-    """How many outputs an entry holds (an audio run counts its frames); 0 for an input."""
+    """How many outputs an entry holds (an audio run counts its frames; model audio the frames it
+    was relayed as); 0 for an input."""
     code = entry[0]
+    if code == "ad":
+        return int(entry[6])
     if not code.startswith("o") or code in ("oa", "ox"):
         return 0
     return int(entry[3]) if code == "op" else 1
@@ -362,12 +365,14 @@ async def _drive(engine: CallEngine, model: _Model, profile: _Profile, outside: 
 
     before = 0  # the original's outputs before this entry
     for entry in entries[1:]:
-        units = _units(entry)
-        if units:
-            before += units
+        code = entry[0]
+        if code.startswith("o") and code not in ("oa", "ox"):
+            before += _units(entry)
             continue
         await _catch_up(outputs, before, model)
         await _give(engine, model, profile, outside, entry)
+        if code == "ad":
+            before += _units(entry)  # the frames it was relayed as came after it
 
 
 async def _catch_up(outputs: Callable[[], int], target: int, model: _Model) -> None:
@@ -456,6 +461,11 @@ def outputs_of(entries: list[list[Any]]) -> list[tuple[tuple[Any, ...], float, s
             continue
         if code == "op":
             _merge(out, ("op", entry[2]), entry[3], entry[1], last_input)
+            continue
+        if code == "ad":
+            last_input = f"ad {json.dumps(entry[2:4])} at {entry[1]} ms"
+            if entry[6]:
+                _merge(out, ("op", entry[4]), entry[6], entry[1], last_input)
             continue
         if code.startswith("o") and code != "ox":
             args = tuple(json.dumps(a, sort_keys=True) if isinstance(a, list | dict) else a for a in entry[2:])
