@@ -1,6 +1,8 @@
-"""``pepper replay-call``: run a recorded call again on this build's call engine and say where
-its behaviour differs (``voice.replay_call``).
+"""``pepper calls show`` (one call's record, with its latency broken down) and ``pepper
+replay-call`` (run a recorded call again on this build's call engine and say where its behaviour
+differs, ``voice.replay_call``).
 
+pepper calls show CALL
 pepper replay-call CALL [--show]
 
 CALL is the call's CallSid or the id of its turn. The exit status is 0 when the replay matches
@@ -12,6 +14,8 @@ committed or dropped, no model is reached.
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
 from collections.abc import Callable
 from typing import Any
 
@@ -21,8 +25,23 @@ from core.settings import Settings
 from core.store import Database
 from gateway.cli_turns import printable
 
+# The call's latency, per reply or per event, as the engine records it in the call's stats.
+LATENCY = (
+    ("endpointing_ms", "endpointing (the model's, as it reports it)"),
+    ("model_ms", "model: speech stopped -> first audio"),
+    ("relay_ms", "Pepper's relay of that audio"),
+    ("response_ms", "speech stopped -> first audio sent"),
+    ("tool_ms", "tools, per call"),
+    ("clear_ms", "speech started -> clear (barge-in)"),
+)
+
 
 def add_commands(subparsers: Any) -> None:
+    calls = subparsers.add_parser("calls", help="phone and browser calls as recorded").add_subparsers(
+        dest="action", required=True
+    )
+    show = calls.add_parser("show", help="one call: how it went and its latency broken down")
+    show.add_argument("call", metavar="CALL", help="the call's CallSid, or its turn id")
     replay = subparsers.add_parser(
         "replay-call", help="replay a recorded call on this build's call engine and show where it differs"
     )
@@ -31,6 +50,9 @@ def add_commands(subparsers: Any) -> None:
 
 
 async def run(args: argparse.Namespace, settings: Settings, db: Database, out: Callable[[str], None]) -> bool:
+    if args.command == "calls":
+        await _show(args, db, out)
+        return True
     if args.command != "replay-call":
         return False
     from voice.replay_call import outputs_of, replay_call
@@ -55,3 +77,29 @@ async def run(args: argparse.Namespace, settings: Settings, db: Database, out: C
             out(printable(f"  {line}"))
     args.exit_code = 0 if result.identical else 1
     return True
+
+
+async def _show(args: argparse.Namespace, db: Database, out: Callable[[str], None]) -> None:
+    row = await call_records.call_row(db, args.call)
+    if row is None:
+        raise NotFound(f"no call {args.call}")
+    stats = row["stats"] if isinstance(row["stats"], dict) else json.loads(row["stats"] or "{}")
+    out(f"call {row['call_sid']}  route {row['route']}  status {row['status']}  ended: {row['end_reason'] or '-'}")
+    out(f"started {row['started_at']:%Y-%m-%d %H:%M:%S %Z}  line {row['line_number'] or '-'}"
+        f"  verified by {row['verified_by'] or '-'}  turn {row['turn_id'] or '-'}")  # fmt: skip
+    if row["summary"]:
+        out(printable(f"summary: {row['summary']}"))
+    out("latency (ms)                                   n   median      max")
+    for key, label in LATENCY:
+        values = [float(v) for v in stats.get(key) or []]
+        if values:
+            out(f"  {label:<42} {len(values):>3} {statistics.median(values):>8.1f} {max(values):>8.1f}")
+        else:
+            out(f"  {label:<42}   0        -        -")
+    counts = ", ".join(f"{k} {stats[k]}" for k in ("frames_in", "frames_to_model", "barge_ins", "fillers",
+                                                    "model_reconnects") if k in stats)  # fmt: skip
+    if counts:
+        out(f"frames and events: {counts}")
+    loaded = await call_records.load_recording(db, row["call_sid"])
+    state = "none" if loaded is None else ("complete" if loaded[1] else "incomplete")
+    out(f"recording for replay: {state}" + ("  (pepper replay-call " + row["call_sid"] + ")" if loaded else ""))

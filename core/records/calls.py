@@ -243,3 +243,12 @@ async def recorded_call_of(db: Queries, call: str) -> str | None:
         " UNION SELECT call_sid FROM call_recordings WHERE call_sid = $1 LIMIT 1",
         call,
     )
+
+
+async def call_row(db: Queries, call: str) -> Any:
+    """One call's row by its CallSid or its turn id, or None."""
+    return await db.fetchrow(
+        "SELECT call_sid, route, status, line_number, verified_by, end_reason, summary, stats, turn_id,"
+        " started_at, ended_at FROM calls WHERE call_sid = $1 OR turn_id::text = $1 LIMIT 1",
+        call,
+    )
