@@ -71,38 +71,43 @@ class CallTape:
     """One call's recording, in memory until :meth:`take` hands the new entries to be written.
 
     Times are kept as raw ``perf_counter`` readings and made ms since the start in :meth:`take`,
-    off the frame path; a run grows only while it is the last entry."""
+    off the frame path. A run of model audio grows while it is the last entry; a run of caller
+    audio also across the model's audio, its relay and the marks sent with it (none of which
+    changes what becomes of a caller frame), until any other entry."""
 
-    __slots__ = ("_media_overhead", "_seq", "_t0", "entries")
+    __slots__ = ("_caller", "_media_overhead", "_seq", "_t0", "entries")
 
     def __init__(self, header: dict[str, Any]):
         self._t0 = time.perf_counter()
         self.entries: list[list[Any]] = [["hdr", self._t0, {"version": VERSION, **header}]]
         self._seq = 0  # chunks taken so far
+        self._caller: list[Any] | None = None  # the caller-audio run still open
         # An outgoing media frame's length beyond its base64 payload (voice.engine sends media.media_frame).
         self._media_overhead = len(media.media_frame(str(header.get("stream_sid", "")), ""))
 
     def add(self, *entry: Any) -> None:
+        if entry[0] != "om":
+            self._caller = None
         self.entries.append([entry[0], time.perf_counter(), *entry[1:]])
 
     # --- The frame path ------------------------------------------------------------------------
 
     def audio_in(self, payload: str) -> None:
         """One caller frame: ``["a", t, frames, crc, t_last, to_model]``."""
-        entries = self.entries
         now = time.perf_counter()
-        if entries and (run := entries[-1])[0] == "a":
+        run = self._caller
+        if run is not None:
             run[2] += 1
             run[3] = zlib.crc32(payload.encode(), run[3])
             run[4] = now
         else:
-            entries.append(["a", now, 1, zlib.crc32(payload.encode()), now, 0])
+            self._caller = ["a", now, 1, zlib.crc32(payload.encode()), now, 0]
+            self.entries.append(self._caller)
 
     def to_model(self) -> None:
         """The frame just fed reached the model (counted on its run)."""
-        entries = self.entries
-        if entries and (run := entries[-1])[0] == "a":
-            run[5] += 1
+        if self._caller is not None:
+            self._caller[5] += 1
         else:
             self.add("oa")
 
@@ -193,6 +198,7 @@ class CallTape:
         """The entries added since the last take (times made ms since the start), and their
         chunk number."""
         taken, self.entries = self.entries, []
+        self._caller = None
         t0 = self._t0
         for entry in taken:
             entry[1] = round((entry[1] - t0) * 1000, 1)
