@@ -25,16 +25,6 @@ from core.settings import Settings
 from core.store import Database
 from gateway.cli_turns import printable
 
-# The call's latency, per reply or per event, as the engine records it in the call's stats.
-LATENCY = (
-    ("endpointing_ms", "endpointing (the model's, as it reports it)"),
-    ("model_ms", "model: speech stopped -> first audio"),
-    ("relay_ms", "Pepper's relay of that audio"),
-    ("response_ms", "speech stopped -> first audio sent"),
-    ("tool_ms", "tools, per call"),
-    ("clear_ms", "speech started -> clear (barge-in)"),
-)
-
 
 def add_commands(subparsers: Any) -> None:
     calls = subparsers.add_parser("calls", help="phone and browser calls as recorded").add_subparsers(
@@ -90,7 +80,7 @@ async def _show(args: argparse.Namespace, db: Database, out: Callable[[str], Non
     if row["summary"]:
         out(printable(f"summary: {row['summary']}"))
     out("latency (ms)                                   n   median      max")
-    for key, label in LATENCY:
+    for key, label in call_records.LATENCY_PARTS:
         values = [float(v) for v in stats.get(key) or []]
         if values:
             out(f"  {label:<42} {len(values):>3} {statistics.median(values):>8.1f} {max(values):>8.1f}")

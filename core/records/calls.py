@@ -10,6 +10,17 @@ from uuid import UUID
 
 from core.store.queries import Queries
 
+# A call's latency broken down, as the call engine records it in the call's stats (lists of ms):
+# the key and how the CLI and the web app name it.
+LATENCY_PARTS: tuple[tuple[str, str], ...] = (
+    ("endpointing_ms", "endpointing (the model's, as it reports it)"),
+    ("model_ms", "model: speech stopped -> first audio"),
+    ("relay_ms", "Pepper's relay of that audio"),
+    ("response_ms", "speech stopped -> first audio sent"),
+    ("tool_ms", "tools, per call"),
+    ("clear_ms", "speech started -> clear (barge-in)"),
+)
+
 
 async def line_of(db: Queries, call_sid: str) -> str | None:
     """The number of the line the call came in on; None for an unknown call (or one with no line)."""
