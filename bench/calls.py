@@ -121,11 +121,14 @@ async def _serve_pepper(
     from gateway.server import running_app
 
     logging.basicConfig(level=logging.ERROR)
+    # "openai-realtime-untaped": the same engine with the calls' replay recording off, to show its cost.
+    taped = not engine.endswith("-untaped")
+    engine = engine.removesuffix("-untaped")
     settings = Settings(
         database_url=dsn, public_url=PUBLIC, twilio_account_sid="AC" + "1" * 32, twilio_auth_token=TOKEN,
         openai_api_key="sk-bench", openai_realtime_url=realtime_url, port=0,
         voice_max_call_seconds=3600, log_level="ERROR", voice_engine=engine, gpt_live_url=realtime_url,
-        openai_base_url=text_url, memory_jobs_interval=0,
+        openai_base_url=text_url, memory_jobs_interval=0, voice_record_calls=taped,
         voice_notice_audio="model",  # the notice is off the frame path
     )  # fmt: skip
     db = await Database.open(dsn, max_size=20)
@@ -611,7 +614,11 @@ async def main() -> None:
     parser.add_argument(
         "--media-processes", default="1", help="media process counts to compare (1: calls in the web server)"
     )
-    parser.add_argument("--engines", default="openai-realtime,gpt-live", help="Pepper's engines, side by side")
+    parser.add_argument(
+        "--engines",
+        default="openai-realtime,gpt-live",
+        help="Pepper's engines, side by side (openai-realtime-untaped: without the calls' replay recording)",
+    )
     parser.add_argument("--pin", action="store_true", help="server on core 0, the load side on core 1")
     args = parser.parse_args()
     if args.pin:
@@ -634,7 +641,7 @@ async def main() -> None:
             peppers: dict[tuple[str, int], tuple[asyncio.subprocess.Process, str, str]] = {}
             for engine in engines:  # all up at once, so each level runs them back to back
                 # GPT-Live beside Realtime at the first media process count.
-                for n in media_counts if engine == "openai-realtime" else media_counts[:1]:
+                for n in media_counts if engine.startswith("openai-realtime") else media_counts[:1]:
                     peppers[engine, n] = await _start_server(["--serve", dsn, model_url, str(n), engine, text_url],
                                                              env)  # fmt: skip
                     procs.append(peppers[engine, n][0])

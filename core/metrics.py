@@ -42,6 +42,10 @@ class Metrics:
     calls_active: Any  # Gauge (summed over live processes)
     call_clear_ms: Any  # Histogram: caller speech start -> Twilio clear, per barge-in
     call_barge_ins: Any  # Counter
+    call_model_ms: Any  # Histogram: the model's speech_stopped -> its first audio, per reply
+    call_relay_ms: Any  # Histogram: Pepper's own relay of a reply's first audio
+    call_tool_ms: Any  # Histogram: per tool call on a call
+    call_endpointing_ms: Any  # Histogram: caller audio sent past the speech end when the model said it stopped
     scheduled_runs: Any  # Counter: outcome (ran, silent, failed, missed)
 
 
@@ -78,6 +82,14 @@ def metrics() -> Metrics:
             "pepper_call_clear_ms", "Caller speech start to Twilio clear (barge-in)", buckets=MS_BUCKETS
         ),
         call_barge_ins=Counter("pepper_call_barge_ins", "Barge-ins"),
+        call_model_ms=Histogram(
+            "pepper_call_model_ms", "The model's speech_stopped to its first audio", buckets=MS_BUCKETS
+        ),
+        call_relay_ms=Histogram("pepper_call_relay_ms", "Pepper's relay of a reply's first audio", buckets=MS_BUCKETS),
+        call_tool_ms=Histogram("pepper_call_tool_ms", "Tool calls on calls", buckets=MS_BUCKETS),
+        call_endpointing_ms=Histogram(
+            "pepper_call_endpointing_ms", "The model's end-of-speech detection, as it reports it", buckets=MS_BUCKETS
+        ),
         scheduled_runs=Counter("pepper_scheduled_runs", "Scheduled runs by outcome", ["outcome"]),
     )
 

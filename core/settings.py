@@ -287,6 +287,8 @@ class Settings(BaseSettings):
     voice_max_verify_failures: int = Field(
         3, ge=1, le=10, validation_alias=_env("PEPPER_VOICE_MAX_VERIFY_FAILURES", "voice_max_verify_failures")
     )
+    # Keep each call's recording for ``pepper replay-call`` (voice.call_tape).
+    voice_record_calls: bool = Field(True, validation_alias=_env("PEPPER_VOICE_RECORD_CALLS", "voice_record_calls"))
     # Seconds between rounds of background memory work (summaries, dossier rewrites, indexing); 0 turns
     # it off (when the scheduler calls core.memory.memory_jobs_tick instead).
     memory_jobs_interval: float = Field(

@@ -484,7 +484,7 @@ async def _run(args: argparse.Namespace, out: Callable[[str], None]) -> int:
             return await _replay(args, settings, db, out)
         for module in _command_modules():
             if await module.run(args, settings, db, out):
-                return 0
+                return int(getattr(args, "exit_code", 0))  # a module may set it (replay-call: 1 on a difference)
         await _admin(args, settings, db, out)
     return 0
 

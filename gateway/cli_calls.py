@@ -1,30 +1,48 @@
-"""``pepper calls``: phone calls, the ones that came in and the ones Pepper placed, with receipts.
+"""``pepper calls``: phone calls, the ones that came in and the ones Pepper placed, with their
+receipts and each call's latency broken down; ``pepper replay-call`` runs a recorded call again on
+this build's call engine and says where its behaviour differs (``voice.replay_call``).
 
 pepper calls [list] [--account A] [--limit N]   recent calls, newest first
-pepper calls show CALL_SID                       one call: its route, status, and every attempt's receipt
+pepper calls show CALL                           one call: route, status, receipts of the calls Pepper
+                                                 placed, latency broken down, its recording
+pepper replay-call CALL [--show]
+
+CALL is the call's CallSid or the id of its turn. ``replay-call`` exits 0 when the replay matches
+the recording, 1 when it differs (each difference printed with where in the call it was) or when
+there is nothing to replay. Nothing is stored or sent: no tool runs, no staged write is committed
+or dropped, no model is reached.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
 from collections.abc import Callable
 from typing import Any
 
 from core import identity
 from core.errors import NotFound
+from core.records import calls as call_records
 from core.records import outbound as records
 from core.settings import Settings
 from core.store import Database
+from gateway.cli_turns import printable
 
 
 def add_commands(subparsers: Any) -> None:
-    calls = subparsers.add_parser("calls", help="phone calls, in and out, with their receipts")
+    calls = subparsers.add_parser("calls", help="phone calls, in and out, with receipts and latency")
     sub = calls.add_subparsers(dest="action", metavar="ACTION")
     listing = sub.add_parser("list", help="recent calls, newest first (the default)")
     listing.add_argument("--account", help="only this account (id or unique name)")
     listing.add_argument("--limit", type=int, default=20)
-    show = sub.add_parser("show", help="one call and the receipts of the calls Pepper placed")
-    show.add_argument("call_sid")
+    show = sub.add_parser("show", help="one call: how it went, its receipts and its latency broken down")
+    show.add_argument("call", metavar="CALL", help="the call's CallSid, or its turn id")
+    replay = subparsers.add_parser(
+        "replay-call", help="replay a recorded call on this build's call engine and show where it differs"
+    )
+    replay.add_argument("call", metavar="CALL", help="the call's CallSid, or its turn id")
+    replay.add_argument("--show", action="store_true", help="also print the recording's outputs, one a line")
 
 
 def _when(value: Any) -> str:
@@ -32,41 +50,90 @@ def _when(value: Any) -> str:
 
 
 async def run(args: argparse.Namespace, settings: Settings, db: Database, out: Callable[[str], None]) -> bool:
-    if args.command != "calls":
-        return False
-    action = getattr(args, "action", None) or "list"
-    if action == "list":
-        ref = getattr(args, "account", None)
-        account_id = (await identity.get_account(db, ref)).id if ref else None
-        rows = await records.recent(db, account_id, getattr(args, "limit", 20))
-        if not rows:
-            out("no calls")
-        for r in rows:
-            who = r["to_number"] if r["route"] == "outbound" else (r["caller"] or "unknown caller")
-            receipt = f"  {r['outcome']}: {r['receipt']}" if r["receipt"] else ""
-            out(f"{_when(r['started_at'])}  {r['route']:<9} {r['status']:<11} {who}  {r['call_sid'] or '-'}{receipt}")
+    if args.command == "calls":
+        if (getattr(args, "action", None) or "list") == "list":
+            await _list(args, db, out)
+        else:
+            await _show(args, db, out)
         return True
-    row = await records.call_row(db, args.call_sid)
-    attempt = await records.by_sid(db, args.call_sid)
-    if row is None and attempt is None:
-        raise NotFound(f"no call {args.call_sid}")
-    out(f"call {args.call_sid}")
+    if args.command != "replay-call":
+        return False
+    from voice.replay_call import outputs_of, replay_call
+
+    call_sid = await call_records.recorded_call_of(db, args.call)
+    loaded = await call_records.load_recording(db, call_sid) if call_sid else None
+    if call_sid is None or loaded is None:
+        raise NotFound(f"no recorded call {args.call} (calls are recorded when voice_record_calls is on)")
+    entries, complete = loaded
+    result = await replay_call(db, entries, complete=complete)
+    state = "complete" if complete else "INCOMPLETE (the call's process stopped before its end was written)"
+    out(f"call {call_sid}: recording {state}, {len(entries)} entries")
+    if args.show:
+        for output, t_ms, _ in outputs_of(entries):
+            out(printable(f"  {t_ms:>9.1f} ms  {' '.join(str(x) for x in output)}"))
+    out(f"outputs: recorded {result.recorded_outputs}, replay {result.replayed_outputs}")
+    if result.identical:
+        out("replay identical: this build does what the recorded call did")
+    else:
+        out(f"replay differs in {len(result.differences)} place(s):")
+        for line in result.differences:
+            out(printable(f"  {line}"))
+    args.exit_code = 0 if result.identical else 1
+    return True
+
+
+async def _list(args: argparse.Namespace, db: Database, out: Callable[[str], None]) -> None:
+    ref = getattr(args, "account", None)
+    account_id = (await identity.get_account(db, ref)).id if ref else None
+    rows = await records.recent(db, account_id, getattr(args, "limit", 20))
+    if not rows:
+        out("no calls")
+    for r in rows:
+        who = r["to_number"] if r["route"] == "outbound" else (r["caller"] or "unknown caller")
+        receipt = f"  {r['outcome']}: {r['receipt']}" if r["receipt"] else ""
+        out(f"{_when(r['started_at'])}  {r['route']:<9} {r['status']:<11} {who}  {r['call_sid'] or '-'}{receipt}")
+
+
+async def _show(args: argparse.Namespace, db: Database, out: Callable[[str], None]) -> None:
+    recorded = await call_records.call_row(db, args.call)  # by CallSid or turn id
+    call_sid = recorded["call_sid"] if recorded is not None else args.call
+    row = await records.call_row(db, call_sid)
+    attempt = await records.by_sid(db, call_sid)
+    if recorded is None and row is None and attempt is None:
+        raise NotFound(f"no call {args.call}")
+    if recorded is not None:
+        out(f"call {call_sid}  route {recorded['route']}  status {recorded['status']}"
+            f"  ended: {recorded['end_reason'] or '-'}")  # fmt: skip
+    else:
+        out(f"call {call_sid}")
     if row is not None:
-        out(
-            f"  route {row['route']}, status {row['status']}, from {row['caller'] or 'unknown'} on {row['line_number']}"
-        )
-        ended = f"ended {_when(row['ended_at'])}, end reason {row['end_reason'] or '-'}"
-        out(f"  started {_when(row['started_at'])}, {ended}")
+        out(f"  from {row['caller'] or 'unknown'} on {row['line_number'] or '-'}")
+        out(f"  started {_when(row['started_at'])}, ended {_when(row['ended_at'])}")
         if row["verified_by"]:
             out(f"  verified by {row['verified_by']}")
         if row["summary"]:
-            out(f"  summary: {row['summary']}")
+            out(printable(f"  summary: {row['summary']}"))
     if attempt is not None:
         task = f"task #{attempt['task_id']}" if attempt["task_id"] else attempt["purpose"]
         out(f"  placed by Pepper for {task} to {attempt['to_number']} from {attempt['from_number']}")
-        siblings = await records.attempts_like(db, attempt)
-        for a in siblings:
+        for a in await records.attempts_like(db, attempt):
             answered = f", answered by {a['answered_by']}" if a["answered_by"] else ""
             out(f"  attempt {a['attempt']} ({a['call_sid'] or 'not placed'}): {a['status']}, "
                 f"{a['outcome'] or 'pending'}{answered}: {a['receipt'] or '-'}")  # fmt: skip
-    return True
+    if recorded is None:
+        return
+    stats = recorded["stats"] if isinstance(recorded["stats"], dict) else json.loads(recorded["stats"] or "{}")
+    out("latency (ms)                                   n   median      max")
+    for key, label in call_records.LATENCY_PARTS:
+        values = [float(v) for v in stats.get(key) or []]
+        if values:
+            out(f"  {label:<42} {len(values):>3} {statistics.median(values):>8.1f} {max(values):>8.1f}")
+        else:
+            out(f"  {label:<42}   0        -        -")
+    counts = ", ".join(f"{k} {stats[k]}" for k in ("frames_in", "frames_to_model", "barge_ins", "fillers",
+                                                    "model_reconnects") if k in stats)  # fmt: skip
+    if counts:
+        out(f"frames and events: {counts}")
+    loaded = await call_records.load_recording(db, call_sid)
+    state = "none" if loaded is None else ("complete" if loaded[1] else "incomplete")
+    out(f"recording for replay: {state}" + (f"  (pepper replay-call {call_sid})" if loaded else ""))

@@ -143,7 +143,7 @@ async def _show(ref: str, db: Database, out: Callable[[str], None]) -> None:
         out(f"  error: {row['error']}")
     delivery = {k: v for k, v in (_json(row["delivery"]) or {}).items() if k != "stats"}  # a call's stats: long
     if delivery:
-        out(f"  delivery: {_text(json.dumps(delivery, ensure_ascii=False, sort_keys=True))}")
+        out(f"  delivery: {printable(json.dumps(delivery, ensure_ascii=False, sort_keys=True))}")
     _prompt(_json(row["whole_prompt"]), out)
     recorded_calls = _json(row["tool_calls"]) or []
     calls = {c["id"]: c for c in recorded_calls}
@@ -159,7 +159,7 @@ async def _show(ref: str, db: Database, out: Callable[[str], None]) -> None:
             f" {worker.get('status')}, tier {worker.get('tier')}")  # fmt: skip
         for record in worker.get("rounds", []):
             _round(record, calls, out, indent="  ")
-        out(f"  report: {_text(worker.get('report') or '')}")
+        out(f"  report: {printable(worker.get('report') or '')}")
     out("reply:")
     out(_indented(row["reply"] or "(none)", "  "))
     _writes(await staged_for_turn(db, turn_id), out)
@@ -216,13 +216,13 @@ def _round(record: dict[str, Any], calls: dict[str, Any], out: Callable[[str], N
 def _call(name: str, arguments: Any, call: dict[str, Any], out: Callable[[str], None], *, indent: str) -> None:
     """One tool call as the model asked for it, and what the record says came of it."""
     asked = json.dumps(arguments, ensure_ascii=False, sort_keys=True)
-    out(f"{indent}call {name} {_text(asked)} -> {call.get('status', 'no result recorded')}")
+    out(f"{indent}call {name} {printable(asked)} -> {call.get('status', 'no result recorded')}")
     if "gated_arguments" in call:
-        out(f"{indent}  ran with {_text(json.dumps(call['gated_arguments'], ensure_ascii=False, sort_keys=True))}")
+        out(f"{indent}  ran with {printable(json.dumps(call['gated_arguments'], ensure_ascii=False, sort_keys=True))}")
     for step in (call.get("gate") or {}).get("steps", []):
         if step.get("action") != "allow":  # every call is checked; only a refusal or a change tells
             why = step.get("reason") or step.get("error") or ""
-            out(f"{indent}  gate {step.get('policy')}: {step.get('action')}" + (f": {_text(why)}" if why else ""))
+            out(f"{indent}  gate {step.get('policy')}: {step.get('action')}" + (f": {printable(why)}" if why else ""))
     if "content" in call:
         out(_indented(call["content"], f"{indent}  "))
 
@@ -234,7 +234,7 @@ def _transcript(entries: list[dict[str, Any]], calls: list[dict[str, Any]], out:
             continue
         said = entry.get("text", entry.get("event", ""))
         note = " (interrupted)" if entry.get("interrupted") else ""
-        out(f"  +{(entry.get('at_ms') or 0) / 1000:.1f}s {entry.get('role')}: {_text(str(said))}{note}")
+        out(f"  +{(entry.get('at_ms') or 0) / 1000:.1f}s {entry.get('role')}: {printable(str(said))}{note}")
     if calls:
         out("tool calls:")
     for call in calls:
@@ -246,19 +246,20 @@ def _writes(writes: list[dict[str, Any]], out: Callable[[str], None]) -> None:
     if not writes:
         out("  none staged")
     for w in writes:
-        out(f"  {w['status']:<9} #{w['id']} {w['tool']}: {_text(w['summary'])}")
+        out(f"  {w['status']:<9} #{w['id']} {w['tool']}: {printable(w['summary'])}")
 
 
 def _json(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str) else value
 
 
-def _text(value: str) -> str:
+def printable(value: str) -> str:
+    """A recorded text with its control characters escaped, safe to print to a terminal."""
     return _CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}", value)
 
 
 def _indented(text: str, prefix: str) -> str:
-    return "\n".join(prefix + line for line in _text(text).splitlines() or [""])
+    return "\n".join(prefix + line for line in printable(text).splitlines() or [""])
 
 
 def _clip(text: str, width: int) -> str:

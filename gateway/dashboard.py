@@ -19,6 +19,7 @@ from core.memory.dossier import load_dossier, revisions
 from core.quality.jobs import grades_report
 from core.quality.points import POINTS
 from core.records import dashboard, rooms
+from core.records.calls import LATENCY_PARTS
 from core.records.connections import connections_of
 from core.scheduling.runs import recent_receipts
 from core.scheduling.tasks import account_timezone, list_tasks
@@ -61,7 +62,18 @@ async def call_page(account_id: UUID, call_sid: str) -> dict[str, Any] | Respons
     if detail is None:
         return Response("no such call\n", status=404, content_type="text/plain")
     tools = [{**t, "label": tool_label(str(t.get("name", "")))} for t in detail["tools"] if isinstance(t, dict)]
-    return {"template": "call.html", **detail, "tools": tools, "latency": _latency(detail["stats"])}
+    return {"template": "call.html", **detail, "tools": tools, "latency": _latency(detail["stats"]),
+            "breakdown": _breakdown(detail["stats"])}  # fmt: skip
+
+
+def _breakdown(stats: dict[str, Any]) -> list[dict[str, Any]]:
+    """The call's latency broken down (core.records.calls.LATENCY_PARTS): the parts it has."""
+    parts = []
+    for key, label in LATENCY_PARTS:
+        ms = [float(v) for v in stats.get(key) or []]
+        if ms:
+            parts.append({"key": key, "label": label, "count": len(ms), "p50": statistics.median(ms), "max": max(ms)})
+    return parts
 
 
 def _latency(stats: dict[str, Any]) -> dict[str, float] | None:

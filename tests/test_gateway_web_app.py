@@ -132,6 +132,10 @@ async def test_home_is_the_sign_in_or_the_chat_and_every_page_shares_one_look(ap
             page = await response.text()
             assert "Add milk to my list" in page and "Milk is on your list." in page and "Add todo" in page
             assert "median 510 ms" in page
+            breakdown = page.split('id="latency-breakdown"')[1].split("</table>")[0]
+            assert '<tr data-part="model_ms"><td>model: speech stopped -&gt; first audio</td><td>3</td>' in breakdown
+            assert "<td>530.0</td><td>540.0</td>" in breakdown  # endpointing: median, max
+            assert 'data-part="tool_ms"' not in breakdown  # no tool ran: no row
         async with session.get(app.base + "/answering/calls/CAans1") as response:
             page = await response.text()
             assert response.status == 200 and "/static/app.css" in page

@@ -87,7 +87,15 @@ async def some_records(app: WebApp) -> None:
         " VALUES ('CAweb1', $1, 'owner', 'completed', $2, '+15550100', $3::jsonb)",
         app.account_id,
         turn,
-        json.dumps({"response_ms": [420.0, 510.0, 880.0], "barge_ins": 1}),
+        json.dumps(
+            {
+                "response_ms": [420.0, 510.0, 880.0],
+                "model_ms": [400.0, 500.0, 870.0],
+                "relay_ms": [0.2, 0.3, 0.4],
+                "endpointing_ms": [520.0, 540.0],
+                "barge_ins": 1,
+            }
+        ),
     )
     now = datetime.now(UTC)
     async with db.transaction() as conn:

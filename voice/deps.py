@@ -48,6 +48,9 @@ class VoiceConfig:
     codes_per_hour: int = 2
     verify_window_seconds: float = 3600.0
     dtmf_idle_seconds: float = 3.0
+    # Each call's recording for ``pepper replay-call`` (voice.call_tape), written every this long.
+    record_calls: bool = True
+    tape_flush_s: float = 5.0
 
     @classmethod
     def from_settings(cls, settings: Settings) -> VoiceConfig:
@@ -56,6 +59,7 @@ class VoiceConfig:
             voice=settings.voice_voice,
             max_call_seconds=float(settings.voice_max_call_seconds),
             max_verify_failures=settings.voice_max_verify_failures,
+            record_calls=settings.voice_record_calls,
         )
 
 

@@ -50,6 +50,7 @@ from core.tools.runner import CallOutcome, run_call
 from core.tools.staging import commit_writes, drop_turn_writes, drop_writes
 from core.tracing import traced
 from core.untrusted import neutralise_labels
+from voice.call_tape import CallTape
 from voice.deps import VoiceDeps
 from voice.live_call import LiveCall
 from voice.profile import AdmittedCall, CallProfile, labelled
@@ -103,13 +104,22 @@ class CallStats:
     fillers: int = 0
     model_reconnects: int = 0
     # Per reply: ms from the model hearing the caller stop to Pepper's first audio frame sent
-    # (the dashboard's call latency plots).
+    # (the dashboard's call latency plots), and that split: the model's part (its speech_stopped
+    # to its first audio) and Pepper's own relay (that audio handled to its frame written).
     response_ms: list[float] = field(default_factory=list)
+    model_ms: list[float] = field(default_factory=list)
+    relay_ms: list[float] = field(default_factory=list)
+    # Per caller turn, as the model reports it: ms of caller audio Pepper had sent past the end of
+    # the speech when the model said it stopped (its end-of-speech detection).
+    endpointing_ms: list[float] = field(default_factory=list)
+    tool_ms: list[float] = field(default_factory=list)  # per tool call
 
     def as_record(self) -> dict[str, Any]:
-        out = {k: v for k, v in self.__dict__.items() if k not in ("clear_ms", "response_ms")}
+        out = {k: v for k, v in self.__dict__.items() if not isinstance(v, list)}
         out["clear_ms"] = [round(v, 3) for v in self.clear_ms]
-        out["response_ms"] = [round(v, 1) for v in self.response_ms]
+        out["relay_ms"] = [round(v, 3) for v in self.relay_ms]
+        for name in ("response_ms", "model_ms", "endpointing_ms", "tool_ms"):
+            out[name] = [round(v, 1) for v in getattr(self, name)]
         return out
 
 
@@ -134,9 +144,23 @@ class _Request:
 
 
 # Playback is tracked with a Twilio mark at least every 100 ms of audio (and at each response's end).
+FRAME_MS = 20  # one caller frame (Twilio and browser calls alike)
 MARK_EVERY_BYTES = 100 * media.BYTES_PER_MS
 # Arguments never written to records: a PIN or code the caller gave.
 SECRET_TOOLS = frozenset({"verify_pin", "check_code"})
+
+
+class CallOutside(Protocol):
+    """The engine's edges to the store and the tools, replaced as a whole by a replay
+    (``voice.replay_call``); without one the engine uses the store and the tool runner."""
+
+    async def open_records(self, engine: CallEngine) -> None: ...
+
+    async def execute(self, ctx: ToolContext, call: ToolCall, visible: set[str]) -> CallOutcome: ...
+
+    async def settle_writes(self, ids: list[int], *, commit: bool) -> list[dict[str, Any]]: ...
+
+    async def finish(self) -> None: ...
 
 
 class CallEngine:
@@ -152,6 +176,7 @@ class CallEngine:
         profile: CallProfile,
         *,
         model: RealtimeModel | None = None,  # the call's own model (SIP direct: its session), else the line's
+        outside: CallOutside | None = None,
     ):
         self.deps = deps
         self.link = link
@@ -160,6 +185,7 @@ class CallEngine:
         self._profile = profile
         self.stats = CallStats()
         self._heard_at: float | None = None  # when the caller last stopped speaking, until Pepper answers
+        self._session_frames = 0  # caller frames sent to the model before its session began
         self.end_reason: str | None = None
         self._listening = False
         self._ended = asyncio.Event()
@@ -212,6 +238,10 @@ class CallEngine:
         # The notice as Pepper plays it (mu-law 8 kHz, voice.notice); None: the model says it.
         self.notice_mulaw: bytes | None = None
         self._notice_sent = False  # Pepper's recording of it went to Twilio (never twice)
+        # The call's recording for replay (voice.call_tape), made in run() unless turned off.
+        self.tape: CallTape | None = None
+        self._tape_writes: set[asyncio.Task[None]] = set()
+        self._outside = outside
         profile.attach(self)
 
     # --- What profiles see (voice.profile.CallControls) ----------------------------------------
@@ -258,6 +288,8 @@ class CallEngine:
         return task
 
     async def begin_closing(self, reason: str, instructions: str | None) -> None:
+        if self.tape is not None:
+            self.tape.add("cl", reason, instructions)
         if self._closing is not None:
             return
         self._closing = reason
@@ -270,6 +302,8 @@ class CallEngine:
                 await self._request_response(_Request(instructions), first=True)
 
     async def tell_model(self, note: str, *, respond: bool = False, instructions: str | None = None) -> None:
+        if self.tape is not None:
+            self.tape.add("tm", note, respond, instructions)
         conn = self._conn
         if conn is None or self._ended.is_set():
             return
@@ -279,12 +313,16 @@ class CallEngine:
                 await conn.create_response(instructions)
 
     async def reconfigure(self) -> None:
+        if self.tape is not None:
+            self.tape.add("rf")
         self._trust_changed = False
         if self._conn is not None:
             with contextlib.suppress(RealtimeDisconnected):
                 await self._conn.configure(await self._config())
 
     def reconfigure_after_tools(self) -> None:
+        if self.tape is not None:
+            self.tape.add("ra")
         self._trust_changed = True
 
     def end_call_tool(self, area: str) -> Tool:
@@ -300,9 +338,12 @@ class CallEngine:
         if self._live is not None:
             return self._live.config()
         profile = self._profile
-        return SessionConfig(
+        config = SessionConfig(
             await profile.instructions(), tuple(t.spec for t in profile.visible_tools()), voice=self.deps.config.voice
         )
+        if self.tape is not None:
+            self.tape.config(config)
+        return config
 
     # --- Running -----------------------------------------------------------------------------
 
@@ -314,11 +355,15 @@ class CallEngine:
 
     def hang_up(self, reason: str = "hangup") -> None:
         """End the call from outside (the caller hung up, the status callback said so)."""
+        if self.tape is not None:
+            self.tape.add("hup", reason)
         self._end(reason)
 
     def _end(self, reason: str) -> None:
         if self.end_reason is None:
             self.end_reason = reason
+            if self.tape is not None:
+                self.tape.add("oe", reason)
         self._ended.set()
 
     def _task_done(self, task: asyncio.Task[Any]) -> None:
@@ -335,11 +380,8 @@ class CallEngine:
     )
     async def run(self) -> None:
         """Run the call until it ends, then record it. Returns normally; CancelledError passes."""
-        db, call = self.deps.db, self._call
-        self._conversation_id = await conversation_for(db, call.account_id)
-        self._timezone = await call_records.account_timezone(db, call.account_id)
-        self._turn_id = await start_turn(db, self._conversation_id, channel="voice", kind="call")
-        await call_records.call_started(db, call.call_sid, self._turn_id, self.deps.holder)
+        call = self._call
+        await self._open_records()
         counted = metrics()
         counted.calls_started.labels(self._profile.route).inc()
         counted.calls_active.inc()
@@ -352,6 +394,7 @@ class CallEngine:
             self.model = None
         if getattr(self.model, "full_duplex", False):
             self._live = LiveCall(self)
+        self._start_tape()
         if self.deps.notice_audio is not None and self.model is not None:
             self.notice_mulaw = await self.deps.notice_audio.mulaw(self._profile.notice)
         try:
@@ -378,11 +421,78 @@ class CallEngine:
             finally:
                 self._count_end(counted)
 
+    async def _open_records(self) -> None:
+        """The call's conversation, the person's time zone, and the call's turn (started)."""
+        if self._outside is not None:
+            await self._outside.open_records(self)
+            return
+        db, call = self.deps.db, self._call
+        self._conversation_id = await conversation_for(db, call.account_id)
+        self._timezone = await call_records.account_timezone(db, call.account_id)
+        self._turn_id = await start_turn(db, self._conversation_id, channel="voice", kind="call")
+        await call_records.call_started(db, call.call_sid, self._turn_id, self.deps.holder)
+
+    # --- The recording for replay (voice.call_tape) ----------------------------------------------
+
+    def _start_tape(self) -> None:
+        if not self.deps.config.record_calls or self.tape is not None:
+            return
+        model = self.model
+        self.tape = CallTape({"call_sid": self._call.call_sid, "notice": self._profile.notice,
+                              "trust": self._profile.trust, "route": self._profile.route,
+                              "medium": self._profile.medium, "full_duplex": self._live is not None,
+                              "engine": getattr(model, "model", None) or getattr(model, "name", None),
+                              "stream_sid": self._sid, "account_id": str(self._call.account_id),
+                              "model_reconnects": self.deps.config.model_reconnects})  # fmt: skip
+        self.link = self.tape.wrap_link(self.link)
+        self.spawn("tape", self._tape_loop())
+
+    async def _tape_loop(self) -> None:
+        """Writes the recording in chunks while the call runs (the frame path only appends)."""
+        every = self.deps.config.tape_flush_s
+        # Calls that began together write at different moments, not all in one burst.
+        await asyncio.sleep(every * (0.5 + (hash(self._sid) % 1000) / 1000))
+        while True:
+            self._write_tape(final=False)
+            await asyncio.sleep(every)
+
+    def _write_tape(self, *, final: bool) -> asyncio.Task[None] | None:
+        if self.tape is None or self._outside is not None:  # a replay's tape stays in memory
+            return None
+        seq, entries = self.tape.take()
+        if not entries and not final:
+            return None
+        task = asyncio.get_running_loop().create_task(self._store_tape(seq, entries, final))
+        self._tape_writes.add(task)  # not cancelled by the end of the call; _finish waits for it
+        task.add_done_callback(self._tape_writes.discard)
+        return task
+
+    async def _store_tape(self, seq: int, entries: list[list[Any]], final: bool) -> None:
+        try:
+            await call_records.store_recording(self.deps.db, self._call.call_sid, self._call.account_id, seq,
+                                               entries, final=final)  # fmt: skip
+        except Exception:
+            log.exception("could not store a chunk of a call's recording")
+
+    def _timer_fired(self, name: str) -> None:
+        """A timer of the call ran out (``grace``: the closing grace; ``notice``: the notice's)."""
+        if self.tape is not None:
+            self.tape.add("tmr", name)
+        if name == "grace":
+            self._end(self._closing or "end-call")
+        elif name == "notice" and not self._listening:
+            log.warning("the opening notice never finished playing; ending the call")
+            self._end("model-failed")
+
     def _count_end(self, counted: Metrics) -> None:
         """The call's figures into the metrics, once, when it is over (nothing per frame)."""
         counted.calls_ended.labels(self.end_reason or "unknown").inc()
-        for ms in self.stats.clear_ms:
-            counted.call_clear_ms.observe(ms)
+        stats = self.stats
+        for histogram, values in ((counted.call_clear_ms, stats.clear_ms), (counted.call_model_ms, stats.model_ms),
+                                  (counted.call_relay_ms, stats.relay_ms), (counted.call_tool_ms, stats.tool_ms),
+                                  (counted.call_endpointing_ms, stats.endpointing_ms)):  # fmt: skip
+            for ms in values:
+                histogram.observe(ms)
         if self.stats.barge_ins:
             counted.call_barge_ins.inc(self.stats.barge_ins)
 
@@ -411,7 +521,10 @@ class CallEngine:
                 await self.link.close(1000)
         self._records.put_nowait(None)
         await asyncio.gather(recorder, return_exceptions=True)
-        await self._finish()
+        try:
+            await self._finish()
+        finally:
+            await self._finish_tape()
 
     async def _open_model(self) -> bool:
         assert self.model is not None
@@ -423,7 +536,10 @@ class CallEngine:
             await stack.aclose()
             log.warning("could not open the realtime model session")
             return False
+        if self.tape is not None:
+            conn = self.tape.wrap(conn)
         self._conn, self._conn_stack = conn, stack
+        self._session_frames = self.stats.frames_to_model  # the new session's audio starts here
         if self._live is not None:
             self._live.opened()
             conn.deliver_audio_to(self._live.audio_now)
@@ -437,13 +553,11 @@ class CallEngine:
 
     async def _notice_watch(self) -> None:
         await asyncio.sleep(self.deps.config.notice_timeout)
-        if not self._listening:
-            log.warning("the opening notice never finished playing; ending the call")
-            self._end("model-failed")
+        self._timer_fired("notice")
 
     async def _closing_grace(self, reason: str) -> None:
         await asyncio.sleep(self.deps.config.closing_grace)
-        self._end(reason)
+        self._timer_fired("grace")
 
     # --- Twilio -> model (the hot path) -----------------------------------------------------------
 
@@ -457,6 +571,8 @@ class CallEngine:
             event = frame["event"]
             if event == "media":
                 return self.feed_audio(media.media_payload(frame))
+            if self.tape is not None:
+                self.tape.frame_in(event, frame)
             if event == "mark":
                 self._on_mark(media.mark_name(frame))
             elif event == "dtmf":
@@ -467,6 +583,8 @@ class CallEngine:
                 raise media.MalformedFrame("unknown event")
         except media.MalformedFrame:
             self.stats.frames_malformed += 1
+            if self.tape is not None:
+                self.tape.add("bad")
         return None
 
     def feed_audio(self, payload: str) -> Awaitable[None] | None:
@@ -474,6 +592,8 @@ class CallEngine:
         Twilio ``media`` frame's payload, or a browser call's audio (``voice.adapters.webrtc``)."""
         stats = self.stats
         stats.frames_in += 1
+        if self.tape is not None:
+            self.tape.audio_in(payload)
         if not self._listening:
             stats.frames_discarded += 1
             return None
@@ -540,11 +660,15 @@ class CallEngine:
             assert conn is not None
             try:
                 async for event in conn.events():
+                    if self.tape is not None:
+                        self.tape.model_event(event)
                     await handle(event)
                 raise RealtimeDisconnected("the event stream ended")
             except RealtimeDisconnected as exc:
                 if self._ended.is_set():
                     return
+                if self.tape is not None:
+                    self.tape.add("drop")
                 log.warning("realtime model socket dropped mid-call: close_code=%s", getattr(exc, "close_code", None))
                 if reconnects >= self.deps.config.model_reconnects or not await self._reconnect():
                     self._end("model-failed")
@@ -652,8 +776,28 @@ class CallEngine:
         False, and nothing done, while the caller's socket is backed up."""
         if self.link.backed_up:
             return False
-        self._relay_audio(event)
+        if self.tape is not None:
+            self.tape.model_audio(event)
+        if self._heard_at is not None:
+            self._reply_audio(event)
+        else:
+            self._relay_audio(event)
         return True
+
+    def _reply_audio(self, event: AudioDelta) -> None:
+        """Audio after the caller stopped speaking: relayed, and the first of a reply timed (the
+        model's part, Pepper's own relay)."""
+        heard = self._heard_at
+        arrived = time.perf_counter()
+        self._relay_audio(event)
+        if heard is None or event.response_id in self._cancelled_responses:
+            return
+        sent = time.perf_counter()
+        self._heard_at = None
+        stats = self.stats
+        stats.model_ms.append((arrived - heard) * 1000)
+        stats.relay_ms.append((sent - arrived) * 1000)
+        stats.response_ms.append((sent - heard) * 1000)
 
     def _relay_audio(self, event: AudioDelta) -> None:
         if event.response_id in self._cancelled_responses:
@@ -681,10 +825,10 @@ class CallEngine:
 
     async def _on_model(self, event: Any) -> None:
         if type(event) is AudioDelta:
-            if self._heard_at is not None and event.response_id not in self._cancelled_responses:
-                self.stats.response_ms.append((time.perf_counter() - self._heard_at) * 1000)
-                self._heard_at = None
-            self._relay_audio(event)
+            if self._heard_at is not None:
+                self._reply_audio(event)
+            else:
+                self._relay_audio(event)
             if self.link.backed_up:
                 await self.link.drained()
         elif type(event) is SpeechStarted:
@@ -692,6 +836,9 @@ class CallEngine:
             await self._barge_in()
         elif type(event) is SpeechStopped:
             self._heard_at = time.perf_counter()
+            if event.audio_end_ms is not None:
+                sent_ms = (self.stats.frames_to_model - self._session_frames) * FRAME_MS
+                self.stats.endpointing_ms.append(max(0.0, float(sent_ms - event.audio_end_ms)))
         elif type(event) is ResponseCreated:
             self._active_response = event.response_id
             request, self._requested = self._requested, None
@@ -823,6 +970,8 @@ class CallEngine:
         except ValueError:
             arguments = event.arguments  # the runner reports it as not a JSON object
         call = ToolCall(event.call_id, event.name, arguments)
+        if self.tape is not None:
+            self.tape.add("otool", event.call_id, event.name)
         task = self.spawn(f"tool-{event.name}", self._run_tool(call))
         self._tool_tasks.setdefault(event.response_id, []).append(task)
 
@@ -830,7 +979,7 @@ class CallEngine:
         profile = self._profile
         ctx = ToolContext(profile.session_context(), self.deps.db, self.deps.clock())
         visible = {t.name for t in profile.visible_tools()}
-        work = asyncio.ensure_future(run_call(profile.registry, profile.gate, ctx, call, visible=visible))
+        work = asyncio.ensure_future(self._execute(ctx, call, visible))
         try:
             done, _ = await asyncio.wait({work}, timeout=self.deps.config.filler_after)
             if not done:
@@ -840,13 +989,26 @@ class CallEngine:
             if not work.done():
                 work.cancel()
         self._outcomes.append(outcome)
+        self.stats.tool_ms.append(outcome.duration_ms)
         self._call_trust[call.id] = ctx.session.trust  # whose words its arguments are (core.memory.records)
         if outcome.write is not None and outcome.write.get("staged"):
             self._unconfirmed.append(int(outcome.write["id"]))
             self._write_summaries[int(outcome.write["id"])] = str(outcome.write.get("summary", ""))
-        return profile.tool_result(outcome)
+        result = profile.tool_result(outcome)
+        if self.tape is not None:
+            self.tape.tool_done(result.as_record())
+        return result
+
+    async def _execute(self, ctx: ToolContext, call: ToolCall, visible: set[str]) -> CallOutcome:
+        """Run one tool call through the profile's gate and the shared runner."""
+        if self._outside is not None:
+            return await self._outside.execute(ctx, call, visible)
+        profile = self._profile
+        return await run_call(profile.registry, profile.gate, ctx, call, visible=visible)
 
     async def _play_filler(self) -> None:
+        if self.tape is not None:
+            self.tape.add("fl")
         self.stats.fillers += 1
         self.link.send(media.media_frame(self._sid, self.deps.filler_payload))
         self._send_mark(_Mark("audio", None))
@@ -892,9 +1054,11 @@ class CallEngine:
         await asyncio.shield(task)
 
     async def _resolve_writes(self, ids: list[int], *, commit: bool, tell_model: bool = False) -> None:
-        assert self._turn_id is not None
-        resolve = commit_writes if commit else drop_writes
-        records = [w.as_record() for w in await resolve(self.deps.db, self._profile.registry, self._turn_id, ids)]
+        if self.tape is not None:
+            self.tape.add("ow", commit, ids)
+        records = await self._settle_writes(ids, commit=commit)
+        if self.tape is not None:
+            self.tape.add("wd")  # the store answered (the replay waits for this point)
         self._resolved.extend(records)
         if tell_model and not commit and self._conn is not None:
             summaries = ", ".join(self._write_summaries.get(i, "a change") for i in ids)
@@ -904,6 +1068,14 @@ class CallEngine:
                              " Ask again if they still want it.")
                 )  # fmt: skip
         await self._profile.after_resolve(ids, commit=commit, records=records)
+
+    async def _settle_writes(self, ids: list[int], *, commit: bool) -> list[dict[str, Any]]:
+        """Commit or drop these staged writes of the call's turn: their records."""
+        if self._outside is not None:
+            return await self._outside.settle_writes(ids, commit=commit)
+        assert self._turn_id is not None
+        resolve = commit_writes if commit else drop_writes
+        return [w.as_record() for w in await resolve(self.deps.db, self._profile.registry, self._turn_id, ids)]
 
     # --- Records -----------------------------------------------------------------------------
 
@@ -951,7 +1123,18 @@ class CallEngine:
             records.append(record)
         return records
 
+    async def _finish_tape(self) -> None:
+        """The last chunk of the recording, marked final, after every chunk before it."""
+        if self._tape_writes:
+            await asyncio.gather(*list(self._tape_writes), return_exceptions=True)
+        last = self._write_tape(final=True)
+        if last is not None:
+            await last
+
     async def _finish(self) -> None:
+        if self._outside is not None:
+            await self._outside.finish()
+            return
         if self._commits:  # a commit the hang-up interrupted: it finishes before the call is recorded
             await asyncio.gather(*list(self._commits), return_exceptions=True)
         db, turn_id, profile = self.deps.db, self._turn_id, self._profile

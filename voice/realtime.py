@@ -53,6 +53,7 @@ class SpeechStarted:
 @dataclass(slots=True)
 class SpeechStopped:
     item_id: str | None
+    audio_end_ms: int | None = None  # where in the session's input audio the model heard it end
 
 
 @dataclass(slots=True)

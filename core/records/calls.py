@@ -4,10 +4,22 @@ what the call engine and the voice webhook record of them."""
 from __future__ import annotations
 
 import json
+import zlib
 from typing import Any
 from uuid import UUID
 
 from core.store.queries import Queries
+
+# A call's latency broken down, as the call engine records it in the call's stats (lists of ms):
+# the key and how the CLI and the web app name it.
+LATENCY_PARTS: tuple[tuple[str, str], ...] = (
+    ("endpointing_ms", "endpointing (the model's, as it reports it)"),
+    ("model_ms", "model: speech stopped -> first audio"),
+    ("relay_ms", "Pepper's relay of that audio"),
+    ("response_ms", "speech stopped -> first audio sent"),
+    ("tool_ms", "tools, per call"),
+    ("clear_ms", "speech started -> clear (barge-in)"),
+)
 
 
 async def line_of(db: Queries, call_sid: str) -> str | None:
@@ -219,3 +231,55 @@ async def claim_sip_webhook(db: Queries, webhook_id: str, session_id: str) -> bo
         session_id,
     )
     return bool(inserted)
+
+
+# --- Recordings for replay (voice.call_tape) ----------------------------------------------------
+
+
+async def store_recording(
+    db: Queries, call_sid: str, account_id: UUID | None, seq: int, entries: list[list[Any]], *, final: bool
+) -> None:
+    """One chunk of a call's recording (written once: a retried chunk changes nothing)."""
+    await db.execute(
+        "INSERT INTO call_recordings (call_sid, seq, account_id, entries, final) VALUES ($1, $2, $3, $4, $5)"
+        " ON CONFLICT (call_sid, seq) DO NOTHING",
+        call_sid,
+        seq,
+        account_id,
+        zlib.compress(json.dumps(entries, separators=(",", ":")).encode(), 1),  # fast: written mid-call
+        final,
+    )
+
+
+async def load_recording(db: Queries, call_sid: str) -> tuple[list[list[Any]], bool] | None:
+    """A call's recorded entries in order, and whether the recording is complete (its final chunk
+    is there and no chunk before it is missing); None when the call has none."""
+    rows = await db.fetch("SELECT seq, entries, final FROM call_recordings WHERE call_sid = $1 ORDER BY seq", call_sid)
+    if not rows:
+        return None
+    entries: list[list[Any]] = []
+    complete = False
+    for expected, row in enumerate(rows):
+        if row["seq"] != expected:
+            return entries, False  # a chunk is missing: what came before it is readable
+        entries.extend(json.loads(zlib.decompress(row["entries"])))
+        complete = bool(row["final"])
+    return entries, complete
+
+
+async def recorded_call_of(db: Queries, call: str) -> str | None:
+    """The CallSid of ``call``: a CallSid, or the id of the call's turn."""
+    return await db.fetchval(
+        "SELECT call_sid FROM calls WHERE call_sid = $1 OR turn_id::text = $1"
+        " UNION SELECT call_sid FROM call_recordings WHERE call_sid = $1 LIMIT 1",
+        call,
+    )
+
+
+async def call_row(db: Queries, call: str) -> Any:
+    """One call's row by its CallSid or its turn id, or None."""
+    return await db.fetchrow(
+        "SELECT call_sid, route, status, line_number, verified_by, end_reason, summary, stats, turn_id,"
+        " started_at, ended_at FROM calls WHERE call_sid = $1 OR turn_id::text = $1 LIMIT 1",
+        call,
+    )

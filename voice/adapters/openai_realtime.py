@@ -93,7 +93,8 @@ def map_event(data: dict[str, Any]) -> RealtimeEvent:
     if kind == "input_audio_buffer.speech_started":
         return SpeechStarted(data.get("item_id"), data.get("audio_start_ms"))
     if kind == "input_audio_buffer.speech_stopped":
-        return SpeechStopped(data.get("item_id"))
+        end = data.get("audio_end_ms")
+        return SpeechStopped(data.get("item_id"), end if isinstance(end, int) and not isinstance(end, bool) else None)
     if kind == "response.created":
         return ResponseCreated((data.get("response") or {}).get("id", ""))
     if kind == "response.done":

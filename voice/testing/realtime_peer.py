@@ -213,7 +213,9 @@ class _Conn:
             if self.silence_ms >= 500:
                 self.speaking = False
                 item = f"item_u{self.user_item}"
-                await self.emit({"type": "input_audio_buffer.speech_stopped", "item_id": item})
+                # As OpenAI reports it: where in the input audio the speech ended (before the silence).
+                end_ms = len(self.rec.audio_in) // 8 - self.silence_ms
+                await self.emit({"type": "input_audio_buffer.speech_stopped", "item_id": item, "audio_end_ms": end_ms})
                 await self.emit({"type": "input_audio_buffer.committed", "item_id": item})
                 text = self.heard.popleft() if self.heard else ""
                 transcript = {"type": "conversation.item.input_audio_transcription.completed", "item_id": item,

@@ -1,0 +1,288 @@
+"""A call's recording for deterministic replay (``pepper replay-call``, ``voice.replay_call``).
+
+The tape keeps, in arrival order, everything that reached the call engine from outside and
+everything the engine did about it, compactly (no audio: sizes, counts and a CRC-32 of the
+caller's frames):
+
+* **inputs**: Twilio's side (caller audio as runs of frames, marks echoed, keypad presses with the
+  digit withheld, stop, hang-up), the model's events (audio deltas as runs of equal size,
+  transcripts with digits withheld, function calls with a secret tool's arguments withheld,
+  responses, errors, drops), each tool's result as the model got it, the timers that fired and
+  what the profile asked of the engine (tell the model, reconfigure, close);
+* **outputs**: frames to the caller (audio as runs, marks, clears), what reached the model
+  (configure, response.create, cancel, truncate, tool outputs, notes; caller audio is counted on
+  its run), the tools started, and staged writes committed or dropped.
+
+Entries are short lists ``[code, t_ms, ...]`` (t: ms since the call started); output codes begin
+with ``o``. Recording costs the frame path one counter, one CRC-32 and one list append at most
+(:meth:`CallTape.audio_in`); entries are written in chunks (every ``flush_s`` and at the end) by
+the engine's recorder, off the frame path. Each chunk is its own row, so a process that dies
+mid-call leaves every chunk written so far readable, and no ``final`` chunk: the recording is
+then marked incomplete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from core.adapters.twilio import media_streams as media
+from voice.profile import withhold_digits
+from voice.realtime import (
+    AssistantTranscript,
+    AudioDelta,
+    FunctionCall,
+    ModelErrorEvent,
+    RealtimeConnection,
+    ResponseCreated,
+    ResponseDone,
+    SessionConfig,
+    SpeechStarted,
+    SpeechStopped,
+    UserTranscript,
+)
+
+VERSION = 1
+# Arguments never written to records: a PIN or code the caller gave (as voice.engine.SECRET_TOOLS).
+_SECRET = frozenset({"verify_pin", "check_code"})
+# The fixed parts of an outgoing media frame (voice.engine sends media.media_frame(sid, payload)).
+_MEDIA_HEAD = '{"event":"media"'
+_MEDIA_TAIL = len('"}}')
+
+
+# Instructions a replay stands in with: the recorded digest itself (voice.replay_call).
+RECORDED = "\x00recorded instructions "
+
+
+def digest(text: str) -> str:
+    if text.startswith(RECORDED):
+        return text[len(RECORDED) :]
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def crc(text: str) -> int:
+    return zlib.crc32(text.encode())
+
+
+class CallTape:
+    """One call's recording, in memory until :meth:`take` hands the new entries to be written.
+
+    Times are kept as raw ``perf_counter`` readings and made ms since the start in :meth:`take`,
+    off the frame path. A run of model audio grows while it is the last entry; a run of caller
+    audio also across the model's audio, its relay and the marks sent with it (none of which
+    changes what becomes of a caller frame), until any other entry."""
+
+    __slots__ = ("_caller", "_media_overhead", "_seq", "_t0", "entries")
+
+    def __init__(self, header: dict[str, Any]):
+        self._t0 = time.perf_counter()
+        self.entries: list[list[Any]] = [["hdr", self._t0, {"version": VERSION, **header}]]
+        self._seq = 0  # chunks taken so far
+        self._caller: list[Any] | None = None  # the caller-audio run still open
+        # An outgoing media frame's length beyond its base64 payload (voice.engine sends media.media_frame).
+        self._media_overhead = len(media.media_frame(str(header.get("stream_sid", "")), ""))
+
+    def add(self, *entry: Any) -> None:
+        if entry[0] != "om":
+            self._caller = None
+        self.entries.append([entry[0], time.perf_counter(), *entry[1:]])
+
+    # --- The frame path ------------------------------------------------------------------------
+
+    def audio_in(self, payload: str) -> None:
+        """One caller frame: ``["a", t, frames, crc, t_last, to_model]``."""
+        now = time.perf_counter()
+        run = self._caller
+        if run is not None:
+            run[2] += 1
+            run[3] = zlib.crc32(payload.encode(), run[3])
+            run[4] = now
+        else:
+            self._caller = ["a", now, 1, zlib.crc32(payload.encode()), now, 0]
+            self.entries.append(self._caller)
+
+    def to_model(self) -> None:
+        """The frame just fed reached the model (counted on its run)."""
+        if self._caller is not None:
+            self._caller[5] += 1
+        else:
+            self.add("oa")
+
+    def model_audio(self, event: AudioDelta) -> None:
+        """``["ad", t, response, item, bytes, deltas, relayed]``: equal deltas of one item run
+        together, with how many were relayed to the caller as they came (outputs)."""
+        size = media.decoded_length(event.payload)
+        entries = self.entries
+        if entries:
+            run = entries[-1]
+            if run[0] == "ad" and run[4] == size and run[3] == event.item_id and run[2] == event.response_id:
+                run[5] += 1
+                return
+        entries.append(["ad", time.perf_counter(), event.response_id, event.item_id, size, 1, 0])
+
+    def sent(self, text: str) -> None:
+        """A frame to the caller: audio counted on the model audio it relays, else
+        ``["op", t, bytes, frames]``; a mark or a clear (``{"event":"media"``, ``{"event":"mark"``,
+        ``{"event":"clear"``)."""
+        kind = text[11]
+        if kind == "e":
+            end = len(text)
+            encoded = end - self._media_overhead
+            size = encoded * 3 // 4 - text.count("=", end - 5, end - 3)  # as media.decoded_length
+            entries = self.entries
+            if entries and (run := entries[-1])[0] == "ad" and run[4] == size and run[6] < run[5]:
+                run[6] += 1
+            elif entries and (run := entries[-1])[0] == "op" and run[2] == size:
+                run[3] += 1
+            else:
+                entries.append(["op", time.perf_counter(), size, 1])
+        elif kind == "a":
+            self.add("om", text[text.rindex('"name":"') + 8 : -3])
+        else:
+            self.add("oc")
+
+    # --- The rest ------------------------------------------------------------------------------
+
+    def frame_in(self, event: str, frame: dict[str, Any]) -> None:
+        if event == "mark":
+            self.add("mk", media.mark_name(frame))
+        elif event == "dtmf":
+            digit = media.dtmf_digit(frame)
+            self.add("dt", digit if digit in "#*" else "d")  # the digit itself is withheld
+        elif event == "stop":
+            self.add("stop")
+
+    def model_event(self, event: Any) -> None:
+        kind = type(event)
+        if kind is AudioDelta:
+            self.model_audio(event)
+        elif kind is SpeechStarted:
+            self.add("ss", event.item_id, event.audio_start_ms)
+        elif kind is SpeechStopped:
+            self.add("se", event.item_id)
+        elif kind is ResponseCreated:
+            self.add("rc", event.response_id)
+        elif kind is ResponseDone:
+            self.add("rd", event.response_id, event.status, event.function_calls)
+        elif kind is FunctionCall:
+            arguments = '{"digits": "[withheld]"}' if event.name in _SECRET else event.arguments
+            self.add("fc", event.response_id, event.call_id, event.name, arguments)
+        elif kind is UserTranscript:
+            self.add("ut", event.item_id, withhold_digits(event.text))
+        elif kind is AssistantTranscript:
+            self.add("at", event.response_id, event.item_id, event.text)
+        elif kind is ModelErrorEvent:
+            self.add("er", event.code, event.message[:200])
+        else:
+            self.add("ox", type(event).__name__)
+
+    def tool_done(self, record: dict[str, Any]) -> None:
+        if record.get("name") in _SECRET:
+            record = record | {"arguments": {"digits": "[withheld]"}}
+            record.pop("gated_arguments", None)
+        self.add("td", record)
+
+    def config(self, config: SessionConfig) -> None:
+        self.add("cf", digest(config.instructions), [t.name for t in config.tools])
+
+    def wrap(self, conn: RealtimeConnection) -> RealtimeConnection:
+        return TapedConnection(conn, self)
+
+    def wrap_link(self, link: Any) -> Any:
+        return TapedLink(link, self)
+
+    def take(self) -> tuple[int, list[list[Any]]]:
+        """The entries added since the last take (times made ms since the start), and their
+        chunk number."""
+        taken, self.entries = self.entries, []
+        self._caller = None
+        t0 = self._t0
+        for entry in taken:
+            entry[1] = round((entry[1] - t0) * 1000, 1)
+            if entry[0] == "a":
+                entry[4] = round((entry[4] - t0) * 1000, 1)
+        seq = self._seq
+        self._seq += 1
+        return seq, taken
+
+
+class TapedConnection:
+    """A model connection whose calls go on the tape as outputs (the model's events are taped by
+    the engine's loop, which also sees those delivered to its audio sink)."""
+
+    def __init__(self, conn: RealtimeConnection, tape: CallTape):
+        self._conn = conn
+        self._tape = tape
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)  # an adapter's own extras (break_output, append_context)
+
+    async def configure(self, config: SessionConfig) -> None:
+        self._tape.add("ocf", digest(config.instructions), [t.name for t in config.tools])
+        await self._conn.configure(config)
+
+    async def append_audio(self, payload: str) -> None:
+        self._tape.to_model()
+        await self._conn.append_audio(payload)
+
+    def append_audio_nowait(self, payload: str) -> bool:
+        sent = self._conn.append_audio_nowait(payload)
+        if sent:
+            self._tape.to_model()
+        return sent
+
+    def deliver_audio_to(self, sink: Callable[[AudioDelta], bool]) -> None:
+        self._conn.deliver_audio_to(sink)  # the engine's sink tapes what it takes
+
+    async def send_tool_output(self, call_id: str, output: str) -> None:
+        self._tape.add("oto", call_id, crc(output))
+        await self._conn.send_tool_output(call_id, output)
+
+    async def add_note(self, text: str) -> None:
+        self._tape.add("on", crc(text))
+        await self._conn.add_note(text)
+
+    async def create_response(self, instructions: str | None = None) -> None:
+        self._tape.add("ocr", None if instructions is None else instructions[:80])
+        await self._conn.create_response(instructions)
+
+    async def cancel_response(self) -> None:
+        self._tape.add("ocx")
+        await self._conn.cancel_response()
+
+    async def truncate(self, item_id: str, audio_end_ms: int) -> None:
+        self._tape.add("otr", item_id, audio_end_ms)
+        await self._conn.truncate(item_id, audio_end_ms)
+
+    def events(self) -> Any:
+        return self._conn.events()
+
+
+class TapedLink:
+    """The media socket (``voice.engine.TwilioLink``) with every frame sent going on the tape."""
+
+    def __init__(self, link: Any, tape: CallTape):
+        self._link = link
+        self._tape = tape
+
+    @property
+    def backed_up(self) -> bool:
+        return bool(self._link.backed_up)
+
+    def send(self, text: str) -> None:
+        self._tape.sent(text)
+        self._link.send(text)
+
+    def send_many(self, texts: Sequence[str]) -> None:
+        for text in texts:
+            self._tape.sent(text)
+        self._link.send_many(texts)
+
+    async def drained(self) -> None:
+        await self._link.drained()
+
+    async def close(self, code: int = 1000) -> None:
+        await self._link.close(code)
