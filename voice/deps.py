@@ -48,6 +48,7 @@ class VoiceConfig:
     codes_per_hour: int = 2
     verify_window_seconds: float = 3600.0
     dtmf_idle_seconds: float = 3.0
+    transport: str = "media-streams"  # PEPPER_VOICE_TRANSPORT: lines that name none (docs/voice.md)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> VoiceConfig:
@@ -56,6 +57,7 @@ class VoiceConfig:
             voice=settings.voice_voice,
             max_call_seconds=float(settings.voice_max_call_seconds),
             max_verify_failures=settings.voice_max_verify_failures,
+            transport=settings.voice_transport,
         )
 
 
