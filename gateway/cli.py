@@ -347,7 +347,7 @@ async def _set_line_transport(
     now = line.voice_transport or settings.voice_transport
     out(f"calls to {line.number} now come over {line.voice_transport or now + ' (the default)'}")
     if now == "sip":
-        for problem in sip_line_problems(line.voice_engine or resolve_engine(settings), settings):
+        for problem in sip_line_problems(line.voice_engine or resolve_engine(settings), settings, line.kind):
             out(f"note: {problem}")
 
 

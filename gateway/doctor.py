@@ -209,10 +209,12 @@ def _transports(report: Report, settings: Settings, default_engine: str) -> None
     report.add("phone calls: transport", MISSING if problems else OK,
                "; ".join(problems) if problems else f"{settings.voice_transport} by default (a line may name the"
                f" other: pepper line transport); {needs}")  # fmt: skip
-    for number, engine, transport in report.store.line_voice if report.store is not None else ():
+    store = report.store
+    kinds = {number: kind for number, kind, _ in store.lines} if store is not None else {}
+    for number, engine, transport in store.line_voice if store is not None else ():
         if (transport or settings.voice_transport) != "sip":
             continue
-        problems = sip_line_problems(engine or default_engine, settings)
+        problems = sip_line_problems(engine or default_engine, settings, kinds.get(number, "personal"))
         report.add(f"phone calls: line {number}", MISSING if problems else OK,
                    "; ".join(problems) if problems else "over SIP direct on gpt-live")  # fmt: skip
 

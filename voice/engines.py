@@ -175,9 +175,11 @@ class RealtimeEngines:
         self._built.clear()
 
 
-def sip_line_problems(engine: str, settings: Any) -> list[str]:
+def sip_line_problems(engine: str, settings: Any, kind: str = "personal") -> list[str]:
     """What keeps a line on SIP direct from taking calls (``pepper doctor`` says the same)."""
     problems = []
+    if kind == "answering":
+        problems.append("the answering service runs on Media Streams only: on SIP direct its calls are rejected (480)")
     if engine != "gpt-live":
         problems.append(f"SIP direct runs calls on gpt-live only, and this line's engine is {engine}"
                         " (pepper line engine NUMBER gpt-live)")  # fmt: skip

@@ -176,3 +176,9 @@ def test_pepper_line_transport_sets_shows_repeats_and_refuses_garbage(db_url, tm
     assert len(flagged) == 1 and flagged[0].startswith("  ok") and "over SIP direct on gpt-live" in flagged[0]
     code, out, _ = run_cli(monkeypatch, capsys, "line", "transport", "+14155550101", "default")
     assert code == 0 and out == "calls to +14155550101 now come over media-streams (the default)"
+    # An answering line on SIP takes no calls: the answering service runs on Media Streams only.
+    assert run_cli(monkeypatch, capsys, "line", "assign", "+14155550101", "answering", "Ada")[0] == 0
+    code, out, _ = run_cli(monkeypatch, capsys, "line", "transport", "+14155550101", "sip")
+    assert code == 0 and out.splitlines()[1:] == [
+        "note: the answering service runs on Media Streams only: on SIP direct its calls are rejected (480)"
+    ]
