@@ -26,7 +26,7 @@ from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 
 from core.errors import InvalidInput, NotFound
-from core.settings import VOICE_ENGINES
+from core.settings import VOICE_ENGINES, VOICE_TRANSPORTS
 from core.store.queries import Queries
 
 HandleKind = Literal["phone", "email", "web", "matrix"]
@@ -97,6 +97,7 @@ class PhoneLine:
     account_id: UUID
     label: str | None
     voice_engine: str | None = None  # None: the voice_engine setting
+    voice_transport: str | None = None  # None: the voice_transport setting
 
 
 # Every webhook normalizes its sender, and the same few numbers write again and again: parsing
@@ -400,7 +401,8 @@ async def assign_line(
 
 
 def _line(row: Any) -> PhoneLine:
-    return PhoneLine(row["number"], row["kind"], row["account_id"], row["label"], row["voice_engine"])
+    return PhoneLine(row["number"], row["kind"], row["account_id"], row["label"], row["voice_engine"],
+                     row["voice_transport"])  # fmt: skip
 
 
 async def set_line_engine(db: Queries, raw_number: str, engine: str | None, *, default_region: str = "US") -> PhoneLine:
@@ -409,6 +411,21 @@ async def set_line_engine(db: Queries, raw_number: str, engine: str | None, *, d
         raise InvalidInput(f"a voice engine is one of {', '.join(VOICE_ENGINES)}, or plugin:NAME")
     number = normalize_phone(raw_number, default_region)
     row = await db.fetchrow("UPDATE phone_lines SET voice_engine = $2 WHERE number = $1 RETURNING *", number, engine)
+    if row is None:
+        raise NotFound(f"no line {number}")
+    return _line(row)
+
+
+async def set_line_transport(
+    db: Queries, raw_number: str, transport: str | None, *, default_region: str = "US"
+) -> PhoneLine:
+    """How calls reach this line (``media-streams`` or ``sip``); ``None`` goes back to the setting."""
+    if transport is not None and transport not in VOICE_TRANSPORTS:
+        raise InvalidInput(f"a voice transport is one of {', '.join(VOICE_TRANSPORTS)}")
+    number = normalize_phone(raw_number, default_region)
+    row = await db.fetchrow(
+        "UPDATE phone_lines SET voice_transport = $2 WHERE number = $1 RETURNING *", number, transport
+    )
     if row is None:
         raise NotFound(f"no line {number}")
     return _line(row)

@@ -39,6 +39,9 @@ DEFAULT_TWILIO_API_URL = "https://api.twilio.com"
 # The realtime voice engines a call can run on (voice/engines.py builds them).
 VoiceEngine = Literal["openai-realtime", "gemini-live", "gpt-live", "cascade"]
 VOICE_ENGINES: tuple[str, ...] = get_args(VoiceEngine)
+# How a call reaches its voice model (docs/voice.md "Transports"): the server's default, and per line.
+VoiceTransport = Literal["media-streams", "sip"]
+VOICE_TRANSPORTS: tuple[str, ...] = get_args(VoiceTransport)
 
 
 def _env(*names: str) -> AliasChoices:
@@ -262,8 +265,9 @@ class Settings(BaseSettings):
     )
     # How calls reach the voice model: Twilio Media Streams through Pepper, or SIP direct (a Twilio
     # Elastic SIP trunk to OpenAI's SIP endpoint; Pepper answers the signed webhook and drives the
-    # GPT-Live session over its sideband socket, voice/sip.py).
-    voice_transport: Literal["media-streams", "sip"] = Field(
+    # GPT-Live session over its sideband socket, voice/sip.py). The default for lines that name
+    # none (``pepper line transport``).
+    voice_transport: VoiceTransport = Field(
         "media-streams", validation_alias=_env("PEPPER_VOICE_TRANSPORT", "voice_transport")
     )
     openai_webhook_secret: SecretStr | None = Field(

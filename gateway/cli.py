@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from core import identity
 from core.errors import PepperError
-from core.settings import VOICE_ENGINES, Settings, config_warnings, load_settings
+from core.settings import VOICE_ENGINES, VOICE_TRANSPORTS, Settings, config_warnings, load_settings
 from core.store import Database, open_store
 from gateway.logs import setup_logging
 
@@ -119,6 +119,14 @@ def _parser() -> argparse.ArgumentParser:
         "engine",
         type=_engine_name,
         help=f"{', '.join(VOICE_ENGINES)}, plugin:NAME (a voice_provider plugin) or 'default' (PEPPER_VOICE_ENGINE)",
+    )
+    transport = line.add_parser("transport", help="how calls reach a line's voice model: Media Streams or SIP direct")
+    transport.add_argument("number")
+    transport.add_argument(
+        "transport",
+        choices=(*VOICE_TRANSPORTS, "default"),
+        help="media-streams (through Pepper), sip (a Twilio Elastic SIP trunk to OpenAI, gpt-live only)"
+        " or 'default' (PEPPER_VOICE_TRANSPORT)",
     )
 
     replay = sub.add_parser("replay", help="run a recorded turn again on another tier; tools return recorded results")
@@ -261,13 +269,17 @@ async def _admin(args: argparse.Namespace, settings: Settings, db: Database, out
             out(f"{line.number} is now the {line.kind} line of {account.name}")
         elif args.action == "engine":
             await _set_line_engine(args, settings, db, out)
+        elif args.action == "transport":
+            await _set_line_transport(args, settings, db, out)
         else:
             from voice.engines import resolve_engine
 
             accounts = {a.id: a.name for a in await identity.list_accounts(db)}
             for line in await identity.list_lines(db):
                 engine = line.voice_engine or f"{resolve_engine(settings)} (default)"
-                out(f"{line.number}  {line.kind:<9}  {accounts.get(line.account_id, line.account_id)}  {engine}")
+                transport = line.voice_transport or f"{settings.voice_transport} (default)"
+                who = accounts.get(line.account_id, line.account_id)
+                out(f"{line.number}  {line.kind:<9}  {who}  {engine}  {transport}")
 
 
 async def _create_account(args: argparse.Namespace, db: Database, out: Callable[[str], None]) -> None:
@@ -318,6 +330,25 @@ async def _set_line_engine(
         raise CommandError(f"the {engine} voice engine is not part of this build; nothing changed")
     line = await identity.set_line_engine(db, args.number, engine, default_region=settings.default_region)
     out(f"calls on {line.number} now run on {line.voice_engine or resolve_engine(settings) + ' (the default)'}")
+
+
+async def _set_line_transport(
+    args: argparse.Namespace, settings: Settings, db: Database, out: Callable[[str], None]
+) -> None:
+    from voice.engines import resolve_engine, sip_line_problems
+
+    transport = None if args.transport == "default" else args.transport
+    before = await identity.find_line(db, args.number, default_region=settings.default_region)
+    if before is not None and before.voice_transport == transport:
+        shown = transport or f"{settings.voice_transport} (the default)"
+        out(f"calls to {before.number} already come over {shown}; nothing changed")
+        return
+    line = await identity.set_line_transport(db, args.number, transport, default_region=settings.default_region)
+    now = line.voice_transport or settings.voice_transport
+    out(f"calls to {line.number} now come over {line.voice_transport or now + ' (the default)'}")
+    if now == "sip":
+        for problem in sip_line_problems(line.voice_engine or resolve_engine(settings), settings, line.kind):
+            out(f"note: {problem}")
 
 
 def _model_service(settings: Settings) -> Any:

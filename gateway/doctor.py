@@ -189,6 +189,7 @@ def _voice(report: Report, settings: Settings) -> None:
     if not engine_available(engine):
         report.add(area, BAD, f"PEPPER_VOICE_ENGINE={engine} is not part of this build")
         return
+    _transports(report, settings, engine)
     # The server's router has one adapter per configured provider (ModelRouter.from_settings);
     # the same names stand in for it here, without building SDK clients that would need closing.
     models = SimpleNamespace(adapters=configured_providers(settings))
@@ -197,6 +198,25 @@ def _voice(report: Report, settings: Settings) -> None:
         report.add(area, MISSING, f"{engine} {unready}; until then every call on it hears an apology")
     else:
         report.add(area, OK, f"{engine} by default (a line may name another: pepper line engine)")
+
+
+def _transports(report: Report, settings: Settings, default_engine: str) -> None:
+    """How calls reach the voice model, by default and on each line that takes them over SIP direct."""
+    from voice.engines import sip_line_problems
+
+    needs = "SIP direct needs the gpt-live engine, OPENAI_API_KEY and OPENAI_WEBHOOK_SECRET"
+    problems = sip_line_problems(default_engine, settings) if settings.voice_transport == "sip" else []
+    report.add("phone calls: transport", MISSING if problems else OK,
+               "; ".join(problems) if problems else f"{settings.voice_transport} by default (a line may name the"
+               f" other: pepper line transport); {needs}")  # fmt: skip
+    store = report.store
+    kinds = {number: kind for number, kind, _ in store.lines} if store is not None else {}
+    for number, engine, transport in store.line_voice if store is not None else ():
+        if (transport or settings.voice_transport) != "sip":
+            continue
+        problems = sip_line_problems(engine or default_engine, settings, kinds.get(number, "personal"))
+        report.add(f"phone calls: line {number}", MISSING if problems else OK,
+                   "; ".join(problems) if problems else "over SIP direct on gpt-live")  # fmt: skip
 
 
 def _web(report: Report, settings: Settings) -> None:

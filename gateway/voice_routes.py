@@ -97,7 +97,7 @@ async def sip_incoming() -> Response:
     services = _services()
     sip = getattr(services.calls, "sip", None)
     if sip is None:
-        return Response("SIP direct is not configured (PEPPER_VOICE_TRANSPORT=sip)\n", status=404,
+        return Response("SIP direct is not configured (OPENAI_API_KEY and OPENAI_WEBHOOK_SECRET)\n", status=404,
                         content_type="text/plain")  # fmt: skip
     body = await request.get_data(cache=False)
     headers = {k.lower(): v for k, v in request.headers.items()}

@@ -32,7 +32,7 @@ TRANSFER_AFTER = Webhook("transfer-after", "/twilio/voice/transfer/after", "set 
 SMS = Webhook("sms", "/twilio/sms", "Twilio phone number > Messaging > A message comes in (HTTP POST)")
 WHATSAPP = Webhook("whatsapp", "/twilio/whatsapp", "Twilio WhatsApp sender > When a message comes in")
 MESSAGE_STATUS = Webhook("message-status", "/twilio/status", "set per message by Pepper; nothing to paste")
-# SIP direct (PEPPER_VOICE_TRANSPORT=sip): OpenAI's signed webhook for a call its SIP endpoint took.
+# SIP direct (lines on the sip transport): OpenAI's signed webhook for a call its SIP endpoint took.
 SIP_INCOMING = Webhook(
     "openai-sip", "/openai/live/webhook", "OpenAI project settings > Webhooks > live.transport.incoming"
 )

@@ -51,6 +51,7 @@ class VoiceConfig:
     # Each call's recording for ``pepper replay-call`` (voice.call_tape), written every this long.
     record_calls: bool = True
     tape_flush_s: float = 5.0
+    transport: str = "media-streams"  # PEPPER_VOICE_TRANSPORT: lines that name none (docs/voice.md)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> VoiceConfig:
@@ -60,6 +61,7 @@ class VoiceConfig:
             max_call_seconds=float(settings.voice_max_call_seconds),
             max_verify_failures=settings.voice_max_verify_failures,
             record_calls=settings.voice_record_calls,
+            transport=settings.voice_transport,
         )
 
 

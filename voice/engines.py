@@ -173,3 +173,18 @@ class RealtimeEngines:
             if close is not None:
                 await close()
         self._built.clear()
+
+
+def sip_line_problems(engine: str, settings: Any, kind: str = "personal") -> list[str]:
+    """What keeps a line on SIP direct from taking calls (``pepper doctor`` says the same)."""
+    problems = []
+    if kind == "answering":
+        problems.append("the answering service runs on Media Streams only: on SIP direct its calls are rejected (480)")
+    if engine != "gpt-live":
+        problems.append(f"SIP direct runs calls on gpt-live only, and this line's engine is {engine}"
+                        " (pepper line engine NUMBER gpt-live)")  # fmt: skip
+    missing = [name for name, value in (("OPENAI_API_KEY", settings.openai_api_key),
+               ("OPENAI_WEBHOOK_SECRET", settings.openai_webhook_secret)) if value is None]  # fmt: skip
+    if missing:
+        problems.append(f"SIP direct needs {' and '.join(missing)}: until then its SIP calls are refused")
+    return problems

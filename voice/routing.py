@@ -24,6 +24,10 @@ UnknownCaller = Literal["refuse", "answering"]
 
 REFUSED_TEXT = "Sorry, this number only takes calls from the person it works for. Goodbye."
 BLOCKED_TEXT = "Sorry, this number can't take your call. Goodbye."
+# A call that reached Pepper over Twilio's voice webhook for a line set to SIP direct (voice.service).
+WRONG_TRANSPORT_TEXT = (
+    "Sorry, this number is answered over a direct SIP connection and can't take calls this way right now. Goodbye."
+)
 APOLOGY_TEXT = "Sorry, I lost the connection on my side and have to end the call. Please call again."
 
 

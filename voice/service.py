@@ -103,6 +103,8 @@ class CallService:
         db = self.deps.db
         route = await routing.classify_call(db, form, unknown_caller=self.unknown_caller,
                                             default_region=self.default_region)  # fmt: skip
+        if route.route in ("owner", "answering") and await self.line_transport(route.line_number) == "sip":
+            return route, await self._refuse_on_wrong_transport(call_sid, route)
         if route.route == "answering":
             recorded, text, inserted = await self.answering.screen(route, form)
             if inserted and text is not None:
@@ -129,6 +131,26 @@ class CallService:
                 return route, twiml.say_and_hang_up(refusal)
         token = await issue_token(db, call_sid, self.token_ttl)
         return route, twiml.connect_stream(stream_url, token, action_url=action_url, name=f"call-{call_sid[-8:]}")
+
+    async def line_transport(self, line_number: str | None) -> str:
+        """How calls reach this line: its own ``voice_transport``, else PEPPER_VOICE_TRANSPORT."""
+        named = await call_records.line_transport(self.deps.db, line_number) if line_number else None
+        return named or self.deps.config.transport
+
+    async def _refuse_on_wrong_transport(self, call_sid: str, route: CallRoute) -> str:
+        """A Twilio webhook for a line reached over SIP direct: the number still routes to Pepper's
+        voice webhook instead of the Elastic SIP trunk. Refused rather than served over Media
+        Streams: the line's setting says where its calls run, and a call that quietly took the other
+        path would hide the misrouting. Recorded (refused, ``wrong-transport``) and logged."""
+        inserted = await call_records.record_call(
+            self.deps.db, call_sid, account_id=route.account_id, line_number=route.line_number, caller=route.caller,
+            handle_id=route.handle_id, route="refused", attested=False,
+        )  # fmt: skip
+        if inserted:
+            await call_records.store_end_reason(self.deps.db, call_sid, "wrong-transport")
+        log.error("a Twilio voice webhook came for a SIP direct line: route the number to the Elastic SIP trunk,"
+                  " or pepper line transport NUMBER media-streams (route=%s)", route.route)  # fmt: skip
+        return twiml.say_and_hang_up(routing.WRONG_TRANSPORT_TEXT)
 
     async def _model_refusal(self, account_id: UUID, route: str) -> str | None:
         """The recorded message for a call that gets no model, or None. The ``model_select`` slot

@@ -11,7 +11,9 @@ on GPT-Live with Pepper as the backend; media never passes through Pepper.
    webhook (``voice.routing.classify_call``): those headers are untrusted metadata, so a number
    verified to the line's account gets the owner's session **restricted until proven** (PIN), and
    anyone else is rejected (``403``; ``603`` for a caller who opted out). The answering service
-   runs on Media Streams only: a call it would take is rejected with ``480`` on SIP direct.
+   runs on Media Streams only: a call it would take is rejected with ``480`` on SIP direct. A call
+   to a line whose transport is not ``sip`` (``pepper line transport``; PEPPER_VOICE_TRANSPORT for
+   lines that name none) is rejected with ``404``, whoever calls.
 4. The session is accepted with the GPT-Live session config (front instructions, voice, client
    delegation) and the call runs in the same call engine as a Media Streams call on GPT-Live
    (``voice.live_call``: delegations as Pepper turns, the PIN checked by Pepper, the notice as the
@@ -45,6 +47,7 @@ REJECT_UNKNOWN = 403
 REJECT_BLOCKED = 603
 REJECT_UNAVAILABLE = 480
 REJECT_CAPPED = 486  # busy here: the person's usage is at its cap for the day
+REJECT_NOT_HERE = 404  # not found: the number's line takes its calls over Media Streams, not SIP
 _SIP_USER = re.compile(r"<?(?:sips?|tel):([+0-9A-Za-z().-]{1,40})[@;>]")
 
 
@@ -121,13 +124,20 @@ class SipCalls:
         form = {"To": sip_number(call.headers.get("to")), "From": sip_number(call.headers.get("from"))}
         route = await routing.classify_call(db, form, unknown_caller=self.service.unknown_caller,
                                             default_region=self.service.default_region)  # fmt: skip
+        # A line whose calls come over Media Streams takes none by SIP: the trunk reaches a number
+        # this endpoint does not serve (404, recorded refused), and the line's setting stays the truth.
+        wrong = route.line_number is not None and await self.service.line_transport(route.line_number) != "sip"
         inserted = await call_records.record_call(
             db, call.session_id, account_id=route.account_id, line_number=route.line_number, caller=route.caller,
-            handle_id=route.handle_id, route=route.route, attested=False,
+            handle_id=route.handle_id, route="refused" if wrong else route.route, attested=False,
         )  # fmt: skip
         if not inserted:
             return 200, "duplicate-session"
         log.info("SIP call classified: route=%s reason=%s", route.route, route.reason)
+        if wrong:
+            log.warning("a SIP call came for a line on Media Streams: rejected %d (pepper line transport NUMBER sip"
+                        " to take its calls over SIP direct)", REJECT_NOT_HERE)  # fmt: skip
+            return await self._reject(call.session_id, REJECT_NOT_HERE, "sip-wrong-transport")
         dead = (
             route.account_id is not None and await usage_tier(db, route.account_id, deps.clock(), deps.usage) == "dead"
         )
@@ -135,15 +145,7 @@ class SipCalls:
             # A person at the day's cap gets no call (on Media Streams they hear the recorded message).
             by_route = {"blocked": REJECT_BLOCKED, "answering": REJECT_UNAVAILABLE}
             status = REJECT_CAPPED if dead else by_route.get(route.route, REJECT_UNKNOWN)
-            try:
-                await self.control.reject(call.session_id, status)
-            except RealtimeError:
-                log.warning("could not reject a SIP call", exc_info=True)
-                return 502, "reject-failed"
-            await call_records.store_end_reason(
-                db, call.session_id, "usage-cap" if dead else f"sip-rejected-{route.reason}"
-            )
-            return 200, "rejected"
+            return await self._reject(call.session_id, status, "usage-cap" if dead else f"sip-rejected-{route.reason}")
         try:
             await self.control.accept(call.session_id, SessionConfig(FRONT, (), voice=deps.config.voice))
         except RealtimeError:
@@ -163,6 +165,15 @@ class SipCalls:
         task.add_done_callback(self._runs.discard)
         return 200, "accepted"
 
+    async def _reject(self, session_id: str, status: int, reason: str) -> tuple[int, str]:
+        try:
+            await self.control.reject(session_id, status)
+        except RealtimeError:
+            log.warning("could not reject a SIP call", exc_info=True)
+            return 502, "reject-failed"
+        await call_records.store_end_reason(self.service.deps.db, session_id, reason)
+        return 200, "rejected"
+
     async def aclose(self) -> None:
         for task in list(self._runs):
             task.cancel()
@@ -171,11 +182,14 @@ class SipCalls:
 
 
 def sip_calls_from_settings(settings: Any, service: Any) -> SipCalls | None:
-    """SIP direct for this server, or None when ``PEPPER_VOICE_TRANSPORT`` is not ``sip`` or a key is missing."""
-    if settings.voice_transport != "sip":
-        return None
+    """SIP direct for this server, or None when ``OPENAI_API_KEY`` or ``OPENAI_WEBHOOK_SECRET`` is
+    missing. Served whenever both are set, whatever ``PEPPER_VOICE_TRANSPORT`` says: a line may be
+    set to ``sip`` while the server runs (``pepper line transport``), and the webhook takes calls
+    only for lines on ``sip``."""
     if settings.openai_api_key is None or settings.openai_webhook_secret is None:
-        log.warning("PEPPER_VOICE_TRANSPORT=sip needs OPENAI_API_KEY and OPENAI_WEBHOOK_SECRET: SIP calls are refused")
+        if settings.voice_transport == "sip":
+            log.warning("PEPPER_VOICE_TRANSPORT=sip needs OPENAI_API_KEY and OPENAI_WEBHOOK_SECRET:"
+                        " SIP calls are refused")  # fmt: skip
         return None
     from voice.adapters.gpt_live_sip import GptLiveSip
 

@@ -165,6 +165,11 @@ async def line_engine(db: Queries, line_number: str) -> str | None:
     return await db.fetchval("SELECT voice_engine FROM phone_lines WHERE number = $1", line_number)
 
 
+async def line_transport(db: Queries, line_number: str) -> str | None:
+    """How calls reach a phone line's voice model (``media-streams``, ``sip``), or None for the default."""
+    return await db.fetchval("SELECT voice_transport FROM phone_lines WHERE number = $1", line_number)
+
+
 # --- A call under way ---------------------------------------------------------------------------
 
 

@@ -125,6 +125,7 @@ class StoreReport:
     pending_migrations: int | None = None
     accounts: int | None = None
     lines: list[tuple[str, str, str]] = field(default_factory=list)
+    line_voice: list[tuple[str, str | None, str | None]] = field(default_factory=list)  # (number, engine, transport)
     connection_limit: int | None = None  # see CONNECTION_LIMIT_SQL
     slot_settings: list[tuple[str, str, str]] = field(default_factory=list)  # (where, slot, occupant)
 
@@ -138,11 +139,14 @@ async def _describe(report: StoreReport, dsn: str) -> None:
         if report.pending_migrations < len(load_migrations()):
             report.schema_version = await conn.fetchval("SELECT max(version) FROM schema_migrations")
             report.accounts = await conn.fetchval("SELECT count(*) FROM accounts")
+            # to_jsonb: a store whose migrations are pending may not have the newer columns yet.
             rows = await conn.fetch(
-                "SELECT l.number, l.kind, a.name FROM phone_lines l JOIN accounts a ON a.id = l.account_id"
-                " ORDER BY l.kind, l.number"
+                "SELECT l.number, l.kind, a.name, to_jsonb(l) ->> 'voice_engine' AS engine,"
+                " to_jsonb(l) ->> 'voice_transport' AS transport"
+                " FROM phone_lines l JOIN accounts a ON a.id = l.account_id ORDER BY l.kind, l.number"
             )
             report.lines = [(r["number"], r["kind"], r["name"]) for r in rows]
+            report.line_voice = [(r["number"], r["engine"], r["transport"]) for r in rows]
             if await conn.fetchval("SELECT to_regclass('slot_settings') IS NOT NULL"):
                 rows = await conn.fetch(
                     "SELECT s.scope || coalesce(' ' || coalesce(h.name, a.name), '') AS scope, s.slot, s.occupant"

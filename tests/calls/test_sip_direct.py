@@ -24,12 +24,14 @@ from phone_support import (
     TOKEN,
     _set_pin,
     call_settings,
+    caller_for,
     normalised,
     transcribed,
     until,
 )
 
 from core import identity
+from core.settings import Settings
 from core.store import Database
 from core.testing.peers import OpenAIPeer, reply_text, reply_tools
 from core.testing.twilio_peer import TwilioPeer
@@ -37,6 +39,7 @@ from core.usage.ledger import add_usage, set_limits
 from gateway.server import running_app
 from gateway.webhooks import SIP_INCOMING
 from voice.live_call import FRONT
+from voice.routing import WRONG_TRANSPORT_TEXT
 from voice.testing.gpt_live_peer import GptLivePeer, LiveSession
 from voice.testing.gpt_live_sip_peer import GptLiveSipPeer, new_secret, sign_webhook
 
@@ -52,6 +55,7 @@ class SipLine:
     url: str
     http: aiohttp.ClientSession
     services: Any
+    twilio: Any = None  # a loopback Twilio caller (voice webhook and media stream)
 
     async def post(self, body: bytes, headers: dict[str, str]) -> tuple[int, str]:
         async with self.http.post(self.url, data=body, headers=headers) as response:
@@ -65,7 +69,7 @@ class SipLine:
 
 
 @asynccontextmanager
-async def sip_line(db: Database, db_url: str) -> AsyncIterator[SipLine]:
+async def sip_line(db: Database, db_url: str, **extra: Any) -> AsyncIterator[SipLine]:
     ada = await identity.create_account(db, "Ada")
     await identity.add_handle(db, ada.id, "phone", OWNER, verified=True)
     await _set_pin(db, ada.id)
@@ -74,13 +78,15 @@ async def sip_line(db: Database, db_url: str) -> AsyncIterator[SipLine]:
     async with (TwilioPeer(auth_token=TOKEN) as twilio, GptLivePeer() as live, GptLiveSipPeer(live, secret) as sip,
                 OpenAIPeer() as text):  # fmt: skip
         settings = call_settings(
-            db_url, twilio, voice_transport="sip", openai_webhook_secret=secret, openai_live_api_url=sip.base_url,
-            gpt_live_url=live.websocket_url, openai_base_url=text.base_url, voice_notice_audio="local",
-            memory_jobs_interval=0,
+            db_url, twilio, openai_webhook_secret=secret, openai_live_api_url=sip.base_url,
+            gpt_live_url=live.websocket_url, openai_base_url=text.base_url, memory_jobs_interval=0,
+            **{"voice_transport": "sip", "voice_notice_audio": "local", **extra},
         )  # fmt: skip
         async with running_app(settings, db) as (app, port), aiohttp.ClientSession() as http:
-            yield SipLine(db, live, sip, text, f"http://127.0.0.1:{port}{SIP_INCOMING.path}", http,
-                          app.extensions["pepper"])  # fmt: skip
+            line = SipLine(db, live, sip, text, f"http://127.0.0.1:{port}{SIP_INCOMING.path}", http,
+                           app.extensions["pepper"])  # fmt: skip
+            line.twilio = caller_for(app, port, twilio)
+            yield line
 
 
 def skills_offered(request: Any) -> set[str]:
@@ -178,3 +184,60 @@ async def test_forged_garbage_duplicate_and_unknown_sip_webhooks(db, db_url):
         capped, body, headers = line.sip.incoming(caller=OWNER, line=LINE)
         assert await line.post(body, headers) == (200, "rejected")
         assert line.sip.answered[capped] == "rejected:486" and capped not in line.live.sidebands
+
+
+SIP_LINE = "+14155550102"
+
+
+async def test_two_lines_on_one_server_each_reached_over_its_own_transport_and_refused_over_the_other(db, db_url):
+    """The server's default is Media Streams; one line says ``sip``. Each line answers its own way,
+    a call over the other transport is refused (404 on SIP, a spoken refusal on Twilio), and a
+    line's setting changed while the server runs takes effect on the next call."""
+    async with sip_line(db, db_url, voice_transport="media-streams", voice_engine="gpt-live",
+                        voice_notice_audio="model") as line:  # fmt: skip
+        account = await db.fetchval("SELECT account_id FROM phone_lines WHERE number = $1", LINE)
+        await identity.assign_line(db, SIP_LINE, "personal", account)
+        await identity.set_line_transport(db, SIP_LINE, "sip")
+
+        # The SIP line over SIP: accepted, driven over the sideband.
+        over_sip, body, headers = line.sip.incoming(caller=OWNER, line=SIP_LINE)
+        assert await line.post(body, headers) == (200, "accepted")
+        await line.live.wait_for(lambda: over_sip in line.live.sidebands, what="the sideband attached")
+        # The Media Streams line over Twilio: a stream to Pepper, a GPT-Live session Pepper starts.
+        answer = await line.twilio.dial(from_=OWNER, to=LINE)
+        assert answer.connected, answer.twiml
+        async with line.twilio.media(answer):
+            session = await line.live.next_session(1)
+            assert any(e.get("type") == "session.start" for e in session.events)
+        assert over_sip in line.live.sip_sessions and line.live.sidebands == [over_sip]
+
+        # The Media Streams line over SIP: rejected with 404, recorded refused, nothing started.
+        wrong, body, headers = line.sip.incoming(caller=OWNER, line=LINE)
+        assert await line.post(body, headers) == (200, "rejected")
+        assert line.sip.answered[wrong] == "rejected:404" and wrong not in line.live.sidebands
+        row = await db.fetchrow("SELECT route, status, end_reason FROM calls WHERE call_sid = $1", wrong)
+        assert dict(row) == {"route": "refused", "status": "refused", "end_reason": "sip-wrong-transport"}
+        # The SIP line over Twilio: told so and hung up, no stream; a retried webhook the same, once recorded.
+        refused = await line.twilio.dial(from_=OWNER, to=SIP_LINE)
+        assert not refused.connected and refused.says == [WRONG_TRANSPORT_TEXT]
+        again = await line.twilio.dial(from_=OWNER, to=SIP_LINE, call_sid=refused.call_sid)
+        assert not again.connected and again.says == [WRONG_TRANSPORT_TEXT]
+        rows = await db.fetch("SELECT route, end_reason FROM calls WHERE call_sid = $1", refused.call_sid)
+        assert [dict(r) for r in rows] == [{"route": "refused", "end_reason": "wrong-transport"}]
+        assert len(line.live.sessions) == 2  # neither refusal reached the model
+
+        # Back to the default (Media Streams) while the server runs: SIP calls to it are refused now.
+        await identity.set_line_transport(db, SIP_LINE, None)
+        late, body, headers = line.sip.incoming(caller=OWNER, line=SIP_LINE)
+        assert await line.post(body, headers) == (200, "rejected")
+        assert line.sip.answered[late] == "rejected:404"
+
+
+async def test_the_sip_webhook_is_served_whenever_its_keys_are_set_and_only_then():
+    from voice.sip import sip_calls_from_settings
+
+    service = object()
+    assert sip_calls_from_settings(Settings(openai_api_key="sk-x", openai_webhook_secret=None), service) is None
+    both = sip_calls_from_settings(Settings(openai_api_key="sk-x", openai_webhook_secret=new_secret()), service)
+    assert both is not None and both.service is service  # on a media-streams server too: a line may say sip
+    await both.aclose()

@@ -90,16 +90,16 @@ def test_pepper_line_engine_sets_shows_and_clears_the_override(db_url, monkeypat
     code, out, _ = run_cli(monkeypatch, capsys, "line", "engine", "+14155550100", "gemini-live")
     assert code == 0 and out == "calls on +14155550100 now run on gemini-live"
     code, out, _ = run_cli(monkeypatch, capsys, "line", "list")
-    assert out.endswith("Ada  gemini-live")
+    assert out.endswith("Ada  gemini-live  media-streams (default)")
     code, out, _ = run_cli(monkeypatch, capsys, "line", "engine", "+14155550100", "default")
     assert code == 0 and out.endswith("cascade (the default)")  # auto, with no OpenAI key
-    assert run_cli(monkeypatch, capsys, "line", "list")[1].endswith("cascade (default)")
+    assert run_cli(monkeypatch, capsys, "line", "list")[1].endswith("cascade (default)  media-streams (default)")
     code, _, err = run_cli(monkeypatch, capsys, "line", "engine", "+14155550199", "gemini-live")
     assert code == 1 and err.strip() == "pepper: error: no line +14155550199"
     monkeypatch.setattr(engines, "CASCADE_MODULE", "voice.adapters.not_in_this_build")
     code, _, err = run_cli(monkeypatch, capsys, "line", "engine", "+14155550100", "cascade")
     assert code == 1 and "not part of this build; nothing changed" in err
-    assert run_cli(monkeypatch, capsys, "line", "list")[1].endswith("cascade (default)")
+    assert run_cli(monkeypatch, capsys, "line", "list")[1].endswith("cascade (default)  media-streams (default)")
     with pytest.raises(SystemExit):
         main(["line", "engine", "+14155550100", "gemini"], out=print)
 
@@ -115,3 +115,70 @@ def test_doctor_says_which_engine_calls_use_and_what_it_needs(tmp_path, monkeypa
     monkeypatch.setattr(engines, "CASCADE_MODULE", "voice.adapters.not_in_this_build")
     code, out, _ = run_cli(monkeypatch, capsys, "doctor")
     assert code == 1 and "PEPPER_VOICE_ENGINE=cascade is not part of this build" in out
+
+
+async def test_a_line_transport_is_validated_and_stored(db):
+    ada = await identity.create_account(db, "Ada")
+    await identity.assign_line(db, "+14155550100", "personal", ada.id)
+    assert (await identity.find_line(db, "+14155550100")).voice_transport is None
+    assert (await identity.set_line_transport(db, "(415) 555-0100", "sip")).voice_transport == "sip"
+    for garbage in ("SIP", "media_streams", "sip\x00", ""):
+        with pytest.raises(InvalidInput):
+            await identity.set_line_transport(db, "+14155550100", garbage)
+    with pytest.raises(NotFound):
+        await identity.set_line_transport(db, "+14155550199", "sip")
+    assert (await identity.find_line(db, "+14155550100")).voice_transport == "sip"  # garbage changed nothing
+    # The column refuses what the function would (a write that went around it).
+    with pytest.raises(Exception, match="voice_transport_check"):
+        await db.execute("UPDATE phone_lines SET voice_transport = 'webrtc'")
+    assert (await identity.set_line_transport(db, "+14155550100", None)).voice_transport is None
+
+
+def test_pepper_line_transport_sets_shows_repeats_and_refuses_garbage(db_url, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("DATABASE_URL", db_url)
+    monkeypatch.setenv("PEPPER_DATA_DIR", str(tmp_path / "data"))
+    assert run_cli(monkeypatch, capsys, "account", "create", "Ada")[0] == 0
+    for number in ("+14155550100", "+14155550101"):
+        assert run_cli(monkeypatch, capsys, "line", "assign", number, "personal", "Ada")[0] == 0
+    # No gpt-live engine, no webhook secret: set anyway, with what stops its calls said.
+    code, out, _ = run_cli(monkeypatch, capsys, "line", "transport", "+14155550101", "sip")
+    assert code == 0 and out.splitlines() == [
+        "calls to +14155550101 now come over sip",
+        "note: SIP direct runs calls on gpt-live only, and this line's engine is cascade"
+        " (pepper line engine NUMBER gpt-live)",
+        "note: SIP direct needs OPENAI_API_KEY and OPENAI_WEBHOOK_SECRET: until then its SIP calls are refused",
+    ]
+    listed = run_cli(monkeypatch, capsys, "line", "list")[1].splitlines()
+    assert listed[0].endswith("Ada  cascade (default)  media-streams (default)")
+    assert listed[1].endswith("Ada  cascade (default)  sip")
+    doctor = run_cli(monkeypatch, capsys, "doctor")[1]
+    assert "SIP direct needs the gpt-live engine, OPENAI_API_KEY and OPENAI_WEBHOOK_SECRET" in doctor
+    flagged = [ln for ln in doctor.splitlines() if "line +14155550101" in ln]
+    assert len(flagged) == 1 and flagged[0].startswith("  --") and "OPENAI_WEBHOOK_SECRET" in flagged[0]
+    assert "line +14155550100" not in doctor  # a media-streams line needs nothing more
+
+    # The same again: nothing changed, said so.
+    code, out, _ = run_cli(monkeypatch, capsys, "line", "transport", "+14155550101", "sip")
+    assert code == 0 and out == "calls to +14155550101 already come over sip; nothing changed"
+    # Garbage: a transport that is not one, a line that is not Pepper's; neither changes anything.
+    with pytest.raises(SystemExit):
+        main(["line", "transport", "+14155550101", "webrtc"], out=print)
+    assert "invalid choice 'webrtc'" in capsys.readouterr().err
+    code, _, err = run_cli(monkeypatch, capsys, "line", "transport", "+14155550199", "sip")
+    assert code == 1 and err.strip() == "pepper: error: no line +14155550199"
+    assert run_cli(monkeypatch, capsys, "line", "list")[1].splitlines()[1].endswith("  sip")
+
+    # With the engine and keys in place, the doctor's line check is clean; back to the default.
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-x")
+    monkeypatch.setenv("OPENAI_WEBHOOK_SECRET", "whsec_" + "A" * 32)
+    assert run_cli(monkeypatch, capsys, "line", "engine", "+14155550101", "gpt-live")[0] == 0
+    flagged = [ln for ln in run_cli(monkeypatch, capsys, "doctor")[1].splitlines() if "line +14155550101" in ln]
+    assert len(flagged) == 1 and flagged[0].startswith("  ok") and "over SIP direct on gpt-live" in flagged[0]
+    code, out, _ = run_cli(monkeypatch, capsys, "line", "transport", "+14155550101", "default")
+    assert code == 0 and out == "calls to +14155550101 now come over media-streams (the default)"
+    # An answering line on SIP takes no calls: the answering service runs on Media Streams only.
+    assert run_cli(monkeypatch, capsys, "line", "assign", "+14155550101", "answering", "Ada")[0] == 0
+    code, out, _ = run_cli(monkeypatch, capsys, "line", "transport", "+14155550101", "sip")
+    assert code == 0 and out.splitlines()[1:] == [
+        "note: the answering service runs on Media Streams only: on SIP direct its calls are rejected (480)"
+    ]
