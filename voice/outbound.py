@@ -281,8 +281,10 @@ class OutboundCalls:
             # A person answered; the call's own end (``brief_given``) says whether they heard the
             # brief. Until it does (or if the media stream never started), this stands.
             receipt = "answered, but the call ended before the brief was given"
-            await records.settle(db, row["id"], status="done", outcome="human", receipt=receipt)
-            await self._delivery(row, "failed", receipt)
+            # Only if the call's end has not settled it since ``row`` was read: the two may run at
+            # once, and the call's end must not be overwritten by this guess.
+            if await records.settle_answered(db, row["id"], outcome="human", receipt=receipt):
+                await self._delivery(row, "failed", receipt)
         return "acted"
 
     async def _not_answered(self, row: Any, status: str) -> None:

@@ -92,6 +92,19 @@ async def settle(db: Queries, attempt_id: int, *, status: str, outcome: str, rec
     )
 
 
+async def settle_answered(db: Queries, attempt_id: int, *, outcome: str, receipt: str) -> bool:
+    """Settle an attempt a person answered, unless its call's own end settled it meanwhile (that
+    one knows more: whether the brief was given). True when this settled it."""
+    settled = await db.fetchval(
+        "UPDATE outbound_calls SET status = 'done', outcome = $2, receipt = $3, updated_at = now()"
+        " WHERE id = $1 AND status = 'answered' RETURNING true",
+        attempt_id,
+        outcome,
+        receipt,
+    )
+    return bool(settled)
+
+
 async def answered(db: Queries, call_sid: str, answered_by: str, outcome: str, receipt: str) -> None:
     await db.execute(
         "UPDATE outbound_calls SET status = 'answered', answered_by = $2, outcome = $3, receipt = $4,"
