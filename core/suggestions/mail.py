@@ -1,28 +1,47 @@
-"""Where the detectors read mail: behind one small interface, so the mail-reading sources
-(Gmail, IMAP) plug in beside Pepper's own inbox.
+"""Where the detectors read mail: behind one small interface (:class:`MailSource`), the
+person's own mailboxes beside Pepper's.
 
-A :class:`MailSource` lists recent mail as :class:`MailItem`s. Today's source is
-:class:`PepperInbox`: mail that arrived at Pepper's own address (the email channel records it in
-the conversation). Mail text is untrusted: the detectors read it with code (dates, iCalendar
-parts) and never hand it to a model.
+A :class:`MailSource` lists recent mail as :class:`MailItem`s. :func:`mail_sources` gives an
+account's: :class:`PepperInbox` (mail that arrived at Pepper's own address, recorded by the email
+channel), :class:`GmailMailbox` (a Google connection granted ``gmail.readonly``) and one
+:class:`ImapMailbox` per connected IMAP mailbox. Mail text is untrusted: the detectors read it
+with code (dates, iCalendar parts) and never hand it to a model.
+
+Each mailbox is read in a bounded window: received since ``since`` (the detectors ask for 14
+days) and at most :data:`MAX_PER_MAILBOX` messages, the newest. A message once read is kept in
+this process (:class:`Seen`, bounded): a Gmail message and an IMAP UID under one UIDVALIDITY never
+change, so the next run lists the window (one call) and fetches only the new ones.
 """
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import json
+import logging
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Protocol
+from datetime import UTC, datetime
+from typing import Any, Protocol
 from uuid import UUID
 
-from core.records import inbox
+from core.adapters import imap
+from core.errors import PepperError
+from core.records import connections, inbox
 from core.store.queries import Queries
+from core.tools.areas.mail.reading import OneAtATime, gmail_mail, imap_account
+from core.tools.connectors import GMAIL_READONLY, Connectors
+from core.tools.google_api import GoogleClient, google_connection
+
+log = logging.getLogger(__name__)
+
+MAX_PER_MAILBOX = 50  # the newest messages of the window read from one mailbox
 
 
 @dataclass(frozen=True)
 class MailItem:
-    source: str  # "pepper-inbox", later "gmail", "imap"
+    source: str  # "pepper-inbox", "gmail", "imap-<connection>"
     id: str  # stable within the source
     received_at: datetime
     sender: str
@@ -53,4 +72,137 @@ class PepperInbox:
         return out
 
 
-DEFAULT_SOURCES: tuple[MailSource, ...] = (PepperInbox(),)
+DEFAULT_SOURCES: tuple[MailSource, ...] = (PepperInbox(),)  # what every account has
+
+
+class Seen:
+    """Messages already read, by (mailbox, message id), the least recently used dropped first.
+    In memory on purpose: what it saves is a refetch, and a restart costs one window's fetch."""
+
+    def __init__(self, size: int = 5000):
+        self.size = size
+        self._items: OrderedDict[tuple[str, str], MailItem] = OrderedDict()
+
+    def get(self, mailbox: str, message: str) -> MailItem | None:
+        item = self._items.get((mailbox, message))
+        if item is not None:
+            self._items.move_to_end((mailbox, message))
+        return item
+
+    def put(self, mailbox: str, message: str, item: MailItem) -> None:
+        self._items[(mailbox, message)] = item
+        self._items.move_to_end((mailbox, message))
+        while len(self._items) > self.size:
+            self._items.popitem(last=False)
+
+    def known(self, mailbox: str) -> list[str]:
+        return [m for (b, m) in self._items if b == mailbox]
+
+
+SEEN = Seen()
+
+_ICS_TYPES = ("text/calendar", "application/ics")
+
+
+def _b64(data: str) -> bytes:
+    return base64.urlsafe_b64decode(data + "=" * (-len(data) % 4))
+
+
+class GmailMailbox:
+    """The person's Gmail INBOX through the API (``users.messages.list`` with ``q``, then
+    ``users.messages.get`` for the messages not seen before; an ``.ics`` sent as an attachment is
+    fetched with ``users.messages.attachments.get``)."""
+
+    name = "gmail"
+
+    def __init__(self, client: GoogleClient, connection_id: UUID, seen: Seen = SEEN):
+        self.client, self.key, self.seen = client, f"gmail-{connection_id}", seen
+
+    async def recent(self, db: Queries, account_id: UUID, since: datetime) -> list[MailItem]:
+        q = f"in:inbox after:{since.astimezone(UTC):%Y/%m/%d}"
+        listed = await self.client.call(
+            "GET", "/gmail/v1/users/me/messages", params={"q": q, "maxResults": MAX_PER_MAILBOX}
+        )
+        ids = [str(m["id"]) for m in listed.get("messages") or ()][:MAX_PER_MAILBOX]
+        fresh = [i for i in ids if self.seen.get(self.key, i) is None]
+        for item in await asyncio.gather(*(self._read(i) for i in fresh)):
+            self.seen.put(self.key, item.id, item)
+        items = [self.seen.get(self.key, i) for i in ids]
+        return [i for i in items if i is not None and i.received_at >= since]
+
+    async def _read(self, message_id: str) -> MailItem:
+        message = await self.client.call("GET", f"/gmail/v1/users/me/messages/{message_id}", params={"format": "full"})
+        mail = gmail_mail(message)
+        received = (
+            datetime.fromtimestamp(int(message["internalDate"]) / 1000, UTC)
+            if message.get("internalDate") else mail.sent_at or datetime.now(UTC)
+        )  # fmt: skip
+        parts: list[bytes] = []
+        for part in _walk(message.get("payload") or {}):
+            if len(parts) >= imap.MAX_CALENDAR_PARTS:
+                break
+            kind, name = str(part.get("mimeType", "")).lower(), str(part.get("filename") or "").lower()
+            if kind not in _ICS_TYPES and not name.endswith(".ics"):
+                continue
+            body = part.get("body") or {}
+            if int(body.get("size") or 0) > imap.MAX_CALENDAR_BYTES:
+                continue
+            if body.get("data"):
+                parts.append(_b64(body["data"]))
+            elif body.get("attachmentId"):
+                found = await self.client.call(
+                    "GET", f"/gmail/v1/users/me/messages/{message_id}/attachments/{body['attachmentId']}"
+                )
+                if found.get("data"):
+                    parts.append(_b64(found["data"]))
+        sender = f"{mail.sender_name} <{mail.sender}>" if mail.sender_name else mail.sender
+        return MailItem(self.name, message_id, received, sender, mail.subject, mail.text,
+                        tuple(p for p in parts if len(p) <= imap.MAX_CALENDAR_BYTES))  # fmt: skip
+
+
+def _walk(part: dict[str, Any]) -> list[dict[str, Any]]:
+    out = [part]
+    for child in part.get("parts") or ():
+        out += _walk(child)
+    return out
+
+
+class ImapMailbox:
+    """One connected IMAP mailbox's INBOX (read-only, ``core.adapters.imap.recent``): the UIDs
+    received since the day, and only the messages not seen before fetched."""
+
+    def __init__(self, connection_id: UUID, label: str, account: imap.ImapAccount, seen: Seen = SEEN):
+        self.name = f"imap {label}"
+        self.key, self.account, self.seen = f"imap-{connection_id}", account, seen
+
+    async def recent(self, db: Queries, account_id: UUID, since: datetime) -> list[MailItem]:
+        known = frozenset(
+            (int(v), int(u)) for v, _, u in (k.partition(":") for k in self.seen.known(self.key))
+        )  # fmt: skip
+        found = await imap.recent(self.account, since.astimezone(UTC).date(), MAX_PER_MAILBOX, known)
+        for mail in found.fetched:
+            sender = f"{mail.sender_name} <{mail.sender}>" if mail.sender_name else mail.sender
+            ref = f"{found.validity}:{mail.uid}"
+            item = MailItem(self.key, ref, mail.sent_at or datetime.now(UTC), sender, mail.subject, mail.text,
+                            mail.calendars)  # fmt: skip
+            self.seen.put(self.key, ref, item)
+        items = [self.seen.get(self.key, f"{found.validity}:{u}") for u in found.uids]
+        return [i for i in items if i is not None]
+
+
+async def mail_sources(db: Queries, connectors: Connectors, account_id: UUID) -> tuple[list[MailSource], list[str]]:
+    """The account's mail sources (Pepper's inbox, Gmail when granted ``gmail.readonly``, each
+    IMAP mailbox) and those that cannot even be opened, named (a secret that does not open)."""
+    shared = OneAtATime(db)  # the Google client refreshes its token on the run's connection
+    sources: list[MailSource] = list(DEFAULT_SOURCES)
+    broken: list[str] = []
+    gmail = await google_connection(db, account_id, GMAIL_READONLY)
+    if gmail is not None:
+        sources.append(GmailMailbox(GoogleClient(shared, connectors, gmail), gmail))
+    for row in await connections.imap_connections(db, account_id):
+        try:
+            sources.append(ImapMailbox(row["id"], row["label"], await imap_account(db, connectors, row)))
+        except (PepperError, KeyError, ValueError) as exc:
+            log.warning("imap connection cannot be opened for the detectors: %s", type(exc).__name__)
+            broken.append(f"imap {row['label']} (its stored settings do not open)")
+    return sources, broken
