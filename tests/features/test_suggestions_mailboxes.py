@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 
 from core.quality.detectors import promote
-from core.suggestions import cards, run_detectors
+from core.suggestions import cards, run_changed, run_detectors
 from core.testing.dovecot_server import DovecotServer, available
 from core.testing.google_api_peer import GoogleApiPeer
 from core.testing.processes import free_port
@@ -62,6 +62,12 @@ async def test_an_invitation_in_gmail_becomes_a_shadow_finding_then_one_card_and
                     when=NOW - timedelta(days=1), invitation=review_ics)  # fmt: skip
     google.add_mail("Sam <sam@example.org>", "Dinner", "Dinner on Monday 31 March at 19:30?",
                     when=NOW - timedelta(hours=3))  # fmt: skip
+    # Garbage where an invitation should be, and an invitation cancelled: neither is a card.
+    google.add_mail("X <x@example.org>", "Invitation", "Broken.", when=NOW - timedelta(hours=5),
+                    invitation="BEGIN:VCALENDAR\nDTSTART:soon\x00\nEND:VEVENT")  # fmt: skip
+    cancel = INVITE.format(uid="c-1@x", title="Cancelled").replace("METHOD:REQUEST", "METHOD:CANCEL")
+    google.add_mail("X <x@example.org>", "Cancelled", "Called off: Monday 31 March at 15:00.",
+                    when=NOW - timedelta(hours=6), invitation=cancel)  # fmt: skip
     old_ics = INVITE.format(uid="old-1@x", title="Old thing")
     old = google.add_mail("Old <old@example.org>", "Invitation: Old thing", "Long ago.",
                           when=NOW - timedelta(days=40), invitation=old_ics)  # fmt: skip
@@ -75,7 +81,7 @@ async def test_an_invitation_in_gmail_becomes_a_shadow_finding_then_one_card_and
     ]  # fmt: skip
     assert await cards(db, account) == []
     fetched = [p for m, p, *_ in google.requests if m == "GET" and "/messages/" in p]
-    assert len([p for p in fetched if "/attachments/" in p]) == 1  # the invite.ics attachment was read
+    assert len([p for p in fetched if "/attachments/" in p]) == 3  # each invite.ics in the window was read
     assert fetched and not any(old in p for p in fetched)  # outside the window: never fetched
 
     # Promoted: the same rows become cards. The run lists the window and fetches nothing again.
@@ -128,17 +134,25 @@ async def test_an_ics_invitation_in_an_imap_inbox_becomes_a_card_and_a_failing_s
         dovecot.deliver("ada", invitation_mail(1, "Invitation: Board", INVITE.format(uid="board-1@x", title="Board")))
         dovecot.deliver("ada", invitation_mail(2, "Invitation: Ancient", INVITE.format(uid="a-1@x", title="Ancient"),
                                                day=1))  # fmt: skip
+        await call("list_events", {"start": "2025-03-27T00:00", "days": 1})  # makes Pepper's own calendar
+        await run_changed(call.db, call.connectors, "test", NOW)
         await connect_imap(
             call.db, call.connectors, call.account.id, "home", host="127.0.0.1", port=dovecot.port, username="ada",
             password=PASSWORD, security="none",
         )  # fmt: skip
         await promote(call.db, "mail-event", NOW)
+        # Connecting the mailbox marks the account: the scheduler's tick runs its detectors.
+        assert await run_changed(call.db, call.connectors, "test", NOW) == 1
+        assert await run_changed(call.db, call.connectors, "test", NOW) == 0
         report = await run_detectors(call.db, call.connectors, call.account.id, NOW)
         assert report.unavailable == [], report
         [card] = [c for c in await cards(call.db, call.account.id) if c.detector == "mail-event"]
         assert card.title == "Add 'Board' on Wed 02 Apr 18:00?" and "bo@example.org" in card.detail
         await run_detectors(call.db, call.connectors, call.account.id, NOW)
         assert len(await rows(call.db, call.account.id)) == 1  # a second run: the same card
+        # Mail arrives without a trace here: an account with a mailbox is looked at hourly.
+        await call.db.execute("UPDATE suggestion_runs SET ran_at = now() - interval '61 minutes'")
+        assert await run_changed(call.db, call.connectors, "test", NOW) == 1
     # The server is gone (and then a wrong port): named, and the card stays open.
     await call.db.execute(
         "UPDATE connections SET config = jsonb_set(config, '{port}', to_jsonb($1::int)) WHERE provider = 'imap'",
