@@ -37,6 +37,7 @@ from core.tools.google_api import GoogleClient, google_connection
 log = logging.getLogger(__name__)
 
 MAX_PER_MAILBOX = 50  # the newest messages of the window read from one mailbox
+GMAIL_AT_ONCE = 8  # messages.get calls in flight at once (a first run reads up to 50)
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ class MailItem:
     source: str  # "pepper-inbox", "gmail", "imap-<connection>"
     id: str  # stable within the source
     received_at: datetime
-    sender: str
+    sender: str  # the From address
     subject: str
     text: str
     calendars: tuple[bytes, ...] = ()  # text/calendar parts (an invitation's .ics), when the source has them
@@ -125,7 +126,13 @@ class GmailMailbox:
         )
         ids = [str(m["id"]) for m in listed.get("messages") or ()][:MAX_PER_MAILBOX]
         fresh = [i for i in ids if self.seen.get(self.key, i) is None]
-        for item in await asyncio.gather(*(self._read(i) for i in fresh)):
+        limit = asyncio.Semaphore(GMAIL_AT_ONCE)
+
+        async def read(message_id: str) -> MailItem:
+            async with limit:
+                return await self._read(message_id)
+
+        for item in await asyncio.gather(*(read(i) for i in fresh)):
             self.seen.put(self.key, item.id, item)
         items = [self.seen.get(self.key, i) for i in ids]
         return [i for i in items if i is not None and i.received_at >= since]
@@ -155,8 +162,7 @@ class GmailMailbox:
                 )
                 if found.get("data"):
                     parts.append(_b64(found["data"]))
-        sender = f"{mail.sender_name} <{mail.sender}>" if mail.sender_name else mail.sender
-        return MailItem(self.name, message_id, received, sender, mail.subject, mail.text,
+        return MailItem(self.name, message_id, received, mail.sender, mail.subject, mail.text,
                         tuple(p for p in parts if len(p) <= imap.MAX_CALENDAR_BYTES))  # fmt: skip
 
 
@@ -181,9 +187,8 @@ class ImapMailbox:
         )  # fmt: skip
         found = await imap.recent(self.account, since.astimezone(UTC).date(), MAX_PER_MAILBOX, known)
         for mail in found.fetched:
-            sender = f"{mail.sender_name} <{mail.sender}>" if mail.sender_name else mail.sender
             ref = f"{found.validity}:{mail.uid}"
-            item = MailItem(self.key, ref, mail.sent_at or datetime.now(UTC), sender, mail.subject, mail.text,
+            item = MailItem(self.key, ref, mail.sent_at or datetime.now(UTC), mail.sender, mail.subject, mail.text,
                             mail.calendars)  # fmt: skip
             self.seen.put(self.key, ref, item)
         items = [self.seen.get(self.key, f"{found.validity}:{u}") for u in found.uids]
