@@ -162,7 +162,7 @@ class GmailMailbox:
                 )
                 if found.get("data"):
                     parts.append(_b64(found["data"]))
-        return MailItem(self.name, message_id, received, mail.sender, mail.subject, mail.text,
+        return MailItem(self.name, message_id, received, mail.sender, mail.subject, mail.text[: imap.MAX_TEXT],
                         tuple(p for p in parts if len(p) <= imap.MAX_CALENDAR_BYTES))  # fmt: skip
 
 

@@ -5,10 +5,11 @@ adds nothing and fetches nothing again; a mailbox that fails is named and no car
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import date, timedelta
 
 import pytest
 
+from core.adapters import imap
 from core.quality.detectors import promote
 from core.suggestions import cards, run_changed, run_detectors
 from core.testing.dovecot_server import DovecotServer, available
@@ -150,6 +151,12 @@ async def test_an_ics_invitation_in_an_imap_inbox_becomes_a_card_and_a_failing_s
         assert card.title == "Add 'Board' on Wed 02 Apr 18:00?" and "bo@example.org" in card.detail
         await run_detectors(call.db, call.connectors, call.account.id, NOW)
         assert len(await rows(call.db, call.account.id)) == 1  # a second run: the same card
+        # The adapter lists the window's UIDs and fetches only those not already known.
+        account = imap.ImapAccount("127.0.0.1", dovecot.port, "ada", PASSWORD, "none", timeout=5.0)
+        first = await imap.recent(account, date(2025, 3, 13), 50)
+        assert len(first.uids) == 1 and first.fetched[0].calendars and first.validity > 0
+        again = await imap.recent(account, date(2025, 3, 13), 50, frozenset({(first.validity, first.uids[0])}))
+        assert again.uids == first.uids and again.fetched == ()
         # Mail arrives without a trace here: an account with a mailbox is looked at hourly.
         await call.db.execute("UPDATE suggestion_runs SET ran_at = now() - interval '61 minutes'")
         assert await run_changed(call.db, call.connectors, "test", NOW) == 1

@@ -238,7 +238,8 @@ def _search(account: ImapAccount, criteria: Criteria, limit: int) -> tuple[list[
 
 def _recent(account: ImapAccount, since: date, limit: int, known: frozenset[tuple[int, int]]) -> Recent:
     def work(client: IMAPClient) -> Recent:
-        validity = int(client.folder_status("INBOX", ["UIDVALIDITY"]).get(b"UIDVALIDITY", 0))
+        # Selected again for its UIDVALIDITY (STATUS on the selected folder is discouraged, RFC 3501).
+        validity = int(client.select_folder("INBOX", readonly=True).get(b"UIDVALIDITY", 0))
         uids = sorted(client.search(["SINCE", since]))[-min(limit, MAX_FETCH) :]
         fresh = [u for u in uids if (validity, u) not in known]
         return Recent(validity, tuple(uids), tuple(_fetch(client, fresh)))
