@@ -96,6 +96,9 @@ class Seen:
         while len(self._items) > self.size:
             self._items.popitem(last=False)
 
+    def clear(self) -> None:
+        self._items.clear()
+
     def known(self, mailbox: str) -> list[str]:
         return [m for (b, m) in self._items if b == mailbox]
 
