@@ -74,6 +74,11 @@ async def test_an_invitation_in_gmail_becomes_a_shadow_finding_then_one_card_and
                           when=NOW - timedelta(days=40), invitation=old_ics)  # fmt: skip
     db, account = caller.db, caller.account.id
 
+    # Gmail fails before anything was read: the brief's tool does not say "nothing".
+    google.fail_next = 503
+    out = await caller("calendar_suggestions", {})
+    assert out.status == "ok" and "not a complete answer" in out.content and "gmail (" in out.content, out
+
     # Shadow first: recorded, nothing shows. The invitation (inline and as invite.ics) is one finding.
     report = await run_detectors(db, caller.connectors, account, NOW)
     assert report.unavailable == [] and report.found["mail-event"] == 2, report
