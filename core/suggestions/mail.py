@@ -77,12 +77,17 @@ DEFAULT_SOURCES: tuple[MailSource, ...] = (PepperInbox(),)  # what every account
 
 
 class Seen:
-    """Messages already read, by (mailbox, message id), the least recently used dropped first.
-    In memory on purpose: what it saves is a refetch, and a restart costs one window's fetch."""
+    """Messages already read, by (mailbox, message id), the least recently used dropped first
+    once there are ``size`` of them or their text and parts pass ``budget`` bytes. In memory on
+    purpose: what it saves is a refetch, and a restart costs one window's fetch."""
 
-    def __init__(self, size: int = 5000):
-        self.size = size
+    def __init__(self, size: int = 5000, budget: int = 32 * 1024 * 1024):
+        self.size, self.budget, self.used = size, budget, 0
         self._items: OrderedDict[tuple[str, str], MailItem] = OrderedDict()
+
+    @staticmethod
+    def _weight(item: MailItem) -> int:
+        return len(item.text) + len(item.subject) + sum(len(p) for p in item.calendars)
 
     def get(self, mailbox: str, message: str) -> MailItem | None:
         item = self._items.get((mailbox, message))
@@ -91,13 +96,17 @@ class Seen:
         return item
 
     def put(self, mailbox: str, message: str, item: MailItem) -> None:
+        old = self._items.pop((mailbox, message), None)
+        self.used -= self._weight(old) if old is not None else 0
         self._items[(mailbox, message)] = item
-        self._items.move_to_end((mailbox, message))
-        while len(self._items) > self.size:
-            self._items.popitem(last=False)
+        self.used += self._weight(item)
+        while len(self._items) > self.size or (self.used > self.budget and len(self._items) > 1):
+            _, dropped = self._items.popitem(last=False)
+            self.used -= self._weight(dropped)
 
     def clear(self) -> None:
         self._items.clear()
+        self.used = 0
 
     def known(self, mailbox: str) -> list[str]:
         return [m for (b, m) in self._items if b == mailbox]
@@ -135,9 +144,11 @@ class GmailMailbox:
             async with limit:
                 return await self._read(message_id)
 
-        for item in await asyncio.gather(*(read(i) for i in fresh)):
+        read_now = {item.id: item for item in await asyncio.gather(*(read(i) for i in fresh))}
+        for item in read_now.values():
             self.seen.put(self.key, item.id, item)
-        items = [self.seen.get(self.key, i) for i in ids]
+        # What was read now is used as read, whether or not the cache keeps it.
+        items = [read_now.get(i) or self.seen.get(self.key, i) for i in ids]
         return [i for i in items if i is not None and i.received_at >= since]
 
     async def _read(self, message_id: str) -> MailItem:
@@ -157,14 +168,18 @@ class GmailMailbox:
             body = part.get("body") or {}
             if int(body.get("size") or 0) > imap.MAX_CALENDAR_BYTES:
                 continue
-            if body.get("data"):
-                parts.append(_b64(body["data"]))
-            elif body.get("attachmentId"):
+            data = body.get("data")
+            if not data and body.get("attachmentId"):
                 found = await self.client.call(
                     "GET", f"/gmail/v1/users/me/messages/{message_id}/attachments/{body['attachmentId']}"
                 )
-                if found.get("data"):
-                    parts.append(_b64(found["data"]))
+                data = found.get("data")
+            if not data:
+                continue
+            try:
+                parts.append(_b64(str(data)))
+            except ValueError:  # not base64: no invitation in it, and no reason to fail the mailbox
+                continue
         return MailItem(self.name, message_id, received, mail.sender, mail.subject, mail.text[: imap.MAX_TEXT],
                         tuple(p for p in parts if len(p) <= imap.MAX_CALENDAR_BYTES))  # fmt: skip
 
@@ -189,12 +204,15 @@ class ImapMailbox:
             (int(v), int(u)) for v, _, u in (k.partition(":") for k in self.seen.known(self.key))
         )  # fmt: skip
         found = await imap.recent(self.account, since.astimezone(UTC).date(), MAX_PER_MAILBOX, known)
+        read_now: dict[str, MailItem] = {}
         for mail in found.fetched:
             ref = f"{found.validity}:{mail.uid}"
             item = MailItem(self.key, ref, mail.sent_at or datetime.now(UTC), mail.sender, mail.subject, mail.text,
                             mail.calendars)  # fmt: skip
             self.seen.put(self.key, ref, item)
-        items = [self.seen.get(self.key, f"{found.validity}:{u}") for u in found.uids]
+            read_now[ref] = item
+        refs = [f"{found.validity}:{u}" for u in found.uids]
+        items = [read_now.get(r) or self.seen.get(self.key, r) for r in refs]
         return [i for i in items if i is not None]
 
 

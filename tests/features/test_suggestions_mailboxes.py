@@ -12,12 +12,13 @@ import pytest
 from core.adapters import imap
 from core.quality.detectors import promote
 from core.suggestions import cards, run_changed, run_detectors
+from core.suggestions.mail import GmailMailbox, Seen
 from core.testing.dovecot_server import DovecotServer, available
 from core.testing.google_api_peer import GoogleApiPeer
 from core.testing.processes import free_port
 from core.tools.areas.mail import connect_imap
 from core.tools.connectors import GMAIL_READONLY
-from core.tools.google_api import exchange_code
+from core.tools.google_api import GoogleClient, exchange_code
 
 from .support import NOW
 
@@ -111,6 +112,10 @@ async def test_an_invitation_in_gmail_becomes_a_shadow_finding_then_one_card_and
     assert len(report.unavailable) == 1 and report.unavailable[0].startswith("gmail ("), report
     assert report.found["mail-event"] == 0
     assert {r["state"] for r in await rows(db, account)} == {"open"}
+    # A cache too small to keep anything still gives the run every message it read.
+    [connection] = [r["id"] for r in await db.fetch("SELECT id FROM connections WHERE provider = 'google'")]
+    tiny = GmailMailbox(GoogleClient(db, caller.connectors, connection), connection, Seen(budget=1))
+    assert len(await tiny.recent(db, account, NOW - timedelta(days=14))) == 4 and len(tiny.seen.known(tiny.key)) == 1
     # Once it answers again and the dinner mail is gone from the mailbox, that card is gone.
     google.mail = {k: m for k, m in google.mail.items() if "Dinner" not in str(m["payload"]["headers"])}
     await run_detectors(db, caller.connectors, account, NOW)
