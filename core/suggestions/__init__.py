@@ -30,14 +30,15 @@ from typing import Any
 from uuid import UUID, uuid4
 from zoneinfo import ZoneInfo
 
+from core.errors import PepperError
 from core.models.types import ToolCall
 from core.quality.detectors import SUGGESTERS, detector_states, ensure_detectors
 from core.store.pool import connection
 from core.store.queries import Queries
 from core.suggestions.detect import DETECT, Snapshot, Suggestion
-from core.suggestions.mail import DEFAULT_SOURCES, MailSource
+from core.suggestions.mail import MailItem, MailSource, mail_sources
 from core.tools.areas.calendar import list_events
-from core.tools.connectors import Connectors
+from core.tools.connectors import GMAIL_READONLY, Connectors
 from core.tools.context import SessionContext
 from core.tools.gate import Gate
 from core.tools.registry import ToolContext, ToolRegistry
@@ -47,6 +48,7 @@ log = logging.getLogger(__name__)
 
 WINDOW = timedelta(days=14)
 MAIL_SINCE = timedelta(days=14)
+READS_MAIL = frozenset({"mail-event", "deadline"})  # detectors whose findings a missing mailbox can hide
 RUN_LEASE = timedelta(minutes=5)
 REMOTE_EVERY = timedelta(hours=1)  # how often an account with a remote calendar is looked at again
 MAX_ID = 2**63 - 1
@@ -68,7 +70,7 @@ async def snapshot(
     now: datetime,
     *,
     window: timedelta = WINDOW,
-    sources: Sequence[MailSource] = DEFAULT_SOURCES,
+    sources: Sequence[MailSource] | None = None,
 ) -> Snapshot:
     tz = ZoneInfo(await db.fetchval("SELECT timezone FROM accounts WHERE id = $1", account_id) or "UTC")
     end = now + window
@@ -86,9 +88,19 @@ async def snapshot(
         account_id,
         now - timedelta(days=30),
     )
-    mail = [m for source in sources for m in await source.recent(db, account_id, now - MAIL_SINCE)]
+    broken: list[str] = []
+    if sources is None:
+        sources, broken = await mail_sources(db, connectors, account_id)
+    mail: list[MailItem] = []
+    for source in sources:
+        try:
+            mail += await source.recent(db, account_id, now - MAIL_SINCE)
+        except Exception as exc:  # one mailbox that fails leaves the others, and says so
+            log.warning("mail source failed for the detectors: source=%s error=%s", source.name, type(exc).__name__)
+            why = exc.message if isinstance(exc, PepperError) else "an unexpected error"
+            broken.append(f"{source.name} ({why})")
     return Snapshot(account_id, tz, now, end, listing.events, listing.unavailable, frozenset(mine),
-                    list(todos), list(notes), mail)  # fmt: skip
+                    list(todos), list(notes), mail, mail_unavailable=broken)  # fmt: skip
 
 
 async def run_detectors(
@@ -98,7 +110,7 @@ async def run_detectors(
     now: datetime,
     *,
     window: timedelta = WINDOW,
-    sources: Sequence[MailSource] = DEFAULT_SOURCES,
+    sources: Sequence[MailSource] | None = None,
 ) -> RunReport:
     """Run every calendar detector still running over the person's coming ``window`` and record
     what each found (see the module's docstring). A detector that raises records nothing and
@@ -110,7 +122,7 @@ async def run_detectors(
     if not running:
         return report
     snap = await snapshot(db, connectors, account_id, now, window=window, sources=sources)
-    report.unavailable = snap.unavailable
+    report.unavailable = [*snap.unavailable, *snap.mail_unavailable]
     for name, state in running.items():
         try:
             found = await DETECT[name](snap, db, connectors)
@@ -121,11 +133,17 @@ async def run_detectors(
         unique = {s.key: s for s in found}
         report.found[name] = len(unique)
         report.new += await _record(db, account_id, name, "open" if state == "promoted" else "shadow",
-                                    list(unique.values()), complete=not snap.unavailable)  # fmt: skip
+                                    list(unique.values()), complete=_complete(snap, name))  # fmt: skip
     report.shown = await db.fetchval(
         "SELECT count(*) FROM suggestions WHERE account_id = $1 AND state = 'open'", account_id
     )
     return report
+
+
+def _complete(snap: Snapshot, detector: str) -> bool:
+    """Whether the detector saw everything it reads: a calendar or, for those that read mail, a
+    mailbox that could not be read is no evidence that a finding went away."""
+    return not snap.unavailable and not (detector in READS_MAIL and snap.mail_unavailable)
 
 
 async def _record(
@@ -284,14 +302,17 @@ async def claim_changed(db: Queries, owner: str, now: datetime, limit: int = 5) 
             SELECT account_id FROM suggestion_runs
             WHERE ((dirty_at IS NOT NULL AND (ran_at IS NULL OR dirty_at > ran_at))
                    -- a remote calendar changes without a trace here: look again every so often
-                   OR (ran_at < now() - $5::interval AND EXISTS (SELECT 1 FROM calendars c
-                       WHERE c.account_id = suggestion_runs.account_id AND c.kind <> 'pepper')))
+                   OR (ran_at < now() - $5::interval AND (EXISTS (SELECT 1 FROM calendars c
+                       WHERE c.account_id = suggestion_runs.account_id AND c.kind <> 'pepper')
+                       -- so does a mailbox the detectors read (IMAP, Gmail with the read scope)
+                       OR EXISTS (SELECT 1 FROM connections m WHERE m.account_id = suggestion_runs.account_id
+                       AND (m.provider = 'imap' OR (m.provider = 'google' AND $6 = ANY(m.scopes)))))))
               AND (lease_until IS NULL OR lease_until < $2)
             ORDER BY dirty_at LIMIT $4 FOR UPDATE SKIP LOCKED
         )
         RETURNING r.account_id
         """,
-        owner, now, RUN_LEASE, limit, REMOTE_EVERY,
+        owner, now, RUN_LEASE, limit, REMOTE_EVERY, GMAIL_READONLY,
     )  # fmt: skip
     return [r["account_id"] for r in rows]
 

@@ -66,6 +66,7 @@ class Snapshot:
     todos: list[Any] = field(default_factory=list)  # rows: id, title, created_at
     notes: list[Any] = field(default_factory=list)  # rows: id, title, body
     mail: list[MailItem] = field(default_factory=list)
+    mail_unavailable: list[str] = field(default_factory=list)  # mailboxes that could not be read, named
     _busy: list[Busy] | None = field(default=None, repr=False)
 
     def attended(self) -> list[Event]:
@@ -254,11 +255,15 @@ def _on_calendar(snap: Snapshot, start: datetime, end: datetime, title: str, uid
 async def mail_events(snap: Snapshot, db: Queries, connectors: Connectors) -> list[Suggestion]:
     """An invitation (an iCalendar part) or a dated, timed event in a mail, not on the calendar."""
     out = []
+    invitations: set[tuple[str, datetime]] = set()  # one invitation in two mailboxes is one card
     for item in snap.mail:
-        found: list[tuple[str, datetime, datetime, str | None, str, str]] = [
-            (*e, "invitation") for e in _ics_events(item, snap)
-        ]
-        if not found:
+        found: list[tuple[str, datetime, datetime, str | None, str, str]] = []
+        for e in _ics_events(item, snap):
+            if e[4] and (e[4], e[1]) in invitations:
+                continue
+            invitations.add((e[4], e[1]))
+            found.append((*e, "invitation"))
+        if not item.calendars:
             for f in dates_in(f"{item.subject}\n{item.text}", snap.tz, snap.now):
                 if f.has_time:
                     found.append((item.subject or "Event from a mail", f.start, f.end or f.start + BLOCK, None, "",

@@ -1,6 +1,6 @@
 """A loopback Google API for tests: the OAuth token endpoint, Calendar v3 events and Gmail v1
 drafts, sends and reading (``users.messages.list`` with ``q=``, ``users.messages.get``,
-``users.threads.get``), keeping state in memory like the real service.
+``users.messages.attachments.get``, ``users.threads.get``), keeping state in memory like the real service.
 
 Gmail reading answers 403 "insufficient authentication scopes", as Google does, unless the
 access token was granted ``gmail.readonly``. :meth:`GoogleApiPeer.add_mail` puts a message in
@@ -78,6 +78,7 @@ class GoogleApiPeer(HttpPeer):
         self.revoked: list[str] = []
         self.fail_next: int | None = None
         self.mail: dict[str, dict[str, Any]] = {}  # Gmail messages by id, in the API's format=full shape
+        self.attachments: dict[tuple[str, str], str] = {}  # (message id, attachment id) -> base64url data
         self.token_scopes: dict[str, set[str]] = {}
         self.now: datetime | None = None  # what newer_than: counts back from (None: the real clock)
         self._ids = itertools.count(1)
@@ -108,6 +109,7 @@ class GoogleApiPeer(HttpPeer):
             web.get("/gmail/v1/users/me/messages", self._messages_list),
             web.get("/gmail/v1/users/me/messages/{id}", self._messages_get),
             web.get("/gmail/v1/users/me/threads/{id}", self._threads_get),
+            web.get("/gmail/v1/users/me/messages/{id}/attachments/{attachment}", self._attachment_get),
         ]
 
     @web.middleware
@@ -320,9 +322,13 @@ class GoogleApiPeer(HttpPeer):
     def add_mail(
         self, sender: str, subject: str, text: str, *, to: str = "owner@example.com", when: datetime | None = None,
         thread: str | None = None, unread: bool = True, html: bool = False, sent: bool = False,
+        invitation: str | None = None,
     ) -> str:  # fmt: skip
         """Put a message in the mailbox (received ``when``, default now); returns its id. ``thread``:
-        the id of a message (or thread) it replies to; ``sent``: one the person sent (label SENT)."""
+        the id of a message (or thread) it replies to; ``sent``: one the person sent (label SENT).
+        ``invitation``: an iCalendar text sent as Google Calendar sends one, an inline
+        ``text/calendar`` part with its data and the same as an ``invite.ics`` attachment (an
+        ``attachmentId``, read with ``users.messages.attachments.get``)."""
         message_id = f"{next(self._ids):x}0000"
         when = when or datetime.now(UTC)
         thread_id = self.mail[thread]["threadId"] if thread in self.mail else thread or message_id
@@ -333,13 +339,26 @@ class GoogleApiPeer(HttpPeer):
             {"name": "Date", "value": format_datetime(when)},
             {"name": "Message-ID", "value": f"<{message_id}@mail.gmail.test>"},
         ]  # fmt: skip
+        parts: list[dict[str, Any]] = [
+            {"partId": "0", "mimeType": mime, "headers": [], "body": {"size": len(text), "data": data}}
+        ]
+        if invitation is not None:
+            ics = base64.urlsafe_b64encode(invitation.encode()).decode().rstrip("=")
+            attachment = f"att{next(self._ids)}"
+            self.attachments[(message_id, attachment)] = ics
+            parts += [
+                {"partId": "1", "mimeType": "text/calendar", "filename": "", "headers": [],
+                 "body": {"size": len(invitation), "data": ics}},
+                {"partId": "2", "mimeType": "application/ics", "filename": "invite.ics", "headers": [],
+                 "body": {"size": len(invitation), "attachmentId": attachment}},
+            ]  # fmt: skip
         self.mail[message_id] = {
             "id": message_id, "threadId": thread_id,
             "labelIds": ["SENT"] if sent else ["INBOX", *(["UNREAD"] if unread else [])],
             "snippet": text[:100], "internalDate": str(int(when.timestamp() * 1000)), "sizeEstimate": len(text),
             "payload": {
                 "mimeType": "multipart/alternative", "headers": headers,
-                "parts": [{"partId": "0", "mimeType": mime, "headers": [], "body": {"size": len(text), "data": data}}],
+                "parts": parts,
             },
         }  # fmt: skip
         return message_id
@@ -385,6 +404,12 @@ class GoogleApiPeer(HttpPeer):
         found = self.mail.get(request.match_info["id"])
         return web.json_response(found) if found else _error(404, "Requested entity was not found.")
 
+    async def _attachment_get(self, request: web.Request) -> web.Response:
+        data = self.attachments.get((request.match_info["id"], request.match_info["attachment"]))
+        if data is None:
+            return _error(404, "Requested entity was not found.")
+        return web.json_response({"size": len(_unpad(data)), "data": data})
+
     async def _threads_get(self, request: web.Request) -> web.Response:
         thread_id = request.match_info["id"]
         messages = sorted(
@@ -393,6 +418,10 @@ class GoogleApiPeer(HttpPeer):
         if not messages:
             return _error(404, "Requested entity was not found.")
         return web.json_response({"id": thread_id, "historyId": "1", "messages": messages})
+
+
+def _unpad(data: str) -> bytes:
+    return base64.urlsafe_b64decode(data + "=" * (-len(data) % 4))
 
 
 def _error(status: int, message: str) -> web.Response:

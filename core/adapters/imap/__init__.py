@@ -29,6 +29,8 @@ SECURITY = ("ssl", "starttls", "none")
 # The most messages one call reads (newest first); a search that matches more says so.
 MAX_FETCH = 50
 MAX_TEXT = 20_000
+# An invitation's iCalendar parts kept per message (for the calendar's detectors): the first few, small ones.
+MAX_CALENDAR_PARTS, MAX_CALENDAR_BYTES = 5, 256 * 1024
 
 
 class ImapError(PepperError):
@@ -68,6 +70,7 @@ class Mail:
     sent_at: datetime | None
     text: str
     unread: bool
+    calendars: tuple[bytes, ...] = ()  # text/calendar parts and .ics attachments, as sent
 
 
 @dataclass(frozen=True)
@@ -121,7 +124,24 @@ def parse_mail(uid: int, raw: bytes, flags: tuple[bytes, ...] = ()) -> Mail:
         sent_at=sent_at,
         text=body_text(message),
         unread=b"\\Seen" not in flags,
+        calendars=calendar_parts(message),
     )
+
+
+def calendar_parts(message: EmailMessage) -> tuple[bytes, ...]:
+    """The iCalendar parts of a message (``text/calendar``, ``application/ics`` or a ``.ics``
+    file), decoded from their transfer encoding: what an invitation carries."""
+    out: list[bytes] = []
+    for part in message.walk():
+        if part.is_multipart() or len(out) >= MAX_CALENDAR_PARTS:
+            continue
+        kind, name = part.get_content_type(), (part.get_filename() or "").lower()
+        if kind not in ("text/calendar", "application/ics") and not name.endswith(".ics"):
+            continue
+        payload = part.get_payload(decode=True)
+        if isinstance(payload, bytes) and 0 < len(payload) <= MAX_CALENDAR_BYTES:
+            out.append(payload)
+    return tuple(out)
 
 
 def body_text(message: EmailMessage) -> str:
@@ -216,6 +236,17 @@ def _search(account: ImapAccount, criteria: Criteria, limit: int) -> tuple[list[
     return _run(account, work)
 
 
+def _recent(account: ImapAccount, since: date, limit: int, known: frozenset[tuple[int, int]]) -> Recent:
+    def work(client: IMAPClient) -> Recent:
+        # Selected again for its UIDVALIDITY (STATUS on the selected folder is discouraged, RFC 3501).
+        validity = int(client.select_folder("INBOX", readonly=True).get(b"UIDVALIDITY", 0))
+        uids = sorted(client.search(["SINCE", since]))[-min(limit, MAX_FETCH) :]
+        fresh = [u for u in uids if (validity, u) not in known]
+        return Recent(validity, tuple(uids), tuple(_fetch(client, fresh)))
+
+    return _run(account, work)
+
+
 def _thread(account: ImapAccount, uid: int) -> list[Mail]:
     """The message and every message of its conversation in INBOX (by Message-ID and References)."""
 
@@ -256,6 +287,24 @@ async def check(account: ImapAccount) -> int:
 async def search(account: ImapAccount, criteria: Criteria, limit: int = 20) -> tuple[list[Mail], int]:
     """The newest ``limit`` messages of INBOX matching, newest first, and how many matched."""
     return await asyncio.to_thread(_search, account, criteria, limit)
+
+
+@dataclass(frozen=True)
+class Recent:
+    """INBOX's newest messages since a day: every UID (under ``validity``, the folder's
+    UIDVALIDITY) and the messages fetched, those not already ``known``."""
+
+    validity: int
+    uids: tuple[int, ...]
+    fetched: tuple[Mail, ...]
+
+
+async def recent(
+    account: ImapAccount, since: date, limit: int, known: frozenset[tuple[int, int]] = frozenset()
+) -> Recent:
+    """The newest ``limit`` messages of INBOX received since ``since``; a message whose
+    (UIDVALIDITY, UID) is in ``known`` is listed but not fetched again."""
+    return await asyncio.to_thread(_recent, account, since, limit, known)
 
 
 async def thread(account: ImapAccount, uid: int) -> list[Mail]:

@@ -24,8 +24,12 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
         report = await run_detectors(ctx.db, connectors, ctx.session.account_id, ctx.now)
         shown = await cards(ctx.db, ctx.session.account_id, limit=20)
         missing = f" Could not read {', '.join(report.unavailable)}." if report.unavailable else ""
+        if not shown and report.unavailable:  # not "nothing": part of it was never looked at
+            return ToolOutcome.ok(
+                f"No calendar suggestions from what could be read; that is not a complete answer.{missing}"
+            )
         if not shown:
-            return ToolOutcome.empty("no calendar suggestions" + missing)
+            return ToolOutcome.empty("no calendar suggestions")
         head = "Suggestions waiting for the person (they accept or dismiss them in the app; you cannot):"
         block = suggestions_block([(f"#{c.id} {c.detector}", f"{c.title}. {c.detail}") for c in shown])
         return ToolOutcome.ok(f"{head}\n{block}{missing}")
