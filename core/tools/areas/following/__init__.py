@@ -48,7 +48,13 @@ def describe(row: Any) -> str:
         events = "its items in read_feeds"
     else:
         events = f"{row['shown']} events shown" + (f", {row['hidden']} hidden" if row["hidden"] else "")
-    mirror = "; written to Pepper's calendar" if row["write_to_calendar"] else ""
+    mirror = ""
+    if row["write_to_calendar"]:
+        mirror = f"; copied to {row['write_calendar'] or 'the primary connected calendar'}"
+        if row["copied"]:
+            mirror += f" ({row['copied']} in {row['copied_to']})"
+    if row["copy_failures"]:
+        mirror += f"; CALENDAR WRITES FAILING: {row['copy_failures']} check(s) in a row ({row['copy_error']})"
     return f"- #{row['id']} {row['title']} [{kind}]{where}: {events}{mirror}; {last}"
 
 
@@ -66,7 +72,7 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
         found = await store.find(ctx.db, ctx.session.account_id, kind, target)
         if found is not None:  # the apply finds it too and changes nothing: the same source is one follow
             return ToolOutcome.planned(payload, f"already following {found.title!r} (#{found.id}); nothing changed")
-        where = "shown in the agenda and written to Pepper's calendar" if write else "shown in the agenda only"
+        where = "shown in the agenda and copied to the person's calendar" if write else "shown in the agenda only"
         return ToolOutcome.planned(payload, f"now following {title!r}; its events will be {where}")
 
     async def _apply_add(conn: Queries, account_id: UUID, p: dict[str, Any]) -> None:
@@ -99,7 +105,8 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
             description=(
                 "Follow a web page (a school calendar, a club's fixtures), an iCalendar feed, an RSS/Atom feed (a"
                 " person, a topic), a team (team:NAME) or a TV show (show:NAME): events show in the agenda, feed"
-                " items in read_feeds. write_to_calendar also copies events into Pepper's calendar; only when asked."
+                " items in read_feeds. write_to_calendar also copies events into the person's own calendar (Google,"
+                " CalDAV, else Pepper's), never with invitations; only when asked."
             ),
             parameters={
                 "type": "object",
