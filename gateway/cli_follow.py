@@ -95,14 +95,14 @@ async def run(args: argparse.Namespace, settings: Settings, db: Queries, out: Ca
         calendar_id = None
         if args.write_to_calendar:
             calendar_id = (await copies.choose_calendar(db, account.id, args.write_to_calendar)).id
-        follow = await store.set_writing(db, account.id, args.id, not args.no_write, calendar_id)
-        if follow is None:
+        changed = await store.set_writing(db, account.id, args.id, not args.no_write, calendar_id)
+        if changed is None:
             raise NotFound(f"{account.name} follows nothing numbered {args.id}; see `pepper follow list`")
-        if follow.write_to_calendar:
-            where = await _where(db, follow)
-            out(f"#{follow.id} {follow.title}: its events are copied to {where}, without invitations")
+        if changed.write_to_calendar:
+            where = await _where(db, changed)
+            out(f"#{changed.id} {changed.title}: its events are copied to {where}, without invitations")
         else:
-            out(f"#{follow.id} {follow.title}: its events show in the agenda only; the copies made are deleted")
+            out(f"#{changed.id} {changed.title}: its events show in the agenda only; the copies made are deleted")
         await _check(args, settings, db, account, out)  # now, not at the next scheduled check
     else:
         title = await store.remove(db, account.id, args.id)

@@ -141,7 +141,8 @@ async def _remove(db: Queries, connectors: Any, account_id: UUID, rows: list[Any
     if not rows:
         return 0, None
     cals = {c.id: c for c in await calendars(db, account_id)}
-    removed, error, failing = 0, None, set()
+    removed, error = 0, None
+    failing: set[UUID] = set()
     for row in rows:
         cal = cals.get(row["calendar_id"])
         if cal is None or row["calendar_id"] in failing:

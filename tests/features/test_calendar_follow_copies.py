@@ -6,7 +6,6 @@ removes it, a re-run never duplicates, a failing calendar is shown in `follow li
 from __future__ import annotations
 
 import asyncio
-import os
 import uuid
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -29,9 +28,8 @@ from core.tools.areas.calendar.caldav import CalDAVClient
 from core.tools.connectors import CALENDAR_EVENTS
 from core.tools.google_api import exchange_code
 from core.web.egress import EgressPolicy
-from gateway.cli import main
 
-from .support import NOW, Caller
+from .support import NOW, Caller, cli
 
 
 @pytest.fixture
@@ -213,42 +211,30 @@ async def test_caldav_copies_moved_hidden_failing_and_named(db: Database, call: 
     assert sorted(await on_server()) == ["Concert", "Sports day"]
 
 
-def _cli(env: dict[str, str], *argv: str) -> tuple[int, str]:
-    lines: list[str] = []
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        code = main(list(argv), out=lines.append)
-    finally:
-        for k, v in saved.items():
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
-    return code, "\n".join(lines)
-
-
 async def test_pepper_follow_set_and_its_refusals(db: Database, db_url: str, owner: Account, sports, capsys: Any):
     env = {"DATABASE_URL": db_url, "PEPPER_WEB_TEST_LOOPBACK_PORTS": f"[{sports.port}]",
            "PEPPER_SPORTSDB_URL": sports.url}  # fmt: skip
-    code, out = await asyncio.to_thread(_cli, env, "follow", "add", "Ada", "team:Arsenal")
+    code, out = await asyncio.to_thread(cli, env, "follow", "add", "Ada", "team:Arsenal")
     assert code == 0 and "the agenda only" in out
     [row] = await store.listing(db, owner.id)
     feed = await store.add_calendar_feed(db, owner.id, "https://feeds.test/holidays.ics", "Holidays")
     assert feed
-    code, _ = await asyncio.to_thread(_cli, env, "follow", "set", "Ada", str(row["id"]), "--write-to-calendar",
+    code, _ = await asyncio.to_thread(cli, env, "follow", "set", "Ada", str(row["id"]), "--write-to-calendar",
                                       "Holidays")  # fmt: skip
     assert code == 1 and "read-only" in capsys.readouterr().err
     other = await create_account(db, "Bob")
-    code, _ = await asyncio.to_thread(_cli, env, "follow", "set", "Bob", str(row["id"]), "--no-write")
+    code, _ = await asyncio.to_thread(cli, env, "follow", "set", "Bob", str(row["id"]), "--no-write")
     assert code == 1 and "follows nothing numbered" in capsys.readouterr().err  # not Bob's to change
     assert other.id != owner.id and not (await store.get(db, row["id"])).write_to_calendar  # type: ignore[union-attr]
-    code, out = await asyncio.to_thread(_cli, env, "follow", "set", "Ada", str(row["id"]), "--write-to-calendar")
+    code, out = await asyncio.to_thread(cli, env, "follow", "set", "Ada", str(row["id"]), "--write-to-calendar")
     assert code == 0 and "Pepper's calendar (no Google or CalDAV calendar is connected)" in out, out
     assert "2 upcoming" in out  # checked now
     assert await db.fetchval("SELECT count(*) FROM calendar_events WHERE status = 'confirmed'") == 2
-    code, out = await asyncio.to_thread(_cli, env, "follow", "list", "Ada")
+    code, out = await asyncio.to_thread(cli, env, "follow", "list", "Ada")
     assert code == 0 and "copied to the primary connected calendar" in out
-    code, out = await asyncio.to_thread(_cli, env, "follow", "set", "Ada", str(row["id"]), "--no-write")
+    code, out = await asyncio.to_thread(cli, env, "follow", "set", "Ada", str(row["id"]), "--no-write")
     assert code == 0 and "agenda only" in out
     assert await db.fetchval("SELECT count(*) FROM calendar_events WHERE status = 'confirmed'") == 0
     with pytest.raises(SystemExit):  # one of --write-to-calendar NAME or --no-write
-        await asyncio.to_thread(_cli, env, "follow", "set", "Ada", str(row["id"]))
+        await asyncio.to_thread(cli, env, "follow", "set", "Ada", str(row["id"]))
     assert "one of the arguments --write-to-calendar --no-write is required" in capsys.readouterr().err

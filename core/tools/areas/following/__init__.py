@@ -2,9 +2,10 @@
 
 ``follow_add`` resolves what the person named (a web address, ``team:NAME``, ``show:NAME``)
 before anything is stored, so a refusal stores nothing; the same source twice is one follow.
-Followed events show in the agenda (the calendar's ``list_events``) but are written to a calendar
-only when the person opts in for that source (``write_to_calendar``), and they never carry
-attendees, so no invitation goes out. A scheduled run can neither start nor stop following (each
+Followed events show in the agenda (the calendar's ``list_events``) but are copied into the
+person's calendar (Google, CalDAV, else Pepper's own: ``core.following.copies``) only when the
+person opts in for that source (``write_to_calendar``), and copies never carry attendees, so no
+invitation goes out. A scheduled run can neither start nor stop following (each
 follow costs fetches and model calls for as long as it lasts); the gate also forces
 ``write_to_calendar`` off there.
 A person or a topic is followed through its RSS or Atom feed: ``follow_add`` with the feed's
