@@ -103,7 +103,7 @@ async def run(args: argparse.Namespace, settings: Settings, db: Queries, out: Ca
             out(f"#{changed.id} {changed.title}: its events are copied to {where}, without invitations")
         else:
             out(f"#{changed.id} {changed.title}: its events show in the agenda only; the copies made are deleted")
-        await _check(args, settings, db, account, out)  # now, not at the next scheduled check
+        await _check(args, settings, db, account, out, after_set=True)  # now, not at the next scheduled check
     else:
         title = await store.remove(db, account.id, args.id)
         if title is None:
@@ -127,8 +127,9 @@ async def _where(db: Queries, follow: store.Follow) -> str:
 
 
 async def _check(
-    args: argparse.Namespace, settings: Settings, db: Queries, account: identity.Account, out: Callable[[str], None]
-) -> None:
+    args: argparse.Namespace, settings: Settings, db: Queries, account: identity.Account, out: Callable[[str], None],
+    *, after_set: bool = False,
+) -> None:  # fmt: skip
     from gateway import cli
     from gateway.scheduled import follow_config
 
@@ -138,12 +139,17 @@ async def _check(
     try:
         claimed = await store.claim_now(db, following.owner, following.clock(), account.id, args.id,
                                         lease=following.config.lease)  # fmt: skip
+        if not claimed and after_set:  # the server's scheduler took it first (it was made due): its check writes
+            out("  the server is checking it now; `pepper follow list` shows what that check did")
+            return
         if not claimed:
             what = f"nothing numbered {args.id}" if args.id else "nothing"
             raise NotFound(f"{account.name} follows {what} that can be checked now; see `pepper follow list`")
         for follow in claimed:
             outcome = await following.check(follow)
             out(f"#{follow.id} {follow.title}: {outcome.status}" + (f" ({outcome.detail})" if outcome.detail else ""))
+            if outcome.calendar_error:
+                out(f"  calendar copies FAILED ({outcome.calendar_error}); the next check retries them")
     finally:
         close = getattr(models, "aclose", None)
         if close is not None:

@@ -73,11 +73,13 @@ def _written(row: Any) -> str:
 async def sync(db: Queries, connectors: Any, follow: Follow) -> Synced:
     """Bring the follow's copies in step with its events (see the module's docstring)."""
     cal = await target(db, follow)
-    async with transaction(db) as conn:  # Pepper's own calendar: the fallback, in the database
-        if cal is not None and cal.kind == "pepper":
+    if cal is None and not await _leftovers(db, follow):  # most checks: one read, nothing to do
+        return Synced()
+    if cal is not None and cal.kind == "pepper":  # Pepper's own calendar: the fallback, in the database
+        async with transaction(db) as conn:
             await store.mirror(conn, follow)
-        else:
-            await store.unmirror(conn, follow)
+    else:
+        await store.unmirror(db, follow)
     remote = cal if cal is not None and cal.kind in WRITABLE else None
     done = Synced(remote.name if remote else None)
     copies = await db.fetch(
@@ -134,6 +136,15 @@ async def sync(db: Queries, connectors: Any, follow: Follow) -> Synced:
         else:
             done.updated += 1
     return done
+
+
+async def _leftovers(db: Queries, follow: Follow) -> bool:
+    """Copies of a source that does not write (any more): in Pepper's calendar or a connected one."""
+    return await db.fetchval(
+        "SELECT EXISTS (SELECT 1 FROM follow_copies WHERE follow_id = $1) OR EXISTS (SELECT 1 FROM calendar_events"
+        " WHERE account_id = $2 AND booking_key LIKE $3 AND status <> 'cancelled')",
+        follow.id, follow.account_id, f"follow:{follow.id}:%",
+    )  # fmt: skip
 
 
 async def _remove(db: Queries, connectors: Any, account_id: UUID, rows: list[Any]) -> tuple[int, str | None]:
