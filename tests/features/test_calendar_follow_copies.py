@@ -238,3 +238,21 @@ async def test_pepper_follow_set_and_its_refusals(db: Database, db_url: str, own
     with pytest.raises(SystemExit):  # one of --write-to-calendar NAME or --no-write
         await asyncio.to_thread(cli, env, "follow", "set", "Ada", str(row["id"]))
     assert "one of the arguments --write-to-calendar --no-write is required" in capsys.readouterr().err
+
+
+async def test_follow_add_in_a_conversation_names_the_calendar(db: Database, gcal: Caller, google: GoogleApiPeer):
+    refused = await gcal("follow_add", {"source": "team:Arsenal", "write_to_calendar": True, "calendar": "Nowhere"})
+    assert refused.status == "failed" and "no calendar 'Nowhere'" in refused.content
+    assert await store.listing(db, gcal.account.id) == []
+    scheduled = await gcal(
+        "follow_add", {"source": "team:Arsenal", "write_to_calendar": True, "calendar": "google"}, kind="scheduled"
+    )
+    assert scheduled.status == "failed" and await store.listing(db, gcal.account.id) == []
+    added = await gcal("follow_add", {"source": "team:Arsenal", "write_to_calendar": True, "calendar": "google"})
+    assert added.status == "ok" and "copied to the person's calendar" in added.content, added.content
+    [row] = await store.listing(db, gcal.account.id)
+    assert row["write_to_calendar"] and row["write_calendar"] == "Google"
+    await check(db, gcal)
+    assert len(google.events) == 2 and all("attendees" not in e for e in google.events.values())
+    text = (await gcal("follow_list", {})).content
+    assert "copied to Google (2 in Google)" in text, text

@@ -18,7 +18,7 @@ from typing import Any
 from uuid import UUID
 
 from core.errors import PepperError
-from core.following import store
+from core.following import copies, store
 from core.following.checks import Following
 from core.store.queries import Queries
 from core.tools.connectors import Connectors
@@ -69,7 +69,14 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
         except PepperError as exc:
             return ToolOutcome.failed(exc.message)
         write = bool(args.get("write_to_calendar", False))
-        payload = {"kind": kind, "target": target, "title": title, "write_to_calendar": write}
+        calendar_id = None
+        if write and args.get("calendar"):  # only with write_to_calendar, which the gate turns off where it must
+            try:
+                calendar_id = str((await copies.choose_calendar(ctx.db, ctx.session.account_id, args["calendar"])).id)
+            except PepperError as exc:
+                return ToolOutcome.failed(exc.message)
+        payload = {"kind": kind, "target": target, "title": title, "write_to_calendar": write,
+                   "calendar_id": calendar_id}  # fmt: skip
         found = await store.find(ctx.db, ctx.session.account_id, kind, target)
         if found is not None:  # the apply finds it too and changes nothing: the same source is one follow
             return ToolOutcome.planned(payload, f"already following {found.title!r} (#{found.id}); nothing changed")
@@ -78,8 +85,9 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
 
     async def _apply_add(conn: Queries, account_id: UUID, p: dict[str, Any]) -> None:
         following = Following.from_connectors(conn, connectors)
+        named = UUID(p["calendar_id"]) if p.get("calendar_id") and p["write_to_calendar"] else None
         await following.add_resolved(account_id, p["kind"], p["target"], p["title"],
-                                     write_to_calendar=p["write_to_calendar"])  # fmt: skip
+                                     write_to_calendar=p["write_to_calendar"], write_calendar_id=named)  # fmt: skip
 
     async def _list(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
         rows = await store.listing(ctx.db, ctx.session.account_id)
@@ -114,6 +122,12 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
                 "properties": {
                     "source": {"type": "string", "minLength": 3, "maxLength": 2000},
                     "write_to_calendar": {"type": "boolean"},
+                    "calendar": {
+                        "type": "string",
+                        "minLength": 1,
+                        "maxLength": 200,
+                        "description": "with write_to_calendar: which calendar (default: the primary one)",
+                    },
                 },
                 "required": ["source"],
                 "additionalProperties": False,
