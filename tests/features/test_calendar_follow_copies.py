@@ -150,7 +150,6 @@ def radicale(tmp_path_factory):
 async def test_caldav_copies_moved_hidden_failing_and_named(db: Database, call: Caller, radicale, sports):
     caller = call.using(sportsdb_url=sports.url, egress_policy=EgressPolicy(loopback_ports=frozenset({sports.port})))
     url = radicale.make_calendar("ada", f"cal-{uuid.uuid4().hex[:8]}")
-    cal_id = await connect_caldav(db, caller.connectors, caller.account.id, url, "ada", "secret")
     dav = CalDAVClient(caller.connectors, url, "ada", "secret")
 
     async def on_server() -> dict[str, Any]:
@@ -161,10 +160,7 @@ async def test_caldav_copies_moved_hidden_failing_and_named(db: Database, call: 
     with pytest.raises(InvalidInput, match="no calendar"):  # refused before anything is stored
         await following(caller).add(caller.account.id, "team:Arsenal", calendar="Nowhere")
     assert await store.listing(db, caller.account.id) == []
-    name = await db.fetchval("SELECT name FROM calendars WHERE id = $1", cal_id)
-    page, _ = await store.add(db, caller.account.id, "page", "https://school.test/", "School", write_calendar_id=cal_id)
-    assert page.write_to_calendar  # naming a calendar opts in
-
+    page, _ = await store.add(db, caller.account.id, "page", "https://school.test/", "School", write_to_calendar=True)
     swim = datetime(2025, 4, 8, 14, tzinfo=UTC)
     sports_day = datetime(2025, 4, 11, 7, tzinfo=UTC)
 
@@ -176,8 +172,16 @@ async def test_caldav_copies_moved_hidden_failing_and_named(db: Database, call: 
             await store.apply_events(conn, page, events)
         return await copies.sync(db, caller.connectors, page)
 
+    pepper = "SELECT count(*) FROM calendar_events WHERE status = 'confirmed' AND booking_key LIKE 'follow:%'"
     done = await apply(version(("Swim practice", swim), ("Sports day", sports_day)))
-    assert (done.written, done.error) == (2, None)
+    assert done.written == 0 and await db.fetchval(pepper) == 2  # nothing connected: Pepper's calendar
+    cal_id = await connect_caldav(db, caller.connectors, caller.account.id, url, "ada", "secret")
+    name = await db.fetchval("SELECT name FROM calendars WHERE id = $1", cal_id)
+    done = await apply(version(("Swim practice", swim), ("Sports day", sports_day)))
+    assert (done.calendar, done.written, done.error) == (name, 2, None)  # moved to the connected calendar
+    assert await db.fetchval(pepper) == 0
+    listed = (await caller("list_events", {"start": "2025-04-07T00:00", "days": 7})).content
+    assert listed.count("Swim practice") == 1 and f"[{name}" in listed  # once, from the CalDAV calendar
     held = await on_server()
     assert sorted(held) == ["Sports day", "Swim practice"]
     assert all(e.get("ATTENDEE") is None and e.get("ORGANIZER") is None for e in held.values())
@@ -208,6 +212,16 @@ async def test_caldav_copies_moved_hidden_failing_and_named(db: Database, call: 
     assert str(held["Arsenal vs Chelsea"]["TRANSP"]) == "TRANSPARENT"
     await store.remove(db, caller.account.id, team.id)
     await copies.sweep(db, caller.connectors, caller.account.id)
+    assert sorted(await on_server()) == ["Concert", "Sports day"]
+
+    # Another calendar named for the page: its copies move there, none left behind.
+    other_url = radicale.make_calendar("ada", f"cal-{uuid.uuid4().hex[:8]}")
+    other_id = await connect_caldav(db, caller.connectors, caller.account.id, other_url, "ada", "secret")
+    moved_to = await store.set_writing(db, caller.account.id, page.id, True, other_id)
+    assert moved_to is not None
+    done = await copies.sync(db, caller.connectors, moved_to)
+    assert (done.removed, done.written) == (2, 2) and await on_server() == {}
+    dav = CalDAVClient(caller.connectors, other_url, "ada", "secret")
     assert sorted(await on_server()) == ["Concert", "Sports day"]
 
 
