@@ -55,7 +55,7 @@ BASE32HEX = re.compile(r"[a-v0-9]{5,1024}")
 
 
 def _parse(value: dict[str, Any]) -> datetime:
-    if "dateTime" in value:
+    if value.get("dateTime"):
         moment = datetime.fromisoformat(value["dateTime"].replace("Z", "+00:00"))
         if moment.tzinfo is None:
             moment = moment.replace(tzinfo=ZoneInfo(value.get("timeZone", "UTC")))
@@ -284,9 +284,9 @@ class GoogleApiPeer(HttpPeer):
         change = dict(request[JSON_BODY])
         change["lastSendUpdates"] = request.query.get("sendUpdates", "none")
         if event_id in self.events:
-            self.events[event_id].update(change)
+            _merge(self.events[event_id], change)
         else:
-            self.instances.setdefault(event_id, {}).update(change)
+            _merge(self.instances.setdefault(event_id, {}), change)
         return web.json_response(self._find(event_id) or {})
 
     async def _delete(self, request: web.Request) -> web.Response:
@@ -407,6 +407,17 @@ class GoogleApiPeer(HttpPeer):
         if not messages:
             return _error(404, "Requested entity was not found.")
         return web.json_response({"id": thread_id, "historyId": "1", "messages": messages})
+
+
+def _merge(into: dict[str, Any], change: dict[str, Any]) -> None:
+    """Patch semantics, as Google's: nested objects merge, ``null`` clears a field, lists replace."""
+    for key, value in change.items():
+        if value is None:
+            into.pop(key, None)
+        elif isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = {k: v for k, v in value.items() if v is not None} if isinstance(value, dict) else value
 
 
 def _error(status: int, message: str) -> web.Response:

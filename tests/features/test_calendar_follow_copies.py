@@ -270,3 +270,14 @@ async def test_follow_add_in_a_conversation_names_the_calendar(db: Database, gca
     assert len(google.events) == 2 and all("attendees" not in e for e in google.events.values())
     text = (await gcal("follow_list", {})).content
     assert "copied to Google (2 in Google)" in text, text
+    # The source now gives the fixture as a whole day: the copy's times change form, nothing left of the old.
+    follow = await store.get(db, row["id"])
+    assert follow is not None
+    await db.execute(
+        "UPDATE followed_events SET all_day = true, starts_at = '2025-03-28T23:00Z', ends_at = '2025-03-29T23:00Z'"
+        " WHERE follow_id = $1 AND title = 'Arsenal vs Chelsea'",
+        follow.id,
+    )
+    assert (await copies.sync(db, gcal.connectors, follow)).updated == 1
+    chelsea = next(e for e in google.events.values() if e["summary"] == "Arsenal vs Chelsea")
+    assert chelsea["start"] == {"date": "2025-03-29"} and chelsea["end"] == {"date": "2025-03-30"}

@@ -81,9 +81,12 @@ async def put_copy(db: Queries, connectors: Connectors, cal: CalendarRow, remote
         client = GoogleClient(db, connectors, cal.connection_id)  # type: ignore[arg-type]
         body = _google_body(c)
         quiet = {"sendUpdates": "none"}
+        # A patch merges nested fields: clear the other form of the times (an event can turn all-day).
+        clear = {"date": None} if not c.all_day else {"dateTime": None, "timeZone": None}
+        patch = {**body, "start": {**body["start"], **clear}, "end": {**body["end"], **clear}}
         try:
             try:
-                await client.call("PATCH", google_path(cal, remote_id), params=quiet, body=body)
+                await client.call("PATCH", google_path(cal, remote_id), params=quiet, body=patch)
             except GoogleError as exc:
                 if exc.status not in (404, 410):
                     raise
