@@ -33,7 +33,7 @@ import icalendar
 from core.adapters.sportsdb import SportsDB
 from core.adapters.tvmaze import TVmaze
 from core.errors import InvalidInput
-from core.following import pages, store
+from core.following import copies, pages, store
 from core.following.model import FollowFailed
 from core.following.store import Follow, Outcome
 from core.models.types import ModelService
@@ -71,6 +71,7 @@ class Following:
     config: FollowConfig = field(default_factory=FollowConfig)
     owner: str = "following"
     clock: Callable[[], datetime] = _utc_now
+    connectors: Any = None  # ``core.tools.connectors.Connectors``: reaching the person's calendars for copies
 
     def __post_init__(self) -> None:
         self.sportsdb = self.sportsdb or SportsDB(self.egress)
@@ -84,7 +85,7 @@ class Following:
         egress = Egress(connectors.egress_policy)
         return cls(
             db, egress, models, SportsDB(egress, base_url=connectors.sportsdb_url, key=connectors.sportsdb_key),
-            TVmaze(egress, base_url=connectors.tvmaze_url), config or FollowConfig(),
+            TVmaze(egress, base_url=connectors.tvmaze_url), config or FollowConfig(), connectors=connectors,
         )  # fmt: skip
 
     # --- adding ------------------------------------------------------------------------------
@@ -123,13 +124,21 @@ class Following:
             raise FollowFailed(f"the address gives {response.content_type}, not a web page or a calendar")
         return "page", text, _page_title(response.text) or text
 
-    async def add(self, account_id: UUID, spec: str, *, write_to_calendar: bool = False) -> tuple[Follow, bool]:
+    async def add(
+        self, account_id: UUID, spec: str, *, write_to_calendar: bool = False, calendar: str | None = None
+    ) -> tuple[Follow, bool]:
+        """``calendar``: the calendar its copies go to (opts in); refused before anything is fetched."""
+        write_calendar_id = None
+        if calendar is not None:
+            write_calendar_id = (await copies.choose_calendar(self.db, account_id, calendar)).id
         kind, target, title = await self.resolve(spec)
-        return await self.add_resolved(account_id, kind, target, title, write_to_calendar=write_to_calendar)
+        return await self.add_resolved(account_id, kind, target, title, write_to_calendar=write_to_calendar,
+                                       write_calendar_id=write_calendar_id)  # fmt: skip
 
     async def add_resolved(
-        self, account_id: UUID, kind: str, target: str, title: str, *, write_to_calendar: bool = False
-    ) -> tuple[Follow, bool]:
+        self, account_id: UUID, kind: str, target: str, title: str, *, write_to_calendar: bool = False,
+        write_calendar_id: UUID | None = None,
+    ) -> tuple[Follow, bool]:  # fmt: skip
         found = await store.find(self.db, account_id, kind, target)
         if found is not None:
             return found, False
@@ -139,7 +148,8 @@ class Following:
         elif kind == "feed":
             feed_id = await store.add_news_feed(self.db, account_id, target, title)
         return await store.add(self.db, account_id, kind, target, title, write_to_calendar=write_to_calendar,
-                               calendar_id=calendar_id, feed_id=feed_id)  # fmt: skip
+                               calendar_id=calendar_id, feed_id=feed_id,
+                               write_calendar_id=write_calendar_id)  # fmt: skip
 
     # --- checking ----------------------------------------------------------------------------
 
@@ -149,6 +159,12 @@ class Following:
         claimed = await store.claim_due(self.db, self.owner, now, lease=self.config.lease, limit=self.config.batch)
         for follow in claimed:
             await self.check(follow)
+        try:  # the copies of removed follows, deleted from their calendars
+            _, error = await copies.sweep(self.db, self.connectors)
+            if error:
+                log.warning("copies of removed follows not deleted yet: %s", error)
+        except Exception:
+            log.exception("sweeping the copies of removed follows crashed")
         return len(claimed)
 
     async def run_due(self) -> int:
@@ -171,14 +187,29 @@ class Following:
         except Exception as exc:  # a bug must not stop the other checks; it is recorded, not hidden
             log.exception("follow check crashed: follow=%s", follow.id)
             outcome = Outcome("failed", f"internal error ({type(exc).__name__})")
+        await self._copy(follow, outcome)
         now = self.clock()
+        wait = self._every(follow)
         if outcome.status == "failed":
-            wait = min(self._every(follow), self.config.retry_after * (2 ** min(follow.failures, 10)))
-        else:
-            wait = self._every(follow)
+            wait = min(wait, self.config.retry_after * (2 ** min(follow.failures, 10)))
+        if outcome.calendar_error is not None:  # retried sooner too; a 304 costs the source little
+            wait = min(wait, self.config.retry_after * (2 ** min(follow.copy_failures, 10)))
         if not await store.finish(self.db, follow, self.owner, now, outcome, now + wait):
             log.warning("follow check lost its lease: follow=%s", follow.id)
         return outcome
+
+    async def _copy(self, follow: Follow, outcome: Outcome) -> None:
+        """The copies in the person's calendar, after every check (a failed one too: what the last
+        check could not write is retried); a failure is recorded with the check, never silent."""
+        try:
+            synced = await copies.sync(self.db, self.connectors, follow)
+        except Exception as exc:
+            log.exception("follow copies crashed: follow=%s", follow.id)
+            outcome.calendar_error = f"internal error ({type(exc).__name__})"
+            return
+        if words := synced.words():
+            outcome.detail = f"{outcome.detail}; {words}" if outcome.detail else words
+        outcome.calendar_error = synced.error
 
     def _every(self, follow: Follow) -> timedelta:
         c = self.config

@@ -35,10 +35,12 @@ class Follow:
     fingerprint: str | None
     versions: int
     failures: int
+    write_calendar_id: UUID | None = None  # the calendar named for its copies (None: the primary connected one)
+    copy_failures: int = 0
 
 
 _FOLLOW = ("id, account_id, kind, target, title, write_to_calendar, calendar_id, feed_id, etag, modified, fingerprint,"
-           " versions, failures")  # fmt: skip
+           " versions, failures, write_calendar_id, copy_failures")  # fmt: skip
 
 
 def _follow(row: Any) -> Follow:
@@ -47,17 +49,19 @@ def _follow(row: Any) -> Follow:
 
 async def add(
     db: Queries, account_id: UUID, kind: str, target: str, title: str, *, write_to_calendar: bool = False,
-    calendar_id: UUID | None = None, feed_id: int | None = None,
+    calendar_id: UUID | None = None, feed_id: int | None = None, write_calendar_id: UUID | None = None,
 ) -> tuple[Follow, bool]:  # fmt: skip
     """The follow, and whether it is new: the same source twice is one follow (its settings kept)."""
     row = await db.fetchrow(
         f"""
-        INSERT INTO follows (account_id, kind, target, title, write_to_calendar, calendar_id, feed_id)
-        VALUES ($1, $2, $3, $4, $5, $6, $7)
+        INSERT INTO follows (account_id, kind, target, title, write_to_calendar, calendar_id, feed_id,
+                             write_calendar_id)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
         ON CONFLICT (account_id, kind, target) DO UPDATE SET title = follows.title
         RETURNING {_FOLLOW}, (xmax = 0) AS created
         """,
-        account_id, kind, target, title[:200], write_to_calendar, calendar_id, feed_id,
+        account_id, kind, target, title[:200], write_to_calendar or write_calendar_id is not None, calendar_id,
+        feed_id, write_calendar_id,
     )  # fmt: skip
     return _follow(row), bool(row["created"])
 
@@ -66,6 +70,21 @@ async def find(db: Queries, account_id: UUID, kind: str, target: str) -> Follow 
     row = await db.fetchrow(
         f"SELECT {_FOLLOW} FROM follows WHERE account_id = $1 AND kind = $2 AND target = $3", account_id, kind, target
     )
+    return None if row is None else _follow(row)
+
+
+async def set_writing(
+    db: Queries, account_id: UUID, follow_id: int, write: bool, calendar_id: UUID | None = None
+) -> Follow | None:
+    """Opt a source in (into ``calendar_id``, or the primary connected calendar) or out; due now,
+    so the next check writes or removes its copies."""
+    row = await db.fetchrow(
+        f"""
+        UPDATE follows SET write_to_calendar = $3, write_calendar_id = $4, next_check_at = now()
+        WHERE id = $1 AND account_id = $2 RETURNING {_FOLLOW}
+        """,
+        follow_id, account_id, write, calendar_id if write else None,
+    )  # fmt: skip
     return None if row is None else _follow(row)
 
 
@@ -80,7 +99,11 @@ async def listing(db: Queries, account_id: UUID) -> list[Any]:
         await db.fetch(
             """
             SELECT f.id, f.kind, f.target, f.title, f.write_to_calendar, f.last_checked_at, f.last_status,
-                   f.last_detail, f.failures, f.next_check_at,
+                   f.last_detail, f.failures, f.next_check_at, f.copy_failures, f.copy_error,
+                   (SELECT c.name FROM calendars c WHERE c.id = f.write_calendar_id) AS write_calendar,
+                   (SELECT count(*) FROM follow_copies k WHERE k.follow_id = f.id AND k.written IS NOT NULL) AS copied,
+                   (SELECT string_agg(DISTINCT c.name, ', ') FROM follow_copies k JOIN calendars c
+                     ON c.id = k.calendar_id WHERE k.follow_id = f.id AND k.written IS NOT NULL) AS copied_to,
                    (SELECT count(*) FROM followed_events e WHERE e.follow_id = f.id AND e.status <> 'hidden') AS shown,
                    (SELECT count(*) FROM followed_events e WHERE e.follow_id = f.id AND e.status = 'hidden') AS hidden
             FROM follows f WHERE f.account_id = $1 ORDER BY f.id
@@ -91,7 +114,8 @@ async def listing(db: Queries, account_id: UUID) -> list[Any]:
 
 
 async def remove(db: Queries, account_id: UUID, follow_id: int) -> str | None:
-    """Stop following (its events and checks go with it; a calendar feed's calendar too)."""
+    """Stop following (its events and checks go with it; a calendar feed's calendar too). Its
+    copies in a connected calendar keep their rows, unmapped, until ``copies.sweep`` deletes them there."""
     row = await db.fetchrow(
         "DELETE FROM follows WHERE id = $1 AND account_id = $2 RETURNING title, calendar_id, feed_id",
         follow_id,
@@ -188,6 +212,7 @@ class Outcome:
     etag: str | None = None
     modified: str | None = None
     fingerprint: str | None = None
+    calendar_error: str | None = None  # the copies into the person's calendar failed: why
 
 
 async def finish(db: Queries, follow: Follow, owner: str, now: datetime, outcome: Outcome, next_at: datetime) -> bool:
@@ -201,19 +226,21 @@ async def finish(db: Queries, follow: Follow, owner: str, now: datetime, outcome
             etag = CASE WHEN $7 THEN etag ELSE coalesce($8, etag) END,
             modified = CASE WHEN $7 THEN modified ELSE coalesce($9, modified) END,
             fingerprint = coalesce($10, fingerprint),
-            versions = versions + CASE WHEN $5 = 'changed' THEN 1 ELSE 0 END
+            versions = versions + CASE WHEN $5 = 'changed' THEN 1 ELSE 0 END,
+            copy_failures = CASE WHEN $11::text IS NULL THEN 0 ELSE copy_failures + 1 END, copy_error = $11
         WHERE id = $1 AND lease_owner = $2
         RETURNING id
         """,
         follow.id, owner, now, next_at, outcome.status, outcome.detail[:500], failed,
-        outcome.etag, outcome.modified, outcome.fingerprint,
+        outcome.etag, outcome.modified, outcome.fingerprint, _cut(outcome.calendar_error),
     )  # fmt: skip
     if kept is None:
         return False
     await db.execute(
-        "INSERT INTO follow_checks (follow_id, checked_at, status, events, model_calls, detail)"
-        " VALUES ($1, $2, $3, $4, $5, $6)",
+        "INSERT INTO follow_checks (follow_id, checked_at, status, events, model_calls, detail, calendar_error)"
+        " VALUES ($1, $2, $3, $4, $5, $6, $7)",
         follow.id, now, outcome.status, outcome.events, outcome.model_calls, outcome.detail[:500],
+        _cut(outcome.calendar_error),
     )  # fmt: skip
     await db.execute(  # the last KEEP_CHECKS per follow are enough to say how it has been going
         "DELETE FROM follow_checks WHERE follow_id = $1 AND id < (SELECT min(id) FROM"
@@ -223,10 +250,15 @@ async def finish(db: Queries, follow: Follow, owner: str, now: datetime, outcome
     return True
 
 
+def _cut(text: str | None) -> str | None:
+    return None if text is None else text[:500]
+
+
 async def recent_checks(db: Queries, follow_id: int, limit: int = 5) -> list[Any]:
     return list(
         await db.fetch(
-            "SELECT checked_at, status, events, model_calls, detail FROM follow_checks WHERE follow_id = $1"
+            "SELECT checked_at, status, events, model_calls, detail, calendar_error FROM follow_checks"
+            " WHERE follow_id = $1"
             " ORDER BY id DESC LIMIT $2",
             follow_id,
             limit,
@@ -319,14 +351,13 @@ async def apply_events(conn: Queries, follow: Follow, events: list[SourceEvent],
         )  # fmt: skip
         done.hidden += hide
         done.missed += not hide
-    if follow.write_to_calendar:
-        await mirror(conn, follow)
     return done
 
 
 async def mirror(conn: Queries, follow: Follow) -> None:
-    """The source opted in: its events as events of Pepper's own calendar, without attendees (so
-    no invitation ever goes out); a hidden or cancelled one is cancelled there."""
+    """The source opted in and no Google or CalDAV calendar takes its copies
+    (``core.following.copies``): its events as events of Pepper's own calendar, without attendees
+    (so no invitation ever goes out); a hidden or cancelled one is cancelled there."""
     calendar_id = await conn.fetchval("SELECT id FROM calendars WHERE account_id = $1 AND kind = 'pepper'",
                                       follow.account_id)  # fmt: skip
     if calendar_id is None:
@@ -360,17 +391,29 @@ async def mirror(conn: Queries, follow: Follow) -> None:
     )  # fmt: skip
 
 
+async def unmirror(conn: Queries, follow: Follow) -> None:
+    """The source's copies in Pepper's own calendar cancelled: it stopped writing, or its copies go
+    to a connected calendar now."""
+    await conn.execute(
+        "UPDATE calendar_events SET status = 'cancelled', updated_at = now()"
+        " WHERE account_id = $1 AND booking_key LIKE $2 AND status <> 'cancelled'",
+        follow.account_id, f"follow:{follow.id}:%",
+    )  # fmt: skip
+
+
 async def agenda(db: Queries, account_id: UUID, start: datetime, end: datetime) -> list[Any]:
-    """Followed events shown in the agenda in [start, end): not hidden, and not of a source that
-    writes into Pepper's calendar (those show there)."""
+    """Followed events shown in the agenda in [start, end): not hidden, and not those with a copy
+    in one of the person's calendars (they show from there, once)."""
     return list(
         await db.fetch(
             """
             SELECT e.id, e.title, e.starts_at, e.ends_at, e.all_day, e.location, e.status, f.id AS follow_id,
                    f.title AS source
             FROM followed_events e JOIN follows f ON f.id = e.follow_id
-            WHERE e.account_id = $1 AND e.status <> 'hidden' AND NOT f.write_to_calendar
-              AND e.starts_at < $3 AND e.ends_at > $2
+            WHERE e.account_id = $1 AND e.status <> 'hidden' AND e.starts_at < $3 AND e.ends_at > $2
+              AND NOT EXISTS (SELECT 1 FROM calendar_events c WHERE c.account_id = e.account_id
+                              AND c.booking_key = 'follow:' || e.follow_id || ':' || e.id AND c.status = 'confirmed')
+              AND NOT EXISTS (SELECT 1 FROM follow_copies k WHERE k.event_id = e.id AND k.written IS NOT NULL)
             ORDER BY e.starts_at, e.id
             """,
             account_id,

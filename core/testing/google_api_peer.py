@@ -12,7 +12,9 @@ is:read, in:inbox, in:sent, after:, before:, newer_than:, older_than: and free w
 google_token_url=google.token_url, google_client_id=..., google_client_secret=...)``.
 Recurring events are expanded into instances (``<id>_<UTC stamp>``) for ``singleEvents=true``.
 ``google.requests`` records (method, path, query, body) of every call; ``google.fail_next``
-makes the next API call answer that status.
+makes the next API call answer that status, ``google.failing`` every call while it is set.
+``events.insert`` takes a client-chosen ``id`` (base32hex) and answers 409 when it is taken (a
+deleted event's too); deleting a deleted event answers 410, patching one restores it with ``status``.
 
 OAuth as Google runs it for a web-server app: ``GET /auth`` is the consent page (it consents at
 once, or answers ``error=access_denied`` when ``google.deny`` is set) and redirects to the
@@ -29,6 +31,7 @@ import base64
 import hashlib
 import itertools
 import json
+import re
 import shlex
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
@@ -48,10 +51,11 @@ READ_SCOPES = {
     "https://mail.google.com/",
 }  # fmt: skip
 JSON_BODY = web.RequestKey("json_body", object)
+BASE32HEX = re.compile(r"[a-v0-9]{5,1024}")
 
 
 def _parse(value: dict[str, Any]) -> datetime:
-    if "dateTime" in value:
+    if value.get("dateTime"):
         moment = datetime.fromisoformat(value["dateTime"].replace("Z", "+00:00"))
         if moment.tzinfo is None:
             moment = moment.replace(tzinfo=ZoneInfo(value.get("timeZone", "UTC")))
@@ -77,6 +81,7 @@ class GoogleApiPeer(HttpPeer):
         self.ever_granted: set[str] = set()
         self.revoked: list[str] = []
         self.fail_next: int | None = None
+        self.failing: int | None = None
         self.mail: dict[str, dict[str, Any]] = {}  # Gmail messages by id, in the API's format=full shape
         self.attachments: dict[tuple[str, str], str] = {}  # (message id, attachment id) -> base64url data
         self.token_scopes: dict[str, set[str]] = {}
@@ -126,6 +131,8 @@ class GoogleApiPeer(HttpPeer):
         if self.fail_next is not None:
             status, self.fail_next = self.fail_next, None
             return _error(status, "injected failure")
+        if self.failing is not None:
+            return _error(self.failing, "Backend Error")
         request[JSON_BODY] = body
         if request.method == "GET" and request.path.startswith("/gmail/v1/users/me/"):
             if not self.token_scopes.get(token, set()) & READ_SCOPES:
@@ -241,7 +248,13 @@ class GoogleApiPeer(HttpPeer):
 
     async def _insert(self, request: web.Request) -> web.Response:
         body = dict(request[JSON_BODY])
-        body["id"] = f"ev{next(self._ids)}"
+        if "id" in body:  # a client-chosen id, as Google allows: base32hex, 5 to 1024 characters, never reused
+            if not BASE32HEX.fullmatch(str(body["id"])):
+                return _error(400, "Invalid resource id value.")
+            if body["id"] in self.events:  # a deleted (cancelled) event keeps its id too
+                return _error(409, "The requested identifier already exists.")
+        else:
+            body["id"] = f"ev{next(self._ids)}"
         body["status"] = "confirmed"
         body["organizer"] = {"email": "owner@example.com", "self": True}
         body["sendUpdates"] = request.query.get("sendUpdates", "none")
@@ -273,14 +286,15 @@ class GoogleApiPeer(HttpPeer):
         change = dict(request[JSON_BODY])
         change["lastSendUpdates"] = request.query.get("sendUpdates", "none")
         if event_id in self.events:
-            self.events[event_id].update(change)
+            _merge(self.events[event_id], change)
         else:
-            self.instances.setdefault(event_id, {}).update(change)
+            _merge(self.instances.setdefault(event_id, {}), change)
         return web.json_response(self._find(event_id) or {})
 
     async def _delete(self, request: web.Request) -> web.Response:
         event_id = request.match_info["id"]
-        if self._find(event_id) is None:
+        found = self._find(event_id)
+        if found is None or found.get("status") == "cancelled":
             return _error(410, "Resource has been deleted")
         if event_id in self.events:
             self.events[event_id]["status"] = "cancelled"
@@ -422,6 +436,17 @@ class GoogleApiPeer(HttpPeer):
 
 def _unpad(data: str) -> bytes:
     return base64.urlsafe_b64decode(data + "=" * (-len(data) % 4))
+
+
+def _merge(into: dict[str, Any], change: dict[str, Any]) -> None:
+    """Patch semantics, as Google's: nested objects merge, ``null`` clears a field, lists replace."""
+    for key, value in change.items():
+        if value is None:
+            into.pop(key, None)
+        elif isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = {k: v for k, v in value.items() if v is not None} if isinstance(value, dict) else value
 
 
 def _error(status: int, message: str) -> web.Response:

@@ -3,6 +3,7 @@ one tool, and a loopback HTTP server for remote APIs."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
@@ -75,3 +76,21 @@ async def serving(routes: dict[str, Callable[[web.Request], Awaitable[web.Respon
         yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
     finally:
         await runner.cleanup()
+
+
+def cli(env: dict[str, str], *argv: str) -> tuple[int, str]:
+    """`pepper ...` in-process with this environment (run it in a thread from async tests)."""
+    from gateway.cli import main
+
+    lines: list[str] = []
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        code = main(list(argv), out=lines.append)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return code, "\n".join(lines)

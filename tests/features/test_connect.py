@@ -5,7 +5,6 @@ passwords; iCalendar feeds; secrets sealed at rest, key rotation, and a wrong ke
 from __future__ import annotations
 
 import asyncio
-import os
 import stat
 import uuid
 from collections.abc import AsyncIterator
@@ -33,10 +32,9 @@ from core.tools.connectors import (
 )
 from core.vault import SecretKeyError, Vault, generate_key
 from gateway import cli_connect
-from gateway.cli import main
 from gateway.server import running_app
 
-from .support import Caller, serving
+from .support import Caller, cli, serving
 from .test_calendar_remote import FEED
 
 PASSWORD = "correct horse battery"
@@ -198,22 +196,6 @@ async def test_forged_expired_foreign_and_declined_consents_store_nothing(site: 
     assert await site.db.fetchval("SELECT count(*) FROM oauth_states WHERE expires_at > now()") == 0
     assert await site.db.fetchval("SELECT count(*) FROM security_events WHERE kind = 'oauth-state-refused'") == 3
     assert [r for r in google.token_requests] == []  # no code was ever exchanged
-
-
-def cli(env: dict[str, str], *argv: str) -> tuple[int, str]:
-    """`pepper ...` in-process with this environment (run it in a thread from async tests)."""
-    lines: list[str] = []
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        code = main(list(argv), out=lines.append)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    return code, "\n".join(lines)
 
 
 def site_env(site: Site) -> dict[str, str]:

@@ -5,7 +5,6 @@ unless the source opts in; checks leased and recorded, failures shown."""
 from __future__ import annotations
 
 import asyncio
-import os
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -26,9 +25,8 @@ from core.testing.follow_peers import (
     tvmaze_show,
 )
 from core.web.egress import EgressPolicy
-from gateway.cli import main
 
-from .support import NOW, Caller, serving
+from .support import NOW, Caller, cli, serving
 
 FEED = b"""BEGIN:VCALENDAR
 VERSION:2.0
@@ -237,43 +235,31 @@ async def test_checks_are_leased(db: Database, owner: Account):
     assert (await store.get(db, follow.id)).failures == store.KEEP_CHECKS + 5  # type: ignore[union-attr]
 
 
-def _cli(env: dict[str, str], *argv: str) -> tuple[int, str]:
-    lines: list[str] = []
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        code = main(list(argv), out=lines.append)
-    finally:
-        for k, v in saved.items():
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
-    return code, "\n".join(lines)
-
-
 async def test_pepper_follow_add_list_remove(db: Database, db_url: str, owner: Account, sources, capsys: Any):
     sports, tv, site = sources
     env = {
         "DATABASE_URL": db_url, "PEPPER_WEB_TEST_LOOPBACK_PORTS": f"[{','.join(map(str, ports(sports, tv, site)))}]",
         "PEPPER_SPORTSDB_URL": sports.url, "PEPPER_TVMAZE_URL": tv.url,
     }  # fmt: skip
-    code, out = await asyncio.to_thread(_cli, env, "follow", "add", "Ada", "team:Arsenal", "--write-to-calendar")
+    code, out = await asyncio.to_thread(cli, env, "follow", "add", "Ada", "team:Arsenal", "--write-to-calendar")
     assert code == 0 and "now follows 'Arsenal (English Premier League)'" in out and "Pepper's calendar" in out
-    code, out = await asyncio.to_thread(_cli, env, "follow", "add", "Ada", "team:Arsenal")
+    code, out = await asyncio.to_thread(cli, env, "follow", "add", "Ada", "team:Arsenal")
     assert code == 0 and "already follows" in out
-    code, _ = await asyncio.to_thread(_cli, env, "follow", "add", "Ada", "show:Nothing Like It")
+    code, _ = await asyncio.to_thread(cli, env, "follow", "add", "Ada", "show:Nothing Like It")
     assert code == 1 and "no show called" in capsys.readouterr().err
-    code, _ = await asyncio.to_thread(_cli, env, "follow", "add", "Ada", "http://10.0.0.1/page")
+    code, _ = await asyncio.to_thread(cli, env, "follow", "add", "Ada", "http://10.0.0.1/page")
     assert code == 1 and "not on the public internet" in capsys.readouterr().err
-    code, out = await asyncio.to_thread(_cli, env, "follow", "list", "Ada")
+    code, out = await asyncio.to_thread(cli, env, "follow", "list", "Ada")
     assert code == 0 and "Ada: 1 followed" in out and "not checked yet" in out
-    code, out = await asyncio.to_thread(_cli, env, "follow", "check", "Ada")
+    code, out = await asyncio.to_thread(cli, env, "follow", "check", "Ada")
     assert code == 0 and "Arsenal (English Premier League): changed (2 upcoming; 2 new)" in out, out
-    code, out = await asyncio.to_thread(_cli, env, "follow", "list")
+    code, out = await asyncio.to_thread(cli, env, "follow", "list")
     assert code == 0 and "2 events shown" in out and "changed (2 upcoming; 2 new)" in out
-    code, _ = await asyncio.to_thread(_cli, env, "follow", "check", "Ada", "999999")
+    code, _ = await asyncio.to_thread(cli, env, "follow", "check", "Ada", "999999")
     assert code == 1 and "follows nothing numbered 999999" in capsys.readouterr().err
     [row] = await store.listing(db, owner.id)
-    code, _ = await asyncio.to_thread(_cli, env, "follow", "remove", "Ada", str(row["id"] + 99))
+    code, _ = await asyncio.to_thread(cli, env, "follow", "remove", "Ada", str(row["id"] + 99))
     assert code == 1 and "follows nothing numbered" in capsys.readouterr().err
-    code, out = await asyncio.to_thread(_cli, env, "follow", "remove", "Ada", str(row["id"]))
+    code, out = await asyncio.to_thread(cli, env, "follow", "remove", "Ada", str(row["id"]))
     assert code == 0 and "no longer follows" in out
     assert await db.fetchval("SELECT count(*) FROM follows") == 0

@@ -54,12 +54,14 @@ class CalDAVClient:
         self.url = url if url.endswith("/") else url + "/"
         self.auth = httpx.BasicAuth(username, password or "") if username else None
 
-    async def _request(self, method: str, url: str, **kw: Any) -> httpx.Response:
+    async def _request(self, method: str, url: str, *, missing_ok: bool = False, **kw: Any) -> httpx.Response:
         try:
             async with self.connectors.http(auth=self.auth) as http:
                 response = await http.request(method, url, **kw)
         except httpx.HTTPError as exc:
             raise CalendarUnavailable("the CalDAV server did not answer") from exc
+        if missing_ok and response.status_code in (404, 410):
+            return response
         if response.status_code == 412:
             raise CalDAVConflict("the event changed on the server meanwhile; list it again")
         if response.status_code in (401, 403):
@@ -138,5 +140,6 @@ class CalDAVClient:
             headers["If-Match"] = etag
         await self._request("PUT", url, content=data, headers=headers)
 
-    async def delete(self, url: str, *, etag: str | None = None) -> None:
-        await self._request("DELETE", url, headers={"If-Match": etag} if etag else {})
+    async def delete(self, url: str, *, etag: str | None = None, missing_ok: bool = False) -> None:
+        """``missing_ok``: a resource already gone counts as deleted."""
+        await self._request("DELETE", url, missing_ok=missing_ok, headers={"If-Match": etag} if etag else {})

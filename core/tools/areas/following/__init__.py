@@ -2,9 +2,10 @@
 
 ``follow_add`` resolves what the person named (a web address, ``team:NAME``, ``show:NAME``)
 before anything is stored, so a refusal stores nothing; the same source twice is one follow.
-Followed events show in the agenda (the calendar's ``list_events``) but are written to a calendar
-only when the person opts in for that source (``write_to_calendar``), and they never carry
-attendees, so no invitation goes out. A scheduled run can neither start nor stop following (each
+Followed events show in the agenda (the calendar's ``list_events``) but are copied into the
+person's calendar (Google, CalDAV, else Pepper's own: ``core.following.copies``) only when the
+person opts in for that source (``write_to_calendar``), and copies never carry attendees, so no
+invitation goes out. A scheduled run can neither start nor stop following (each
 follow costs fetches and model calls for as long as it lasts); the gate also forces
 ``write_to_calendar`` off there.
 A person or a topic is followed through its RSS or Atom feed: ``follow_add`` with the feed's
@@ -17,7 +18,7 @@ from typing import Any
 from uuid import UUID
 
 from core.errors import PepperError
-from core.following import store
+from core.following import copies, store
 from core.following.checks import Following
 from core.store.queries import Queries
 from core.tools.connectors import Connectors
@@ -48,7 +49,13 @@ def describe(row: Any) -> str:
         events = "its items in read_feeds"
     else:
         events = f"{row['shown']} events shown" + (f", {row['hidden']} hidden" if row["hidden"] else "")
-    mirror = "; written to Pepper's calendar" if row["write_to_calendar"] else ""
+    mirror = ""
+    if row["write_to_calendar"]:
+        mirror = f"; copied to {row['write_calendar'] or 'the primary connected calendar'}"
+        if row["copied"]:
+            mirror += f" ({row['copied']} in {row['copied_to']})"
+    if row["copy_failures"]:
+        mirror += f"; CALENDAR WRITES FAILING: {row['copy_failures']} check(s) in a row ({row['copy_error']})"
     return f"- #{row['id']} {row['title']} [{kind}]{where}: {events}{mirror}; {last}"
 
 
@@ -62,17 +69,25 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
         except PepperError as exc:
             return ToolOutcome.failed(exc.message)
         write = bool(args.get("write_to_calendar", False))
-        payload = {"kind": kind, "target": target, "title": title, "write_to_calendar": write}
+        calendar_id = None
+        if write and args.get("calendar"):  # only with write_to_calendar, which the gate turns off where it must
+            try:
+                calendar_id = str((await copies.choose_calendar(ctx.db, ctx.session.account_id, args["calendar"])).id)
+            except PepperError as exc:
+                return ToolOutcome.failed(exc.message)
+        payload = {"kind": kind, "target": target, "title": title, "write_to_calendar": write,
+                   "calendar_id": calendar_id}  # fmt: skip
         found = await store.find(ctx.db, ctx.session.account_id, kind, target)
         if found is not None:  # the apply finds it too and changes nothing: the same source is one follow
             return ToolOutcome.planned(payload, f"already following {found.title!r} (#{found.id}); nothing changed")
-        where = "shown in the agenda and written to Pepper's calendar" if write else "shown in the agenda only"
+        where = "shown in the agenda and copied to the person's calendar" if write else "shown in the agenda only"
         return ToolOutcome.planned(payload, f"now following {title!r}; its events will be {where}")
 
     async def _apply_add(conn: Queries, account_id: UUID, p: dict[str, Any]) -> None:
         following = Following.from_connectors(conn, connectors)
+        named = UUID(p["calendar_id"]) if p.get("calendar_id") and p["write_to_calendar"] else None
         await following.add_resolved(account_id, p["kind"], p["target"], p["title"],
-                                     write_to_calendar=p["write_to_calendar"])  # fmt: skip
+                                     write_to_calendar=p["write_to_calendar"], write_calendar_id=named)  # fmt: skip
 
     async def _list(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
         rows = await store.listing(ctx.db, ctx.session.account_id)
@@ -99,13 +114,20 @@ def make_tools(connectors: Connectors) -> tuple[Tool, ...]:
             description=(
                 "Follow a web page (a school calendar, a club's fixtures), an iCalendar feed, an RSS/Atom feed (a"
                 " person, a topic), a team (team:NAME) or a TV show (show:NAME): events show in the agenda, feed"
-                " items in read_feeds. write_to_calendar also copies events into Pepper's calendar; only when asked."
+                " items in read_feeds. write_to_calendar also copies events into the person's own calendar (Google,"
+                " CalDAV, else Pepper's), never with invitations; only when asked."
             ),
             parameters={
                 "type": "object",
                 "properties": {
                     "source": {"type": "string", "minLength": 3, "maxLength": 2000},
                     "write_to_calendar": {"type": "boolean"},
+                    "calendar": {
+                        "type": "string",
+                        "minLength": 1,
+                        "maxLength": 200,
+                        "description": "with write_to_calendar: which calendar (default: the primary one)",
+                    },
                 },
                 "required": ["source"],
                 "additionalProperties": False,
