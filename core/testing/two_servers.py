@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Protocol
 
 import aiohttp
 
@@ -54,6 +55,30 @@ TASKS = 3
 
 
 @dataclass
+class Servers:
+    """What a side load needs to reach both servers directly (``webs``, ``medias``: by index)."""
+
+    webs: list[str]
+    medias: list[str]
+    owner: str
+    line: str
+    public: str
+    token: str
+    account_sid: str
+
+
+class SideLoad(Protocol):
+    """More work beside the texts (``voice.testing.two_server_calls``): its settings for both
+    servers, work started before the kill, and checks after it (each ``(passed, what)``)."""
+
+    env: dict[str, str]
+
+    async def before_kill(self, servers: Servers) -> list[tuple[bool, str]]: ...
+
+    async def after_kill(self, survivor: int) -> list[tuple[bool, str]]: ...
+
+
+@dataclass
 class Result:
     cases: int = 0
     failures: list[str] = field(default_factory=list)
@@ -61,6 +86,7 @@ class Result:
     lost: int = 0
     duplicates: int = 0
     retries: int = 0
+    killed_with: int = 0  # acknowledged when the kill came
     timings: dict[str, float] = field(default_factory=dict)
 
     def check(self, ok: bool, what: str) -> None:
@@ -72,7 +98,8 @@ class Result:
         times = " ".join(f"{k} {v:.1f}s" for k, v in self.timings.items())
         return (
             f"two servers: cases run {self.cases}, failures {len(self.failures)}, messages lost: {self.lost},"
-            f" duplicates: {self.duplicates}, acknowledged {self.acknowledged}, retries {self.retries}; {times}"
+            f" duplicates: {self.duplicates}, acknowledged {self.acknowledged}"
+            f" ({self.killed_with} before the kill), retries {self.retries}; {times}"
         )
 
 
@@ -144,7 +171,9 @@ def _processes() -> Iterator[list[subprocess.Popen]]:
                 _kill_tree(proc)
 
 
-async def run(*, messages: int, senders: int, base_env: dict[str, str] | None = None) -> Result:
+async def run(
+    *, messages: int, senders: int, base_env: dict[str, str] | None = None, side: SideLoad | None = None
+) -> Result:
     """Run the suite; return its figures (never raises for a failed check: see ``failures``)."""
     result = Result()
     caddy = shutil.which("caddy")
@@ -161,7 +190,7 @@ async def run(*, messages: int, senders: int, base_env: dict[str, str] | None = 
         async with TwilioPeer(auth_token=TOKEN) as twilio, OpenAIPeer() as model:
             model.script(*[reply_text("Got it.")] * (messages * 3 + 50))
             with _processes() as procs:
-                await _suite(result, caddy, root, dsn, twilio, model, procs, messages, senders, base_env)
+                await _suite(result, caddy, root, dsn, twilio, model, procs, messages, senders, base_env, side)
     except Exception as exc:  # a harness failure is a failed case, reported with the rest
         result.check(False, f"{type(exc).__name__}: {exc}")
     finally:
@@ -174,6 +203,7 @@ async def run(*, messages: int, senders: int, base_env: dict[str, str] | None = 
 async def _suite(
     result: Result, caddy: str, root: Path, dsn: str, twilio: TwilioPeer, model: OpenAIPeer,
     procs: list[subprocess.Popen], messages: int, senders: int, base_env: dict[str, str] | None,
+    side: SideLoad | None,
 ) -> None:  # fmt: skip
     env = {k: v for k, v in (base_env or os.environ).items() if not k.startswith("PEPPER_")}
     env.update({
@@ -184,13 +214,14 @@ async def _suite(
         "PEPPER_MEMORY_JOBS_INTERVAL": "3600", "PEPPER_SCHEDULER_POLL_SECONDS": "0.5",
         "PEPPER_SCHEDULER_LEASE_SECONDS": "3", "PYTHONWARNINGS": "ignore",
     })  # fmt: skip
-    ports = [free_port(), free_port()]
+    env.update(side.env if side else {})
+    ports, medias = [free_port(), free_port()], [free_port(), free_port()]
     logs = [root / "a.log", root / "b.log"]
     # Both at the same moment, on an empty database.
     t0 = time.monotonic()
     for n, port in enumerate(ports):
         server_env = {**env, "PEPPER_DATA_DIR": str(root / f"data-{n}"), "PEPPER_PORT": str(port),
-                      "PEPPER_MEDIA_PORT": str(free_port())}  # fmt: skip
+                      "PEPPER_MEDIA_PORT": str(medias[n])}  # fmt: skip
         with logs[n].open("w") as log:
             # Its own process group, so the kill takes its children with it.
             _spawn(procs, [sys.executable, "-m", "gateway.cli", "serve"], server_env, log, new_group=True)
@@ -257,11 +288,22 @@ async def _suite(
 
             async def kill_half_way() -> None:
                 await asyncio.wait_for(half.wait(), 300)
+                result.timings["kill at"] = time.monotonic() - t_send
+                result.killed_with = len(acked)
                 children = await asyncio.to_thread(_kill_tree, procs[0])
+                result.timings["killed in"] = time.monotonic() - t_send - result.timings["kill at"]
                 gone = await _until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in children), 10)
                 result.check(bool(children) and gone, f"the killed server's children {children} outlived it")
-                result.timings["killed at"] = time.monotonic() - t_send
+                for ok, what in await side.after_kill(survivor=1) if side else ():
+                    result.check(ok, what)
 
+            if side is not None:
+                servers = Servers([f"http://127.0.0.1:{p}" for p in ports], [f"ws://127.0.0.1:{p}" for p in medias],
+                                  numbers[0], LINE, PUBLIC, TOKEN, twilio.account_sid)  # fmt: skip
+                t_calls = time.monotonic()
+                for ok, what in await side.before_kill(servers):
+                    result.check(ok, what)
+                result.timings["calls"] = time.monotonic() - t_calls
             t_send = time.monotonic()
             await asyncio.wait_for(asyncio.gather(kill_half_way(), *(sender(n) for n in numbers)), 600)
             result.timings["send"] = time.monotonic() - t_send
