@@ -87,6 +87,8 @@ class Result:
     duplicates: int = 0
     retries: int = 0
     killed_with: int = 0  # acknowledged when the kill came
+    calls: int = 0  # connected, webhook on one server and media on the other
+    calls_on: int = 0  # of those held by the survivor, went on after the kill
     timings: dict[str, float] = field(default_factory=dict)
 
     def check(self, ok: bool, what: str) -> None:
@@ -99,7 +101,8 @@ class Result:
         return (
             f"two servers: cases run {self.cases}, failures {len(self.failures)}, messages lost: {self.lost},"
             f" duplicates: {self.duplicates}, acknowledged {self.acknowledged}"
-            f" ({self.killed_with} before the kill), retries {self.retries}; {times}"
+            f" ({self.killed_with} before the kill), retries {self.retries}, calls {self.calls} connected,"
+            f" {self.calls_on} went on after the kill; {times}"
         )
 
 
@@ -296,6 +299,7 @@ async def _suite(
                 result.check(bool(children) and gone, f"the killed server's children {children} outlived it")
                 for ok, what in await side.after_kill(survivor=1) if side else ():
                     result.check(ok, what)
+                    result.calls_on += ok
 
             if side is not None:
                 servers = Servers([f"http://127.0.0.1:{p}" for p in ports], [f"ws://127.0.0.1:{p}" for p in medias],
@@ -303,6 +307,7 @@ async def _suite(
                 t_calls = time.monotonic()
                 for ok, what in await side.before_kill(servers):
                     result.check(ok, what)
+                    result.calls += ok
                 result.timings["calls"] = time.monotonic() - t_calls
             t_send = time.monotonic()
             await asyncio.wait_for(asyncio.gather(kill_half_way(), *(sender(n) for n in numbers)), 600)
