@@ -25,12 +25,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Protocol
+from typing import IO, Protocol
 
 import aiohttp
 
@@ -152,26 +152,35 @@ def _kill_tree(proc: subprocess.Popen) -> set[int]:
     return pids
 
 
-def _spawn(procs: list[subprocess.Popen], args: list[str], env: dict[str, str], log=None, new_group=False) -> None:  # type: ignore[no-untyped-def]
+def _spawn(
+    procs: list[subprocess.Popen], args: list[str], env: dict[str, str], log: IO[str] | None = None,
+    new_group: bool = False,
+) -> None:  # fmt: skip
     # Popen returns once the child is forked: nothing here waits on it.
     stderr = subprocess.DEVNULL if log is None else log
     procs.append(subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=new_group))
 
 
-@contextmanager
-def _processes() -> Iterator[list[subprocess.Popen]]:
+def _stop_all(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM each (a server stops its children), SIGKILL the tree of one that does not stop."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            _kill_tree(proc)
+
+
+@asynccontextmanager
+async def _processes() -> AsyncIterator[list[subprocess.Popen]]:
     procs: list[subprocess.Popen] = []
     try:
         yield procs
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                _kill_tree(proc)
+        # In a thread: the servers finish their turns against the peers on this event loop.
+        await asyncio.to_thread(_stop_all, procs)
 
 
 async def run(
@@ -192,7 +201,7 @@ async def run(
         dsn = await DatabaseFactory(admin).create_empty()
         async with TwilioPeer(auth_token=TOKEN) as twilio, OpenAIPeer() as model:
             model.script(*[reply_text("Got it.")] * (messages * 3 + 50))
-            with _processes() as procs:
+            async with _processes() as procs:
                 await _suite(result, caddy, root, dsn, twilio, model, procs, messages, senders, base_env, side)
     except Exception as exc:  # a harness failure is a failed case, reported with the rest
         result.check(False, f"{type(exc).__name__}: {exc}")
