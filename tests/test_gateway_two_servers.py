@@ -1,8 +1,8 @@
 """Past one machine (issue 31, suite 5), at a smaller load than ``scripts/suite-two-servers``: two
 ``pepper serve`` processes with their own data dirs on one external Postgres, started at the same
 moment on an empty database, behind Caddy's round robin; 200 texts from 20 senders through Caddy,
-two calls each with its webhook on one server and its media socket on the other; one server
-killed with SIGKILL (it and its children) half-way. The checks are
+two calls through Caddy and two each with its webhook on one server and its media socket on the
+other; one server killed with SIGKILL (it and its children) half-way. The checks are
 ``core.testing.two_servers``'s, from the outside: migrations applied once, every acknowledged text
 answered exactly once, the tasks due meanwhile run once, the calls connect and the survivor's
 goes on after the kill."""

@@ -60,6 +60,7 @@ class Servers:
 
     webs: list[str]
     medias: list[str]
+    front: str  # Caddy: http:// for the webhooks, and the same host and port for the media sockets
     owner: str
     line: str
     public: str
@@ -106,17 +107,40 @@ class Result:
         )
 
 
-def _caddyfile(proxy: int, upstreams: list[int]) -> str:
-    # Round robin over both web servers; /healthz decides who is in (active checks), and a dial
-    # that fails is tried on the other upstream (lb_try_duration), so a dead server costs retries,
-    # not errors.
-    ups = " ".join(f"127.0.0.1:{p}" for p in upstreams)
-    return (
-        "{\n\tadmin off\n\tauto_https off\n}\n\n"
-        f"http://127.0.0.1:{proxy} {{\n\treverse_proxy {ups} {{\n\t\tlb_policy round_robin\n"
-        "\t\tlb_try_duration 3s\n\t\tlb_try_interval 100ms\n\t\tfail_duration 10s\n"
-        "\t\thealth_uri /healthz\n\t\thealth_interval 500ms\n\t\thealth_timeout 1s\n\t}\n}\n"
-    )
+def _caddyfile(proxy: int, webs: list[int], medias: list[int]) -> str:
+    """docs/deploy/Caddyfile for two servers (docs/operations.md, "Past one machine"): round robin
+    over both web ports, in while /healthz answers; the media sockets round robin over both media
+    ports. A dial that fails is tried on the other upstream (lb_try_duration), so a dead server
+    costs retries, not errors."""
+    web = " ".join(f"127.0.0.1:{p}" for p in webs)
+    media = " ".join(f"127.0.0.1:{p}" for p in medias)
+    return f"""{{
+\tadmin off
+\tauto_https off
+}}
+
+http://127.0.0.1:{proxy} {{
+\thandle /twilio/media* {{
+\t\treverse_proxy {media} {{
+\t\t\tlb_policy round_robin
+\t\t\tlb_try_duration 3s
+\t\t\tfail_duration 10s
+\t\t}}
+\t}}
+\thandle {{
+\t\treverse_proxy {web} {{
+\t\t\tlb_policy round_robin
+\t\t\tlb_try_duration 3s
+\t\t\tlb_try_interval 100ms
+\t\t\tfail_duration 10s
+\t\t\thealth_uri /healthz
+\t\t\thealth_interval 500ms
+\t\t\thealth_timeout 1s
+\t\t\tflush_interval -1
+\t\t}}
+\t}}
+}}
+"""
 
 
 def _descendants(pid: int) -> set[int]:
@@ -246,7 +270,7 @@ async def _suite(
         result.check(sorted(applied) == expected, f"migrations applied {len(applied)} times for {len(expected)}")
 
         proxy = free_port()
-        (root / "Caddyfile").write_text(_caddyfile(proxy, ports))
+        (root / "Caddyfile").write_text(_caddyfile(proxy, ports, medias))
         caddy_env = {"PATH": env.get("PATH", ""), "HOME": str(root), "XDG_DATA_HOME": str(root / "caddy"),
                      "XDG_CONFIG_HOME": str(root / "caddy")}  # fmt: skip
         _spawn(procs, [caddy, "run", "--adapter", "caddyfile", "--config", str(root / "Caddyfile")], caddy_env)
@@ -311,8 +335,8 @@ async def _suite(
                     result.calls_on += ok
 
             if side is not None:
-                servers = Servers([f"http://127.0.0.1:{p}" for p in ports], [f"ws://127.0.0.1:{p}" for p in medias],
-                                  numbers[0], LINE, PUBLIC, TOKEN, twilio.account_sid)  # fmt: skip
+                webs, media_urls = [f"http://127.0.0.1:{p}" for p in ports], [f"ws://127.0.0.1:{p}" for p in medias]
+                servers = Servers(webs, media_urls, front, numbers[0], LINE, PUBLIC, TOKEN, twilio.account_sid)
                 t_calls = time.monotonic()
                 for ok, what in await side.before_kill(servers):
                     result.check(ok, what)

@@ -27,14 +27,15 @@ AUDIO_GROWS = 8000  # one second of the caller's mu-law reaching the model
 class _Call:
     call: MediaCall
     session: PeerSession
-    media_on: int  # which server holds it
+    media_on: int | None  # which server holds it (None: through the load balancer)
 
 
 class TwoServerCalls:
     """``async with TwoServerCalls(per_direction=2) as calls: await run(..., side=calls)``."""
 
-    def __init__(self, per_direction: int = 2) -> None:
+    def __init__(self, per_direction: int = 2, through_front: int = 2) -> None:
         self.per_direction = per_direction
+        self.through_front = through_front
         self._model = RealtimePeer()
         self._stack = AsyncExitStack()
         self._calls: list[_Call] = []
@@ -50,8 +51,16 @@ class TwoServerCalls:
         await self._stack.aclose()
 
     async def before_kill(self, servers: Any) -> list[tuple[bool, str]]:
-        """Place the calls, crossing servers both ways; a check per call: it connected."""
+        """Place the calls, crossing servers both ways; a check per call: it connected. First a few
+        through the load balancer (webhook and media socket both through Caddy), hung up after."""
         checks = []
+        front = TwilioCaller(servers.token, local=servers.front, public=servers.public,
+                             account_sid=servers.account_sid)  # fmt: skip
+        for _ in range(self.through_front):
+            checks.append(await self._place(front, servers, None))
+        for placed in self._calls:
+            await placed.call.hang_up()
+        self._calls.clear()
         for webhook_on in (0, 1):
             media_on = 1 - webhook_on
             caller = TwilioCaller(servers.token, local=servers.webs[webhook_on], public=servers.public,
@@ -60,8 +69,9 @@ class TwoServerCalls:
                 checks.append(await self._place(caller, servers, media_on))
         return checks
 
-    async def _place(self, caller: TwilioCaller, servers: Any, media_on: int) -> tuple[bool, str]:
-        what = f"a call with its webhook on server {1 - media_on} and media on server {media_on}"
+    async def _place(self, caller: TwilioCaller, servers: Any, media_on: int | None) -> tuple[bool, str]:
+        what = (f"a call with its webhook on server {1 - media_on} and media on server {media_on}"
+                if media_on is not None else "a call through the load balancer")  # fmt: skip
         self._model.script_session(speak(NOTICE, ms=300))
         answer = await caller.dial(from_=servers.owner, to=servers.line)
         if not answer.connected:
