@@ -262,8 +262,11 @@ async def _suite(
             # Its own process group, so the kill takes its children with it.
             _spawn(procs, [sys.executable, "-m", "gateway.cli", "serve"], server_env, log, new_group=True)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
-        for port, proc in zip(ports, procs, strict=True):
-            await _healthy(session, f"http://127.0.0.1:{port}", proc, within=90)
+        for port, proc, log in zip(ports, procs, logs, strict=True):
+            try:
+                await _healthy(session, f"http://127.0.0.1:{port}", proc, within=90)
+            except AssertionError as exc:  # its log says why
+                raise AssertionError(f"{exc}: {log.read_text()[-3000:]}") from None
         result.timings["start"] = time.monotonic() - t0
         applied = [int(v) for log in logs for v in re.findall(r"applying migration (\d{4})_", log.read_text())]
         expected = sorted(m.version for m in load_migrations())
