@@ -428,7 +428,15 @@ async def _verify(
     missing = sum(max(0, r["answers"] - r["replies"]) for r in per_person)
     result.duplicates += extra
     result.lost += missing
-    result.check(not extra and not missing, f"replies vs answers: {extra} extra, {missing} missing")
+    detail = ""
+    if extra or missing:  # the turns with no reply of their own, for the report
+        silent = await db.fetch(
+            "SELECT t.status, t.kind, t.error, t.channel, t.delivery::text AS delivery, t.started_at, t.finished_at FROM turns t"
+            " WHERE t.kind <> 'scheduled' AND NOT EXISTS (SELECT 1 FROM messages o WHERE o.turn_id = t.id"
+            " AND o.direction = 'outbound')"
+        )
+        detail = "; turns without a reply: " + repr([dict(r) for r in silent][:5])
+    result.check(not extra and not missing, f"replies vs answers: {extra} extra, {missing} missing{detail}")
     to_senders = [m for m in twilio.sent if m.to in set(numbers)]
     outbound = await db.fetchval("SELECT count(*) FROM messages WHERE direction = 'outbound' AND channel = 'sms'")
     result.check(len(to_senders) == outbound, f"Twilio was sent {len(to_senders)}, the store has {outbound}")
