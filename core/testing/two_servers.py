@@ -431,7 +431,8 @@ async def _verify(
     detail = ""
     if extra or missing:  # the turns with no reply of their own, for the report
         silent = await db.fetch(
-            "SELECT t.status, t.kind, t.error, t.channel, t.delivery::text AS delivery, t.started_at, t.finished_at FROM turns t"
+            "SELECT t.status, t.kind, t.error, t.channel, t.delivery::text AS delivery, t.started_at, t.finished_at"
+            " FROM turns t"
             " WHERE t.kind <> 'scheduled' AND NOT EXISTS (SELECT 1 FROM messages o WHERE o.turn_id = t.id"
             " AND o.direction = 'outbound')"
         )
