@@ -30,7 +30,7 @@ from uuid import UUID
 from core import identity
 from core.conversation import Message, announce_message, finish_handling, record_inbound
 from core.errors import PepperError
-from core.records.turns import turn_status
+from core.records.turns import turn_status, unsent_reply
 from core.store.queries import Queries
 from gateway.segments import split_message
 from gateway.services import Services
@@ -187,20 +187,29 @@ class Pipeline:
 
         The person always hears back: a turn that crashes sends an apology (no turn) instead of
         silence. A turn a dead worker left ``running`` is not run again (that could repeat what it
-        already did): the person gets the apology and that turn's staged writes are dropped. The
-        messages are marked answered once the reply's delivery was attempted.
+        already did): the person gets the apology and that turn's staged writes are dropped; one it
+        left finished, with its reply never recorded, has that reply sent now. The messages are
+        marked answered once the reply's delivery was attempted.
         """
         services, ids = self._services, list(claimed.message_ids)
         turn_id: UUID | None = None
         try:
             if claimed.interrupted is not None:
-                if await turn_status(services.db, claimed.interrupted) != "running":
+                status = await turn_status(services.db, claimed.interrupted)
+                unsent = await unsent_reply(services.db, claimed.interrupted) if status == "replied" else None
+                if unsent is not None:
+                    # The worker died after the turn and before its reply was recorded (found by
+                    # scripts/suite-two-servers): send it now, as the turn's.
+                    log.warning("a worker stopped before sending a %s reply; sending it", channel.name)
+                    turn_id, reply = claimed.interrupted, unsent
+                elif status != "running":
                     # The worker died after the reply went out: nothing to add.
                     await finish_handling(services.db, ids)
                     return
-                log.warning("a worker stopped in the middle of a %s turn; apologising", channel.name)
-                await settle_delivery(services, claimed.interrupted, ok=False, detail={"reason": "worker-died"})
-                reply = APOLOGY_TEXT
+                else:
+                    log.warning("a worker stopped in the middle of a %s turn; apologising", channel.name)
+                    await settle_delivery(services, claimed.interrupted, ok=False, detail={"reason": "worker-died"})
+                    reply = APOLOGY_TEXT
             else:
                 if services.harness is None:
                     raise PepperError("the text harness is not configured")

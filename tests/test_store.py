@@ -17,7 +17,7 @@ import asyncpg
 import pytest
 
 from core.errors import DatabaseUnavailable, MissingPgvector
-from core.store.database import Database, connect, redact_dsn
+from core.store.database import Database, connect, ensure_pgvector, redact_dsn
 from core.store.embedded import SERVER_SETTINGS, EmbeddedPostgres, wheel_bin_dir
 from core.store.migrations import Migration, apply_migrations, load_migrations, pending_migrations
 from core.store.pool import connection
@@ -106,6 +106,21 @@ async def test_two_processes_migrating_at_once_apply_each_migration_once(db_fact
         assert await conn.fetchval("SELECT count(*) FROM schema_migrations") == 2
     finally:
         await conn.close()
+
+
+async def test_servers_starting_at_once_on_an_empty_database_each_enable_pgvector(db_factory: DatabaseFactory):
+    """CREATE EXTENSION IF NOT EXISTS alone is not safe at once: the second insert into the catalog
+    fails on its unique key (scripts/suite-two-servers found it). Several rounds, as it is a race."""
+    for _ in range(3):
+        dsn = await db_factory.create_empty()
+        conns = [await connect(dsn) for _ in range(4)]
+        try:
+            await asyncio.gather(*(ensure_pgvector(c, "the test database") for c in conns))
+            assert await conns[0].fetchval("SELECT count(*) FROM pg_extension WHERE extname = 'vector'") == 1
+        finally:
+            for c in conns:
+                await c.close()
+            await db_factory.drop(dsn)
 
 
 async def test_a_failed_migration_rolls_back_and_the_next_start_completes_it(db_factory: DatabaseFactory):

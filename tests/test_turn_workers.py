@@ -241,6 +241,41 @@ async def test_two_workers_answer_every_queued_message_once(db: Database, db_url
     assert {m["claimed_by"] for m in inbound} <= {workers[0].pid, workers[1].pid}
 
 
+async def test_a_turn_whose_worker_died_before_sending_its_reply_has_the_reply_sent_once(db: Database, db_url: str):
+    """Finished (``replied``) with no reply message recorded: the worker died between the two.
+    The next worker sends that reply as the turn's, once, without running the turn again; a turn
+    whose reply was recorded gets nothing more."""
+    ada = await identity.create_account(db, "Ada")
+    turns = []
+    for text in ("unsent", "sent"):
+        [message] = [(await record_inbound(db, ada.id, "web", text, handling="queued"))[0]]
+        await claim_turn(db, 99999)  # a backend pid no live session has
+        turn = (await open_turn(db, ada.id, channel="web", inbound_message_ids=[message.id])).turn_id
+        await db.execute("UPDATE turns SET status = 'replied', reply = $2 WHERE id = $1", turn, f"the {text} reply")
+        turns.append(turn)
+    sent = "INSERT INTO messages (conversation_id, channel, direction, body, turn_id) SELECT conversation_id, 'web',"
+    await db.execute(sent + " 'outbound', 'the sent reply', $1 FROM turns WHERE id = $1", turns[1])
+    async with OpenAIPeer() as model:
+        settings = Settings(database_url=db_url, openai_api_key="sk-test", openai_base_url=model.base_url)
+        async with build_turn_services(settings, db) as services:
+            worker = TurnWorker(services, concurrency=2, poll_seconds=0.05)
+            await worker.start()
+            try:
+
+                async def answered() -> bool:
+                    return not await db.fetchval("SELECT count(*) FROM messages WHERE handling <> 'done'"
+                                                 " AND direction = 'inbound'")  # fmt: skip
+
+                await until(answered, 10, "both messages answered")
+            finally:
+                await worker.stop(5)
+        assert model.requests == []  # neither turn ran again
+    replies = await db.fetch("SELECT turn_id, body FROM messages WHERE direction = 'outbound' ORDER BY id")
+    assert sorted((r["turn_id"], r["body"]) for r in replies) == sorted(
+        [(turns[1], "the sent reply"), (turns[0], "the unsent reply")]
+    )
+
+
 # --- pepper serve, its worker processes, and a worker killed mid-turn ----------------------------
 
 

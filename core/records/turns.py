@@ -20,6 +20,16 @@ async def turn_status(db: Queries, turn_id: UUID) -> str | None:
     return await db.fetchval("SELECT status FROM turns WHERE id = $1", turn_id)
 
 
+async def unsent_reply(db: Queries, turn_id: UUID) -> str | None:
+    """The reply of a turn that finished with no reply message recorded: its worker died between
+    the turn and sending the reply (a single-part reply is recorded once Twilio took it)."""
+    return await db.fetchval(
+        "SELECT t.reply FROM turns t WHERE t.id = $1 AND t.status = 'replied' AND coalesce(t.reply, '') <> ''"
+        " AND NOT EXISTS (SELECT 1 FROM messages m WHERE m.turn_id = t.id AND m.direction = 'outbound')",
+        turn_id,
+    )
+
+
 # What a turn record says went wrong or out of the ordinary, as one flag each, computed where the
 # record is (``pepper turns list --flagged`` filters on it before LIMIT). Each flag and its source:
 #   failed            the turn raised (``error`` names the exception), or a call ended failed

@@ -21,7 +21,7 @@ import asyncpg
 from pgvector.asyncpg import register_vector
 
 from core.errors import DatabaseUnavailable, MissingPgvector, StoreError
-from core.store.migrations import Migration, apply_migrations, shipped_versions
+from core.store.migrations import MIGRATION_LOCK_KEY, Migration, apply_migrations, shipped_versions
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,12 @@ async def ensure_pgvector(conn: asyncpg.Connection, where: str) -> None:
             "or unset DATABASE_URL to use Pepper's embedded Postgres"
         )
     try:
-        await conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        # Under the migrations' lock: two servers starting at once on an empty database would both
+        # find it missing, and IF NOT EXISTS does not stop the second one's insert from failing on
+        # the catalog's unique key (scripts/suite-two-servers found this).
+        async with conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK_KEY)
+            await conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
     except asyncpg.PostgresError as exc:
         raise MissingPgvector(
             f"pgvector is installed on {where} but could not be enabled ({exc}); "
