@@ -4,6 +4,7 @@ protocol's own message types, for tests to read."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from dataclasses import dataclass, field
@@ -33,13 +34,15 @@ class Collector:
     bodies: list[bytes] = field(default_factory=list)
     spans: list[CollectedSpan] = field(default_factory=list)
 
-    def wait_for(self, name: str, count: int = 1, timeout: float = 10.0) -> list[CollectedSpan]:
-        deadline = time.monotonic() + timeout
+    async def wait_for(self, name: str, count: int = 1, within: float = 10.0) -> list[CollectedSpan]:
+        """The spans named ``name`` once ``count`` have arrived. Waits without blocking the event
+        loop: the spans still open (a call's) end in it."""
+        deadline = time.monotonic() + within
         while time.monotonic() < deadline:
             found = [span for span in self.spans if span.name == name]
             if len(found) >= count:
                 return found
-            time.sleep(0.02)
+            await asyncio.sleep(0.02)
         raise AssertionError(f"{count} span(s) named {name} did not arrive; got {[s.name for s in self.spans]}")
 
     def named(self, name: str) -> list[CollectedSpan]:

@@ -28,7 +28,7 @@ async def test_a_call_is_one_trace_with_its_tool_calls_inside(phone, collector):
         assert (await first_tool_output(phone, call, speech("todo"))).startswith("Unknown tool 'add_todo'")
         await call.hang_up()
     await phone.call_row(answer.call_sid)
-    (span,) = collector.wait_for("pepper.call")
+    (span,) = await collector.wait_for("pepper.call")
     assert span.parent_id == ""
     assert span.attributes["pepper.call_sid"] == answer.call_sid
     assert span.attributes["pepper.end_reason"] == "hangup"

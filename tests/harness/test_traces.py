@@ -39,8 +39,8 @@ async def _turn_with_tools(db, deps, models, account):
 async def test_a_turn_is_one_trace_of_model_gate_tool_and_delivery_spans(db, deps, models, account, collector):
     outcome = await _turn_with_tools(db, deps, models, account)
     assert tracing.flush()
-    (turn,) = collector.wait_for("pepper.turn")
-    collector.wait_for("pepper.delivery")
+    (turn,) = await collector.wait_for("pepper.turn")
+    await collector.wait_for("pepper.delivery")
     assert turn.service == "pepper-test"
     assert turn.parent_id == ""
     assert turn.attributes["pepper.turn_id"] == str(outcome.turn_id)
@@ -83,7 +83,7 @@ async def test_a_denied_call_names_the_policy_that_denied_it(account, collector)
     decision = await gate.decide(tool, {}, session)
     assert not decision.allowed
     assert tracing.flush()
-    (span,) = collector.wait_for("pepper.gate")
+    (span,) = await collector.wait_for("pepper.gate")
     assert span.attributes == {
         "pepper.tool": "wipe_everything",
         "pepper.kind": "live",
