@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -23,7 +22,7 @@ from core.quality.detectors import SUGGESTERS, promote
 from core.store import Database
 from core.suggestions import run_detectors
 from core.suggestions.mail import DEFAULT_SOURCES, SEEN
-from core.testing.figures import p99
+from core.testing.figures import ms_figures
 from core.testing.google_api_peer import GoogleApiPeer
 from core.testing.postgres import DatabaseFactory, test_server
 from core.tools.connectors import GMAIL_READONLY, Connectors
@@ -36,11 +35,6 @@ INVITE = (
     "DTSTAMP:20260301T000000Z\r\nDTSTART:20260305T170000Z\r\nDTEND:20260305T180000Z\r\nSUMMARY:Invited {uid}\r\n"
     "END:VEVENT\r\nEND:VCALENDAR\r\n"
 )
-
-
-def figures(times: list[float]) -> str:
-    ordered = sorted(times)
-    return f"median {statistics.median(ordered):7.1f} ms   p99 {p99(ordered):7.1f} ms"
 
 
 async def bench(runs: int) -> None:
@@ -90,7 +84,7 @@ async def bench(runs: int) -> None:
             found = report.found.get("mail-event")
             print(f"{runs} runs of each; mail-event found in the last run (Pepper's inbox only): {found}")
             for kind, times in kinds.items():
-                print(f"  {kind:<11} {figures(times)}   Gmail calls per run: {calls[kind]}")
+                print(f"  {kind:<11} {ms_figures(times)}   Gmail calls per run: {calls[kind]}")
         finally:
             await db.close()
             await factory.drop(url)

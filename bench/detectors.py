@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import json
 import random
-import statistics
 import time
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
@@ -25,7 +24,7 @@ from core.identity import add_handle, create_account
 from core.quality.detectors import SUGGESTERS, promote
 from core.store import Database
 from core.suggestions import run_detectors
-from core.testing.figures import p99
+from core.testing.figures import ms_figures
 from core.testing.postgres import DatabaseFactory, test_server
 from core.tools.areas.calendar import list_events
 from core.tools.areas.calendar.store import ensure_pepper_calendar, insert_event
@@ -40,11 +39,6 @@ INVITE = (
     "DTSTAMP:20260301T000000Z\r\nDTSTART:20260305T170000Z\r\nDTEND:20260305T180000Z\r\nSUMMARY:Invited {uid}\r\n"
     "END:VEVENT\r\nEND:VCALENDAR\r\n"
 )
-
-
-def figures(times: list[float]) -> str:
-    ordered = sorted(times)
-    return f"median {statistics.median(ordered):7.1f} ms   p99 {p99(ordered):7.1f} ms"
 
 
 async def fill(db: Database, account_id, rng: random.Random) -> None:  # type: ignore[no-untyped-def]
@@ -104,8 +98,8 @@ async def bench(runs: int) -> None:
             assert report is not None
             found = ", ".join(f"{k} {v}" for k, v in report.found.items())
             print(f"{runs} runs over one week of {len(listing.events)} events; found per run: {found}")
-            print(f"  run_detectors (all five)   {figures(times)}")
-            print(f"  baseline (list_events)     {figures(baseline)}")
+            print(f"  run_detectors (all five)   {ms_figures(times)}")
+            print(f"  baseline (list_events)     {ms_figures(baseline)}")
         finally:
             await db.close()
             await factory.drop(url)

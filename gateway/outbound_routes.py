@@ -39,10 +39,9 @@ def _bad(why: str) -> Response:
     return Response(f"{why}\n", status=400, content_type="text/plain")
 
 
-@blueprint.post(OUTBOUND_ANSWER.path)
-async def outbound_answer() -> Response:
-    """Twilio asks what to do with a call Pepper placed, now answered (``AnsweredBy``)."""
-    services = _services()
+async def _signed_call_form(services: Services) -> dict[str, str] | Response:
+    """The signed form of a webhook about one call: a forgery is refused (403), a form without a
+    Twilio call id or with an unknown status 400."""
     form = await _signed_form(services)
     if isinstance(form, Response):
         return form
@@ -50,6 +49,16 @@ async def outbound_answer() -> Response:
         check_call_form(form)
     except InvalidInput as exc:
         return _bad(exc.message)
+    return form
+
+
+@blueprint.post(OUTBOUND_ANSWER.path)
+async def outbound_answer() -> Response:
+    """Twilio asks what to do with a call Pepper placed, now answered (``AnsweredBy``)."""
+    services = _services()
+    form = await _signed_call_form(services)
+    if isinstance(form, Response):
+        return form
     stream_url = public_url_for(services.settings, MEDIA_STREAM)
     calls = services.calls
     if calls is None or calls.outbound is None or stream_url is None:
@@ -97,13 +106,9 @@ async def transfer_whisper() -> Response:
 async def transfer_after() -> Response:
     """The ``<Dial>`` ended: the owner talked to the caller, or did not pick up (back to Pepper)."""
     services = _services()
-    form = await _signed_form(services)
+    form = await _signed_call_form(services)
     if isinstance(form, Response):
         return form
-    try:
-        check_call_form(form)
-    except InvalidInput as exc:
-        return _bad(exc.message)
     calls = services.calls
     stream_url = public_url_for(services.settings, MEDIA_STREAM)
     if calls is None or calls.transfers is None or stream_url is None:

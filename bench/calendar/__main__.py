@@ -25,7 +25,7 @@ from datetime import UTC, datetime, timedelta
 from core.identity import create_account
 from core.store import Database
 from core.testing.calendar_data import SERIES, SINGLES, fill_calendar
-from core.testing.figures import p99
+from core.testing.figures import ms_figures
 from core.testing.postgres import DatabaseFactory, test_server
 from core.tools.areas.calendar import free_busy
 
@@ -35,11 +35,6 @@ SELECT starts_at, ends_at, rrule FROM calendar_events
 WHERE account_id = $1 AND status = 'confirmed' AND starts_at < $3
   AND (ends_at > $2 OR (rrule IS NOT NULL AND (series_until IS NULL OR series_until > $2)))
 """
-
-
-def figures(times: list[float]) -> str:
-    ordered = sorted(times)
-    return f"median {statistics.median(ordered):7.1f} ms   p99 {p99(ordered):7.1f} ms"
 
 
 async def bench(queries: int) -> None:
@@ -68,8 +63,8 @@ async def bench(queries: int) -> None:
                     intervals.append(len(busy))
             print(f"{queries} queries over 30-day windows (busy intervals per month: "
                   f"median {statistics.median(intervals):.0f})")  # fmt: skip
-            print(f"  free_busy            {figures(times)}")
-            print(f"  baseline (raw rows)  {figures(baseline)}")
+            print(f"  free_busy            {ms_figures(times)}")
+            print(f"  baseline (raw rows)  {ms_figures(baseline)}")
         finally:
             await db.close()
             await factory.drop(url)

@@ -21,3 +21,10 @@ def percentile(values: Sequence[float], q: float, *, low: bool = False) -> float
 
 def p99(values: Sequence[float], *, low: bool = False) -> float:
     return percentile(values, 0.99, low=low)
+
+
+def ms_figures(times: Sequence[float]) -> str:
+    """``median … ms   p99 … ms``, as the benchmarks' tables print a timing."""
+    import statistics
+
+    return f"median {statistics.median(times):7.1f} ms   p99 {p99(times):7.1f} ms"
