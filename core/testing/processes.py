@@ -4,15 +4,44 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import socket
 from pathlib import Path
 from typing import Any
 
+# Ports handed out lie below the kernel's ephemeral range, which every outgoing connection on the
+# machine draws its local port from: a port the kernel picked there (``bind(0)``) could be taken by
+# any connection (another test's client, a keep-alive pool) before the server meant to listen on it
+# binds it, and that server then fails with "address already in use" (seen with Synapse in CI).
+_FIRST_PORT = 10000
+_given: set[int] = set()
+_pick = random.Random()
+
+
+def _ephemeral_start() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port nothing listens on, outside the ephemeral range, not handed out before by
+    this process."""
+    last = _ephemeral_start() - 1
+    for _ in range(500):
+        port = _pick.randint(_FIRST_PORT, last) if last > _FIRST_PORT else 0
+        if port in _given:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            port = s.getsockname()[1]
+        _given.add(port)
+        return port
+    raise RuntimeError("no free loopback port below the ephemeral range")
 
 
 def children_of(parent: int, marker: bytes) -> set[int]:
