@@ -5,7 +5,7 @@ the call then runs as an owner's phone call does (``voice.engine.CallEngine``: n
 barge-in, staged writes, records) with the owner's profile already verified by the signed-in web
 session (``voice.owner_profile.BrowserOwnerProfile``): the cookie session and its CSRF token, as
 every state-changing web request; an API token cannot open one. One call per web session at a
-time. ``POST /api/calls/<call_id>/hangup`` ends it. ``GET /call.js`` is the page's script
+time. ``POST /api/calls/<call_id>/hangup`` ends it, and so does signing out. ``GET /call.js`` is the page's script
 (``gateway/static/call.js``), which enhances the chat page's ``#call-button``.
 
 Browser calls live in the process that answered the offer (the web server), in the call service's
@@ -21,14 +21,15 @@ import secrets
 from importlib import resources
 from uuid import UUID
 
-from quart import Blueprint, Response, current_app, request
+from quart import Blueprint, Quart, Response, current_app, request
+from quart.blueprints import BlueprintSetupState
 
 from core import access
 from core.adapters.twilio.media_streams import StreamStart
 from core.records import calls as call_records
 from core.security import record_security_event
 from gateway.services import Services
-from gateway.webchat import COOKIE, _json_body, _json_error
+from gateway.webchat import COOKIE, SIGN_OUT_HOOKS, _json_body, _json_error
 from voice.owner_profile import BrowserOwnerProfile
 from voice.profile import AdmittedCall
 from voice.service import Admission
@@ -38,15 +39,33 @@ log = logging.getLogger(__name__)
 blueprint = Blueprint("browser_calls", __name__)
 
 CALL_PREFIX = "WB"  # browser calls' ids in ``calls.call_sid`` (Twilio's start with CA)
+ACTIVE_CALLS = "pepper-browser-calls"  # app.extensions key: web session (token hash) -> its open call
 
 
 def _services() -> Services:
     return current_app.extensions["pepper"]
 
 
+@blueprint.record_once
+def _hang_up_on_sign_out(state: BlueprintSetupState) -> None:
+    """Signing out ends the session's browser call: a call must not outlive the sign-in it was
+    opened with (the engine records its end as for a hang-up)."""
+    app: Quart = state.app
+
+    def hang_up(session_key: bytes) -> None:
+        call_sid = app.extensions.get(ACTIVE_CALLS, {}).get(session_key)
+        calls = app.extensions["pepper"].calls
+        engine = calls.sessions.get(call_sid) if call_sid is not None and calls is not None else None
+        if engine is not None:
+            log.info("browser call hung up at sign-out: call=%s", call_sid[-8:])
+            engine.hang_up("signed-out")
+
+    app.extensions.setdefault(SIGN_OUT_HOOKS, []).append(hang_up)
+
+
 def _active() -> dict[bytes, str]:
     """Web session (its token's hash) -> the browser call it has open, in this process."""
-    return current_app.extensions.setdefault("pepper-browser-calls", {})
+    return current_app.extensions.setdefault(ACTIVE_CALLS, {})
 
 
 async def _session() -> tuple[UUID, bytes] | Response:

@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 blueprint = Blueprint("webchat", __name__)
 
 COOKIE = "pepper_session"
+# app.extensions key: callables given the token hash of a web session that signs out
+SIGN_OUT_HOOKS = "pepper-sign-out"
 MAX_MESSAGE_CHARS = 8000
 STREAM_SECONDS = 300.0  # EventSource reconnects by itself; a bounded stream never pins shutdown
 KEEPALIVE_SECONDS = 15.0
@@ -185,7 +187,12 @@ async def logout() -> Response:
     who = await _authenticate(state_changing=True)
     if isinstance(who, Response):
         return who
-    await access.end_session(_services().db, request.cookies.get(COOKIE))
+    token = request.cookies.get(COOKIE)
+    await access.end_session(_services().db, token)
+    if token is not None:
+        # What else the session holds ends with it (a browser call: gateway.browser_calls).
+        for on_sign_out in current_app.extensions.get(SIGN_OUT_HOOKS, ()):
+            on_sign_out(access.token_hash(token))
     response = Response(json.dumps({"ok": True}), content_type="application/json")
     response.delete_cookie(COOKIE, path="/")
     return response

@@ -166,6 +166,30 @@ async def test_signalling_refuses_garbage_forgery_and_a_second_call(web: Web):
             await web.ended_row(again.json()["call_id"])
 
 
+@pytest.mark.slow
+async def test_signing_out_hangs_up_the_session_s_browser_call_and_only_its_own(web: Web):
+    other_token, other = await access.create_session(web.db, web.account_id)  # the owner's second browser
+    async with BrowserPeer() as browser, BrowserPeer() as second:
+        mine = (await web.offer(await browser.offer())).json()["call_id"]
+        async with httpx.AsyncClient(base_url=str(web.http.base_url), cookies={"pepper_session": other_token},
+                                     timeout=15) as http:  # fmt: skip
+            csrf = {"X-CSRF-Token": other.csrf_token}
+            theirs = await http.post("/api/calls", json=await second.offer(), headers=csrf)
+            assert theirs.status_code == 201
+            # A forged sign-out ends nothing.
+            assert (await web.http.post("/chat/logout", headers={"X-CSRF-Token": "forged"})).status_code == 403
+            assert mine in web.services.calls.sessions
+            out = await web.http.post("/chat/logout", headers={"X-CSRF-Token": web.csrf})
+            assert out.status_code == 200
+            row = await web.ended_row(mine)
+            assert row["end_reason"] == "signed-out"
+            # The other browser's sign-in, and its call, go on.
+            assert theirs.json()["call_id"] in web.services.calls.sessions
+            hung = await http.post(f"/api/calls/{theirs.json()['call_id']}/hangup", headers=csrf)
+            assert hung.status_code == 200
+            await web.ended_row(theirs.json()["call_id"])
+
+
 async def test_the_browser_link_plays_in_20ms_frames_echoes_marks_and_a_clear_drops_what_is_queued():
     echoed: list[str] = []
     link = BrowserLink("MZ1", lambda: None)
