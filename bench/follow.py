@@ -11,8 +11,9 @@ A loopback site in its own process (so its CPU is not counted) serves a school c
 
 Prints, median and p99 of this process's CPU time (``time.process_time``) per check:
 the baseline in the same run (a bare conditional GET through the same egress relay, answered 304),
-an unchanged check (304), a fingerprint-equal check, a changed page; and what the relay's fresh
-``httpx`` client per fetch costs by itself (most of every figure). Then model calls per 100
+an unchanged check (304), a fingerprint-equal check, a changed page; and what the relay's
+``httpx`` client per fetch costs by itself, on the one shared TLS context, beside a client that
+builds its own (httpx's default: the CA bundle loaded again, which was most of every figure). Then model calls per 100
 checks of a page that changes once a week, checked every 6 hours (the default), over 10 weeks.
 
     PYTHONPATH=. .venv/bin/python bench/follow.py [--checks 200]
@@ -39,6 +40,7 @@ from core.testing.figures import p99
 from core.testing.postgres import DatabaseFactory, test_server
 from core.testing.scripted import ScriptedModels, calls
 from core.web.egress import Egress, EgressPolicy
+from core.web.tls import tls_context
 
 ROW = "<li>{day} April 2025, 16:00: {title} at the leisure centre</li>"
 
@@ -157,11 +159,15 @@ async def main(checks: int) -> None:
                 response = await egress.fetch(base + "/same", headers={"If-None-Match": '"v1"'})
                 baseline.append(time.process_time() - started)
                 assert response.status == 304
-            clients: list[float] = []  # what the relay's fresh client per fetch costs by itself
+            clients: list[float] = []  # what a fresh client with httpx's own TLS context would cost
+            shared: list[float] = []  # the relay's client, on the one shared context (core.web.tls)
             for _ in range(max(20, checks // 10)):
                 started = time.process_time()
                 await httpx.AsyncClient(trust_env=False).aclose()
                 clients.append(time.process_time() - started)
+                started = time.process_time()
+                await httpx.AsyncClient(trust_env=False, verify=tls_context()).aclose()
+                shared.append(time.process_time() - started)
             before = len(models.received)
             unchanged = await _cpu_per_check(following, ids["same"], checks)
             equal = await _cpu_per_check(following, ids["stamp"], checks)
@@ -169,7 +175,8 @@ async def main(checks: int) -> None:
             changed = await _cpu_per_check(following, ids["changing"], max(20, checks // 4))
             print(f"CPU per check of a {len(_page(1, 'x'))}-byte page ({checks} checks; {len(changed)} changed),"
                   " this process only (the site and Postgres run elsewhere):")  # fmt: skip
-            print(f"  of which a fresh httpx client (CA bundle) {_ms(clients)}")
+            print(f"  the relay's client (shared TLS context)    {_ms(shared)}")
+            print(f"  beside: a client with its own TLS context  {_ms(clients)}")
             print(f"  baseline: bare conditional GET, 304        {_ms(baseline)}")
             print(f"  unchanged check (304, claim + record)      {_ms(unchanged)}")
             print(f"  fingerprint equal (page read, text same)   {_ms(equal)}")

@@ -44,6 +44,7 @@ from core.store.queries import Queries
 from core.vault import SecretKeyError, Vault
 from core.web.egress import EgressPolicy, egress_policy
 from core.web.permission import WebWindow
+from core.web.tls import tls_context
 
 WEB_TOOL = "web_research"
 
@@ -175,6 +176,7 @@ class Connectors:
         return httpx.AsyncClient(
             timeout=self.http_timeout,
             transport=self.transport,
+            verify=tls_context(),  # built once: a fresh context per client costs 15-60 ms
             follow_redirects=kw.pop("follow_redirects", False),
             **kw,
         )

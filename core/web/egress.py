@@ -31,6 +31,7 @@ from typing import Any
 import httpx
 
 from core.errors import PepperError
+from core.web.tls import tls_context
 
 # Resolves (host, port) to the IP addresses a connection could reach.
 Resolver = Callable[[str, int], Awaitable[list[str]]]
@@ -166,8 +167,9 @@ class Egress:
         hops: list[str] = []
         first_host = url.host
         async with httpx.AsyncClient(
-            follow_redirects=False, trust_env=False, transport=self.transport, timeout=self.policy.timeout
-        ) as client:
+            follow_redirects=False, trust_env=False, transport=self.transport, timeout=self.policy.timeout,
+            verify=tls_context(),
+        ) as client:  # fmt: skip
             while True:
                 pinned, extensions = await self._pin(url)
                 sent = {"User-Agent": USER_AGENT, "Accept-Encoding": "gzip, deflate"}

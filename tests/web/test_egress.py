@@ -151,3 +151,51 @@ async def test_credentials_in_a_url_and_other_schemes_are_refused() -> None:
         await Egress().fetch("https://user:pw@example.com/")
     with pytest.raises(EgressRefused, match="only http and https"):
         await Egress().fetch("file:///etc/passwd")
+
+
+@pytest.fixture
+async def tls_server(tmp_path):
+    """A loopback HTTPS server with a certificate no public CA signed; yields (port, its CA file)."""
+    import asyncio
+    import ssl
+
+    from voice.testing.gemini_live_peer import self_signed
+
+    cert, key = self_signed(tmp_path)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+        except (OSError, asyncio.IncompleteReadError, ssl.SSLError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0, ssl=context)
+    try:
+        yield server.sockets[0].getsockname()[1], cert
+    finally:
+        server.close()
+
+
+async def test_the_relay_checks_certificates_with_one_shared_tls_context(tls_server, monkeypatch) -> None:
+    from core.web.tls import tls_context
+
+    port, ca = tls_server
+    egress = Egress(EgressPolicy(loopback_ports=frozenset({port})))
+    tls_context.cache_clear()
+    try:
+        with pytest.raises(EgressError, match="could not reach"):  # not signed by a CA we trust
+            await egress.fetch(f"https://127.0.0.1:{port}/")
+        assert tls_context() is tls_context()  # built once, not per client
+        # Trusting the test CA (as an operator would with SSL_CERT_FILE): the same relay gets through.
+        monkeypatch.setenv("SSL_CERT_FILE", str(ca))
+        tls_context.cache_clear()
+        fetched = await egress.fetch(f"https://127.0.0.1:{port}/")
+        assert fetched.status == 200 and fetched.content == b"ok"
+    finally:
+        tls_context.cache_clear()
