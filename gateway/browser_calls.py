@@ -21,7 +21,7 @@ import secrets
 from importlib import resources
 from uuid import UUID
 
-from quart import Blueprint, Quart, Response, current_app, request
+from quart import Blueprint, Response, current_app, request
 from quart.blueprints import BlueprintSetupState
 
 from core import access
@@ -50,7 +50,7 @@ def _services() -> Services:
 def _hang_up_on_sign_out(state: BlueprintSetupState) -> None:
     """Signing out ends the session's browser call: a call must not outlive the sign-in it was
     opened with (the engine records its end as for a hang-up)."""
-    app: Quart = state.app
+    app = state.app
 
     def hang_up(session_key: bytes) -> None:
         call_sid = app.extensions.get(ACTIVE_CALLS, {}).get(session_key)

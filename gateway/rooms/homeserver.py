@@ -14,10 +14,13 @@ same post (``gateway.rooms.follow``).
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import logging
+import os
 import secrets
 from pathlib import Path
+from typing import IO
 
 from core.adapters.matrix import MatrixClient, MatrixError
 from core.adapters.matrix import synapse as synapse_process
@@ -28,6 +31,7 @@ from gateway.children import cancelled
 log = logging.getLogger(__name__)
 
 RESTART_DELAY = 1.0
+LOCK_POLL = 0.05  # seconds between tries for the session lock while another process logs in
 
 
 def matrix_dir(settings: Settings) -> Path:
@@ -119,13 +123,42 @@ def _user_id(settings: Settings) -> str:
 
 async def pepper_client(settings: Settings) -> MatrixClient:
     """Pepper's logged-in client: the stored session when it is for this homeserver and user, else
-    a fresh login (stored for next time). ``MatrixError`` when the homeserver cannot be reached."""
+    a fresh login (stored for next time). ``MatrixError`` when the homeserver cannot be reached.
+
+    The rooms process, the scheduler's room poster and the CLI may all ask at a first start: a lock
+    file makes the first one log in and the others wait for its stored session, so Pepper stays
+    one device (two logins would make two, each with its own keys and its own transaction ids)."""
     url, user_id = homeserver_url(settings), _user_id(settings)
-    path = matrix_dir(settings) / "session.json"
     if settings.matrix_access_token is not None:
         return MatrixClient(url, user_id, access_token=settings.matrix_access_token.get_secret_value())
-    if path.exists():
-        stored = json.loads(path.read_text())
+    directory = matrix_dir(settings)
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with _lock_file(directory) as lock:
+        # Polled, not a blocking flock in a thread: a cancelled wait must not leave a thread that
+        # takes the lock later on a file descriptor already closed (or reused).
+        while True:
+            try:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                await asyncio.sleep(LOCK_POLL)
+        try:
+            return await _stored_or_new_session(settings, url, user_id, directory / "session.json")
+        finally:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+
+def _lock_file(directory: Path) -> IO[str]:
+    return open(directory / "session.lock", "a")  # closed by the caller's with
+
+
+def _stored(path: Path) -> dict[str, str] | None:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+async def _stored_or_new_session(settings: Settings, url: str, user_id: str, path: Path) -> MatrixClient:
+    stored = _stored(path)
+    if stored is not None:
         if stored.get("homeserver") == url and stored.get("user_id") == user_id:
             return MatrixClient(url, user_id, access_token=stored["access_token"], device_id=stored["device_id"])
     if settings.matrix_homeserver is None:
@@ -140,8 +173,17 @@ async def pepper_client(settings: Settings) -> MatrixClient:
     except MatrixError:
         await client.close()
         raise
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path.write_text(json.dumps({"homeserver": url, "user_id": client.user_id, "access_token": client.access_token,
-                                "device_id": client.device_id}))  # fmt: skip
-    path.chmod(0o600)
+    session = json.dumps({"homeserver": url, "user_id": client.user_id, "access_token": client.access_token,
+                          "device_id": client.device_id})  # fmt: skip
+    _store(path, session)
     return client
+
+
+def _store(path: Path, session: str) -> None:
+    """Written whole and private from its first byte: a reader never sees half a file, and the
+    token is never readable by others (not even between a write and a chmod)."""
+    partial = path.with_suffix(".partial")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(session)
+    os.replace(partial, path)

@@ -47,6 +47,22 @@ async def test_pepper_keeps_one_session_so_every_process_posts_as_the_same_devic
                                      matrix_user=homeserver.pepper_id))  # fmt: skip
 
 
+async def test_processes_asking_at_once_at_a_first_start_log_in_once(homeserver, tmp_path):
+    import asyncio
+
+    settings = Settings(data_dir=tmp_path, matrix_homeserver=homeserver.url, matrix_user=homeserver.pepper_id,
+                        matrix_password=homeserver.pepper_password)  # fmt: skip
+    clients = await asyncio.gather(*(pepper_client(settings) for _ in range(3)))
+    try:
+        assert len({c.device_id for c in clients}) == 1 and len({c.access_token for c in clients}) == 1
+        stored = json.loads((tmp_path / "matrix" / "session.json").read_text())
+        assert stored["device_id"] == clients[0].device_id
+        assert not (tmp_path / "matrix" / "session.partial").exists()
+    finally:
+        for client in clients:
+            await client.close()
+
+
 def test_doctor_says_where_the_rooms_homeserver_is_and_what_its_login_lacks(tmp_path):
     from gateway.doctor import Report, _rooms
 
