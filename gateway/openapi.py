@@ -106,6 +106,13 @@ REQUESTS: dict[tuple[str, str], dict[str, Any]] = {
         "summary": "Start a call from the browser (a WebRTC offer)",
     },
     ("POST", "/api/dossier"): {"json": _json({"text": TEXT}, "text"), "summary": "Replace the dossier's text"},
+    ("POST", "/api/connections/imap"): {
+        "json": _json(
+            {k: TEXT for k in ("host", "port", "username", "password", "security", "label")},
+            "host", "username", "password",
+        ),  # fmt: skip
+        "summary": "Connect an IMAP mailbox (signed in and checked before it is stored)",
+    },
     ("POST", "/api/drafts/<kind>/<draft_id>/<action>"): {
         "json": _json(
             {

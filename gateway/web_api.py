@@ -1,5 +1,5 @@
-"""The web app's JSON API beyond the chat: draft cards, the approvals queue, a task's "run now"
-and the person's half of the dossier.
+"""The web app's JSON API beyond the chat: draft cards, the approvals queue, a task's "run now",
+the person's half of the dossier, a room's calendar shares and connecting an IMAP mailbox.
 
 Every endpoint needs the signed-in session (or an API token) and, to change anything, the
 session's CSRF token (``gateway.webchat._authenticate``); every id is looked up within the
@@ -21,6 +21,7 @@ from uuid import UUID, uuid4
 
 from quart import Blueprint, Response, current_app
 
+from core.adapters.imap import ImapError, ImapLoginRefused
 from core.conversation import conversation_for
 from core.errors import InvalidInput, PepperError
 from core.memory.dossier import set_owner_text
@@ -37,6 +38,7 @@ from core.suggestions import cards as suggestion_cards
 from core.suggestions import dismiss as dismiss_suggestion
 from core.suggestions import parse_id as parse_suggestion_id
 from core.tools.areas.email import discard_draft, edit_draft, is_draft, pending_drafts
+from core.tools.areas.mail import connect_imap
 from core.tools.areas.messages import MAX_TEXT
 from core.tools.connectors import account_connections
 from core.tools.context import SessionContext
@@ -486,3 +488,43 @@ async def save_dossier(who: UUID) -> Response:
         return _json_error(400, "too-long", exc.message)
     return _ok({"message": "Saved; Pepper reads it from your next message." if changed else "No change.",
                 "changed": changed})  # fmt: skip
+
+
+IMAP_FIELDS = frozenset({"label", "host", "port", "username", "password", "security"})
+
+
+@blueprint.post("/api/connections/imap")
+@signed_in(state_changing=True)
+async def connect_mailbox(who: UUID) -> Response:
+    """Connect an IMAP mailbox from the settings page, as ``pepper connect imap`` does: Pepper signs
+    in (INBOX read-only) and only then stores it, the password sealed. Connecting the same mailbox
+    again updates it; a wrong password or an unreachable server stores nothing."""
+    body = await _json_body()
+    if not isinstance(body, dict) or not {"host", "username", "password"} <= set(body) <= IMAP_FIELDS:
+        return _json_error(400, "bad-mailbox", 'send JSON {"host", "username", "password"} and optionally'
+                                               ' "label", "port", "security"')  # fmt: skip
+    if not all(isinstance(v, str | int) and not isinstance(v, bool) for v in body.values()):
+        return _json_error(400, "bad-mailbox", "every field is a string")
+    fields = {k: str(v).strip() for k, v in body.items()}
+    fields["password"] = str(body["password"])  # a password may start or end with a space
+    port: int | None = None
+    if fields.get("port"):
+        if not fields["port"].isdigit() or len(fields["port"]) > 5:
+            return _json_error(400, "bad-port", f"{fields['port']!r} is not a port")
+        port = int(fields["port"])
+    label = fields.get("label") or f"{fields['username']}@{fields['host']}"
+    services = _services()
+    try:
+        _, created, count = await connect_imap(
+            services.db, services.harness.connectors, who, label, host=fields["host"], port=port,
+            username=fields["username"], password=fields["password"], security=fields.get("security") or "ssl",
+        )  # fmt: skip
+    except ImapLoginRefused as exc:
+        return _json_error(400, "login-refused", exc.message)
+    except ImapError as exc:
+        return _json_error(502, "unreachable", exc.message)
+    except PepperError as exc:  # InvalidInput (bad settings), ConfigError (no key to seal with)
+        return _json_error(400, "bad-mailbox", exc.message)
+    state = "Connected" if created else "Updated the already connected"
+    return _ok({"message": f"{state} mailbox {label!r} (read-only; its INBOX holds {count} message(s)).",
+                "created": created, "messages": count})  # fmt: skip

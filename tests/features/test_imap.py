@@ -164,3 +164,57 @@ async def test_a_mailbox_that_stops_answering_is_named_not_empty(mailbox, db):
     out = await mailbox("mail_search", {"query": "from:nobody"})
     assert out.status == "ok" and "found nothing" not in out.content.lower()
     assert "NOT checked, failed: IMAP home (the IMAP server 127.0.0.1" in out.content
+
+
+async def test_the_settings_page_connects_a_mailbox_and_refuses_garbage_a_forgery_and_a_wrong_password(
+    db, db_url, dovecot
+):
+    import dataclasses
+    import json
+
+    import aiohttp
+    from web_app_support import PASSWORD as WEB_PASSWORD
+    from web_app_support import web_app
+
+    async with web_app(db, db_url) as app:
+        harness = app.services.harness
+        harness.connectors = dataclasses.replace(harness.connectors, allow_private_hosts=True)  # Dovecot on loopback
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as web:
+            async with web.post(app.base + "/chat/login", data={"login": "ada", "password": WEB_PASSWORD}):
+                pass
+            async with web.get(app.base + "/api/session") as response:
+                csrf = {"X-CSRF-Token": (await response.json())["csrf_token"], "Content-Type": "application/json"}
+            async with web.get(app.base + "/settings") as response:
+                page = await response.text()
+            assert 'data-post="/api/connections/imap"' in page and 'type="password"' in page
+
+            async def connect(body: object, headers: dict[str, str] = csrf) -> tuple[int, dict]:
+                data = body if isinstance(body, bytes) else json.dumps(body)
+                async with web.post(app.base + "/api/connections/imap", data=data, headers=headers) as response:
+                    return response.status, await response.json()
+
+            mailbox = {"host": "127.0.0.1", "port": str(dovecot.port), "username": "ada", "security": "none"}
+            # Garbage, a forgery, a wrong password: each refused with a clear message, nothing stored.
+            assert (await connect(b"\xff{not json"))[0] == 400
+            assert (await connect({"host": "127.0.0.1"}))[1]["error"] == "bad-mailbox"
+            assert (await connect({**mailbox, "password": PASSWORD, "account": "bob"}))[0] == 400
+            assert (await connect({**mailbox, "password": PASSWORD, "port": "99999x"}))[1]["error"] == "bad-port"
+            assert (await connect({**mailbox, "password": ["x"]}))[0] == 400
+            assert (await connect({**mailbox, "password": PASSWORD, "host": "bad host!"}))[1]["message"] == (
+                "'bad host!' is not a host name"
+            )
+            forged = {**csrf, "X-CSRF-Token": "forged"}
+            assert (await connect({**mailbox, "password": PASSWORD}, forged))[0] == 403
+            status, said = await connect({**mailbox, "password": "wrong"})
+            assert status == 400 and said["error"] == "login-refused" and "ada" in said["message"]
+            assert await db.fetchval("SELECT count(*) FROM connections") == 0
+
+            status, said = await connect({**mailbox, "password": PASSWORD, "label": "home"})
+            assert status == 200 and said["created"] is True and said["messages"] == 4, said
+            # The same mailbox again (a double click): updated, still one connection.
+            status, said = await connect({**mailbox, "password": PASSWORD, "label": "home"})
+            assert status == 200 and said["created"] is False and said["message"].startswith("Updated")
+            [row] = await db.fetch("SELECT provider, label, sealed FROM connections")
+            assert row["provider"] == "imap" and row["label"] == "home" and PASSWORD.encode() not in row["sealed"]
+            async with web.get(app.base + "/settings") as response:
+                assert "IMAP mailbox (home): read-only" in await response.text()
