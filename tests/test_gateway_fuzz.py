@@ -156,6 +156,13 @@ async def _row_counts(db: Database) -> dict[str, int]:
     return {row["tablename"]: await db.fetchval(f'SELECT count(*) FROM "{row["tablename"]}"') for row in tables}
 
 
+def _tally(record: Callable[[str, object], None], seen: list[Fuzzed]) -> None:
+    """What the case sent, for ``scripts/suite-fuzz``'s summary line (pytest's user properties)."""
+    record("requests", len(seen))
+    record("5xx", sum(f.status >= 500 for f in seen))
+    record("refused", sum(f.refused for f in seen))
+
+
 def _no_5xx(seen: list[Fuzzed]) -> None:
     failures = [f for f in seen if f.status >= 500]
     assert not failures, "\n".join(f"{f.method} {f.path} -> {f.status}: {f.case}" for f in failures[:5])
@@ -178,10 +185,11 @@ async def test_the_description_lists_every_route_and_is_valid_openapi(server: Se
     assert "application/x-www-form-urlencoded" in sms["requestBody"]["content"]
 
 
-async def test_unsigned_and_signed_out_requests_are_refused_with_4xx_and_leave_nothing(server, caplog):
+async def test_unsigned_and_signed_out_requests_are_refused_with_4xx_and_leave_nothing(server, caplog, record_property):
     caplog.set_level(logging.WARNING)
     before = await _row_counts(server.db)
     seen = await asyncio.to_thread(_fuzz, server, modes=(GenerationMode.POSITIVE, GenerationMode.NEGATIVE))
+    _tally(record_property, seen)
     assert len(seen) > 250
     _no_5xx(seen)
     # A change of state (any POST or DELETE) or the API, signed out or unsigned: refused.
@@ -189,11 +197,12 @@ async def test_unsigned_and_signed_out_requests_are_refused_with_4xx_and_leave_n
     assert not unrefused, "\n".join(f"{f.method} {f.path} -> {f.status}: {f.case}" for f in unrefused[:5])
     after = await _row_counts(server.db)
     changed = {t: (before[t], after.get(t)) for t in before if after.get(t) != before[t] and t not in REFUSALS_LOGGED}
+    record_property("tables changed by refused requests", len(changed))
     assert not changed, f"refused requests left rows behind: {changed}"
     _no_unhandled(caplog)
 
 
-async def test_signed_in_api_requests_never_answer_5xx(server, caplog):
+async def test_signed_in_api_requests_never_answer_5xx(server, caplog, record_property):
     """Signed in (a session cookie, our own Origin), every API route takes fuzzed paths, queries
     and bodies; the event stream, which stays open by design, is left to the chat's own tests."""
     caplog.set_level(logging.WARNING)
@@ -201,6 +210,7 @@ async def test_signed_in_api_requests_never_answer_5xx(server, caplog):
         _fuzz, server, modes=(GenerationMode.POSITIVE, GenerationMode.NEGATIVE), cookies={COOKIE: server.cookie},
         csrf=server.csrf, only=lambda op: not op.definition.raw.get("x-pepper-stream") and op.path != "/chat/logout",
     )  # fmt: skip
+    _tally(record_property, seen)
     assert len(seen) > 200
     _no_5xx(seen)
     assert any(f.status == 400 for f in seen), "no malformed body was told so"
@@ -213,13 +223,14 @@ async def test_signed_in_api_requests_never_answer_5xx(server, caplog):
     assert await access.session_for(server.db, server.cookie) is not None
 
 
-async def test_signed_twilio_webhooks_with_fuzzed_forms_never_answer_5xx(server, caplog):
+async def test_signed_twilio_webhooks_with_fuzzed_forms_never_answer_5xx(server, caplog, record_property):
     """Correctly signed, so they pass the signature check and reach the handlers' own parsing."""
     caplog.set_level(logging.WARNING)
     seen = await asyncio.to_thread(
         _fuzz, server, modes=(GenerationMode.POSITIVE, GenerationMode.NEGATIVE), signed=True,
         only=lambda op: op.path.startswith("/twilio/"),
     )  # fmt: skip
+    _tally(record_property, seen)
     assert len(seen) > 30
     _no_5xx(seen)
     assert any(200 <= f.status < 300 for f in seen), "no signed webhook was accepted"

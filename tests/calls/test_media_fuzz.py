@@ -44,12 +44,13 @@ def _frames(stream_sid: str) -> tuple[list[str | bytes], int]:
     return frames, len(malformed)
 
 
-async def test_fuzzed_media_frames_leave_the_call_going_and_it_ends_cleanly(phone, caplog):
+async def test_fuzzed_media_frames_leave_the_call_going_and_it_ends_cleanly(phone, caplog, record_property):
     caplog.set_level(logging.WARNING)
     answer = await phone.dial_owner()
     async with phone.caller.media(answer) as call:
         await phone.until_listening(call)
         frames, malformed = _frames(call.stream_sid)
+        record_property("media frames", len(frames))  # for scripts/suite-fuzz's summary line
         session = phone.model.sessions[0]
         for frame in frames:
             if isinstance(frame, bytes):
