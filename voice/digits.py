@@ -61,7 +61,7 @@ _PARAMS = {
 BAD_DIGITS = "not pressed: digits may be only 0-9, * and #, with w for a half-second pause, 1 to 32 of them"
 PRESSING = "The keys are pressed as soon as you stop speaking. Say nothing more now."
 KEYS_TEXT = (
-    "If an automated menu answers (\"press 1 for ...\"), choose the option that reaches the right person"
+    'If an automated menu answers ("press 1 for ..."), choose the option that reaches the right person'
     " or service and press it with send_digits; after it you keep listening on the same call. Never press"
     " keys a menu did not ask for."
 )
@@ -129,7 +129,7 @@ class CallKeys:
             return ToolOutcome.failed(BAD_DIGITS)
         if controls.closing is not None:
             return ToolOutcome.failed("not pressed: the call is ending")
-        context = carried_lines(self.carried, controls.transcript) + [{"role": "keys", "digits": digits}]
+        context = [*carried_lines(self.carried, controls.transcript), {"role": "keys", "digits": digits}]
         if not await records.request(self.db, self.call.call_sid, self.call.account_id, digits, context):
             return ToolOutcome.failed("not pressed: other keys are waiting to be pressed on this call")
         controls.note("keys", digits=digits)

@@ -242,9 +242,9 @@ class OutboundCalls:
             raise NotFound("not a call Pepper placed")
         call = AdmittedCall(start.call_sid, row["account_id"], row["handle_id"], row["caller"], row["line_number"],
                             False)  # fmt: skip
+        keys = await CallKeys.load(self.db, call)  # send_digits, and the call before a press
         return call, OutboundProfile(
-            deps, call, attempt["brief"], owner_number=attempt["owner_number"], finished=self.brief_given,
-            keys=await CallKeys.load(self.db, call),
+            deps, call, attempt["brief"], owner_number=attempt["owner_number"], finished=self.brief_given, keys=keys
         )
 
     async def brief_given(self, call_sid: str, verified_by: str | None, owner_number: bool) -> None:
