@@ -170,9 +170,9 @@ class KeyPresses:
         self.token_ttl = token_ttl
 
     async def after_stream(self, call_sid: str) -> str | None:
-        """``<Play digits>`` and a new ``<Connect><Stream>`` when keys wait for this call (taken
-        once); None when none do."""
-        row = await records.take_pending(self.db, call_sid)
+        """``<Play digits>`` and a new ``<Connect><Stream>`` when keys wait for this call and its
+        stream closed to press them (taken once); None otherwise."""
+        row = await records.take_pending(self.db, call_sid, END_REASON)
         if row is None:
             return None
         # The closed stream's records are written just after its socket closed; the call is

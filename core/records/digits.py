@@ -27,12 +27,16 @@ async def request(db: Queries, call_sid: str, account_id: UUID, digits: str, con
     return bool(inserted)
 
 
-async def take_pending(db: Queries, call_sid: str) -> Any:
-    """The keys waiting for this call, now marked played; None when none wait (once only)."""
+async def take_pending(db: Queries, call_sid: str, end_reason: str) -> Any:
+    """The keys waiting for this call, now marked played, if its stream ended to press them (the
+    call's ``end_reason``: a stream that ended for another reason, say the model failing, plays
+    nothing); None otherwise (once only)."""
     return await db.fetchrow(
-        "UPDATE call_digits SET status = 'played', played_at = now() WHERE call_sid = $1 AND status = 'pending'"
-        " RETURNING id, digits, requested_at, played_at",
+        "UPDATE call_digits d SET status = 'played', played_at = now() FROM calls c"
+        " WHERE d.call_sid = $1 AND d.status = 'pending' AND c.call_sid = d.call_sid AND c.end_reason = $2"
+        " RETURNING d.id, d.digits, d.requested_at, d.played_at",
         call_sid,
+        end_reason,
     )
 
 

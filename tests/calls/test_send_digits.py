@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from phone_support import LINE, NOTICE, OWNER, PUBLIC, STRANGER, until, verify_by_keypad
 
 from answering_service.rules import load_rules, save_rules
+from core.records import digits as digit_records
 from core.scheduling.schedule import parse_schedule
 from core.scheduling.tasks import create_task
 from gateway import cli_calls
@@ -136,11 +137,18 @@ async def test_keys_that_are_not_dtmf_are_refused_and_nothing_is_played(phone_ou
     assert await phone.db.fetchval("SELECT count(*) FROM call_digits") == 0
     status, text = await phone.twilio.stream_ended(phone.caller.local, PUBLIC, placed, answer.action)
     assert status == 200 and parse_twiml(text)["digits"] == [] and placed.digits_heard == []
+    # Keys left waiting by a stream that ended for another reason (here the callee hung up) are
+    # never played: only a stream closed to press them opens the next.
+    assert await digit_records.request(phone.db, placed.sid, phone.account_id, "9", [])
+    status, text = await phone.twilio.stream_ended(phone.caller.local, PUBLIC, placed, answer.action)
+    assert status == 200 and "stream_url" not in parse_twiml(text) and placed.digits_heard == []
+    assert await phone.db.fetchval("SELECT status FROM call_digits WHERE call_sid = $1", placed.sid) == "pending"
     # Garbage action requests play nothing either.
     for garbage in ({}, {"CallSid": "nonsense"}, {"CallSid": placed.sid, "Digits": "1"}):
         status, text = await phone.twilio.post_form(phone.caller.local, PUBLIC, AFTER_STREAM, garbage)
         assert status == 200 and parse_twiml(text)["digits"] == [] and "stream_url" not in parse_twiml(text)
-    assert "keys pressed" not in await _show(phone, placed.sid)
+    assert "keys pressed by Pepper: 9  (asked" in await _show(phone, placed.sid)
+    assert "not played" in await _show(phone, placed.sid)
 
 
 async def test_no_inbound_call_is_offered_send_digits(phone):
