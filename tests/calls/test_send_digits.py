@@ -10,7 +10,7 @@ import argparse
 import dataclasses
 from datetime import UTC, datetime
 
-from phone_support import LINE, NOTICE, OWNER, PUBLIC, STRANGER, until, verify_by_keypad
+from phone_support import LINE, NOTICE, OWNER, PUBLIC, STRANGER, speech, until, verify_by_keypad
 
 from answering_service.rules import load_rules, save_rules
 from core.records import digits as digit_records
@@ -70,7 +70,8 @@ async def test_pepper_presses_a_menu_key_and_the_call_goes_on_in_a_new_stream(ph
         first = phone.model.sessions[0]
         assert first.tool_names() == ["end_call", "send_digits"]
         assert "send_digits" in first.config.get("instructions", "")
-        await phone.model.respond(0)  # the menu spoke: the model presses 1
+        phone.model.hear(MENU)
+        call.say(speech("hello"))  # the menu speaks; once it stops the model presses 1
         await phone.model.wait_for(lambda: first.tool_outputs, within=15)
         assert PRESSING in first.tool_outputs[0]["output"]
         await call.wait(lambda: call.closed.is_set(), within=15, what="Pepper closing the stream")
@@ -100,7 +101,8 @@ async def test_pepper_presses_a_menu_key_and_the_call_goes_on_in_a_new_stream(ph
         session = phone.model.sessions[1]
         instructions = session.config.get("instructions", "")
         assert BRIEF in instructions  # the same call: the same task and brief
-        assert NOTICE in instructions and "(you pressed 1)" in instructions  # the call so far, carried
+        # The call so far, carried: Pepper's opening, the menu's words and the key pressed.
+        assert NOTICE in instructions and f"They: {MENU}" in instructions and "(you pressed 1)" in instructions
         assert PRESSED_NOTE.format(digits="1") in instructions
         await phone.model.wait_for(lambda: any(PRESSED_NOTE.format(digits="1") in n for n in session.notes))
         assert session.response_creates == []  # no notice again: Pepper listens for the menu's next prompt
