@@ -24,6 +24,7 @@ from typing import Any
 from core import identity
 from core.errors import NotFound
 from core.records import calls as call_records
+from core.records import digits as digit_records
 from core.records import outbound as records
 from core.settings import Settings
 from core.store import Database
@@ -120,6 +121,9 @@ async def _show(args: argparse.Namespace, db: Database, out: Callable[[str], Non
             answered = f", answered by {a['answered_by']}" if a["answered_by"] else ""
             out(f"  attempt {a['attempt']} ({a['call_sid'] or 'not placed'}): {a['status']}, "
                 f"{a['outcome'] or 'pending'}{answered}: {a['receipt'] or '-'}")  # fmt: skip
+    for press in await digit_records.for_call(db, call_sid):
+        played = f"played {_when(press['played_at'])}" if press["played_at"] else "not played"
+        out(f"  keys pressed by Pepper: {press['digits']}  (asked {_when(press['requested_at'])}, {played})")
     if recorded is None:
         return
     stats = recorded["stats"] if isinstance(recorded["stats"], dict) else json.loads(recorded["stats"] or "{}")

@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # imported where used: a turn worker need not load what only 
     from gateway.channels import Channel
     from gateway.mailer import SmtpMailer
     from text_loop import HarnessDeps
+    from voice.digits import KeyPresses
     from voice.live_call import Delegate, Settle
     from voice.outbound import OutboundCalls
     from voice.service import CallService
@@ -195,6 +196,7 @@ def build_calls(
     )  # fmt: skip
     service.outbound = outbound_from_settings(settings, db)
     service.transfers = transfers_from_settings(settings, db)
+    service.digits = digits_from_settings(settings, db)
     if isinstance(service.answering, AnsweringService):
         service.answering.transfers = service.transfers
     service.sip = sip_calls_from_settings(settings, service)
@@ -210,6 +212,17 @@ def transfers_from_settings(settings: Settings, db: Database) -> Transfers | Non
     if whisper is None or after is None:
         return None
     return Transfers(db, whisper_url=whisper, after_url=after, ring_seconds=settings.transfer_ring_seconds)
+
+
+def digits_from_settings(settings: Settings, db: Database) -> KeyPresses | None:
+    """Keys pressed on calls Pepper places (``voice.digits``): needs the public URLs Twilio calls."""
+    from gateway.webhooks import MEDIA_STREAM, VOICE_AFTER_STREAM, public_url_for
+    from voice.digits import KeyPresses
+
+    stream, after = public_url_for(settings, MEDIA_STREAM), public_url_for(settings, VOICE_AFTER_STREAM)
+    if stream is None or after is None:
+        return None
+    return KeyPresses(db, stream_url=stream, action_url=after)
 
 
 def outbound_from_settings(settings: Settings, db: Queries) -> OutboundCalls:

@@ -8,7 +8,8 @@ promises, for every profile:
   from a cached recording (``voice.notice``), straight to Twilio with a mark after it (on GPT-Live
   as the session's audio fixture), before the model may speak; without a recording the model is
   asked to say it. Until the Twilio mark after it comes back (the caller has heard it), caller
-  audio is discarded: neither buffered nor sent to the model.
+  audio is discarded: neither buffered nor sent to the model. A profile with no notice (``""``:
+  a call going on after Pepper pressed keys, ``voice.digits``) sends only the mark.
 * **Tools** come from the profile's registry and pass its gate and the same runner as text
   turns. A tool that takes longer than ``filler_after`` seconds makes the caller hear a short filler.
 * **Barge-in.** When the model reports the caller speaking over Pepper: Twilio ``clear``, cancel
@@ -395,7 +396,7 @@ class CallEngine:
         if getattr(self.model, "full_duplex", False):
             self._live = LiveCall(self)
         self._start_tape()
-        if self.deps.notice_audio is not None and self.model is not None:
+        if self.deps.notice_audio is not None and self.model is not None and self._profile.notice:
             self.notice_mulaw = await self.deps.notice_audio.mulaw(self._profile.notice)
         try:
             if self.model is None or not await self._open_model():
@@ -407,6 +408,10 @@ class CallEngine:
                 if self._live is not None:
                     self.spawn("speech-watch", self._live.watch())
                     await self._live.start()
+                elif not self._profile.notice:
+                    # Nothing to say first (a call going on after keys were pressed): the
+                    # caller's turn once this mark comes back, at once, with no audio before it.
+                    self._send_mark(_Mark("notice"))
                 elif self.notice_mulaw:
                     self._play_notice(self.notice_mulaw)
                 else:

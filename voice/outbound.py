@@ -41,6 +41,7 @@ from core.scheduling import runs
 from core.security import record_security_event
 from core.store.queries import Queries
 from voice.deps import VoiceDeps
+from voice.digits import CallKeys
 from voice.outbound_profile import OutboundProfile
 from voice.profile import AdmittedCall, CallProfile
 from voice.tokens import issue_token
@@ -241,8 +242,9 @@ class OutboundCalls:
             raise NotFound("not a call Pepper placed")
         call = AdmittedCall(start.call_sid, row["account_id"], row["handle_id"], row["caller"], row["line_number"],
                             False)  # fmt: skip
+        keys = await CallKeys.load(self.db, call)  # send_digits, and the call before a press
         return call, OutboundProfile(
-            deps, call, attempt["brief"], owner_number=attempt["owner_number"], finished=self.brief_given
+            deps, call, attempt["brief"], owner_number=attempt["owner_number"], finished=self.brief_given, keys=keys
         )
 
     async def brief_given(self, call_sid: str, verified_by: str | None, owner_number: bool) -> None:

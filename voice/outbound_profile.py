@@ -8,7 +8,9 @@
   are, so the session has no memory, no tools but ``end_call``, and the brief the owner chose to
   send to that number.
 
-At the end the attempt's receipt says whether the brief was given.
+On either, ``send_digits`` presses a menu's keys (``voice.digits``: to the owner's number only
+until the callee proved who they are); the call goes on in a new stream of this profile, without
+the notice. At the end the attempt's receipt says whether the brief was given.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ from typing import Any
 
 from core.persona import runtime_note_rule
 from core.tools.registry import Tool
+from voice import digits
 from voice.deps import VoiceDeps
 from voice.owner_profile import PERSONA, OwnerProfile
-from voice.profile import AdmittedCall
+from voice.profile import AdmittedCall, CallControls
 
 # At the end of the call: (CallSid, how the callee proved who they are or None, whether the
 # number is the owner's): ``voice.outbound.OutboundCalls.brief_given``.
@@ -51,16 +54,34 @@ class OutboundProfile(OwnerProfile):
     medium = "Call Pepper placed"
     verified_reply = "Tell the callee in a few words that they are verified, then give them the message."
 
-    def __init__(self, deps: VoiceDeps, call: AdmittedCall, brief: str, *, owner_number: bool, finished: Finished):
+    def __init__(
+        self, deps: VoiceDeps, call: AdmittedCall, brief: str, *, owner_number: bool, finished: Finished,
+        keys: digits.CallKeys | None = None,
+    ):  # fmt: skip
         super().__init__(deps, call)
         self.brief = brief
         self.owner_number = owner_number
         self._finished = finished
+        self.keys = keys  # send_digits, and the call before this stream (voice.digits)
+
+    @property
+    def notice(self) -> str:  # type: ignore[override]
+        return "" if self.keys is not None and self.keys.resumed else super().notice
+
+    def attach(self, controls: CallControls) -> None:
+        super().attach(controls)
+        if self.keys is not None:
+            self.registry.add(self.keys.tool(controls))
 
     def visible_tools(self) -> list[Tool]:
         if not self.owner_number:
-            return [t for t in self.registry.all() if t.name == "end_call"]
-        return super().visible_tools()
+            return [t for t in self.registry.all() if t.name in ("end_call", digits.TOOL)]
+        shown = super().visible_tools()
+        return [t for t in shown if t.name != digits.TOOL] if self.trust == "owner_verified" else shown
+
+    def on_listening(self) -> None:
+        if self.keys is not None and self.keys.resumed:
+            self.controls.spawn("keys-pressed", self.keys.on_listening(self.controls))
 
     def on_dtmf(self, digit: str) -> None:
         if self.owner_number:  # at another number nobody can become the owner, PIN or not
@@ -71,12 +92,16 @@ class OutboundProfile(OwnerProfile):
 
     async def instructions(self) -> str:
         if not self.owner_number:
-            return CALLED_OTHER.format(brief=self.brief)
-        if self.trust != "owner_verified":
-            return f"{PERSONA}\n\n{CALLED_RESTRICTED}"
-        return f"{await super().instructions()}\n\n{CALLED_VERIFIED.format(brief=self.brief)}"
+            text = CALLED_OTHER.format(brief=self.brief)
+        elif self.trust != "owner_verified":
+            text = f"{PERSONA}\n\n{CALLED_RESTRICTED}"
+        else:
+            return f"{await super().instructions()}\n\n{CALLED_VERIFIED.format(brief=self.brief)}"
+        return text if self.keys is None else f"{text}\n\n{self.keys.instructions()}"
 
     async def finish(self, summary: str, end_reason: str | None) -> None:
+        if end_reason == digits.END_REASON:
+            return  # the call goes on in a new stream after the keys (voice.digits)
         await self._finished(self._call.call_sid, self.verified_by, self.owner_number)
 
     def stats(self) -> dict[str, Any]:

@@ -93,6 +93,8 @@ class CallService:
         self.outbound: Any = None
         # Handing a caller to the owner (``voice.transfer.Transfers``), when Twilio is set up.
         self.transfers: Any = None
+        # Keys pressed on calls Pepper places (``voice.digits.KeyPresses``), when Twilio is set up.
+        self.digits: Any = None
         self.sip: Any = None  # voice.sip.SipCalls when calls also come by SIP direct
 
     # --- The voice webhook -------------------------------------------------------------------
@@ -184,6 +186,10 @@ class CallService:
 
     async def after_stream(self, call_sid: str) -> str:
         """TwiML once Pepper closed the media socket: an apology if the model failed, else hang up."""
+        if self.digits is not None:
+            pressed = await self.digits.after_stream(call_sid)  # keys to press, then the call goes on
+            if pressed is not None:
+                return pressed
         if self.transfers is not None:
             dial = await self.transfers.after_stream(call_sid)  # the caller is being handed to the owner
             if dial is not None:

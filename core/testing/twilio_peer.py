@@ -15,6 +15,7 @@ import asyncio
 import base64
 import secrets
 import time
+import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -58,6 +59,8 @@ class PlacedCall:
     auth: str | None
     sequence: int = 0
     received_at: float = field(default_factory=time.time)  # wall clock, when the peer got the request
+    # DTMF the far end heard (``<Play digits>`` and ``SendDigits``), one entry per press, in order.
+    digits_heard: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -262,9 +265,43 @@ class TwilioPeer:
         """The callee (``human``) or their voicemail (``machine_end_beep``...) answers: the status
         callbacks Twilio sends, then its request for TwiML with ``AnsweredBy``; the TwiML."""
         await self.call_status(local_base, public_base, placed, "ringing")
+        if placed.send_digits:  # keys Twilio presses once the call connects (REST ``SendDigits``)
+            await self.play_digits(placed, placed.send_digits)
         assert placed.url.startswith(public_base), placed.url
         params = self.call_form(placed, "in-progress", AnsweredBy=answered_by)
         return await self.post_form(local_base, public_base, urlsplit(placed.url).path, params)
+
+    async def stream_ended(
+        self, local_base: str, public_base: str, placed: PlacedCall, action_url: str | None
+    ) -> tuple[int, str]:
+        """What Twilio does when a ``<Connect><Stream>`` of a placed call ends (the media socket
+        closed): it asks the ``<Connect action>`` (without one, the call moves on to the next verb)
+        and runs the TwiML that comes back, in order, up to the first ``<Connect>``: each
+        ``<Play digits>`` is played to the far end (``digits_heard``; ``w`` waits 0.5 s). The
+        TwiML is returned: a ``<Connect><Stream>`` in it is the call's next stream."""
+        if action_url is None:
+            return 0, ""
+        assert action_url.startswith(public_base), action_url
+        status, text = await self.post_form(local_base, public_base, urlsplit(action_url).path,
+                                            self.call_form(placed, "in-progress"))  # fmt: skip
+        if status != 200:
+            return status, text
+        for verb in ET.fromstring(text):
+            if verb.tag == "Connect" or verb.tag == "Hangup":
+                break
+            digits = verb.get("digits") if verb.tag == "Play" else None
+            if digits:
+                await self.play_digits(placed, digits)
+        return status, text
+
+    async def play_digits(self, placed: PlacedCall, digits: str) -> None:
+        """DTMF to the far end of a placed call, as ``<Play digits>`` plays it: ``w`` is a pause of
+        half a second, any other character one key pressed."""
+        for key in digits:
+            if key == "w":
+                await asyncio.sleep(0.5)
+            else:
+                placed.digits_heard.append(key)
 
     # --- Twilio -> Pepper ------------------------------------------------------------------------
 

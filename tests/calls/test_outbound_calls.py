@@ -115,10 +115,12 @@ async def test_a_person_who_answers_hears_the_brief_only_after_the_pin(phone_out
             before = session.config.get("instructions", "")
             assert "prove who they are" in before
             assert [word for word in PRIVATE if word.lower() in before.lower()] == []
-            assert "verify_pin" in session.tool_names()
+            # A switchboard's keys may be pressed until the callee proves who they are, not after.
+            assert "verify_pin" in session.tool_names() and "send_digits" in session.tool_names()
             phone.model.script(speak("You're verified. " + BRIEF))
             await verify_by_keypad(phone, call, PIN)
             await phone.model.wait_for(lambda: BRIEF in session.config.get("instructions", ""))
+            assert "send_digits" not in session.tool_names()
             await phone.model.wait_for(lambda: any("message" in (c.get("instructions") or "")
                                                    for c in session.response_creates[1:]))  # fmt: skip
             await call.hang_up()
@@ -259,16 +261,18 @@ async def test_a_number_nobody_approved_is_never_dialled(phone_out):
         [placed] = await phone.twilio.wait_for_calls(1)
         assert placed.to == STRANGER and placed.send_digits == "ww2#"
         # Whoever answers there hears the message the owner sent them, and nothing more: no memory,
-        # no tools but end_call, and the owner's PIN keyed there makes nobody the owner.
+        # no tools but end_call and send_digits (a menu's keys), and the owner's PIN keyed there
+        # makes nobody the owner.
         status, text = await placing.answer(placed, "human")
         assert status == 200
+        assert placed.digits_heard == ["2", "#"]  # Twilio pressed them once the call connected
         parsed = parse_twiml(text)
         answer = Answer(200, text, placed.sid, parsed["stream_url"], parsed["parameters"])
         async with phone.caller.media(answer) as call:
             await phone.until_listening(call)
             session = phone.model.sessions[0]
             assert BRIEF in session.config.get("instructions", "")
-            assert session.tool_names() == ["end_call"]
+            assert session.tool_names() == ["end_call", "send_digits"]
             updates = len([e for e in session.events if e["type"] == "session.update"])
             await call.keypad(PIN + "#")
             await call.hang_up()

@@ -56,6 +56,7 @@ class Answer:
     parameters: dict[str, str] = field(default_factory=dict)
     says: list[str] = field(default_factory=list)
     action: str | None = None
+    digits: list[str] = field(default_factory=list)  # each <Play digits> before the stream, in order
 
     @property
     def connected(self) -> bool:
@@ -65,6 +66,7 @@ class Answer:
 def parse_twiml(text: str) -> dict[str, Any]:
     root = ET.fromstring(text)
     out: dict[str, Any] = {"says": [e.text or "" for e in root.iter("Say")], "hangup": root.find("Hangup") is not None}
+    out["digits"] = [e.get("digits") for e in root.iter("Play") if e.get("digits")]
     connect_el = root.find("Connect")
     if connect_el is not None:
         out["action"] = connect_el.get("action")
@@ -73,6 +75,18 @@ def parse_twiml(text: str) -> dict[str, Any]:
             out["stream_url"] = stream.get("url")
             out["parameters"] = {p.get("name"): p.get("value") for p in stream.findall("Parameter")}
     return out
+
+
+def answer_of(status: int, text: str, call_sid: str) -> Answer:
+    answer = Answer(status, text, call_sid)
+    if status == 200:
+        parsed = parse_twiml(text)
+        answer.stream_url = parsed.get("stream_url")
+        answer.parameters = parsed.get("parameters", {})
+        answer.says = parsed["says"]
+        answer.action = parsed.get("action")
+        answer.digits = parsed["digits"]
+    return answer
 
 
 class TwilioCaller:
@@ -115,14 +129,17 @@ class TwilioCaller:
                   "CallStatus": "ringing", "Direction": "inbound", "ApiVersion": "2010-04-01", "Caller": from_,
                   "Called": to, **extra}  # fmt: skip
         status, text = await self.post(path, params, signature=signature)
-        answer = Answer(status, text, call_sid)
-        if status == 200:
-            parsed = parse_twiml(text)
-            answer.stream_url = parsed.get("stream_url")
-            answer.parameters = parsed.get("parameters", {})
-            answer.says = parsed["says"]
-            answer.action = parsed.get("action")
-        return answer
+        return answer_of(status, text, call_sid)
+
+    async def stream_ended(self, answer: Answer, **form: str) -> Answer:
+        """Twilio's request for the ``<Connect action>`` once the stream of ``answer`` ended (Pepper
+        closed the socket): the next TwiML, as an :class:`Answer` (its ``digits`` are the keys
+        ``<Play digits>`` presses before a new stream)."""
+        assert answer.action and answer.action.startswith(self.public), answer.action
+        params = {"CallSid": answer.call_sid, "AccountSid": self.account_sid, "CallStatus": "in-progress",
+                  "ApiVersion": "2010-04-01", **form}  # fmt: skip
+        status, text = await self.post(urlsplit(answer.action).path, params)
+        return answer_of(status, text, answer.call_sid)
 
     async def status(self, call_sid: str, status: str, path: str = "/twilio/voice/status") -> int:
         params = {"CallSid": call_sid, "AccountSid": self.account_sid, "CallStatus": status}

@@ -34,6 +34,18 @@ def connect_stream(stream_url: str, token: str, *, action_url: str | None, name:
     return str(response)
 
 
+def play_digits_then_stream(digits: str, stream_url: str, token: str, *, action_url: str | None, name: str) -> str:
+    """``<Play digits>`` (DTMF to the far end; ``w`` waits half a second), then a new
+    ``<Connect><Stream>`` on the same call, as :func:`connect_stream`."""
+    response = VoiceResponse()
+    response.play(digits=digits)
+    connect = response.connect(action=action_url) if action_url else response.connect()
+    stream = connect.stream(url=stream_url, name=name)
+    stream.parameter(name="call_token", value=token)
+    response.hangup()
+    return str(response)
+
+
 def dial(number: str, *, caller_id: str, ring_seconds: int, action_url: str, whisper_url: str) -> str:
     """``<Dial>`` the number, playing the whisper (``whisper_url``'s TwiML) to whoever picks up
     before the caller is bridged; after ``ring_seconds`` unanswered, or once the call ends,
