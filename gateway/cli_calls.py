@@ -62,24 +62,29 @@ async def run(args: argparse.Namespace, settings: Settings, db: Database, out: C
     from voice.replay_call import outputs_of, replay_call
 
     call_sid = await call_records.recorded_call_of(db, args.call)
-    loaded = await call_records.load_recording(db, call_sid) if call_sid else None
-    if call_sid is None or loaded is None:
+    streams = await call_records.load_recordings(db, call_sid) if call_sid else []
+    if call_sid is None or not streams:
         raise NotFound(f"no recorded call {args.call} (calls are recorded when voice_record_calls is on)")
-    entries, complete = loaded
-    result = await replay_call(db, entries, complete=complete)
-    state = "complete" if complete else "INCOMPLETE (the call's process stopped before its end was written)"
-    out(f"call {call_sid}: recording {state}, {len(entries)} entries")
-    if args.show:
-        for output, t_ms, _ in outputs_of(entries):
-            out(printable(f"  {t_ms:>9.1f} ms  {' '.join(str(x) for x in output)}"))
-    out(f"outputs: recorded {result.recorded_outputs}, replay {result.replayed_outputs}")
-    if result.identical:
-        out("replay identical: this build does what the recorded call did")
-    else:
-        out(f"replay differs in {len(result.differences)} place(s):")
-        for line in result.differences:
-            out(printable(f"  {line}"))
-    args.exit_code = 0 if result.identical else 1
+    identical = True
+    for n, stream in enumerate(streams, 1):
+        # A call that ran on more than one media stream (back after a transfer, after keys
+        # pressed) has a recording per stream: each is one engine's run, replayed on its own.
+        part = f" stream {n} of {len(streams)} ({stream.stream_sid or 'one stream'})" if len(streams) > 1 else ""
+        result = await replay_call(db, stream.entries, complete=stream.complete)
+        state = "complete" if stream.complete else "INCOMPLETE (the call's process stopped before its end was written)"
+        out(f"call {call_sid}{part}: recording {state}, {len(stream.entries)} entries")
+        if args.show:
+            for output, t_ms, _ in outputs_of(stream.entries):
+                out(printable(f"  {t_ms:>9.1f} ms  {' '.join(str(x) for x in output)}"))
+        out(f"outputs: recorded {result.recorded_outputs}, replay {result.replayed_outputs}")
+        if result.identical:
+            out("replay identical: this build does what the recorded call did")
+        else:
+            identical = False
+            out(f"replay differs in {len(result.differences)} place(s):")
+            for line in result.differences:
+                out(printable(f"  {line}"))
+    args.exit_code = 0 if identical else 1
     return True
 
 
@@ -138,6 +143,8 @@ async def _show(args: argparse.Namespace, db: Database, out: Callable[[str], Non
                                                     "model_reconnects") if k in stats)  # fmt: skip
     if counts:
         out(f"frames and events: {counts}")
-    loaded = await call_records.load_recording(db, call_sid)
-    state = "none" if loaded is None else ("complete" if loaded[1] else "incomplete")
-    out(f"recording for replay: {state}" + (f"  (pepper replay-call {call_sid})" if loaded else ""))
+    streams = await call_records.load_recordings(db, call_sid)
+    state = "none" if not streams else ("complete" if all(r.complete for r in streams) else "incomplete")
+    if len(streams) > 1:
+        state += f", {len(streams)} media streams"
+    out(f"recording for replay: {state}" + (f"  (pepper replay-call {call_sid})" if streams else ""))

@@ -475,7 +475,7 @@ class CallEngine:
     async def _store_tape(self, seq: int, entries: list[list[Any]], final: bool) -> None:
         try:
             await call_records.store_recording(self.deps.db, self._call.call_sid, self._call.account_id, seq,
-                                               entries, final=final)  # fmt: skip
+                                               entries, final=final, stream_sid=self._sid)  # fmt: skip
         except Exception:
             log.exception("could not store a chunk of a call's recording")
 

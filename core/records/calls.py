@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import zlib
+from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
@@ -242,13 +243,15 @@ async def claim_sip_webhook(db: Queries, webhook_id: str, session_id: str) -> bo
 
 
 async def store_recording(
-    db: Queries, call_sid: str, account_id: UUID | None, seq: int, entries: list[list[Any]], *, final: bool
-) -> None:
-    """One chunk of a call's recording (written once: a retried chunk changes nothing)."""
+    db: Queries, call_sid: str, account_id: UUID | None, seq: int, entries: list[list[Any]], *, final: bool,
+    stream_sid: str = "",
+) -> None:  # fmt: skip
+    """One chunk of one media stream's recording (written once: a retried chunk changes nothing)."""
     await db.execute(
-        "INSERT INTO call_recordings (call_sid, seq, account_id, entries, final) VALUES ($1, $2, $3, $4, $5)"
-        " ON CONFLICT (call_sid, seq) DO NOTHING",
+        "INSERT INTO call_recordings (call_sid, stream_sid, seq, account_id, entries, final)"
+        " VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (call_sid, stream_sid, seq) DO NOTHING",
         call_sid,
+        stream_sid,
         seq,
         account_id,
         zlib.compress(json.dumps(entries, separators=(",", ":")).encode(), 1),  # fast: written mid-call
@@ -256,20 +259,41 @@ async def store_recording(
     )
 
 
+@dataclass(frozen=True)
+class StreamRecording:
+    """One media stream's recorded entries, in order, and whether the recording is complete (its
+    final chunk is there and no chunk before it is missing; else what came before the gap)."""
+
+    stream_sid: str
+    entries: list[list[Any]]
+    complete: bool
+
+
+async def load_recordings(db: Queries, call_sid: str) -> list[StreamRecording]:
+    """A call's recordings, one per media stream it ran on, in the order the streams began."""
+    rows = await db.fetch(
+        "SELECT stream_sid, seq, entries, final, min(written_at) OVER (PARTITION BY stream_sid) AS began"
+        " FROM call_recordings WHERE call_sid = $1 ORDER BY began, stream_sid, seq",
+        call_sid,
+    )
+    streams: list[StreamRecording] = []
+    for stream_sid in dict.fromkeys(row["stream_sid"] for row in rows):
+        entries: list[list[Any]] = []
+        complete = False
+        for expected, row in enumerate(r for r in rows if r["stream_sid"] == stream_sid):
+            if row["seq"] != expected:
+                complete = False  # a chunk is missing: what came before it is readable
+                break
+            entries.extend(json.loads(zlib.decompress(row["entries"])))
+            complete = bool(row["final"])
+        streams.append(StreamRecording(stream_sid, entries, complete))
+    return streams
+
+
 async def load_recording(db: Queries, call_sid: str) -> tuple[list[list[Any]], bool] | None:
-    """A call's recorded entries in order, and whether the recording is complete (its final chunk
-    is there and no chunk before it is missing); None when the call has none."""
-    rows = await db.fetch("SELECT seq, entries, final FROM call_recordings WHERE call_sid = $1 ORDER BY seq", call_sid)
-    if not rows:
-        return None
-    entries: list[list[Any]] = []
-    complete = False
-    for expected, row in enumerate(rows):
-        if row["seq"] != expected:
-            return entries, False  # a chunk is missing: what came before it is readable
-        entries.extend(json.loads(zlib.decompress(row["entries"])))
-        complete = bool(row["final"])
-    return entries, complete
+    """The call's first stream's recording (entries, complete); None when the call has none."""
+    streams = await load_recordings(db, call_sid)
+    return (streams[0].entries, streams[0].complete) if streams else None
 
 
 async def recorded_call_of(db: Queries, call: str) -> str | None:

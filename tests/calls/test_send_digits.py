@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from phone_support import LINE, NOTICE, OWNER, PUBLIC, STRANGER, speech, until, verify_by_keypad
 
 from answering_service.rules import load_rules, save_rules
+from core.records import calls as call_records
 from core.records import digits as digit_records
 from core.scheduling.schedule import parse_schedule
 from core.scheduling.tasks import create_task
@@ -51,13 +52,16 @@ def _form(phone, placed):
     return phone.twilio.call_form(placed, "in-progress")
 
 
-async def _show(phone, call_sid):
+async def _cli(phone, *argv):
     parser = argparse.ArgumentParser()
     cli_calls.add_commands(parser.add_subparsers(dest="command"))
     lines: list[str] = []
-    assert await cli_calls.run(parser.parse_args(["calls", "show", call_sid]), phone.services.settings, phone.db,
-                               lines.append)  # fmt: skip
+    assert await cli_calls.run(parser.parse_args(list(argv)), phone.services.settings, phone.db, lines.append)
     return "\n".join(lines)
+
+
+async def _show(phone, call_sid):
+    return await _cli(phone, "calls", "show", call_sid)
 
 
 async def test_pepper_presses_a_menu_key_and_the_call_goes_on_in_a_new_stream(phone_out):
@@ -67,6 +71,7 @@ async def test_pepper_presses_a_menu_key_and_the_call_goes_on_in_a_new_stream(ph
     assert answer.action == f"{PUBLIC}{AFTER_STREAM}"
     async with phone.caller.media(answer) as call:
         await phone.until_listening(call)
+        first_stream = call.stream_sid
         first = phone.model.sessions[0]
         assert first.tool_names() == ["end_call", "send_digits"]
         assert "send_digits" in first.config.get("instructions", "")
@@ -98,6 +103,7 @@ async def test_pepper_presses_a_menu_key_and_the_call_goes_on_in_a_new_stream(ph
     second = Answer(200, text, placed.sid, parsed["stream_url"], parsed["parameters"], action=parsed["action"])
     async with phone.caller.media(second) as call:
         await phone.until_listening(call)
+        second_stream = call.stream_sid
         session = phone.model.sessions[1]
         instructions = session.config.get("instructions", "")
         assert BRIEF in instructions  # the same call: the same task and brief
@@ -115,6 +121,18 @@ async def test_pepper_presses_a_menu_key_and_the_call_goes_on_in_a_new_stream(ph
     assert await phone.db.fetchval("SELECT count(*) FROM calls WHERE call_sid = $1", placed.sid) == 1
     shown = await _show(phone, placed.sid)
     assert "keys pressed by Pepper: 1" in shown and "played 20" in shown
+
+    # Each stream's engine recorded its own run, and both recordings are kept (the second one's
+    # chunks once collided with the first's); each replays on its own.
+    async def both_recorded():
+        streams = await call_records.load_recordings(phone.db, placed.sid)
+        return streams if len(streams) == 2 and all(s.complete for s in streams) else None
+
+    streams = await until(both_recorded)
+    assert [s.stream_sid for s in streams] == [first_stream, second_stream]
+    assert "recording for replay: complete, 2 media streams" in await _show(phone, placed.sid)
+    replayed = await _cli(phone, "replay-call", placed.sid)
+    assert replayed.count("replay identical") == 2 and "stream 2 of 2" in replayed, replayed
 
 
 async def test_keys_that_are_not_dtmf_are_refused_and_nothing_is_played(phone_out):
