@@ -5,8 +5,9 @@
   call). Only then do the instructions hold the brief, and the model is asked to give it. Before
   that, it knows only that it called with a message and that the callee must prove who they are.
 * **To a number the owner approved for the task** (not the owner's): nobody can prove who they
-  are, so the session has no memory, no tools but ``end_call``, and the brief the owner chose to
-  send to that number.
+  are, so the session has no memory, no tools but ``end_call`` (and ``transfer_to_owner`` when the
+  owner takes calls put through: the person called wants a word with them), and the brief the
+  owner chose to send to that number. A call to one of the owner's own numbers never offers it.
 
 At the end the attempt's receipt says whether the brief was given.
 """
@@ -21,6 +22,7 @@ from core.tools.registry import Tool
 from voice.deps import VoiceDeps
 from voice.owner_profile import PERSONA, OwnerProfile
 from voice.profile import AdmittedCall
+from voice.transfer import TOOL as TRANSFER
 
 # At the end of the call: (CallSid, how the callee proved who they are or None, whether the
 # number is the owner's): ``voice.outbound.OutboundCalls.brief_given``.
@@ -50,6 +52,7 @@ class OutboundProfile(OwnerProfile):
     route = "outbound"
     medium = "Call Pepper placed"
     verified_reply = "Tell the callee in a few words that they are verified, then give them the message."
+    transfer_about = "Put the person you called through to the phone of the person you work for (they asked to)."
 
     def __init__(self, deps: VoiceDeps, call: AdmittedCall, brief: str, *, owner_number: bool, finished: Finished):
         super().__init__(deps, call)
@@ -57,9 +60,14 @@ class OutboundProfile(OwnerProfile):
         self.owner_number = owner_number
         self._finished = finished
 
+    def transfer_offered(self) -> bool:
+        # Dialling the owner to themselves means nothing: never on a call to the owner's number.
+        return not self.owner_number and bool(self._transfer) and not self.returned
+
     def visible_tools(self) -> list[Tool]:
         if not self.owner_number:
-            return [t for t in self.registry.all() if t.name == "end_call"]
+            shown = ("end_call", TRANSFER) if self.transfer_offered() else ("end_call",)
+            return [t for t in self.registry.all() if t.name in shown]
         return super().visible_tools()
 
     def on_dtmf(self, digit: str) -> None:
@@ -70,8 +78,9 @@ class OutboundProfile(OwnerProfile):
         return await super().verify_spoken(digits) if self.owner_number else False
 
     async def instructions(self) -> str:
+        await self._load_transfer()
         if not self.owner_number:
-            return CALLED_OTHER.format(brief=self.brief)
+            return CALLED_OTHER.format(brief=self.brief) + self.transfer_notes()
         if self.trust != "owner_verified":
             return f"{PERSONA}\n\n{CALLED_RESTRICTED}"
         return f"{await super().instructions()}\n\n{CALLED_VERIFIED.format(brief=self.brief)}"
