@@ -40,7 +40,8 @@ from core.web.permission import WEB, asks_for_web
 from voice import verification
 from voice.deps import VoiceDeps
 from voice.profile import AdmittedCall, CallControls, CallProfile, withhold_digits
-from voice.transfer import OFFER_NOTE, RETURNED_PASS_ON, RETURNED_PASS_ON_NOTE, TOOL as TRANSFER
+from voice.transfer import OFFER_NOTE, RETURNED_PASS_ON, RETURNED_PASS_ON_NOTE, asks_to_be_put_through
+from voice.transfer import TOOL as TRANSFER
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +170,17 @@ class OwnerProfile(CallProfile):
         if not self.transfer_offered():
             shown = [t for t in shown if t.name != TRANSFER]
         return shown
+
+    async def delegated(self, words: str) -> str | None:
+        # A full-duplex model (SIP direct) has no tools: a task asking to be put through is this
+        # profile's, when the transfer is offered; anything else runs as a Pepper turn.
+        if not asks_to_be_put_through(words):
+            return None
+        await self._load_transfer()
+        if not self.transfer_offered() or self.deps.transfers is None:
+            return None
+        outcome = await self.deps.transfers.request(self.controls, self._call, "the caller (no name given)", words)
+        return outcome.content
 
     def transfer_notes(self) -> str:
         """The instructions' lines about putting the caller through, as of now."""

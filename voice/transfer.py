@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
@@ -84,6 +85,18 @@ _PARAMS = {
     "required": ["caller_name", "reason"],
     "additionalProperties": False,
 }
+
+
+# On a full-duplex model (GPT-Live: no tools of its own; SIP direct) a delegated task in these
+# words asks to be put through (``asks_to_be_put_through``); the profile decides whether it may be.
+_PUT_THROUGH = re.compile(
+    r"\b(?:put|patch|transfer|connect|forward)\s+(?:me|us|this call|my call)\b|\bput\s+(?:me\s+)?through\b",
+    re.IGNORECASE,
+)
+
+
+def asks_to_be_put_through(words: str) -> bool:
+    return _PUT_THROUGH.search(words) is not None
 
 
 def _clip(text: str, limit: int) -> str:
@@ -169,6 +182,9 @@ class Transfers:
         be handed on; None when it was not (once only)."""
         row = await records.referred(self.db, call_sid)
         return f"tel:{row['to_number']}" if row is not None else None
+
+    async def refer_failed(self, call_sid: str) -> None:
+        await records.refer_failed(self.db, call_sid)
 
     async def after_dial(self, form: Mapping[str, str], *, stream_url: str, action_url: str | None) -> str:
         call_sid = form.get("CallSid") or ""

@@ -93,3 +93,10 @@ async def referred(db: Queries, call_sid: str) -> Any:
         " WHERE call_sid = $1 AND status = 'pending' RETURNING *",
         call_sid,
     )
+
+
+async def refer_failed(db: Queries, call_sid: str) -> None:
+    """The REFER for the call was refused or never reached OpenAI: the call was hung up instead."""
+    await db.execute(
+        "UPDATE call_transfers SET dial_status = 'refer-failed', updated_at = now() WHERE call_sid = $1", call_sid
+    )
