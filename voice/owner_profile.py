@@ -132,7 +132,7 @@ class OwnerProfile(CallProfile):
         digits = {"type": "object", "properties": {"digits": {"type": "string", "minLength": 1, "maxLength": 40}},
                   "required": ["digits"], "additionalProperties": False}  # fmt: skip
         empty = {"type": "object", "properties": {}, "additionalProperties": False}
-        own = (
+        own: list[Tool] = [
             Tool("verify_pin", "Check the PIN the caller said aloud (digits only).", digits, self._tool_verify_pin,
                  area="call"),
             Tool("send_code", "Text a one-time code to the caller's verified phone number.", empty,
@@ -140,9 +140,9 @@ class OwnerProfile(CallProfile):
             Tool("check_code", "Check the one-time code the caller read back (digits only).", digits,
                  self._tool_check_code, area="call"),
             controls.end_call_tool("call"),
-        )  # fmt: skip
+        ]  # fmt: skip
         if self.deps.transfers is not None:
-            own += (self.deps.transfers.tool(controls, self._call, area="call", description=self.transfer_about),)
+            own.append(self.deps.transfers.tool(controls, self._call, area="call", description=self.transfer_about))
         registry = ToolRegistry(own)
         for tool in self.deps.registry.all():
             if tool.name not in registry:

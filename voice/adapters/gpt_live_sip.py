@@ -2,8 +2,8 @@
 the call to OpenAI (``sip:$PROJECT_ID@sip.api.openai.com;transport=tls``), OpenAI posts a signed
 ``live.transport.incoming`` (or older ``realtime.call.incoming``) webhook, Pepper accepts or rejects
 the pending session (``client.live.sessions.accept`` / ``reject``; ``refer`` hands an accepted one
-on, ``hangup`` ends it) and drives it over the **sideband** WebSocket (``client.live.sideband.connect(session_id=...)``). Media never passes
-through Pepper.
+on, ``hangup`` ends it) and drives it over the **sideband** WebSocket
+(``client.live.sideband.connect(session_id=...)``). Media never passes through Pepper.
 
 The webhook's signature is the standard-webhooks scheme the SDK verifies
 (``client.webhooks.verify_signature``: HMAC-SHA256 over ``id.timestamp.body`` with the
