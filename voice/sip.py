@@ -20,6 +20,9 @@ on GPT-Live with Pepper as the backend; media never passes through Pepper.
    session's audio fixture), over the sideband socket. With no media, the link below stands in for
    Twilio's: marks come back at once (Pepper cannot see the caller's playback; the model's own
    timeline, ``…fixture.played`` and its transcript, marks what was said).
+5. A caller who asked to be put through to the owner (``voice.transfer``: someone at the owner's
+   other phone, before they proved who they are) is handed on when the call closes: a REFER to
+   ``tel:`` the owner's number (``live.sessions.refer``) instead of the hang-up.
 """
 
 from __future__ import annotations
