@@ -223,6 +223,10 @@ async def test_the_person_pepper_called_comes_back_when_the_owner_does_not_pick_
     leg = await phone.caller.follow_dial(await _dial_twiml(phone, form), form, answers=False)
     assert leg.dial_status == "no-answer" and leg.whisper == []
     await _back_with_pepper(phone, leg, placed.sid)
+    # The attempt's receipt says so (pepper calls show).
+    await until(lambda: phone.db.fetchval("SELECT receipt FROM outbound_calls WHERE call_sid = $1 AND receipt LIKE"
+                                          " '%put through to you, who did not pick up'", placed.sid),
+                what="the receipt")  # fmt: skip
 
 
 async def test_a_call_pepper_placed_to_the_owner_never_offers_to_put_them_through(phone_out):
@@ -288,3 +292,26 @@ async def test_the_verified_owner_is_never_offered_a_transfer_to_themselves(phon
         await phone.model.wait_for(lambda: TOOL not in session.tool_names())
         assert OFFER_NOTE not in session.config.get("instructions", "")
         await call.hang_up()
+
+
+async def test_a_stranger_calling_the_owner_s_own_line_may_be_put_through_by_the_answering_service(phone):
+    # PEPPER_VOICE_UNKNOWN_CALLER=answering: a stranger on the personal line gets the answering
+    # service (never the owner's session), and with it the transfer.
+    phone.calls.unknown_caller = "answering"
+    await _transfers_on(phone)
+    answer = await phone.caller.dial(from_=STRANGER, to=LINE)
+    assert answer.connected, answer.twiml
+    phone.model.script(call_tool(TOOL, {"caller_name": "Grace", "reason": "the talk"}), speak("Putting you through."),
+                       speak("One moment."))  # fmt: skip
+    async with phone.caller.media(answer) as call:
+        await phone.until_listening(call)
+        session = phone.model.sessions[0]
+        assert TOOL in session.tool_names() and "verify_pin" not in session.tool_names()
+        await phone.model.respond(0)
+        await phone.model.wait_for(lambda: session.tool_outputs, within=15)
+        await call.wait(lambda: call.closed.is_set(), within=15, what="Pepper closing the stream")
+    form = _form(phone, answer.call_sid)
+    leg = await phone.caller.follow_dial(await _dial_twiml(phone, form), form, answers=True)
+    assert leg.number == OWNER and "A caller who says they are Grace" in " ".join(leg.whisper) and leg.bridged
+    row = await phone.db.fetchrow("SELECT route FROM calls WHERE call_sid = $1", answer.call_sid)
+    assert row["route"] == "answering"
