@@ -201,6 +201,9 @@ async def test_the_person_pepper_called_is_put_through_the_owner_hears_the_whisp
     assert forged[0] == 403
     forged_whisper = await phone.caller.post(WHISPER, {**form, "ParentCallSid": placed.sid}, signature="Zm9yZ2Vk")
     assert forged_whisper[0] == 403
+    row = await phone.db.fetchrow("SELECT * FROM call_transfers WHERE call_sid = $1", placed.sid)
+    assert row["status"] == "dialing" and row["dial_status"] is None  # still ringing the owner
+    assert await phone.db.fetchval("SELECT count(*) FROM security_events WHERE kind = 'twilio-signature-invalid'") == 2
     leg = await phone.caller.follow_dial(dial, form, answers=True)
     assert leg.number == OWNER and leg.caller_id == LINE
     said = " ".join(leg.whisper)
