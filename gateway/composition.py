@@ -194,10 +194,11 @@ def build_calls(
         connectors=harness.connectors, models=harness.models, delegate=delegate, settle=settle,
     )  # fmt: skip
     service.outbound = outbound_from_settings(settings, db)
-    service.transfers = service.deps.transfers = transfers_from_settings(settings, db)
+    service.transfers = transfers_from_settings(settings, db)
     if isinstance(service.answering, AnsweringService):
         service.answering.transfers = service.transfers
     service.sip = sip_calls_from_settings(settings, service)
+    service.deps.transfers = service.transfers  # the owner's line and placed calls offer it too (voice.transfer)
     return service
 
 

@@ -75,22 +75,6 @@ def parse_twiml(text: str) -> dict[str, Any]:
     return out
 
 
-@dataclass
-class DialLeg:
-    """What Twilio did with a ``<Dial><Number url=...>``: the number rung, the caller ID shown,
-    what the second leg heard before the bridge (its whisper), whether the legs were bridged, and
-    the ``<Dial action>``'s answer."""
-
-    number: str
-    caller_id: str | None
-    whisper: list[str]
-    bridged: bool
-    dial_status: str
-    status: int
-    twiml: str
-    child_sid: str | None = None
-
-
 class TwilioCaller:
     def __init__(
         self,
@@ -140,6 +124,11 @@ class TwilioCaller:
             answer.action = parsed.get("action")
         return answer
 
+    async def status(self, call_sid: str, status: str, path: str = "/twilio/voice/status") -> int:
+        params = {"CallSid": call_sid, "AccountSid": self.account_sid, "CallStatus": status}
+        code, _ = await self.post(path, params)
+        return code
+
     async def follow_dial(self, twiml: str, form: dict[str, str], *, answers: bool) -> DialLeg:
         """Twilio running the ``<Dial>`` in ``twiml`` for the call of ``form``: the second leg
         rings; when it ``answers``, its ``<Number url>`` is asked for the whisper (a child call with
@@ -171,11 +160,6 @@ class TwilioCaller:
         params = {**form, "DialCallStatus": dial_status, **({"DialCallSid": child} if child else {})}
         status, text = await self.post(urlsplit(action).path, params)
         return DialLeg(number.text, dial.get("callerId"), whisper, bridged, dial_status, status, text, child)
-
-    async def status(self, call_sid: str, status: str, path: str = "/twilio/voice/status") -> int:
-        params = {"CallSid": call_sid, "AccountSid": self.account_sid, "CallStatus": status}
-        code, _ = await self.post(path, params)
-        return code
 
     def local_ws_url(self, public_ws_url: str) -> str:
         local = urlsplit(self.media_local)
@@ -407,3 +391,19 @@ class MediaCall:
             await self.ws.close()
         if self.close_code is None:
             self.close_code = self.ws.close_code
+
+
+@dataclass
+class DialLeg:
+    """What Twilio did with a ``<Dial><Number url=...>``: the number rung, the caller ID shown,
+    what the second leg heard before the bridge (its whisper), whether the legs were bridged, and
+    the ``<Dial action>``'s answer."""
+
+    number: str
+    caller_id: str | None
+    whisper: list[str]
+    bridged: bool
+    dial_status: str
+    status: int
+    twiml: str
+    child_sid: str | None = None
