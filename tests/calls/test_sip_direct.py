@@ -21,6 +21,7 @@ from phone_support import (
     NOTICE,
     OWNER,
     PIN,
+    PUBLIC,
     STRANGER,
     TOKEN,
     _set_pin,
@@ -282,3 +283,45 @@ async def test_the_sip_webhook_is_served_whenever_its_keys_are_set_and_only_then
     both = sip_calls_from_settings(Settings(openai_api_key="sk-x", openai_webhook_secret=new_secret()), service)
     assert both is not None and both.service is service  # on a media-streams server too: a line may say sip
     await both.aclose()
+
+
+async def test_a_refer_reaches_openai_once_with_its_target_and_one_refused_hangs_the_call_up(db):
+    from voice.adapters.gpt_live_sip import GptLiveSip, SipControlError
+    from voice.realtime import SessionConfig
+    from voice.sip import SipLink
+    from voice.transfer import Transfers
+
+    secret = new_secret()
+    async with GptLivePeer() as live, GptLiveSipPeer(live, secret) as sip:
+        control = GptLiveSip(api_key="sk-test", webhook_secret=secret, base_url=sip.base_url,
+                             websocket_base_url=live.websocket_url)  # fmt: skip
+        try:
+            session_id, _, _ = sip.incoming(caller=OWNER, line=LINE)
+            await control.accept(session_id, SessionConfig(FRONT, (), voice="marin"))
+            for bad_session, target in ((session_id, ""), (session_id, "   "), ("live_nobody", f"tel:{OWNER}")):
+                with pytest.raises(SipControlError):
+                    await control.refer(bad_session, target)
+            assert sip.refers == []
+            await control.refer(session_id, f"tel:{OWNER}")
+            assert sip.refers == [(session_id, f"tel:{OWNER}")]
+            with pytest.raises(SipControlError):  # a second REFER of the same call: it has left
+                await control.refer(session_id, f"tel:{OWNER}")
+            assert len(sip.refers) == 1
+
+            # A call closed to be put through whose REFER OpenAI refuses (never accepted here) is hung
+            # up instead, once, and its transfer says so.
+            ada = await identity.create_account(db, "Ada")
+            refused, _, _ = sip.incoming(caller=OWNER, line=LINE)
+            await db.execute(
+                "INSERT INTO call_transfers (call_sid, account_id, to_number, caller_id, caller_name, reason)"
+                " VALUES ($1, $2, $3, $4, 'Charles', 'dinner')", refused, ada.id, OWNER, LINE,
+            )  # fmt: skip
+            transfers = Transfers(db, whisper_url=f"{PUBLIC}/w", after_url=f"{PUBLIC}/a")
+            link = SipLink(control, refused, transfers)
+            await link.close()
+            await link.close()
+            assert [a for s, a in sip.requests if s == refused] == ["refer", "hangup"]
+            row = await db.fetchrow("SELECT status, dial_status FROM call_transfers WHERE call_sid = $1", refused)
+            assert (row["status"], row["dial_status"]) == ("referred", "refer-failed")
+        finally:
+            await control.aclose()
