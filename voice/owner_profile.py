@@ -118,7 +118,7 @@ class OwnerProfile(CallProfile):
         self.returned = True
 
     async def _load_transfer(self) -> None:
-        if self._transfer is None:
+        if self._transfer is None and self.trust != "owner_verified":  # never offered to the verified owner
             transfers = self.deps.transfers
             self._transfer = transfers is not None and await transfers.offered(self._call)
 
