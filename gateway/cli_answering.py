@@ -22,6 +22,7 @@ from answering_service.rules import CHANNELS, Rules, load_rules, parse_countries
 from core import identity
 from core.errors import InvalidInput, NotFound
 from core.records import answering, answering_bookings
+from core.records import calls as call_records
 from core.settings import Settings
 from core.store.queries import Queries
 
@@ -169,6 +170,15 @@ async def _calls(db: Queries, account_id: Any, rules: Rules, out: Callable[[str]
         if message is not None:
             out(f"    message ({message['urgency']}) from {message['caller_name']!r}, call back"
                 f" {message['callback_number']}: {message['reason']!r}")  # fmt: skip
+            signals = []
+            if row["line_type"] is not None:
+                signals.append(f"line type {row['line_type'] or 'unknown'}")
+            if row["caller_name_lookup"]:
+                signals.append(f"registered name {row['caller_name_lookup']!r}")
+            if verstat := await call_records.verstat(db, row["call_sid"]):
+                signals.append(f"STIR/SHAKEN {verstat}")
+            if signals:
+                out(f"    caller signals (Twilio): {', '.join(signals)}")
         for b in await answering_bookings.bookings_of(db, row["call_sid"]):
             out(f"    {b['status']} {b['appointment_type']} {b['starts_at'].astimezone(rules.zone):%a %d %b %H:%M}")
 

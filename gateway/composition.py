@@ -200,6 +200,7 @@ def build_calls(
     if isinstance(service.answering, AnsweringService):
         service.answering.transfers = service.transfers
     service.sip = sip_calls_from_settings(settings, service)
+    service.deps.transfers = service.transfers  # the owner's line and placed calls offer it too (voice.transfer)
     return service
 
 

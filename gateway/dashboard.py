@@ -24,6 +24,7 @@ from core.records.connections import connections_of
 from core.scheduling.runs import recent_receipts
 from core.scheduling.tasks import account_timezone, list_tasks
 from core.tools.areas.calendar import calendars
+from gateway.answering_routes import screening
 from gateway.doctor import diagnose
 from gateway.pages import signed_in_page
 from gateway.services import Services
@@ -63,7 +64,7 @@ async def call_page(account_id: UUID, call_sid: str) -> dict[str, Any] | Respons
         return Response("no such call\n", status=404, content_type="text/plain")
     tools = [{**t, "label": tool_label(str(t.get("name", "")))} for t in detail["tools"] if isinstance(t, dict)]
     return {"template": "call.html", **detail, "tools": tools, "latency": _latency(detail["stats"]),
-            "breakdown": _breakdown(detail["stats"])}  # fmt: skip
+            "breakdown": _breakdown(detail["stats"]), "screening": screening(dict(detail["call"]))}  # fmt: skip
 
 
 def _breakdown(stats: dict[str, Any]) -> list[dict[str, Any]]:

@@ -154,6 +154,47 @@ async def test_home_is_the_sign_in_or_the_chat_and_every_page_shares_one_look(ap
             assert 'id="call-button"' in page and "Up to 8000 characters" in page
 
 
+async def test_an_answering_message_shows_what_twilio_said_of_the_caller(app: WebApp):
+    db = app.db
+    for sid, line_type, name, verstat in (("CAlook1", "mobile", "<i>ACME</i> Dental", "TN-Validation-Passed-B"),
+                                          ("CAlook2", None, None, None)):  # fmt: skip
+        await db.execute(
+            "INSERT INTO calls (call_sid, account_id, route, status, stir_verstat) VALUES ($1, $2, 'answering',"
+            " 'completed', $3)", sid, app.account_id, verstat,
+        )  # fmt: skip
+        await db.execute(
+            "INSERT INTO answering_calls (call_sid, account_id, caller, summary, line_type, caller_name_lookup)"
+            " VALUES ($1, $2, '+15550111', 'left a message', $3, $4)", sid, app.account_id, line_type, name,
+        )  # fmt: skip
+        await db.execute(
+            "INSERT INTO answering_messages (call_sid, account_id, caller_name, callback_number, reason, urgency)"
+            " VALUES ($1, $2, 'Nora', '+15550111', 'the cleaning', 'normal')", sid, app.account_id,
+        )  # fmt: skip
+    session, _ = await signed_in(app)
+    async with session:
+        for path in ("/calls/CAlook1", "/answering/calls/CAlook1"):
+            async with session.get(app.base + path) as response:
+                page = await response.text()
+                assert response.status == 200, path
+            message = page.split('id="message"')[1].split("</div>")[0]
+            assert "the cleaning" in message and 'id="screening"' in message, path
+            assert '<span data-signal="line_type">mobile</span>' in message, path
+            # The registered name is the carrier's text, not Pepper's: escaped.
+            assert '<span data-signal="caller_name">&lt;i&gt;ACME&lt;/i&gt; Dental</span>' in message, path
+            assert "TN-Validation-Passed-B (partial attestation" in message, path
+        for path in ("/calls/CAlook2", "/answering/calls/CAlook2"):  # nothing looked up, no verdict: nothing shown
+            async with session.get(app.base + path) as response:
+                page = await response.text()
+                assert response.status == 200 and "the cleaning" in page and 'id="screening"' not in page, path
+    bea = await identity.create_account(db, "Bea")
+    await access.set_web_password(db, bea.id, "bea", PASSWORD)
+    other, _ = await signed_in(app, "bea")
+    async with other:  # another account sees none of it
+        for path in ("/calls/CAlook1", "/answering/calls/CAlook1"):
+            async with other.get(app.base + path) as response:
+                assert response.status == 404 and "ACME" not in await response.text(), path
+
+
 async def test_the_reply_streams_in_pieces_and_the_working_indicator_names_the_tool(app: WebApp):
     todo = await app.db.fetchval(
         "INSERT INTO todos (account_id, title) VALUES ($1, 'feed the cat') RETURNING id", app.account_id

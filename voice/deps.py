@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib import resources
+from typing import Any
 
 from core.memory import MemoryConfig
 from core.records import calls as call_records
@@ -93,6 +94,8 @@ class VoiceDeps:
     settle: Settle | None = None
     # The notice as audio Pepper plays itself (voice.notice); None: the model is asked to say it.
     notice_audio: NoticeAudio | None = None
+    # Putting a caller through to the owner (``voice.transfer.Transfers``); None: never offered.
+    transfers: Any = None
 
     async def model_for_line(self, line_number: str | None) -> RealtimeModel | None:
         """The model for calls on this line: its own engine if it names one, else ``model``.

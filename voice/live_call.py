@@ -390,6 +390,12 @@ class LiveCall:
             await self._reply(event.delegation_id, "Nothing was asked: ask the caller what they need.", generation,
                               started, kind="thinking")  # fmt: skip
             return
+        # A task the profile answers itself (putting the caller through), as the records keep the words.
+        answered = await profile.delegated(profile.caller_text(item, words))
+        if answered is not None:
+            e.note("delegation", event="profile")
+            await self._reply(event.delegation_id, answered, generation, started)
+            return
         delegate = e.deps.delegate
         if delegate is None:
             await self._reply(event.delegation_id, "That cannot be done on this call: no text model is set up.",

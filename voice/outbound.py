@@ -37,6 +37,7 @@ from core.conversation import conversation_for, record_sent_once
 from core.errors import InvalidInput, NotFound, PepperError
 from core.records import calls as call_records
 from core.records import outbound as records
+from core.records import transfers as transfer_records
 from core.scheduling import runs
 from core.security import record_security_event
 from core.store.queries import Queries
@@ -255,6 +256,9 @@ class OutboundCalls:
         if verified_by or not owner_number:
             receipt = "answered by a person" + (f", verified by {verified_by}" if verified_by else "") + "; brief given"
             status = "delivered"
+            handed = await transfer_records.get(self.db, call_sid)  # voice.transfer: they asked for the owner
+            if handed is not None:
+                receipt += "; put through to you" + (", who did not pick up" if handed["status"] == "returned" else "")
         else:
             receipt = "answered, but the callee did not prove who they are: the brief was not given"
             status = "failed"

@@ -5,8 +5,9 @@
   call). Only then do the instructions hold the brief, and the model is asked to give it. Before
   that, it knows only that it called with a message and that the callee must prove who they are.
 * **To a number the owner approved for the task** (not the owner's): nobody can prove who they
-  are, so the session has no memory, no tools but ``end_call``, and the brief the owner chose to
-  send to that number.
+  are, so the session has no memory, no tools but ``end_call`` (and ``transfer_to_owner`` when the
+  owner takes calls put through: the person called wants a word with them), and the brief the
+  owner chose to send to that number. A call to one of the owner's own numbers never offers it.
 
 On either, ``send_digits`` presses a menu's keys (``voice.digits``: to the owner's number only
 until the callee proved who they are); the call goes on in a new stream of this profile, without
@@ -24,6 +25,7 @@ from voice import digits
 from voice.deps import VoiceDeps
 from voice.owner_profile import PERSONA, OwnerProfile
 from voice.profile import AdmittedCall, CallControls
+from voice.transfer import TOOL as TRANSFER
 
 # At the end of the call: (CallSid, how the callee proved who they are or None, whether the
 # number is the owner's): ``voice.outbound.OutboundCalls.brief_given``.
@@ -53,6 +55,7 @@ class OutboundProfile(OwnerProfile):
     route = "outbound"
     medium = "Call Pepper placed"
     verified_reply = "Tell the callee in a few words that they are verified, then give them the message."
+    transfer_about = "Put the person you called through to the phone of the person you work for (they asked to)."
 
     def __init__(
         self, deps: VoiceDeps, call: AdmittedCall, brief: str, *, owner_number: bool, finished: Finished,
@@ -73,9 +76,14 @@ class OutboundProfile(OwnerProfile):
         if self.keys is not None:
             self.registry.add(self.keys.tool(controls))
 
+    def transfer_offered(self) -> bool:
+        # Dialling the owner to themselves means nothing: never on a call to the owner's number.
+        return not self.owner_number and bool(self._transfer) and not self.returned
+
     def visible_tools(self) -> list[Tool]:
         if not self.owner_number:
-            return [t for t in self.registry.all() if t.name in ("end_call", digits.TOOL)]
+            names = ("end_call", digits.TOOL, TRANSFER) if self.transfer_offered() else ("end_call", digits.TOOL)
+            return [t for t in self.registry.all() if t.name in names]
         shown = super().visible_tools()
         return [t for t in shown if t.name != digits.TOOL] if self.trust == "owner_verified" else shown
 
@@ -91,8 +99,9 @@ class OutboundProfile(OwnerProfile):
         return await super().verify_spoken(digits) if self.owner_number else False
 
     async def instructions(self) -> str:
+        await self._load_transfer()
         if not self.owner_number:
-            text = CALLED_OTHER.format(brief=self.brief)
+            text = CALLED_OTHER.format(brief=self.brief) + self.transfer_notes()
         elif self.trust != "owner_verified":
             text = f"{PERSONA}\n\n{CALLED_RESTRICTED}"
         else:

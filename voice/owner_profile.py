@@ -40,6 +40,8 @@ from core.web.permission import WEB, asks_for_web
 from voice import verification
 from voice.deps import VoiceDeps
 from voice.profile import AdmittedCall, CallControls, CallProfile, withhold_digits
+from voice.transfer import OFFER_NOTE, RETURNED_PASS_ON, RETURNED_PASS_ON_NOTE, asks_to_be_put_through
+from voice.transfer import TOOL as TRANSFER
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +80,8 @@ VERIFY_TOOLS = ("verify_pin", "send_code", "check_code")
 class OwnerProfile(CallProfile):
     # What the model is asked to say once the caller keyed in the right PIN.
     verified_reply = "Tell the caller in a few words that they are verified, and ask how you can help."
+    # How ``transfer_to_owner`` is described to the model (None: the tool's own words).
+    transfer_about: str | None = None
 
     def __init__(self, deps: VoiceDeps, call: AdmittedCall):
         self.deps = deps
@@ -101,17 +105,34 @@ class OwnerProfile(CallProfile):
         self._web = web_window(deps.connectors, deps.registry)
         self._web_words: str | None = None
         self._verstat: str | None = None  # the call's StirVerstat, read once ("" for none)
+        # transfer_to_owner (voice.transfer): whether the owner takes calls put through here, read
+        # once with the first instructions (None until then: not offered); the caller came back.
+        self._transfer: bool | None = None
+        self.returned = False
 
     @property
     def notice(self) -> str:  # type: ignore[override]
-        return self.deps.config.notice
+        return RETURNED_PASS_ON if self.returned else self.deps.config.notice
+
+    def came_back(self) -> None:
+        self.returned = True
+
+    async def _load_transfer(self) -> None:
+        if self._transfer is None and self.trust != "owner_verified":  # never offered to the verified owner
+            transfers = self.deps.transfers
+            self._transfer = transfers is not None and await transfers.offered(self._call)
+
+    def transfer_offered(self) -> bool:
+        """``transfer_to_owner`` is shown to a caller who has not proved who they are (someone at
+        the owner's other phone), never once they have, and not again after they came back."""
+        return bool(self._transfer) and not self.returned and self.trust != "owner_verified"
 
     def attach(self, controls: CallControls) -> None:
         self.controls = controls
         digits = {"type": "object", "properties": {"digits": {"type": "string", "minLength": 1, "maxLength": 40}},
                   "required": ["digits"], "additionalProperties": False}  # fmt: skip
         empty = {"type": "object", "properties": {}, "additionalProperties": False}
-        own = (
+        own: list[Tool] = [
             Tool("verify_pin", "Check the PIN the caller said aloud (digits only).", digits, self._tool_verify_pin,
                  area="call"),
             Tool("send_code", "Text a one-time code to the caller's verified phone number.", empty,
@@ -119,7 +140,9 @@ class OwnerProfile(CallProfile):
             Tool("check_code", "Check the one-time code the caller read back (digits only).", digits,
                  self._tool_check_code, area="call"),
             controls.end_call_tool("call"),
-        )  # fmt: skip
+        ]  # fmt: skip
+        if self.deps.transfers is not None:
+            own.append(self.deps.transfers.tool(controls, self._call, area="call", description=self.transfer_about))
         registry = ToolRegistry(own)
         for tool in self.deps.registry.all():
             if tool.name not in registry:
@@ -144,11 +167,31 @@ class OwnerProfile(CallProfile):
         shown = session_tools(self.registry, self.gate, self.session_context())
         if self.trust == "owner_verified":
             shown = [t for t in shown if t.name not in VERIFY_TOOLS]
+        if not self.transfer_offered():
+            shown = [t for t in shown if t.name != TRANSFER]
         return shown
 
+    async def delegated(self, words: str) -> str | None:
+        # A full-duplex model (SIP direct) has no tools: a task asking to be put through is this
+        # profile's, when the transfer is offered; anything else runs as a Pepper turn.
+        if not asks_to_be_put_through(words):
+            return None
+        await self._load_transfer()
+        if not self.transfer_offered() or self.deps.transfers is None:
+            return None
+        outcome = await self.deps.transfers.request(self.controls, self._call, "the caller (no name given)", words)
+        return outcome.content
+
+    def transfer_notes(self) -> str:
+        """The instructions' lines about putting the caller through, as of now."""
+        if self.returned:
+            return f"\n\n{RETURNED_PASS_ON_NOTE}"
+        return f"\n\n{OFFER_NOTE}" if self.transfer_offered() else ""
+
     async def instructions(self) -> str:
+        await self._load_transfer()
         if self.trust != "owner_verified":
-            return f"{PERSONA}\n\n{RESTRICTED}{await self._attestation_note()}"
+            return f"{PERSONA}\n\n{RESTRICTED}{await self._attestation_note()}{self.transfer_notes()}"
         # The owner's context as a text turn gets it: connections (so the connected tools), the
         # dossier and the memory block, built in core (``core.owner_context``). The call's own lines
         # are left out of the block, as a text turn's own messages are: the model has them already.

@@ -169,6 +169,16 @@ class CallProfile(ABC):
         """A key the caller pressed."""
         return None
 
+    def came_back(self) -> None:
+        """The caller was put through to the owner (``voice.transfer``), who did not pick up: this
+        is the call's second stream, before :meth:`attach`."""
+        return None
+
+    async def delegated(self, words: str) -> str | None:
+        """A full-duplex model's delegated task (the caller's words) this profile answers itself,
+        not as a Pepper turn: the result the model gets, or None (the task runs as a turn)."""
+        return None
+
     async def verify_spoken(self, digits: str) -> bool | None:
         """A PIN or code the caller said, handed over by a full-duplex model's delegation: whether
         it proved who they are; None when this profile verifies no one (the task runs as asked)."""

@@ -117,8 +117,8 @@ class CallService:
                 handle_id=route.handle_id, route=route.route, attested=form.get("StirVerstat") == ATTESTED,
             )  # fmt: skip
             log.info("voice call classified: route=%s reason=%s", route.route, route.reason)
-            if inserted and form.get("StirVerstat"):
-                await call_records.set_verstat(db, call_sid, form["StirVerstat"])
+        if inserted and form.get("StirVerstat"):
+            await call_records.set_verstat(db, call_sid, form["StirVerstat"])  # shown with the call's message too
         if route.route == "blocked":
             return route, twiml.say_and_hang_up(routing.BLOCKED_TEXT)
         if route.route == "refused":
@@ -258,6 +258,8 @@ class CallService:
             call = AdmittedCall(start.call_sid, row["account_id"], row["handle_id"], row["caller"], row["line_number"],
                                 row["attested"])  # fmt: skip
             admitted = call, OwnerProfile(self.deps, call)
+        if row["route"] != "answering" and self.transfers is not None and await self.transfers.returned(start.call_sid):
+            admitted[1].came_back()  # put through, and the owner did not pick up (the answering service's own)
         return Admission(start, *admitted)
 
     async def refuse_call_over(self, row: Any, start: media.StreamStart) -> None:

@@ -20,6 +20,9 @@ on GPT-Live with Pepper as the backend; media never passes through Pepper.
    session's audio fixture), over the sideband socket. With no media, the link below stands in for
    Twilio's: marks come back at once (Pepper cannot see the caller's playback; the model's own
    timeline, ``…fixture.played`` and its transcript, marks what was said).
+5. A caller who asked to be put through to the owner (``voice.transfer``: someone at the owner's
+   other phone, before they proved who they are) is handed on when the call closes: a REFER to
+   ``tel:`` the owner's number (``live.sessions.refer``) instead of the hang-up.
 """
 
 from __future__ import annotations
@@ -65,9 +68,10 @@ class SipLink:
     backed_up = False
     audio_free = True  # the model's speech is known from its transcript (voice.live_call)
 
-    def __init__(self, control: Any, session_id: str):
+    def __init__(self, control: Any, session_id: str, transfers: Any = None):
         self.control = control
         self.session_id = session_id
+        self.transfers = transfers  # voice.transfer.Transfers: a call closed to be put through is referred
         self.engine: CallEngine | None = None
         self._closed = False
 
@@ -88,9 +92,21 @@ class SipLink:
         return None
 
     async def close(self, code: int = 1000) -> None:
-        if not self._closed:
-            self._closed = True
-            await self.control.hangup(self.session_id)
+        """Hang the SIP call up, or, when it closed to be put through to the owner
+        (``voice.transfer``), REFER it to ``tel:`` their number (hung up if the REFER fails)."""
+        if self._closed:
+            return
+        self._closed = True
+        target = await self.transfers.refer_target(self.session_id) if self.transfers is not None else None
+        if target is not None:
+            try:
+                await self.control.refer(self.session_id, target)
+                log.info("a SIP call was referred to the owner")
+                return
+            except RealtimeError:
+                log.warning("could not refer a SIP call; hanging up", exc_info=True)
+                await self.transfers.refer_failed(self.session_id)
+        await self.control.hangup(self.session_id)
 
 
 class SipCalls:
@@ -153,7 +169,7 @@ class SipCalls:
             await call_records.store_end_reason(db, call.session_id, "model-failed")
             return 502, "accept-failed"
         admitted = AdmittedCall(call.session_id, route.account_id, route.handle_id, route.caller, route.line_number)
-        link = SipLink(self.control, call.session_id)
+        link = SipLink(self.control, call.session_id, deps.transfers)
         start = media.StreamStart(call.session_id, call.session_id, "", {}, "sip")
         engine = CallEngine(deps, link, start, admitted, OwnerProfile(deps, admitted),
                             model=self.control.for_session(call.session_id))  # fmt: skip

@@ -37,7 +37,8 @@ async def call_detail(db: Queries, account_id: UUID, call_sid: str) -> dict[str,
     figures, and for an answering call the message taken and the bookings made."""
     call = await db.fetchrow(
         """
-        SELECT c.*, a.transcript AS answering_transcript, a.summary AS answering_summary
+        SELECT c.*, a.transcript AS answering_transcript, a.summary AS answering_summary, a.line_type,
+               a.caller_name_lookup
         FROM calls c LEFT JOIN answering_calls a ON a.call_sid = c.call_sid
         WHERE c.call_sid = $1 AND (c.account_id = $2 OR a.account_id = $2)
         """,

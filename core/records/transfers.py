@@ -65,3 +65,38 @@ async def reopen_call(db: Queries, call_sid: str) -> None:
         call_sid,
     )
     await db.execute("UPDATE answering_calls SET ended_at = NULL, summary = NULL WHERE call_sid = $1", call_sid)
+
+
+async def transfer_enabled(db: Queries, account_id: UUID) -> bool:
+    """Whether the owner lets callers who ask be put through (``pepper answering set --transfer``)."""
+    return bool(await db.fetchval("SELECT transfer_enabled FROM answering_settings WHERE account_id = $1", account_id))
+
+
+async def whisper_context(db: Queries, call_sid: str) -> Any:
+    """The handed-on call's ``route`` and, for a call Pepper placed, its task's ``title`` (what the
+    whisper tells the owner); None for an unknown call."""
+    return await db.fetchrow(
+        """
+        SELECT c.route, t.title FROM calls c
+        LEFT JOIN outbound_calls o ON o.call_sid = c.call_sid
+        LEFT JOIN scheduled_tasks t ON t.id = o.task_id
+        WHERE c.call_sid = $1
+        """,
+        call_sid,
+    )
+
+
+async def referred(db: Queries, call_sid: str) -> Any:
+    """The call's transfer, handed on by a SIP REFER (SIP direct); None when none was waiting."""
+    return await db.fetchrow(
+        "UPDATE call_transfers SET status = 'referred', dial_status = 'refer', updated_at = now()"
+        " WHERE call_sid = $1 AND status = 'pending' RETURNING *",
+        call_sid,
+    )
+
+
+async def refer_failed(db: Queries, call_sid: str) -> None:
+    """The REFER for the call was refused or never reached OpenAI: the call was hung up instead."""
+    await db.execute(
+        "UPDATE call_transfers SET dial_status = 'refer-failed', updated_at = now() WHERE call_sid = $1", call_sid
+    )

@@ -4,10 +4,12 @@ a message to the owner), and a stranger's STOP to a line refusing their calls to
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 
 from phone_support import ANSWERING_LINE, LINE, OWNER, PUBLIC, STRANGER, speech, until
 
+from gateway import cli_answering
 from voice.owner_profile import UNATTESTED
 from voice.testing.realtime_peer import call_tool, speak
 
@@ -94,7 +96,7 @@ async def test_twilio_lookup_is_shown_with_the_answering_message(phone_lookup):
                                    "urgency": "normal", "number_confirmed": True}),
         speak("Thanks, I'll pass that on."),
     )  # fmt: skip
-    answer = await phone.caller.dial(from_=STRANGER, to=ANSWERING_LINE)
+    answer = await phone.caller.dial(from_=STRANGER, to=ANSWERING_LINE, StirVerstat="TN-Validation-Passed-B")
     async with phone.caller.media(answer) as call:
         await phone.until_listening(call)
         await phone.model.respond(0)
@@ -106,6 +108,15 @@ async def test_twilio_lookup_is_shown_with_the_answering_message(phone_lookup):
     assert "Line type (Twilio Lookup): mobile" in sms.body
     assert '"GRACE HOPPER"' in sms.body
     assert phone.twilio.looked_up == [STRANGER]
+    # The same beside the message in `pepper answering calls` (the web app's call page: test_gateway_web_app).
+    parser = argparse.ArgumentParser()
+    cli_answering.add_commands(parser.add_subparsers(dest="command"))
+    lines: list[str] = []
+    args = parser.parse_args(["answering", "calls", "Ada"])
+    assert await cli_answering.run(args, phone.services.settings, phone.db, lines.append)
+    listing = "\n".join(lines)
+    assert "caller signals (Twilio): line type mobile, registered name 'GRACE HOPPER'" in listing
+    assert "STIR/SHAKEN TN-Validation-Passed-B" in listing
 
 
 async def test_ill_have_them_call_you_back_is_a_todo_for_the_owner_with_no_caller_words(phone):

@@ -5,6 +5,7 @@ GPT-Live server (the sideband), OpenAI's text API behind Pepper's own turns."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator
@@ -20,6 +21,7 @@ from phone_support import (
     NOTICE,
     OWNER,
     PIN,
+    PUBLIC,
     STRANGER,
     TOKEN,
     _set_pin,
@@ -30,6 +32,7 @@ from phone_support import (
     until,
 )
 
+from answering_service.rules import load_rules, save_rules
 from core import identity
 from core.settings import Settings
 from core.store import Database
@@ -137,6 +140,45 @@ async def test_a_sip_call_from_the_owner_s_number_is_accepted_restricted_and_a_s
         assert "hangup" not in {a for _, a in line.sip.requests}  # the caller hung up: nothing to end
 
 
+async def test_someone_at_the_owner_s_other_phone_is_referred_to_the_owner_on_sip(db, db_url):
+    other = "+14155553333"
+    async with sip_line(db, db_url) as line:
+        handle = await identity.find_handle(db, "phone", OWNER)
+        await identity.add_handle(db, handle.account_id, "phone", other, verified=True)
+        rules = await load_rules(db, handle.account_id)
+        await save_rules(db, dataclasses.replace(rules, transfer_enabled=True))
+        deps = line.services.calls.deps
+        deps.config = dataclasses.replace(deps.config, closing_grace=2.0)  # the goodbye's grace, shortened
+        session_id, body, headers = line.sip.incoming(caller=other, line=LINE)
+        assert await line.post(body, headers) == (200, "accepted")
+        session = await line.sip.accepted(session_id)
+        engine = line.services.calls.sessions[session_id]
+        await line.live.wait_for(lambda: engine.listening, what="Pepper taking the caller's words")
+        result = await line.delegated(session, "Hi, it's Charles, could you put me through to Ada please")
+        assert "Putting the caller through" in result
+        # The call ends once Pepper said so: a REFER to the owner's other verified number, not a hang-up.
+        await line.live.wait_for(lambda: line.sip.refers, within=20, what="the REFER")
+        assert line.sip.refers == [(session_id, f"tel:{OWNER}")]
+        row = await until(lambda: db.fetchrow("SELECT * FROM call_transfers WHERE call_sid = $1", session_id))
+        assert row["status"] == "referred" and row["to_number"] == OWNER and "Charles" in row["reason"]
+        await until(lambda: db.fetchrow("SELECT 1 FROM calls WHERE call_sid = $1 AND summary IS NOT NULL",
+                                        session_id), 15, "the call recorded")  # fmt: skip
+        assert [a for s, a in line.sip.requests if s == session_id] == ["accept", "refer"]
+        # The verified owner is never offered it: the same words, after the PIN, are a Pepper turn.
+        session_id, body, headers = line.sip.incoming(caller=OWNER, line=LINE)
+        assert await line.post(body, headers) == (200, "accepted")
+        session = await line.sip.accepted(session_id)
+        engine = line.services.calls.sessions[session_id]
+        await line.live.wait_for(lambda: engine.listening, what="Pepper taking the caller's words")
+        assert await line.delegated(session, f"my pin is {' '.join(PIN)}") == "verified"
+        line.text.script(reply_text("I can't put you through to yourself."))
+        assert await line.delegated(session, "put me through to Ada") == "I can't put you through to yourself."
+        await session.send({"type": "session.closed", "reason": "remote_hangup", "usage": {"seconds": 3}})
+        await until(lambda: db.fetchrow("SELECT 1 FROM calls WHERE call_sid = $1 AND summary IS NOT NULL",
+                                        session_id), 15, "the call recorded")  # fmt: skip
+        assert len(line.sip.refers) == 1
+
+
 async def test_forged_garbage_duplicate_and_unknown_sip_webhooks(db, db_url):
     async with sip_line(db, db_url) as line:
         # Forged: signed with another secret. Refused, and nothing recorded or asked of OpenAI.
@@ -241,3 +283,45 @@ async def test_the_sip_webhook_is_served_whenever_its_keys_are_set_and_only_then
     both = sip_calls_from_settings(Settings(openai_api_key="sk-x", openai_webhook_secret=new_secret()), service)
     assert both is not None and both.service is service  # on a media-streams server too: a line may say sip
     await both.aclose()
+
+
+async def test_a_refer_reaches_openai_once_with_its_target_and_one_refused_hangs_the_call_up(db):
+    from voice.adapters.gpt_live_sip import GptLiveSip, SipControlError
+    from voice.realtime import SessionConfig
+    from voice.sip import SipLink
+    from voice.transfer import Transfers
+
+    secret = new_secret()
+    async with GptLivePeer() as live, GptLiveSipPeer(live, secret) as sip:
+        control = GptLiveSip(api_key="sk-test", webhook_secret=secret, base_url=sip.base_url,
+                             websocket_base_url=live.websocket_url)  # fmt: skip
+        try:
+            session_id, _, _ = sip.incoming(caller=OWNER, line=LINE)
+            await control.accept(session_id, SessionConfig(FRONT, (), voice="marin"))
+            for bad_session, target in ((session_id, ""), (session_id, "   "), ("live_nobody", f"tel:{OWNER}")):
+                with pytest.raises(SipControlError):
+                    await control.refer(bad_session, target)
+            assert sip.refers == []
+            await control.refer(session_id, f"tel:{OWNER}")
+            assert sip.refers == [(session_id, f"tel:{OWNER}")]
+            with pytest.raises(SipControlError):  # a second REFER of the same call: it has left
+                await control.refer(session_id, f"tel:{OWNER}")
+            assert len(sip.refers) == 1
+
+            # A call closed to be put through whose REFER OpenAI refuses (never accepted here) is hung
+            # up instead, once, and its transfer says so.
+            ada = await identity.create_account(db, "Ada")
+            refused, _, _ = sip.incoming(caller=OWNER, line=LINE)
+            await db.execute(
+                "INSERT INTO call_transfers (call_sid, account_id, to_number, caller_id, caller_name, reason)"
+                " VALUES ($1, $2, $3, $4, 'Charles', 'dinner')", refused, ada.id, OWNER, LINE,
+            )  # fmt: skip
+            transfers = Transfers(db, whisper_url=f"{PUBLIC}/w", after_url=f"{PUBLIC}/a")
+            link = SipLink(control, refused, transfers)
+            await link.close()
+            await link.close()
+            assert [a for s, a in sip.requests if s == refused] == ["refer", "hangup"]
+            row = await db.fetchrow("SELECT status, dial_status FROM call_transfers WHERE call_sid = $1", refused)
+            assert (row["status"], row["dial_status"]) == ("referred", "refer-failed")
+        finally:
+            await control.aclose()

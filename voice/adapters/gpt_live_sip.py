@@ -1,9 +1,9 @@
 """GPT-Live over SIP direct, through the official ``openai`` SDK: a Twilio Elastic SIP trunk sends
 the call to OpenAI (``sip:$PROJECT_ID@sip.api.openai.com;transport=tls``), OpenAI posts a signed
 ``live.transport.incoming`` (or older ``realtime.call.incoming``) webhook, Pepper accepts or rejects
-the pending session (``client.live.sessions.accept`` / ``reject``) and drives it over the
-**sideband** WebSocket (``client.live.sideband.connect(session_id=...)``). Media never passes
-through Pepper.
+the pending session (``client.live.sessions.accept`` / ``reject``; ``refer`` hands an accepted one
+on, ``hangup`` ends it) and drives it over the **sideband** WebSocket
+(``client.live.sideband.connect(session_id=...)``). Media never passes through Pepper.
 
 The webhook's signature is the standard-webhooks scheme the SDK verifies
 (``client.webhooks.verify_signature``: HMAC-SHA256 over ``id.timestamp.body`` with the
@@ -134,6 +134,14 @@ class GptLiveSip(GptLive):
             await self._client.live.sessions.reject(session_id, status_code=status_code)
         except OpenAIError as exc:
             raise SipControlError(f"could not reject the SIP session: {type(exc).__name__}") from exc
+
+    async def refer(self, session_id: str, target_uri: str) -> None:
+        """Hand the SIP call on (``client.live.sessions.refer``: a SIP REFER with ``Refer-To:
+        target_uri``, such as ``tel:+14155550123``); the trunk connects the caller there."""
+        try:
+            await self._client.live.sessions.refer(session_id, target_uri=target_uri)
+        except OpenAIError as exc:
+            raise SipControlError(f"could not refer the SIP session: {type(exc).__name__}") from exc
 
     async def hangup(self, session_id: str) -> None:
         try:

@@ -15,6 +15,9 @@ decoded bytes). ``accept`` needs a Bearer key and a pending session; its ``sessi
 fields of the SDK's accept params (``audio.format`` is refused: SIP negotiates it) and a model;
 accepting starts the session (the sideband may attach). ``reject`` needs a ``status_code``; a
 session is answered once (a second accept or reject is a 409). ``hangup`` ends an accepted one.
+``refer`` (``POST /v1/live/sessions/{id}/refer`` with a nonblank ``target_uri``, the SDK's
+``live.sessions.refer``) hands an accepted one on: recorded in ``refers`` (session id, target),
+and the session ends as the SIP leg leaves OpenAI; a second refer, or one after the hang-up, is a 409.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ class GptLiveSipPeer:
         self.pending: set[str] = set()
         self.answered: dict[str, str] = {}  # session id -> accepted | rejected:<status> | hung-up
         self.accepts: list[dict[str, Any]] = []
+        self.refers: list[tuple[str, str]] = []  # (session id, target_uri) of each REFER taken
         self.requests: list[tuple[str, str]] = []
         self._runner: web.AppRunner | None = None
         self.port = 0
@@ -114,6 +118,20 @@ class GptLiveSipPeer:
             if session is None:
                 return _error(404, "not_found", "no such session")
             self.answered[session_id] = "hung-up"
+            if session.ws is not None:
+                await session.send({"type": "session.closed", "reason": "close_requested", "usage": {"seconds": 1}})
+            return web.json_response({})
+        if action == "refer":
+            session = self.live.sip_sessions.get(session_id)
+            if session is None:
+                return _error(404, "not_found", "no such session")
+            if self.answered.get(session_id) != "accepted":
+                return _error(409, "not_active", "the session is not in progress")
+            target = body.get("target_uri") if isinstance(body, dict) else None
+            if not isinstance(target, str) or not target.strip():
+                return _error(400, "missing_required_parameter", "target_uri must be a nonblank string")
+            self.answered[session_id] = "referred"
+            self.refers.append((session_id, target))
             if session.ws is not None:
                 await session.send({"type": "session.closed", "reason": "close_requested", "usage": {"seconds": 1}})
             return web.json_response({})

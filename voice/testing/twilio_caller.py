@@ -146,6 +146,38 @@ class TwilioCaller:
         code, _ = await self.post(path, params)
         return code
 
+    async def follow_dial(self, twiml: str, form: dict[str, str], *, answers: bool) -> DialLeg:
+        """Twilio running the ``<Dial>`` in ``twiml`` for the call of ``form``: the second leg
+        rings; when it ``answers``, its ``<Number url>`` is asked for the whisper (a child call with
+        ``ParentCallSid``), which plays to it alone, then the legs are bridged (``completed`` once
+        they hang up); otherwise it rings out (``no-answer``). Then the ``<Dial action>`` is posted
+        with ``DialCallStatus``, on the parent call."""
+        dial = ET.fromstring(twiml).find("Dial")
+        assert dial is not None, twiml
+        number = dial.find("Number")
+        assert number is not None and number.text, twiml
+        whisper: list[str] = []
+        bridged, child = False, None
+        if answers:
+            child = new_sid("CA")
+            url = number.get("url")
+            if url:
+                leg = {**form, "CallSid": child, "ParentCallSid": form["CallSid"], "Direction": "outbound-dial",
+                       "To": number.text, "From": dial.get("callerId") or form.get("From", ""),
+                       "CallStatus": "in-progress"}  # fmt: skip
+                status, text = await self.post(urlsplit(url).path, leg)
+                assert status == 200, (status, text)
+                parsed = parse_twiml(text)
+                whisper, bridged = parsed["says"], not parsed["hangup"]
+            else:
+                bridged = True
+        dial_status = "completed" if bridged else "no-answer"
+        action = dial.get("action")
+        assert action, twiml
+        params = {**form, "DialCallStatus": dial_status, **({"DialCallSid": child} if child else {})}
+        status, text = await self.post(urlsplit(action).path, params)
+        return DialLeg(number.text, dial.get("callerId"), whisper, bridged, dial_status, status, text, child)
+
     def local_ws_url(self, public_ws_url: str) -> str:
         local = urlsplit(self.media_local)
         return f"ws://{local.netloc}{urlsplit(public_ws_url).path}"
@@ -376,3 +408,19 @@ class MediaCall:
             await self.ws.close()
         if self.close_code is None:
             self.close_code = self.ws.close_code
+
+
+@dataclass
+class DialLeg:
+    """What Twilio did with a ``<Dial><Number url=...>``: the number rung, the caller ID shown,
+    what the second leg heard before the bridge (its whisper), whether the legs were bridged, and
+    the ``<Dial action>``'s answer."""
+
+    number: str
+    caller_id: str | None
+    whisper: list[str]
+    bridged: bool
+    dial_status: str
+    status: int
+    twiml: str
+    child_sid: str | None = None
