@@ -113,6 +113,11 @@ class CallStats:
     # the speech when the model said it stopped (its end-of-speech detection).
     endpointing_ms: list[float] = field(default_factory=list)
     tool_ms: list[float] = field(default_factory=list)  # per tool call
+    # Sampled (the first frame and every SAMPLE_EVERY-th after), for the metrics only, not the record:
+    # ms of Pepper's own part of a caller frame's way to the model (the payload handed to the model
+    # socket) and of a model audio frame's way to the caller (the Twilio frame written).
+    caller_to_model_ms: list[float] = field(default_factory=list)
+    model_to_caller_ms: list[float] = field(default_factory=list)
 
     def as_record(self) -> dict[str, Any]:
         out = {k: v for k, v in self.__dict__.items() if not isinstance(v, list)}
@@ -146,6 +151,7 @@ class _Request:
 # Playback is tracked with a Twilio mark at least every 100 ms of audio (and at each response's end).
 FRAME_MS = 20  # one caller frame (Twilio and browser calls alike)
 MARK_EVERY_BYTES = 100 * media.BYTES_PER_MS
+SAMPLE_EVERY = 50  # frames between two timed ones (one a second of audio each way)
 # Arguments never written to records: a PIN or code the caller gave.
 SECRET_TOOLS = frozenset({"verify_pin", "check_code"})
 
@@ -184,6 +190,7 @@ class CallEngine:
         self._call = call
         self._profile = profile
         self.stats = CallStats()
+        self._relayed = 0  # model audio frames relayed (for the sampled timing)
         self._heard_at: float | None = None  # when the caller last stopped speaking, until Pepper answers
         self._session_frames = 0  # caller frames sent to the model before its session began
         self.end_reason: str | None = None
@@ -488,9 +495,13 @@ class CallEngine:
         """The call's figures into the metrics, once, when it is over (nothing per frame)."""
         counted.calls_ended.labels(self.end_reason or "unknown").inc()
         stats = self.stats
+        delegations = self._live.delegation_ms if self._live is not None else []
         for histogram, values in ((counted.call_clear_ms, stats.clear_ms), (counted.call_model_ms, stats.model_ms),
                                   (counted.call_relay_ms, stats.relay_ms), (counted.call_tool_ms, stats.tool_ms),
-                                  (counted.call_endpointing_ms, stats.endpointing_ms)):  # fmt: skip
+                                  (counted.call_endpointing_ms, stats.endpointing_ms),
+                                  (counted.call_caller_to_model_ms, stats.caller_to_model_ms),
+                                  (counted.call_model_to_caller_ms, stats.model_to_caller_ms),
+                                  (counted.call_delegation_ms, delegations)):  # fmt: skip
             for ms in values:
                 histogram.observe(ms)
         if self.stats.barge_ins:
@@ -592,6 +603,7 @@ class CallEngine:
         Twilio ``media`` frame's payload, or a browser call's audio (``voice.adapters.webrtc``)."""
         stats = self.stats
         stats.frames_in += 1
+        timed = time.perf_counter() if stats.frames_in % SAMPLE_EVERY == 1 else 0.0
         if self.tape is not None:
             self.tape.audio_in(payload)
         if not self._listening:
@@ -604,6 +616,8 @@ class CallEngine:
         try:
             if conn.append_audio_nowait(payload):
                 stats.frames_to_model += 1
+                if timed:
+                    stats.caller_to_model_ms.append((time.perf_counter() - timed) * 1000)
                 return None
         except RealtimeDisconnected:
             stats.frames_dropped += 1
@@ -802,6 +816,8 @@ class CallEngine:
     def _relay_audio(self, event: AudioDelta) -> None:
         if event.response_id in self._cancelled_responses:
             return
+        self._relayed += 1
+        timed = time.perf_counter() if self._relayed % SAMPLE_EVERY == 1 else 0.0
         frame = media.media_frame(self._sid, event.payload)
         size = media.decoded_length(event.payload)
         self.stats.audio_out_bytes += size
@@ -822,6 +838,8 @@ class CallEngine:
             self.link.send_many((frame, self._mark_frame(_Mark("audio", item, sent))))
         else:
             self.link.send(frame)
+        if timed:
+            self.stats.model_to_caller_ms.append((time.perf_counter() - timed) * 1000)
 
     async def _on_model(self, event: Any) -> None:
         if type(event) is AudioDelta:
