@@ -109,11 +109,13 @@ def metrics() -> Metrics:
         ),
         scheduled_runs=Counter("pepper_scheduled_runs", "Scheduled runs by outcome", ["outcome"]),
         call_caller_to_model_ms=Histogram(
-            "pepper_call_caller_to_model_ms", "Pepper's part of a caller frame's way to the model (sampled)",
+            "pepper_call_caller_to_model_ms",
+            "Pepper's part of a caller frame's way to the model (sampled)",
             buckets=FRAME_MS_BUCKETS,
         ),
         call_model_to_caller_ms=Histogram(
-            "pepper_call_model_to_caller_ms", "Pepper's part of a model audio frame's way to the caller (sampled)",
+            "pepper_call_model_to_caller_ms",
+            "Pepper's part of a model audio frame's way to the caller (sampled)",
             buckets=FRAME_MS_BUCKETS,
         ),
         call_delegation_ms=Histogram(

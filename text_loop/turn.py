@@ -413,9 +413,7 @@ async def run_turn(
         raise
 
 
-async def _count(
-    deps: HarnessDeps, account_id: UUID, *used: tuple[int, Decimal, int], labels: tuple[str, str]
-) -> None:
+async def _count(deps: HarnessDeps, account_id: UUID, *used: tuple[int, Decimal, int], labels: tuple[str, str]) -> None:
     """A turn's model use into the account's usage and the metrics (``labels``: channel, kind)."""
     tokens = sum(u[0] for u in used)
     cost = sum((u[1] for u in used), Decimal(0))
