@@ -7,14 +7,16 @@ import asyncio
 import json
 
 from cli_support import run_cli
-from phone_support import speech
+from phone_support import grown, scrape, scrape_after_call, speech
 
+from voice.engine import SAMPLE_EVERY
 from voice.testing.realtime_peer import call_tool, speak
 
 
 async def test_a_calls_latency_is_recorded_broken_down_and_shown(phone, db_url, monkeypatch, capsys):
     phone.model.script(call_tool("current_time", {}), speak("It is noon.", ms=400))
     phone.model.hear("what time is it")
+    before = await scrape(phone.caller)
     answer = await phone.dial_owner()
     async with phone.caller.media(answer) as call:
         await phone.until_listening(call)
@@ -45,3 +47,21 @@ async def test_a_calls_latency_is_recorded_broken_down_and_shown(phone, db_url, 
         assert "recording for replay: complete" in out
     code, _, err = await asyncio.to_thread(run_cli, monkeypatch, capsys, "calls", "show", "CAnope'--")
     assert code == 1 and "no call" in err
+
+    # The same figures in /metrics, added once at the call's end; each way's frames sampled (the
+    # first of the call, then one in SAMPLE_EVERY), never one observation per frame.
+    after = await scrape_after_call(phone.caller, before)
+    assert grown(before, after, "pepper_calls_started_total", route="owner") == 1
+    assert grown(before, after, "pepper_calls_ended_total", reason="hangup") == 1
+    for key in ("model_ms", "relay_ms", "tool_ms", "endpointing_ms"):
+        name = "pepper_call_" + key
+        assert grown(before, after, name + "_count") == len(stats[key]), name
+        assert abs(grown(before, after, name + "_sum") - sum(stats[key])) < 1.0, name
+    frames_in, frames_out = stats["frames_in"], stats["audio_out_bytes"] // 160
+    up, down = (
+        grown(before, after, "pepper_call_caller_to_model_ms_count"),
+        grown(before, after, "pepper_call_model_to_caller_ms_count"),
+    )
+    assert 1 <= up <= frames_in // SAMPLE_EVERY + 1 and 1 <= down <= frames_out // SAMPLE_EVERY + 1
+    assert grown(before, after, "pepper_call_caller_to_model_ms_bucket", le="+Inf") == up
+    assert grown(before, after, "pepper_call_delegation_ms_count") == 0  # not a GPT-Live call
