@@ -113,6 +113,11 @@ class CallStats:
     # the speech when the model said it stopped (its end-of-speech detection).
     endpointing_ms: list[float] = field(default_factory=list)
     tool_ms: list[float] = field(default_factory=list)  # per tool call
+    # Per reply again (beside model_ms): the endpointing of the caller turn it answers (0 when the
+    # model did not report it) and the tool time inside its model_ms (the calls that ran between
+    # the caller stopping and the reply's first audio). The call page's stacked bars.
+    reply_endpointing_ms: list[float] = field(default_factory=list)
+    reply_tool_ms: list[float] = field(default_factory=list)
     # Sampled (the first frame and every SAMPLE_EVERY-th after), for the metrics only, not the record:
     # ms of Pepper's own part of a caller frame's way to the model (the payload handed to the model
     # socket) and of a model audio frame's way to the caller (the Twilio frame written).
@@ -123,7 +128,7 @@ class CallStats:
         out = {k: v for k, v in self.__dict__.items() if not isinstance(v, list)}
         out["clear_ms"] = [round(v, 3) for v in self.clear_ms]
         out["relay_ms"] = [round(v, 3) for v in self.relay_ms]
-        for name in ("response_ms", "model_ms", "endpointing_ms", "tool_ms"):
+        for name in ("response_ms", "model_ms", "endpointing_ms", "tool_ms", "reply_endpointing_ms", "reply_tool_ms"):
             out[name] = [round(v, 1) for v in getattr(self, name)]
         return out
 
@@ -192,6 +197,8 @@ class CallEngine:
         self.stats = CallStats()
         self._relayed = 0  # model audio frames relayed (for the sampled timing)
         self._heard_at: float | None = None  # when the caller last stopped speaking, until Pepper answers
+        self._heard_endpointing = 0.0  # that caller turn's endpointing, as the model reported it
+        self._heard_tools = 0  # tool calls timed before it (the reply's own are those after)
         self._session_frames = 0  # caller frames sent to the model before its session began
         self.end_reason: str | None = None
         self._listening = False
@@ -812,6 +819,8 @@ class CallEngine:
         stats.model_ms.append((arrived - heard) * 1000)
         stats.relay_ms.append((sent - arrived) * 1000)
         stats.response_ms.append((sent - heard) * 1000)
+        stats.reply_endpointing_ms.append(self._heard_endpointing)
+        stats.reply_tool_ms.append(sum(stats.tool_ms[self._heard_tools :]))
 
     def _relay_audio(self, event: AudioDelta) -> None:
         if event.response_id in self._cancelled_responses:
@@ -854,9 +863,11 @@ class CallEngine:
             await self._barge_in()
         elif type(event) is SpeechStopped:
             self._heard_at = time.perf_counter()
+            self._heard_endpointing, self._heard_tools = 0.0, len(self.stats.tool_ms)
             if event.audio_end_ms is not None:
                 sent_ms = (self.stats.frames_to_model - self._session_frames) * FRAME_MS
-                self.stats.endpointing_ms.append(max(0.0, float(sent_ms - event.audio_end_ms)))
+                self._heard_endpointing = max(0.0, float(sent_ms - event.audio_end_ms))
+                self.stats.endpointing_ms.append(self._heard_endpointing)
         elif type(event) is ResponseCreated:
             self._active_response = event.response_id
             request, self._requested = self._requested, None

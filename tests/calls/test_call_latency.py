@@ -35,6 +35,11 @@ async def test_a_calls_latency_is_recorded_broken_down_and_shown(phone, db_url, 
     assert stats["model_ms"] and stats["relay_ms"] and len(stats["model_ms"]) == len(stats["relay_ms"])
     for model, relay, total in zip(stats["model_ms"], stats["relay_ms"], stats["response_ms"], strict=True):
         assert relay < 50 and abs(model + relay - total) < 1.0  # the parts add up to the whole
+    # Per reply, for the call page's bars: the endpointing it answers and the tools inside its model time.
+    assert len(stats["reply_tool_ms"]) == len(stats["reply_endpointing_ms"]) == len(stats["model_ms"])
+    assert max(stats["reply_tool_ms"]) == stats["tool_ms"][0]
+    assert all(t <= m for t, m in zip(stats["reply_tool_ms"], stats["model_ms"], strict=True))
+    assert set(stats["reply_endpointing_ms"]) <= set(stats["endpointing_ms"])
 
     monkeypatch.setenv("DATABASE_URL", db_url)
     for which in (answer.call_sid, str(row["turn_id"])):
