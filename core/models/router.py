@@ -32,10 +32,10 @@ import hashlib
 import logging
 import math
 import re
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from core.metrics import metrics
 from core.models.adapters.base import CallOptions, ModelAdapter
@@ -104,6 +104,10 @@ def provider_for(model: str) -> tuple[str, str]:
     return COMPATIBLE, model
 
 
+_R = TypeVar("_R")
+_P = ParamSpec("_P")
+
+
 def _tally(tier: str, outcome: Generation | ModelError) -> None:
     """One call of ``tier`` into ``pepper_model_tier_calls``: a generation (and the attempt it failed
     over from), or the error it ended with."""
@@ -117,13 +121,13 @@ def _tally(tier: str, outcome: Generation | ModelError) -> None:
 
 
 def _tallied_generate(
-    method: Callable[..., Awaitable[Generation]],
-) -> Callable[..., Awaitable[Generation]]:
+    method: Callable[Concatenate[_R, _P], Coroutine[Any, Any, Generation]],
+) -> Callable[Concatenate[_R, _P], Coroutine[Any, Any, Generation]]:
     @functools.wraps(method)
-    async def generate(self: Any, prompt: Prompt, **kw: Any) -> Generation:
-        tier = kw.get("tier", "small")
+    async def generate(self: _R, *args: _P.args, **kw: _P.kwargs) -> Generation:
+        tier = str(kw.get("tier", "small"))
         try:
-            generation = await method(self, prompt, **kw)
+            generation = await method(self, *args, **kw)
         except ModelError as exc:
             _tally(tier, exc)
             raise
@@ -134,13 +138,13 @@ def _tallied_generate(
 
 
 def _tallied_stream(
-    method: Callable[..., AsyncGenerator[StreamEvent, None]],
-) -> Callable[..., AsyncGenerator[StreamEvent, None]]:
+    method: Callable[Concatenate[_R, _P], AsyncGenerator[StreamEvent, None]],
+) -> Callable[Concatenate[_R, _P], AsyncGenerator[StreamEvent, None]]:
     @functools.wraps(method)
-    async def stream(self: Any, prompt: Prompt, **kw: Any) -> AsyncGenerator[StreamEvent, None]:
-        tier = kw.get("tier", "small")
+    async def stream(self: _R, *args: _P.args, **kw: _P.kwargs) -> AsyncGenerator[StreamEvent, None]:
+        tier = str(kw.get("tier", "small"))
         try:
-            async with contextlib.aclosing(method(self, prompt, **kw)) as events:
+            async with contextlib.aclosing(method(self, *args, **kw)) as events:
                 async for event in events:
                     if not isinstance(event, TextDelta):
                         _tally(tier, event)
