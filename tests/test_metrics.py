@@ -137,6 +137,43 @@ async def test_a_recovered_and_repaired_turn_is_counted_so(served: Served) -> No
     assert _value(after, tier[0], **tier[1]) - _value(before, tier[0], **tier[1]) == 3
 
 
+async def test_model_calls_are_counted_by_tier_with_their_failovers(served: Served) -> None:
+    from core.models import ChatMessage, Prompt
+    from core.models.adapters.anthropic import AnthropicAdapter
+    from core.models.adapters.openai_responses import OpenAIResponsesAdapter
+    from core.models.errors import ModelRequestError
+    from core.models.router import ModelChoice, ModelRouter, Tier
+    from core.testing.peers import AnthropicPeer, fault
+
+    prompt = Prompt("You are Pepper.", (ChatMessage("user", "hello"),))
+    async with AnthropicPeer() as anthropic:
+        adapters = {"openai": OpenAIResponsesAdapter(api_key="k", base_url=served.model.base_url, timeout=2),
+                    "anthropic": AnthropicAdapter(api_key="k", base_url=anthropic.base_url, timeout=2)}  # fmt: skip
+        tiers = {"brisk": Tier("brisk", (ModelChoice("gpt-x-mini"),), ModelChoice("claude-x-haiku")),
+                 "lone": Tier("lone", (ModelChoice("gpt-x-mini"),))}  # fmt: skip
+        router = ModelRouter(adapters, tiers)
+        before = await served.samples()
+        served.model.script(fault(503), fault(503), fault(400))
+        anthropic.script(reply_text("from the alternate"), reply_text("streamed from the alternate"))
+        assert (await router.generate(prompt, conversation_key="c", tier="brisk")).failed_over_from == "gpt-x-mini"
+        events = [e async for e in router.stream(prompt, conversation_key="c", tier="brisk")]
+        assert events[-1].failed_over_from == "gpt-x-mini"  # type: ignore[union-attr]
+        with pytest.raises(ModelRequestError):
+            await router.generate(prompt, conversation_key="c", tier="lone")
+        await router.aclose()
+    after = await served.samples()
+
+    def grew(**labels: str) -> float:
+        return _value(after, "pepper_model_tier_calls_total", **labels) - _value(
+            before, "pepper_model_tier_calls_total", **labels
+        )
+
+    assert grew(tier="brisk", provider="anthropic", outcome="ok") == 2
+    assert grew(tier="brisk", provider="openai", outcome="failed_over") == 2
+    assert grew(tier="brisk", provider="openai", outcome="ok") == 0
+    assert grew(tier="lone", provider="openai", outcome="model-bad-request") == 1
+
+
 @pytest.fixture
 async def quiet(db: Database, db_url: str) -> AsyncIterator[Served]:
     """``served`` without the server's own scheduler and memory worker: the test runs them."""
