@@ -27,8 +27,9 @@ ENV = "PROMETHEUS_MULTIPROC_DIR"
 # Seconds: a turn is a few model calls and tools; a call's clear is milliseconds (its own buckets).
 TURN_BUCKETS = (0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120)
 MS_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
-# A frame's pass through Pepper is tens of microseconds; a GPT-Live delegation is a text turn.
-FRAME_MS_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 50)
+# A frame's pass through the call engine is a few microseconds (more when the event loop is busy);
+# a GPT-Live delegation is a text turn.
+FRAME_MS_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1, 5, 20)
 DELEGATION_MS_BUCKETS = (100, 250, 500, 1000, 2000, 4000, 8000, 15000, 30000, 60000)
 
 
