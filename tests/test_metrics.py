@@ -174,6 +174,30 @@ async def test_model_calls_are_counted_by_tier_with_their_failovers(served: Serv
     assert grew(tier="lone", provider="openai", outcome="model-bad-request") == 1
 
 
+async def test_a_capped_turn_is_counted_with_its_rounds(served: Served) -> None:
+    from core.testing.peers import reply_tools
+
+    before = await served.samples()
+    # Eight rounds of lookups (the live round cap), then the summary without tools; the repair pass
+    # finds nothing to mend.
+    served.model.script(*(reply_tools(("search_notes", {"query": f"plan {n}"})) for n in range(8)),
+                        reply_text("I looked eight times and found nothing."),
+                        reply_text("I looked eight times and found nothing."))  # fmt: skip
+    form = served.twilio.inbound_message(sender=OWNER, to=LINE, body="find my plans")
+    assert (await served.twilio.post_form(served.local, PUBLIC, "/twilio/sms", form, session=served.session))[0] == 200
+    [sent] = await served.twilio.wait_for_sent(1, within=30)
+    assert sent.body == "I looked eight times and found nothing."
+    capped = {"channel": "sms", "kind": "live", "status": "capped"}
+    for _ in range(100):
+        after = await served.samples()
+        if _value(after, "pepper_turns_total", **capped) > _value(before, "pepper_turns_total", **capped):
+            break
+        await asyncio.sleep(0.05)
+    assert _value(after, "pepper_turns_total", **capped) - _value(before, "pepper_turns_total", **capped) == 1
+    rounds = ("pepper_turn_model_rounds_total", {"channel": "sms", "kind": "live"})
+    assert _value(after, rounds[0], **rounds[1]) - _value(before, rounds[0], **rounds[1]) == 8
+
+
 @pytest.fixture
 async def quiet(db: Database, db_url: str) -> AsyncIterator[Served]:
     """``served`` without the server's own scheduler and memory worker: the test runs them."""
