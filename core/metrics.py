@@ -27,6 +27,10 @@ ENV = "PROMETHEUS_MULTIPROC_DIR"
 # Seconds: a turn is a few model calls and tools; a call's clear is milliseconds (its own buckets).
 TURN_BUCKETS = (0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120)
 MS_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
+# A frame's pass through the call engine is a few microseconds (more when the event loop is busy);
+# a GPT-Live delegation is a text turn.
+FRAME_MS_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1, 5, 20)
+DELEGATION_MS_BUCKETS = (100, 250, 500, 1000, 2000, 4000, 8000, 15000, 30000, 60000)
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,20 @@ class Metrics:
     call_tool_ms: Any  # Histogram: per tool call on a call
     call_endpointing_ms: Any  # Histogram: caller audio sent past the speech end when the model said it stopped
     scheduled_runs: Any  # Counter: outcome (ran, silent, failed, missed)
+    # Added later; new fields go at the end.
+    call_caller_to_model_ms: Any  # Histogram: sampled caller frames, Pepper's part on the way to the model
+    call_model_to_caller_ms: Any  # Histogram: sampled model audio frames, Pepper's part on the way to the caller
+    call_delegation_ms: Any  # Histogram: GPT-Live delegations, asked to result sent
+    turn_model_rounds: Any  # Counter: channel, kind (counted rounds, summed)
+    turn_tokens: Any  # Counter: channel, kind
+    turn_cost: Any  # Counter: channel, kind (USD)
+    turns_repaired: Any  # Counter: channel, kind
+    scheduled_due: Any  # Counter: occurrences that became due
+    scheduled_claimed: Any  # Counter: claims of due runs (a retry or an expired lease claims again)
+    memory_jobs: Any  # Counter: kind, outcome
+    memory_jobs_enqueued: Any  # Counter
+    model_tier_calls: Any  # Counter: tier, provider, outcome
+    slot_fallbacks: Any  # Counter: slot, reason
 
 
 def use_directory(directory: Path) -> Path:
@@ -91,6 +109,33 @@ def metrics() -> Metrics:
             "pepper_call_endpointing_ms", "The model's end-of-speech detection, as it reports it", buckets=MS_BUCKETS
         ),
         scheduled_runs=Counter("pepper_scheduled_runs", "Scheduled runs by outcome", ["outcome"]),
+        call_caller_to_model_ms=Histogram(
+            "pepper_call_caller_to_model_ms",
+            "Pepper's part of a caller frame's way to the model (sampled)",
+            buckets=FRAME_MS_BUCKETS,
+        ),
+        call_model_to_caller_ms=Histogram(
+            "pepper_call_model_to_caller_ms",
+            "Pepper's part of a model audio frame's way to the caller (sampled)",
+            buckets=FRAME_MS_BUCKETS,
+        ),
+        call_delegation_ms=Histogram(
+            "pepper_call_delegation_ms", "GPT-Live delegations, asked to result sent", buckets=DELEGATION_MS_BUCKETS
+        ),
+        turn_model_rounds=Counter("pepper_turn_model_rounds", "Counted model rounds of turns", ["channel", "kind"]),
+        turn_tokens=Counter("pepper_turn_tokens", "Model tokens of turns", ["channel", "kind"]),
+        turn_cost=Counter("pepper_turn_cost_usd", "Model cost of turns, in USD", ["channel", "kind"]),
+        turns_repaired=Counter(
+            "pepper_turns_repaired", "Turns whose reply the repair pass changed", ["channel", "kind"]
+        ),
+        scheduled_due=Counter("pepper_scheduled_due", "Scheduled occurrences that became due"),
+        scheduled_claimed=Counter("pepper_scheduled_claimed", "Claims of due scheduled runs"),
+        memory_jobs=Counter("pepper_memory_jobs", "Memory jobs run, by outcome", ["kind", "outcome"]),
+        memory_jobs_enqueued=Counter("pepper_memory_jobs_enqueued", "Memory jobs enqueued"),
+        model_tier_calls=Counter(
+            "pepper_model_tier_calls", "Model calls by tier, provider and outcome", ["tier", "provider", "outcome"]
+        ),
+        slot_fallbacks=Counter("pepper_slot_fallbacks", "Slot occupants that failed a call", ["slot", "reason"]),
     )
 
 

@@ -26,6 +26,7 @@ from core.scheduling.tasks import account_timezone, list_tasks
 from core.tools.areas.calendar import calendars
 from gateway.answering_routes import screening
 from gateway.doctor import diagnose
+from gateway.latency_plots import RECENT_CALLS, numbers, quantile, recent_calls, reply_bars
 from gateway.pages import signed_in_page
 from gateway.services import Services
 from gateway.web_api import all_approvals
@@ -54,7 +55,9 @@ async def approvals_page(account_id: UUID) -> dict[str, Any]:
 
 @signed_in_page(blueprint, "/calls", "Calls")
 async def calls_page(account_id: UUID) -> dict[str, Any]:
-    return {"template": "calls.html", "calls": await dashboard.calls_of(_services().db, account_id)}
+    db = _services().db
+    recent = recent_calls(await dashboard.recent_call_latency(db, account_id, RECENT_CALLS))
+    return {"template": "calls.html", "calls": await dashboard.calls_of(db, account_id), "recent": recent}
 
 
 @signed_in_page(blueprint, "/calls/<call_sid>", "Call")
@@ -64,30 +67,25 @@ async def call_page(account_id: UUID, call_sid: str) -> dict[str, Any] | Respons
         return Response("no such call\n", status=404, content_type="text/plain")
     tools = [{**t, "label": tool_label(str(t.get("name", "")))} for t in detail["tools"] if isinstance(t, dict)]
     return {"template": "call.html", **detail, "tools": tools, "latency": _latency(detail["stats"]),
-            "breakdown": _breakdown(detail["stats"]), "screening": screening(dict(detail["call"]))}  # fmt: skip
+            "breakdown": _breakdown(detail["stats"]), "screening": screening(dict(detail["call"])),
+            "bars": reply_bars(detail["stats"])}  # fmt: skip
 
 
 def _breakdown(stats: dict[str, Any]) -> list[dict[str, Any]]:
     """The call's latency broken down (core.records.calls.LATENCY_PARTS): the parts it has."""
     parts = []
     for key, label in LATENCY_PARTS:
-        ms = [float(v) for v in stats.get(key) or []]
+        ms = numbers(stats.get(key))
         if ms:
             parts.append({"key": key, "label": label, "count": len(ms), "p50": statistics.median(ms), "max": max(ms)})
     return parts
 
 
 def _latency(stats: dict[str, Any]) -> dict[str, float] | None:
-    ms = [float(v) for v in stats.get("response_ms") or []]
+    ms = numbers(stats.get("response_ms"))
     if not ms:
         return None
-    return {"count": len(ms), "p50": _quantile(ms, 0.5), "p99": _quantile(ms, 0.99), "max": max(ms)}
-
-
-def _quantile(values: list[float], q: float) -> float:
-    if len(values) == 1:
-        return values[0]
-    return statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1]
+    return {"count": len(ms), "p50": quantile(ms, 0.5), "p99": quantile(ms, 0.99), "max": max(ms)}
 
 
 @signed_in_page(blueprint, "/tasks", "Tasks")
@@ -141,7 +139,7 @@ async def plots_page(account_id: UUID) -> dict[str, Any]:
     for started, ms in await dashboard.call_response_times(db, account_id, since):
         per_day[started.astimezone(ZoneInfo(zone_name)).date().isoformat()].extend(ms)
     latency = [
-        {"day": day, "p50": _quantile(ms, 0.5), "p99": _quantile(ms, 0.99), "count": len(ms)}
+        {"day": day, "p50": quantile(ms, 0.5), "p99": quantile(ms, 0.99), "count": len(ms)}
         for day, ms in sorted(per_day.items())
     ]
     usage = [

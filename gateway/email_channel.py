@@ -40,6 +40,7 @@ from core.security import record_security_event
 from core.settings import Settings
 from gateway.channels import Claimed, Delivery, Limits, delivered, failed, receive
 from gateway.limits import MAX_EMAIL_BYTES
+from gateway.metrics_route import mark_duplicate
 from gateway.services import Services
 from gateway.webhooks import EMAIL
 
@@ -426,6 +427,7 @@ async def email_webhook() -> Response:
         return _plain(text, status)
     assert mail is not None and message is not None and handle is not None
     if not created:
+        mark_duplicate()
         return _plain("ok", 200)
     if mail.automatic:
         log.info("automatic mail recorded; not answered")

@@ -74,6 +74,7 @@ class Answer:
     status: int
     body: bytes
     content_type: str
+    duplicate: bool = False  # a delivery already recorded (counted as such in ``pepper_webhooks``)
 
 
 def twiml_answer(text: str | None = None) -> Answer:
@@ -84,6 +85,7 @@ def twiml_answer(text: str | None = None) -> Answer:
 
 # Built once: the acknowledgement almost every webhook gets.
 EMPTY_TWIML = Answer(200, twiml.message_reply().encode(), "application/xml")
+DUPLICATE = Answer(EMPTY_TWIML.status, EMPTY_TWIML.body, EMPTY_TWIML.content_type, duplicate=True)
 REFUSED = Answer(403, b"invalid signature\n", "text/plain")
 INCOMPLETE = Answer(400, b"MessageSid, From and To are required\n", "text/plain")
 
@@ -174,11 +176,11 @@ async def answer_inbound(
     if word is None:
         # The common case, kept to one durable statement: an opted-out sender's message is queued
         # too, and the turn worker records it as skipped without a turn (``gateway.channels``).
-        await receive(
+        _, created = await receive(
             ack_db, channel, handle.account_id, inbound.body, key=inbound.sid, handle_id=handle.id, meta=meta,
             announce=True,
         )  # fmt: skip
-        return twiml_answer()
+        return twiml_answer() if created else DUPLICATE
     async with db.transaction() as conn:
         # A keyword's consent change commits with the message, so a retried STOP after a crash
         # is never recorded-but-not-applied.
@@ -192,7 +194,7 @@ async def answer_inbound(
                 conn, handle.id, identity.PHONE_CHANNELS, opted_out=word == "STOP", source=f"{channel} {word}"
             )
     if not created:
-        return twiml_answer()
+        return DUPLICATE
     if word == "HELP" and not inbound.opt_out_type:
         return twiml_answer(HELP_TEXT)  # with Advanced Opt-Out (OptOutType present) Twilio has already answered
     return twiml_answer()  # Twilio confirms opt-outs itself; nothing more is ever sent after STOP

@@ -99,7 +99,7 @@ class MessagingWebhooks:
                 log.exception("the %s webhook failed", name)
                 answer = FAILED
         await _send(send, answer)
-        count_webhook(name, answer.status)
+        count_webhook(name, answer.status, duplicate=answer.duplicate)
 
     async def _body(self, receive: Receive) -> bytes | None:
         """The whole body, or as much as shows it is over the limit; None on a disconnect."""

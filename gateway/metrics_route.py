@@ -12,7 +12,7 @@ import asyncio
 import hmac
 import ipaddress
 
-from quart import Quart, Response, request
+from quart import Quart, Response, g, request
 
 from core.metrics import exposition, metrics
 from core.settings import Settings
@@ -25,16 +25,22 @@ FORWARDING_HEADERS = ("Forwarded", "X-Forwarded-For", "X-Real-IP")
 _WEBHOOK_NAMES = {w.path: w.name for w in WEBHOOKS if w is not MEDIA_STREAM}
 
 
-def webhook_outcome(status: int) -> str:
+def webhook_outcome(status: int, *, duplicate: bool = False) -> str:
     if status < 400:
-        return "accepted"
+        return "duplicate" if duplicate else "accepted"
     if status in (401, 403):
         return "refused"  # a forged or missing signature, a stale or replayed request
     return "failed" if status >= 500 else "malformed"
 
 
-def count_webhook(name: str, status: int) -> None:
-    metrics().webhooks.labels(name, webhook_outcome(status)).inc()
+def count_webhook(name: str, status: int, *, duplicate: bool = False) -> None:
+    metrics().webhooks.labels(name, webhook_outcome(status, duplicate=duplicate)).inc()
+
+
+def mark_duplicate() -> None:
+    """This request (a webhook Quart answers) delivered again what was already recorded: it is
+    counted as a ``duplicate``, not ``accepted``."""
+    g.pepper_duplicate = True
 
 
 def _from_this_machine() -> bool:
@@ -52,7 +58,7 @@ def register(app: Quart, settings: Settings) -> None:
     async def count_webhooks(response: Response) -> Response:
         name = _WEBHOOK_NAMES.get(request.path)
         if name is not None:
-            count_webhook(name, response.status_code)
+            count_webhook(name, response.status_code, duplicate=g.get("pepper_duplicate", False))
         return response
 
     @app.get("/metrics")

@@ -45,6 +45,8 @@ INBOUND_CALL = _form(
     required=("CallSid", "From", "To"),
 )  # fmt: skip
 
+IMAP_FIELDS = ("host", "port", "username", "password", "security", "label")
+
 # What each route's request carries, by (method, rule): a body (content type and schema), query
 # parameters, headers. Anything not given: no body, no query.
 REQUESTS: dict[tuple[str, str], dict[str, Any]] = {
@@ -107,10 +109,7 @@ REQUESTS: dict[tuple[str, str], dict[str, Any]] = {
     },
     ("POST", "/api/dossier"): {"json": _json({"text": TEXT}, "text"), "summary": "Replace the dossier's text"},
     ("POST", "/api/connections/imap"): {
-        "json": _json(
-            {k: TEXT for k in ("host", "port", "username", "password", "security", "label")},
-            "host", "username", "password",
-        ),  # fmt: skip
+        "json": _json({k: TEXT for k in IMAP_FIELDS}, "host", "username", "password"),
         "summary": "Connect an IMAP mailbox (signed in and checked before it is stored)",
     },
     ("POST", "/api/drafts/<kind>/<draft_id>/<action>"): {

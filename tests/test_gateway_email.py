@@ -231,13 +231,29 @@ async def test_a_crashed_turn_still_answers_with_an_apology_by_email(stack: Stac
     assert await count(stack.db, "messages WHERE direction = 'inbound'") == 1
 
 
+async def _webhook_counts(stack: Stack) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with stack.session.get(stack.local + "/metrics") as response:
+        text = await response.text()
+    counts = {"accepted": 0.0, "duplicate": 0.0}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "pepper_webhooks_total" and sample.labels.get("provider") == "email":
+                counts[sample.labels["outcome"]] = sample.value
+    return counts
+
+
 async def test_duplicate_deliveries_of_one_message_make_one_turn_and_one_reply(stack: Stack):
     stack.model.script(reply_text("Only once."), reply_text("Twice would be a bug."))
     first = stack.mail("hello", subject="hi")
+    before = await _webhook_counts(stack)
     # Mailgun re-signs each retry: same Message-Id, fresh token each time.
     copies = [stack.mailgun.sign(first) for _ in range(20)]
     results = await asyncio.gather(*(stack.post(c) for c in copies))
     assert [status for status, _ in results] == [200] * 20
+    after = await _webhook_counts(stack)  # /metrics: one accepted, the rest counted as duplicates
+    assert (after["accepted"] - before["accepted"], after["duplicate"] - before["duplicate"]) == (1, 19)
     await stack.smtp.wait_for(1)
     await stack.settle()
     await asyncio.sleep(0.1)

@@ -195,6 +195,52 @@ async def test_an_answering_message_shows_what_twilio_said_of_the_caller(app: We
                 assert response.status == 404 and "ACME" not in await response.text(), path
 
 
+async def test_the_call_page_plots_each_reply_and_the_calls_page_recent_calls(app: WebApp):
+    """Server-drawn SVG: a stacked bar per reply (endpointing, model less its tools, tools, relay)
+    from the recorded figures, and recent calls' median and p99; a call without replies, an older
+    record and a garbled one render without a plot, another account's call is not plotted."""
+    await some_records(app)  # CAweb1: three replies, recorded before the per-reply parts were kept
+    stats = {"model_ms": [400.0, 900.0], "relay_ms": [0.2, 0.4], "response_ms": [400.2, 900.4],
+             "endpointing_ms": [520.0, 540.0], "tool_ms": [300.0],
+             "reply_endpointing_ms": [520.0, 540.0], "reply_tool_ms": [0.0, 300.0]}  # fmt: skip
+    bea = await identity.create_account(app.db, "Bea")
+    insert = ("INSERT INTO calls (call_sid, account_id, route, status, stats, started_at)"
+              " VALUES ($1, $2, 'owner', 'completed', $3::jsonb, now() + $4 * interval '1 minute')")  # fmt: skip
+    for sid, who, figures, minutes in (("CAbars", app.account_id, stats, 1), ("CAquiet", app.account_id, {}, 2),
+                                       ("CAjunk", app.account_id, {"model_ms": "x", "relay_ms": [1, "y"]}, 3),
+                                       ("CAbea", bea.id, {**stats, "model_ms": [7777.0]}, 4)):  # fmt: skip
+        await app.db.execute(insert, sid, who, json.dumps(figures), minutes)
+    session, _ = await signed_in(app)
+    async with session:
+        async with session.get(app.base + "/calls/CAbars") as response:
+            assert response.status == 200
+            figure = (await response.text()).split('<figure id="reply-latency">')[1].split("</figure>")[0]
+        bars = figure.split('<g class="reply"')[1:]
+        assert len(bars) == 2 and "<script" not in figure and "http" not in figure.replace("http://www.w3.org", "")
+        assert 'data-reply="2" data-total-ms="1440.4"' in bars[1]
+        for part, ms in (("endpointing_ms", "540.0"), ("model_ms", "600.0"), ("tool_ms", "300.0"), ("relay_ms", "0.4")):
+            assert f'data-part="{part}" data-ms="{ms}"' in bars[1], part
+        assert 'data-part="tool_ms"' not in bars[0]  # no tool ran in the first reply: no segment
+        assert "they show as 0" not in figure
+        async with session.get(app.base + "/calls/CAweb1") as response:
+            figure = (await response.text()).split('<figure id="reply-latency">')[1].split("</figure>")[0]
+        assert len(figure.split('<g class="reply"')) - 1 == 3 and "they show as 0" in figure
+        for sid in ("CAquiet", "CAjunk"):
+            async with session.get(app.base + "/calls/" + sid) as response:
+                page = await response.text()
+                assert response.status == 200 and "reply-latency" not in page, sid
+        async with session.get(app.base + "/calls") as response:
+            assert response.status == 200
+            figure = (await response.text()).split('<figure id="recent-latency">')[1].split("</figure>")[0]
+        model, relay = figure.split('data-series="model_ms"')[1], figure.split('data-series="relay_ms"')[1]
+        model = model.split("</svg>")[0]
+        assert model.count('<g class="call"') == 2  # CAweb1 and CAbars; not the quiet, garbled or Bea's
+        assert 'data-call="CAbars" data-p50-ms="650.0" data-p99-ms="895.0"' in model
+        assert 'data-call="CAweb1" data-p50-ms="500.0"' in model
+        assert 'data-call="CAbars" data-p50-ms="0.3" data-p99-ms="0.398"' in relay
+        assert "CAbea" not in figure and "7777" not in figure
+
+
 async def test_the_reply_streams_in_pieces_and_the_working_indicator_names_the_tool(app: WebApp):
     todo = await app.db.fetchval(
         "INSERT INTO todos (account_id, title) VALUES ($1, 'feed the cat') RETURNING id", app.account_id

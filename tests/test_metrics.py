@@ -8,6 +8,7 @@ import asyncio
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 import aiohttp
 import pytest
@@ -18,6 +19,7 @@ from core.settings import Settings
 from core.store import Database
 from core.testing.peers import OpenAIPeer, reply_text
 from core.testing.twilio_peer import TwilioPeer
+from core.usage.config import Price, UsageConfig
 from gateway.server import running_app
 
 TOKEN = "twilio-test-auth-token"
@@ -63,7 +65,8 @@ async def _served(db: Database, db_url: str, **extra) -> AsyncIterator[Served]:
 
 @pytest.fixture
 async def served(db: Database, db_url: str) -> AsyncIterator[Served]:
-    async for s in _served(db, db_url):
+    # A price for the default small model, so a turn has a cost.
+    async for s in _served(db, db_url, usage=UsageConfig(prices={"gpt-5-mini": Price(input=1.0, output=2.0)})):
         yield s
 
 
@@ -72,7 +75,7 @@ async def test_a_turn_a_model_call_and_webhooks_are_counted(served: Served) -> N
     served.model.script(reply_text("Hello Ada."))
     form = served.twilio.inbound_message(sender=OWNER, to=LINE, body="hi")
     assert (await served.twilio.post_form(served.local, PUBLIC, "/twilio/sms", form, session=served.session))[0] == 200
-    # The same delivery again (Twilio retries): accepted, and one turn only.
+    # The same delivery again (Twilio retries): answered as before, counted as a duplicate, one turn only.
     assert (await served.twilio.post_form(served.local, PUBLIC, "/twilio/sms", form, session=served.session))[0] == 200
     forged = TwilioPeer(auth_token="not-the-token").sign(PUBLIC + "/twilio/sms", form)
     status, _ = await served.twilio.post_form(served.local, PUBLIC, "/twilio/sms", form, signature=forged,
@@ -95,24 +98,206 @@ async def test_a_turn_a_model_call_and_webhooks_are_counted(served: Served) -> N
 
     assert grew("pepper_turns_total", channel="sms", kind="live", status="replied") == 1
     assert grew("pepper_turn_rounds_count", channel="sms") == 1
-    assert grew("pepper_webhooks_total", provider="sms", outcome="accepted") == 2
+    assert grew("pepper_webhooks_total", provider="sms", outcome="accepted") == 1
+    assert grew("pepper_webhooks_total", provider="sms", outcome="duplicate") == 1
     assert grew("pepper_webhooks_total", provider="sms", outcome="refused") == 1
     assert grew("pepper_webhooks_total", provider="voice", outcome="refused") == 1
     assert grew("pepper_model_calls_total", provider="openai", outcome="ok") >= 1
     assert grew("pepper_model_tokens_total", provider="openai", direction="input") >= 10
+    # The turn's own figures, by channel and kind; the model calls by the tier that made them.
+    assert grew("pepper_turn_model_rounds_total", channel="sms", kind="live") == 1
+    assert grew("pepper_turn_tokens_total", channel="sms", kind="live") >= 10
+    assert grew("pepper_turn_cost_usd_total", channel="sms", kind="live") > 0
+    assert grew("pepper_model_tier_calls_total", tier="small", provider="openai", outcome="ok") >= 1
+    assert grew("pepper_turns_repaired_total", channel="sms", kind="live") == 0
     # Every metric is listed from the start, so a dashboard has no gaps.
     assert any(name == "pepper_calls_active" for name, _ in before)
+
+
+async def test_a_recovered_and_repaired_turn_is_counted_so(served: Served) -> None:
+    before = await served.samples()
+    # An empty answer (the loop asks once more, as plain text), then a reply the repair pass mends.
+    served.model.script(reply_text(""), reply_text("Lunch is at the the cafe at noon."),
+                        reply_text("Lunch is at the cafe at noon."))  # fmt: skip
+    form = served.twilio.inbound_message(sender=OWNER, to=LINE, body="when is lunch")
+    assert (await served.twilio.post_form(served.local, PUBLIC, "/twilio/sms", form, session=served.session))[0] == 200
+    [sent] = await served.twilio.wait_for_sent(1, within=30)
+    assert sent.body == "Lunch is at the cafe at noon."
+    recovered = {"channel": "sms", "kind": "live", "status": "recovered"}
+    for _ in range(100):
+        after = await served.samples()
+        if _value(after, "pepper_turns_total", **recovered) > _value(before, "pepper_turns_total", **recovered):
+            break
+        await asyncio.sleep(0.05)
+    assert _value(after, "pepper_turns_total", **recovered) - _value(before, "pepper_turns_total", **recovered) == 1
+    repaired = ("pepper_turns_repaired_total", {"channel": "sms", "kind": "live"})
+    assert _value(after, repaired[0], **repaired[1]) - _value(before, repaired[0], **repaired[1]) == 1
+    # The recovery and the repair were model calls of the small tier too.
+    tier = ("pepper_model_tier_calls_total", {"tier": "small", "provider": "openai", "outcome": "ok"})
+    assert _value(after, tier[0], **tier[1]) - _value(before, tier[0], **tier[1]) == 3
+
+
+async def test_model_calls_are_counted_by_tier_with_their_failovers(served: Served) -> None:
+    from core.models import ChatMessage, Prompt
+    from core.models.adapters.anthropic import AnthropicAdapter
+    from core.models.adapters.openai_responses import OpenAIResponsesAdapter
+    from core.models.errors import ModelRequestError
+    from core.models.router import ModelChoice, ModelRouter, Tier
+    from core.testing.peers import AnthropicPeer, fault
+
+    prompt = Prompt("You are Pepper.", (ChatMessage("user", "hello"),))
+    async with AnthropicPeer() as anthropic:
+        adapters = {"openai": OpenAIResponsesAdapter(api_key="k", base_url=served.model.base_url, timeout=2),
+                    "anthropic": AnthropicAdapter(api_key="k", base_url=anthropic.base_url, timeout=2)}  # fmt: skip
+        tiers = {"brisk": Tier("brisk", (ModelChoice("gpt-x-mini"),), ModelChoice("claude-x-haiku")),
+                 "lone": Tier("lone", (ModelChoice("gpt-x-mini"),))}  # fmt: skip
+        router = ModelRouter(adapters, tiers)
+        before = await served.samples()
+        served.model.script(fault(503), fault(503), fault(400))
+        anthropic.script(reply_text("from the alternate"), reply_text("streamed from the alternate"))
+        assert (await router.generate(prompt, conversation_key="c", tier="brisk")).failed_over_from == "gpt-x-mini"
+        events = [e async for e in router.stream(prompt, conversation_key="c", tier="brisk")]
+        assert events[-1].failed_over_from == "gpt-x-mini"  # type: ignore[union-attr]
+        with pytest.raises(ModelRequestError):
+            await router.generate(prompt, conversation_key="c", tier="lone")
+        await router.aclose()
+    after = await served.samples()
+
+    def grew(**labels: str) -> float:
+        return _value(after, "pepper_model_tier_calls_total", **labels) - _value(
+            before, "pepper_model_tier_calls_total", **labels
+        )
+
+    assert grew(tier="brisk", provider="anthropic", outcome="ok") == 2
+    assert grew(tier="brisk", provider="openai", outcome="failed_over") == 2
+    assert grew(tier="brisk", provider="openai", outcome="ok") == 0
+    assert grew(tier="lone", provider="openai", outcome="model-bad-request") == 1
+
+
+async def test_a_capped_turn_is_counted_with_its_rounds(served: Served) -> None:
+    from core.testing.peers import reply_tools
+
+    before = await served.samples()
+    # Eight rounds of lookups (the live round cap), then the summary without tools; the repair pass
+    # finds nothing to mend.
+    served.model.script(*(reply_tools(("search_notes", {"query": f"plan {n}"})) for n in range(8)),
+                        reply_text("I looked eight times and found nothing."),
+                        reply_text("I looked eight times and found nothing."))  # fmt: skip
+    form = served.twilio.inbound_message(sender=OWNER, to=LINE, body="find my plans")
+    assert (await served.twilio.post_form(served.local, PUBLIC, "/twilio/sms", form, session=served.session))[0] == 200
+    [sent] = await served.twilio.wait_for_sent(1, within=30)
+    assert sent.body == "I looked eight times and found nothing."
+    capped = {"channel": "sms", "kind": "live", "status": "capped"}
+    for _ in range(100):
+        after = await served.samples()
+        if _value(after, "pepper_turns_total", **capped) > _value(before, "pepper_turns_total", **capped):
+            break
+        await asyncio.sleep(0.05)
+    assert _value(after, "pepper_turns_total", **capped) - _value(before, "pepper_turns_total", **capped) == 1
+    rounds = ("pepper_turn_model_rounds_total", {"channel": "sms", "kind": "live"})
+    assert _value(after, rounds[0], **rounds[1]) - _value(before, rounds[0], **rounds[1]) == 8
+
+
+@pytest.fixture
+async def quiet(db: Database, db_url: str) -> AsyncIterator[Served]:
+    """``served`` without the server's own scheduler and memory worker: the test runs them."""
+    async for s in _served(db, db_url, scheduler_enabled=False, memory_jobs_interval=0):
+        yield s
+
+
+async def test_scheduled_runs_are_counted_due_claimed_and_by_outcome(quiet: Served) -> None:
+    from core.models.errors import ModelTransientError
+    from core.scheduling.schedule import parse_schedule
+    from core.scheduling.tasks import create_task
+    from core.testing.scripted import ScriptedModels, calls, reply
+    from gateway.scheduled import GatewayDeliverer
+    from text_loop import HarnessDeps
+    from text_loop.scheduler import SILENT_MARK, Scheduler, SchedulerConfig
+
+    db = quiet.db
+    account_id = await db.fetchval("UPDATE accounts SET timezone = 'Europe/Paris' RETURNING id")
+    now = [datetime(2025, 6, 2, 5, 0, tzinfo=UTC)]
+    models = ScriptedModels()
+    scheduler = Scheduler(HarnessDeps(db=db, models=models, clock=lambda: now[0]), GatewayDeliverer(Settings(), db),
+                          SchedulerConfig(), owner="metrics", clock=lambda: now[0])  # fmt: skip
+
+    async def task(schedule: str, prompt: str) -> None:
+        async with db.transaction() as conn:
+            await create_task(conn, account_id, title="Brief", prompt=prompt, now=now[0],
+                              schedule=parse_schedule(schedule, now=now[0], timezone="Europe/Paris"))  # fmt: skip
+
+    before = await quiet.samples()
+    await task("every day at 08:00", "Brief me.")
+    now[0] = datetime(2025, 6, 5, 9, 0, tzinfo=UTC)  # down for three days: three missed, one runs
+    models.script(reply("Your brief, a little late."))
+    assert await scheduler.run_due() == 1
+    await task("every day at 12:00", "Tell me if I have open todos.")
+    now[0] = datetime(2025, 6, 5, 11, 0, tzinfo=UTC)  # an hour past: after any offset
+    models.script(calls(("list_todos", {})), reply(SILENT_MARK))
+    assert await scheduler.run_due() == 1
+    await task("every day at 14:00", "Brief me again.")
+    now[0] = datetime(2025, 6, 5, 13, 0, tzinfo=UTC)
+    models.script(ModelTransientError("down", provider="scripted"))
+    assert await scheduler.run_due() == 1
+    statuses = [r["status"] for r in await db.fetch("SELECT status FROM task_runs ORDER BY id")]
+    assert sorted(statuses) == ["failed", "missed", "missed", "missed", "ran", "silent"]
+    after = await quiet.samples()
+
+    def grew(name: str, **labels: str) -> float:
+        return _value(after, name, **labels) - _value(before, name, **labels)
+
+    assert grew("pepper_scheduled_due_total") == 3
+    assert grew("pepper_scheduled_claimed_total") == 3
+    for outcome, n in (("ran", 1), ("silent", 1), ("failed", 1), ("missed", 3)):
+        assert grew("pepper_scheduled_runs_total", outcome=outcome) == n, outcome
+
+
+async def test_memory_jobs_are_counted_by_kind_and_outcome(quiet: Served) -> None:
+    from core.conversation import record_inbound
+    from core.memory.jobs import run_nightly_summaries
+    from core.testing.scripted import ScriptedModels, reply
+
+    account_id = await quiet.db.fetchval("SELECT id FROM accounts")
+    await record_inbound(quiet.db, account_id, "sms", "we moved lunch to Friday")
+    before = await quiet.samples()
+    models = ScriptedModels(default=reply("Lunch moved to Friday."))
+    report = await run_nightly_summaries(quiet.db, models, datetime.now(UTC) + timedelta(days=2), ignore_offsets=True)
+    assert report.enqueued >= 1 and report.claimed == report.enqueued
+    after = await quiet.samples()
+    assert _value(after, "pepper_memory_jobs_enqueued_total") - _value(before, "pepper_memory_jobs_enqueued_total") == (
+        report.enqueued
+    )
+    ran = {
+        key: after[key] - before.get(key, 0.0) for key in after if key[0] == "pepper_memory_jobs_total"
+    }  # by (kind, outcome)
+    assert sum(ran.values()) == report.claimed
+    day = sum(v for (_, labels), v in ran.items() if dict(labels)["kind"] == "day")
+    assert day == 1
+    assert all(dict(labels)["outcome"] in report.outcomes for (_, labels), v in ran.items() if v)
 
 
 async def test_no_label_holds_a_person_s_number_or_words(served: Served) -> None:
     served.model.script(reply_text("Hello."))
     form = served.twilio.inbound_message(sender=OWNER, to=LINE, body="my secret plan")
-    await served.twilio.post_form(served.local, PUBLIC, "/twilio/sms", form, session=served.session)
+    for _ in range(2):  # and once more: a duplicate
+        await served.twilio.post_form(served.local, PUBLIC, "/twilio/sms", form, session=served.session)
     await served.twilio.wait_for_sent(1, within=30)
-    async with served.session.get(served.local + "/metrics") as response:
-        text = await response.text()
-    assert "pepper_turns_total" in text
-    assert OWNER.lstrip("+") not in text and "secret" not in text
+    for _ in range(100):
+        async with served.session.get(served.local + "/metrics") as response:
+            text = await response.text()
+        if "pepper_turn_tokens_total{" in text:
+            break
+        await asyncio.sleep(0.05)
+    for name in ("pepper_turns_total", "pepper_turn_tokens_total", "pepper_turn_cost_usd_total",
+                 "pepper_model_tier_calls_total", 'outcome="duplicate"'):  # fmt: skip
+        assert name in text
+    assert OWNER.lstrip("+") not in text and "secret" not in text and form["MessageSid"] not in text
+    # Every label of every metric (the ones added later too) is a word of a fixed vocabulary.
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples if family.name.startswith("pepper_") else ():
+            for key, value in sample.labels.items():
+                if key != "le":
+                    assert re.fullmatch(r"[a-z][a-z_-]*", value), (sample.name, key, value)
 
 
 async def test_a_request_through_a_proxy_or_from_elsewhere_is_refused(served: Served) -> None:

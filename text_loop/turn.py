@@ -390,7 +390,8 @@ async def run_turn(
         # The turn's model calls, its skill workers' and those its tools made (the research helper's).
         workers = [r for w in runtime.workers for r in w.get("rounds", ())] if runtime is not None else []
         await _count(deps, account_id, rounds_usage([*result.rounds, *workers], deps.usage),
-                     calls_usage((u for c in result.calls for u in c.model_usage), deps.usage))  # fmt: skip
+                     calls_usage((u for c in result.calls for u in c.model_usage), deps.usage),
+                     labels=(channel, kind))  # fmt: skip
         if "breaker" in got and (result.status in STRIKES or breaker is not None) and result.status != "paused":
             key = conversation_key_for(account_id)
             if await record_strike(db, key, account_id, result.status, now, deps.usage.breaker_failures):
@@ -412,12 +413,16 @@ async def run_turn(
         raise
 
 
-async def _count(deps: HarnessDeps, account_id: UUID, *used: tuple[int, Decimal, int]) -> None:
+async def _count(deps: HarnessDeps, account_id: UUID, *used: tuple[int, Decimal, int], labels: tuple[str, str]) -> None:
+    """A turn's model use into the account's usage and the metrics (``labels``: channel, kind)."""
     tokens = sum(u[0] for u in used)
     cost = sum((u[1] for u in used), Decimal(0))
     calls = sum(u[2] for u in used)
     if calls:
         await add_usage(deps.db, account_id, deps.clock(), tokens=tokens, cost=cost, model_calls=calls)
+        counted = metrics()
+        counted.turn_tokens.labels(*labels).inc(tokens)
+        counted.turn_cost.labels(*labels).inc(float(cost))
 
 
 def tier_infos(models: Any) -> tuple[TierInfo, ...]:
@@ -529,7 +534,8 @@ async def finish_turn(
     if result.answered and session.channel in deps.config.repair_channels:
         repair = await repair_reply(deps.models, reply, deps.config, conversation_key=str(session.conversation_id))
         reply = repair.text
-        await _count(deps, session.account_id, calls_usage(repair.usage, deps.usage))
+        await _count(deps, session.account_id, calls_usage(repair.usage, deps.usage),
+                     labels=(session.channel, session.kind))  # fmt: skip
     firings: list[dict[str, Any]] = []
     if result.answered and replay_of is None:
         reply, firings = await _detect(db, result, reply, skills)
@@ -569,6 +575,9 @@ async def finish_turn(
     counted.turns.labels(session.channel, session.kind, result.status).inc()
     counted.turn_seconds.labels(session.channel).observe(elapsed)
     counted.turn_rounds.labels(session.channel).observe(rounds)
+    counted.turn_model_rounds.labels(session.channel, session.kind).inc(rounds)
+    if repair and repair.changed:
+        counted.turns_repaired.labels(session.channel, session.kind).inc()
     return TurnOutcome(
         turn_id=session.turn_id,
         reply=reply,

@@ -114,12 +114,22 @@ class CallStats:
     # the speech when the model said it stopped (its end-of-speech detection).
     endpointing_ms: list[float] = field(default_factory=list)
     tool_ms: list[float] = field(default_factory=list)  # per tool call
+    # Per reply again (beside model_ms): the endpointing of the caller turn it answers (0 when the
+    # model did not report it) and the tool time inside its model_ms (the calls that ran between
+    # the caller stopping and the reply's first audio). The call page's stacked bars.
+    reply_endpointing_ms: list[float] = field(default_factory=list)
+    reply_tool_ms: list[float] = field(default_factory=list)
+    # Sampled (the first frame and every SAMPLE_EVERY-th after), for the metrics only, not the record:
+    # ms of Pepper's own part of a caller frame's way to the model (the payload handed to the model
+    # socket) and of a model audio frame's way to the caller (the Twilio frame written).
+    caller_to_model_ms: list[float] = field(default_factory=list)
+    model_to_caller_ms: list[float] = field(default_factory=list)
 
     def as_record(self) -> dict[str, Any]:
         out = {k: v for k, v in self.__dict__.items() if not isinstance(v, list)}
         out["clear_ms"] = [round(v, 3) for v in self.clear_ms]
         out["relay_ms"] = [round(v, 3) for v in self.relay_ms]
-        for name in ("response_ms", "model_ms", "endpointing_ms", "tool_ms"):
+        for name in ("response_ms", "model_ms", "endpointing_ms", "tool_ms", "reply_endpointing_ms", "reply_tool_ms"):
             out[name] = [round(v, 1) for v in getattr(self, name)]
         return out
 
@@ -147,6 +157,7 @@ class _Request:
 # Playback is tracked with a Twilio mark at least every 100 ms of audio (and at each response's end).
 FRAME_MS = 20  # one caller frame (Twilio and browser calls alike)
 MARK_EVERY_BYTES = 100 * media.BYTES_PER_MS
+SAMPLE_EVERY = 50  # frames between two timed ones (one a second of audio each way)
 # Arguments never written to records: a PIN or code the caller gave.
 SECRET_TOOLS = frozenset({"verify_pin", "check_code"})
 
@@ -185,7 +196,10 @@ class CallEngine:
         self._call = call
         self._profile = profile
         self.stats = CallStats()
+        self._relayed = 0  # model audio frames relayed (for the sampled timing)
         self._heard_at: float | None = None  # when the caller last stopped speaking, until Pepper answers
+        self._heard_endpointing = 0.0  # that caller turn's endpointing, as the model reported it
+        self._heard_tools = 0  # tool calls timed before it (the reply's own are those after)
         self._session_frames = 0  # caller frames sent to the model before its session began
         self.end_reason: str | None = None
         self._listening = False
@@ -493,9 +507,13 @@ class CallEngine:
         """The call's figures into the metrics, once, when it is over (nothing per frame)."""
         counted.calls_ended.labels(self.end_reason or "unknown").inc()
         stats = self.stats
+        delegations = self._live.delegation_ms if self._live is not None else []
         for histogram, values in ((counted.call_clear_ms, stats.clear_ms), (counted.call_model_ms, stats.model_ms),
                                   (counted.call_relay_ms, stats.relay_ms), (counted.call_tool_ms, stats.tool_ms),
-                                  (counted.call_endpointing_ms, stats.endpointing_ms)):  # fmt: skip
+                                  (counted.call_endpointing_ms, stats.endpointing_ms),
+                                  (counted.call_caller_to_model_ms, stats.caller_to_model_ms),
+                                  (counted.call_model_to_caller_ms, stats.model_to_caller_ms),
+                                  (counted.call_delegation_ms, delegations)):  # fmt: skip
             for ms in values:
                 histogram.observe(ms)
         if self.stats.barge_ins:
@@ -597,6 +615,7 @@ class CallEngine:
         Twilio ``media`` frame's payload, or a browser call's audio (``voice.adapters.webrtc``)."""
         stats = self.stats
         stats.frames_in += 1
+        timed = time.perf_counter() if stats.frames_in % SAMPLE_EVERY == 1 else 0.0
         if self.tape is not None:
             self.tape.audio_in(payload)
         if not self._listening:
@@ -609,6 +628,8 @@ class CallEngine:
         try:
             if conn.append_audio_nowait(payload):
                 stats.frames_to_model += 1
+                if timed:
+                    stats.caller_to_model_ms.append((time.perf_counter() - timed) * 1000)
                 return None
         except RealtimeDisconnected:
             stats.frames_dropped += 1
@@ -803,10 +824,14 @@ class CallEngine:
         stats.model_ms.append((arrived - heard) * 1000)
         stats.relay_ms.append((sent - arrived) * 1000)
         stats.response_ms.append((sent - heard) * 1000)
+        stats.reply_endpointing_ms.append(self._heard_endpointing)
+        stats.reply_tool_ms.append(sum(stats.tool_ms[self._heard_tools :]))
 
     def _relay_audio(self, event: AudioDelta) -> None:
         if event.response_id in self._cancelled_responses:
             return
+        self._relayed += 1
+        timed = time.perf_counter() if self._relayed % SAMPLE_EVERY == 1 else 0.0
         frame = media.media_frame(self._sid, event.payload)
         size = media.decoded_length(event.payload)
         self.stats.audio_out_bytes += size
@@ -827,6 +852,8 @@ class CallEngine:
             self.link.send_many((frame, self._mark_frame(_Mark("audio", item, sent))))
         else:
             self.link.send(frame)
+        if timed:
+            self.stats.model_to_caller_ms.append((time.perf_counter() - timed) * 1000)
 
     async def _on_model(self, event: Any) -> None:
         if type(event) is AudioDelta:
@@ -841,9 +868,11 @@ class CallEngine:
             await self._barge_in()
         elif type(event) is SpeechStopped:
             self._heard_at = time.perf_counter()
+            self._heard_endpointing, self._heard_tools = 0.0, len(self.stats.tool_ms)
             if event.audio_end_ms is not None:
                 sent_ms = (self.stats.frames_to_model - self._session_frames) * FRAME_MS
-                self.stats.endpointing_ms.append(max(0.0, float(sent_ms - event.audio_end_ms)))
+                self._heard_endpointing = max(0.0, float(sent_ms - event.audio_end_ms))
+                self.stats.endpointing_ms.append(self._heard_endpointing)
         elif type(event) is ResponseCreated:
             self._active_response = event.response_id
             request, self._requested = self._requested, None

@@ -29,6 +29,7 @@ from core.memory.dossier import rewrite_model_half
 from core.memory.index import EMBEDDERS, Embedders, IndexProgress, index_pending
 from core.memory.periods import PERIODS, Period, due_at, local_date, period_end, period_start
 from core.memory.summaries import SummaryResult, draft_summary, store_summary
+from core.metrics import metrics
 from core.models.errors import ModelNotConfigured
 from core.models.types import ModelService
 from core.records import call_verification
@@ -124,6 +125,8 @@ async def enqueue_due(db: Queries, now: datetime, *, config: MemoryConfig, accou
         list(starts),
         list(dues),
     )
+    if created:
+        metrics().memory_jobs_enqueued.inc(int(created))
     return int(created)
 
 
@@ -224,6 +227,7 @@ async def _run_person(
     async with gate:
         for job in sorted(jobs, key=lambda j: (_RANK[j.kind], j.period_start)):
             outcome = await run_job(db, models, job, now, config=config)
+            metrics().memory_jobs.labels(job.kind, outcome).inc()
             report.outcomes[outcome] += 1
             if outcome in ("failed", "abandoned", "waiting"):
                 report.failed += 1

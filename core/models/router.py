@@ -27,15 +27,17 @@ when that fails transiently (busy), run again at once on the standard tier of th
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import logging
 import math
 import re
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
+from core.metrics import metrics
 from core.models.adapters.base import CallOptions, ModelAdapter
 from core.models.config import ModelChoiceConfig, ModelsConfig
 from core.models.errors import ModelError, ModelNotConfigured, ModelTransientError
@@ -100,6 +102,58 @@ def provider_for(model: str) -> tuple[str, str]:
     if model.startswith(("gemini-", "gemma-")):
         return GOOGLE, model
     return COMPATIBLE, model
+
+
+_R = TypeVar("_R")
+_P = ParamSpec("_P")
+
+
+def _tally(tier: str, outcome: Generation | ModelError) -> None:
+    """One call of ``tier`` into ``pepper_model_tier_calls``: a generation (and the attempt it failed
+    over from), or the error it ended with."""
+    counted = metrics().model_tier_calls
+    if isinstance(outcome, ModelError):
+        counted.labels(tier, outcome.provider or "unknown", outcome.code).inc()
+        return
+    counted.labels(tier, provider_for(outcome.model)[0], "ok").inc()
+    if outcome.failed_over_from:
+        counted.labels(tier, provider_for(outcome.failed_over_from)[0], "failed_over").inc()
+
+
+def _tallied_generate(
+    method: Callable[Concatenate[_R, _P], Coroutine[Any, Any, Generation]],
+) -> Callable[Concatenate[_R, _P], Coroutine[Any, Any, Generation]]:
+    @functools.wraps(method)
+    async def generate(self: _R, *args: _P.args, **kw: _P.kwargs) -> Generation:
+        tier = str(kw.get("tier", "small"))
+        try:
+            generation = await method(self, *args, **kw)
+        except ModelError as exc:
+            _tally(tier, exc)
+            raise
+        _tally(tier, generation)
+        return generation
+
+    return generate
+
+
+def _tallied_stream(
+    method: Callable[Concatenate[_R, _P], AsyncGenerator[StreamEvent, None]],
+) -> Callable[Concatenate[_R, _P], AsyncGenerator[StreamEvent, None]]:
+    @functools.wraps(method)
+    async def stream(self: _R, *args: _P.args, **kw: _P.kwargs) -> AsyncGenerator[StreamEvent, None]:
+        tier = str(kw.get("tier", "small"))
+        try:
+            async with contextlib.aclosing(method(self, *args, **kw)) as events:
+                async for event in events:
+                    if not isinstance(event, TextDelta):
+                        _tally(tier, event)
+                    yield event
+        except ModelError as exc:
+            _tally(tier, exc)
+            raise
+
+    return stream
 
 
 @dataclass(frozen=True)
@@ -310,6 +364,7 @@ class ModelRouter:
         )
 
     # Calls.
+    @_tallied_generate
     async def generate(
         self, prompt: Prompt, *, conversation_key: str, tier: str = "small", background: bool = False
     ) -> Generation:
@@ -334,6 +389,7 @@ class ModelRouter:
             return replace(gen, extras={**gen.extras, "background_fell_back": True})
         return await adapter.generate(prompt, replace(options, background=False))
 
+    @_tallied_stream
     async def stream(
         self, prompt: Prompt, *, conversation_key: str, tier: str = "small", background: bool = False
     ) -> AsyncGenerator[StreamEvent, None]:

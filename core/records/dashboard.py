@@ -75,6 +75,24 @@ async def call_response_times(db: Queries, account_id: UUID, since: datetime) ->
     return [(r["started_at"], [float(v) for v in _jsonb(r["ms"]) or []]) for r in rows]
 
 
+async def recent_call_latency(db: Queries, account_id: UUID, limit: int = 30) -> list[dict[str, Any]]:
+    """The account's latest ``limit`` calls with timed replies, oldest first: ``call_sid``,
+    ``model_ms`` and ``relay_ms`` (per reply, as the call engine recorded them)."""
+    rows = await db.fetch(
+        """
+        SELECT c.call_sid, c.stats -> 'model_ms' AS model_ms, c.stats -> 'relay_ms' AS relay_ms
+        FROM calls c LEFT JOIN answering_calls a ON a.call_sid = c.call_sid
+        WHERE (c.account_id = $1 OR a.account_id = $1) AND jsonb_typeof(c.stats -> 'model_ms') = 'array'
+          AND c.stats -> 'model_ms' <> '[]'::jsonb
+        ORDER BY c.started_at DESC LIMIT $2
+        """,
+        account_id,
+        limit,
+    )
+    return [{"call_sid": r["call_sid"], "model_ms": _jsonb(r["model_ms"]), "relay_ms": _jsonb(r["relay_ms"])}
+            for r in reversed(rows)]  # fmt: skip
+
+
 async def turns_per_day(db: Queries, account_id: UUID, since: datetime, timezone: str) -> list[Any]:
     """Turns and tokens (in, out) per local day since ``since``."""
     return await db.fetch(

@@ -66,6 +66,7 @@ async def materialize(
     ``next_run_at`` moves past ``now`` (a one-shot task is marked done).
     """
     moved = 0
+    added: dict[str, int] = {"due": 0, "missed": 0, "failed": 0}
     async with transaction(db) as conn:
         rows = await conn.fetch(
             """
@@ -83,11 +84,19 @@ async def materialize(
         )
         for row in rows:
             moved += 1
-            await _materialize_task(conn, row, now, window, missed_limit)
+            await _materialize_task(conn, row, now, window, missed_limit, added)
+    counted = metrics()  # once committed: a rolled-back batch made nothing due
+    if added["due"]:
+        counted.scheduled_due.inc(added["due"])
+    for status in ("missed", "failed"):
+        if added[status]:
+            counted.scheduled_runs.labels(status).inc(added[status])
     return moved
 
 
-async def _materialize_task(conn: Queries, row: Any, now: datetime, window: timedelta, missed_limit: int) -> None:
+async def _materialize_task(
+    conn: Queries, row: Any, now: datetime, window: timedelta, missed_limit: int, added: dict[str, int]
+) -> None:
     task_id, zone = row["id"], row["zone"]
     place = Place(row["latitude"], row["longitude"]) if row["latitude"] is not None else None
     first = row["next_run_at"]
@@ -97,7 +106,9 @@ async def _materialize_task(conn: Queries, row: Any, now: datetime, window: time
         following = schedule.next_after(max(now, occurrences[-1]), zone, place)
     except (ScheduleError, KeyError, ValueError) as exc:
         log.warning("task schedule cannot be computed; pausing it: task=%s error=%s", task_id, type(exc).__name__)
-        await _insert_run(conn, task_id, first, first, "failed", f"the schedule could not be computed: {exc}", now)
+        await _insert_run(
+            conn, task_id, first, first, "failed", f"the schedule could not be computed: {exc}", now, added
+        )
         await conn.execute("UPDATE scheduled_tasks SET next_run_at = NULL WHERE id = $1", task_id)
         return
     if len(occurrences) > missed_limit and following is not None and following <= now:
@@ -108,14 +119,14 @@ async def _materialize_task(conn: Queries, row: Any, now: datetime, window: time
     for occ in occurrences:
         if occ in runs:
             due = occ + timedelta(seconds=row["offset_seconds"])
-            await _insert_run(conn, task_id, occ, due, "due", None, now)
+            await _insert_run(conn, task_id, occ, due, "due", None, now, added)
         elif occ >= now - window:
             await _insert_run(
-                conn, task_id, occ, occ, "missed", f"superseded by the run for {runs[0].isoformat()}", now
+                conn, task_id, occ, occ, "missed", f"superseded by the run for {runs[0].isoformat()}", now, added
             )
         else:
             await _insert_run(
-                conn, task_id, occ, occ, "missed", "Pepper was not running within the catch-up window", now
+                conn, task_id, occ, occ, "missed", "Pepper was not running within the catch-up window", now, added
             )
     if following is None:
         await conn.execute("UPDATE scheduled_tasks SET next_run_at = NULL, status = 'done' WHERE id = $1", task_id)
@@ -124,10 +135,11 @@ async def _materialize_task(conn: Queries, row: Any, now: datetime, window: time
 
 
 async def _insert_run(
-    conn: Queries, task_id: int, occurrence: datetime, due: datetime, status: str, reason: str | None, now: datetime
-) -> None:
+    conn: Queries, task_id: int, occurrence: datetime, due: datetime, status: str, reason: str | None, now: datetime,
+    added: dict[str, int],
+) -> None:  # fmt: skip
     finished = now if status in ("missed", "failed") else None
-    await conn.execute(
+    result = await conn.execute(
         """
         INSERT INTO task_runs (task_id, occurrence_at, due_at, ready_at, status, reason, finished_at)
         VALUES ($1, $2, $3, $3, $4, $5, $6)
@@ -140,6 +152,8 @@ async def _insert_run(
         reason,
         finished,
     )
+    if result.endswith(" 1"):
+        added[status] += 1
 
 
 async def expire_stale(db: Queries, now: datetime, *, window: timedelta) -> int:
@@ -190,6 +204,8 @@ async def claim(db: Queries, owner: str, now: datetime, *, lease: timedelta, lim
         lease,
         limit,
     )
+    if rows:
+        metrics().scheduled_claimed.inc(len(rows))
     return [
         Claim(
             run_id=r["id"],
@@ -286,7 +302,7 @@ async def run_now(db: Queries, task_id: int, account_id: UUID, now: datetime) ->
     """An extra occurrence of the account's active task, due now (the web app's "run now"); its
     run id, or None when there is no such task or one of its runs is already due or running
     (a second press runs nothing twice). The scheduler claims it like any other."""
-    return await db.fetchval(
+    run_id = await db.fetchval(
         """
         INSERT INTO task_runs (task_id, occurrence_at, due_at, ready_at, status, reason)
         SELECT t.id, $3::timestamptz, $3, $3, 'due', 'run now'
@@ -301,6 +317,9 @@ async def run_now(db: Queries, task_id: int, account_id: UUID, now: datetime) ->
         account_id,
         now,
     )
+    if run_id is not None:
+        metrics().scheduled_due.inc()
+    return run_id
 
 
 async def recent_receipts(db: Queries, task_id: int, limit: int = 5) -> list[Any]:

@@ -31,6 +31,7 @@ from typing import Any
 from uuid import UUID
 
 from core.errors import PepperError
+from core.metrics import metrics
 from core.slots.plugins import Plugin, discover
 from core.store.queries import Queries
 
@@ -42,6 +43,7 @@ SLOT_NAMES = (MEMORY, WEB_SEARCH, SANDBOX, MODEL_SELECT, HEARTBEAT, COMPACTION, 
 BUILTIN = "builtin"
 SCOPES = ("installation", "household", "account")
 REFRESH_SECONDS = 5.0
+FALLBACK_REASONS = frozenset({"timeout", "raised", "malformed"})  # what :meth:`SlotRegistry._try` says
 
 
 class SlotFailed(PepperError):
@@ -249,6 +251,8 @@ class SlotRegistry:
         return None, result
 
     async def count(self, db: Queries, slot: str, occupant: str, reason: str) -> None:
+        # The occupant is named in the store only; a reason from elsewhere (the research helper's) is bounded.
+        metrics().slot_fallbacks.labels(slot, reason if reason in FALLBACK_REASONS else "other").inc()
         try:
             await db.execute(
                 """

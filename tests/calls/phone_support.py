@@ -139,6 +139,38 @@ def caller_for(app: Any, port: int, twilio: TwilioPeer) -> TwilioCaller:
                         media_local=f"ws://127.0.0.1:{media}")  # fmt: skip
 
 
+async def scrape(caller: TwilioCaller) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Pepper's ``/metrics`` (the server the caller dials), sample by (name, labels)."""
+    import aiohttp
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with aiohttp.ClientSession() as session, session.get(caller.local + "/metrics") as response:
+        assert response.status == 200
+        text = await response.text()
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}  # fmt: skip
+
+
+def grown(before: dict[Any, float], after: dict[Any, float], name: str, **labels: str) -> float:
+    key = (name, frozenset(labels.items()))
+    return after.get(key, 0.0) - before.get(key, 0.0)
+
+
+async def scrape_after_call(caller: TwilioCaller, before: dict[Any, float]) -> dict[Any, float]:
+    """``/metrics`` once a call more has ended than in ``before`` (its figures are added as its
+    engine finishes, just after its record is written)."""
+
+    def ended(samples: dict[Any, float]) -> float:
+        return sum(v for (name, _), v in samples.items() if name == "pepper_calls_ended_total")
+
+    for _ in range(200):
+        after = await scrape(caller)
+        if ended(after) > ended(before):
+            return after
+        await asyncio.sleep(0.025)
+    raise AssertionError("the call's end never reached /metrics")
+
+
 def normalised(text: str) -> str:
     """Words only: lower case, no punctuation (how a transcript is compared with the text spoken)."""
     import re

@@ -12,7 +12,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from phone_support import LINE, OWNER, PIN, TOKEN, _set_pin, call_settings, caller_for, until
+from phone_support import (
+    LINE,
+    OWNER,
+    PIN,
+    TOKEN,
+    _set_pin,
+    call_settings,
+    caller_for,
+    grown,
+    scrape,
+    scrape_after_call,
+    until,
+)
 
 from core import identity
 from core.persona import runtime_label
@@ -177,6 +189,7 @@ async def test_a_gpt_live_call_runs_its_delegations_as_pepper_turns_restricted_u
 
 
 async def test_a_spoken_pin_is_checked_by_pepper_and_the_model_hears_only_verified_or_not(phone):
+    before = await scrape(phone.caller)
     answer, media = await phone.dial()
     async with media as call:
         session = await phone.listening(call)
@@ -195,6 +208,13 @@ async def test_a_spoken_pin_is_checked_by_pepper_and_the_model_hears_only_verifi
     row = await phone.call_row(answer.call_sid)
     assert "caller verified (pin-spoken)" in row["summary"]
     assert PIN not in json.dumps([dict(r) for r in await phone.db.fetch("SELECT body FROM messages")])
+    # Each delegation's time (asked to result sent) in /metrics once the call ended, as recorded.
+    after = await scrape_after_call(phone.caller, before)
+    delegation_ms = json.loads(row["stats"])["delegation_ms"]
+    assert len(delegation_ms) == 3
+    assert grown(before, after, "pepper_call_delegation_ms_count") == 3
+    assert abs(grown(before, after, "pepper_call_delegation_ms_sum") - sum(delegation_ms)) < 0.01
+    assert grown(before, after, "pepper_calls_ended_total", reason="hangup") == 1
 
 
 async def test_garbage_forged_and_duplicate_live_events_leave_the_call_running(phone):

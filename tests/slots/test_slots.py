@@ -40,6 +40,19 @@ async def bob(db):
     return await create_account(db, "Bob", timezone="UTC")
 
 
+def _fallbacks_in_metrics(reason: str) -> float:
+    """``pepper_slot_fallbacks`` for the memory slot in what ``/metrics`` serves (``core.metrics``)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from core.metrics import exposition
+
+    text = exposition()[0].decode()
+    assert "loopback_memory" not in text
+    wanted = {"slot": "memory", "reason": reason}
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == "pepper_slot_fallbacks_total" and s.labels == wanted)  # fmt: skip
+
+
 def turn_deps(db, models) -> HarnessDeps:
     return HarnessDeps(db=db, models=models, clock=lambda: NOW)
 
@@ -59,6 +72,7 @@ async def test_a_failing_occupant_falls_back_for_that_call_logged_and_counted(
     await set_slot(db, "memory", "loopback_memory")
     plugin.MODES["loopback_memory"] = mode
     SLOTS.specs["memory"].timeout = 0.05
+    counted = _fallbacks_in_metrics(reason)
     with caplog.at_level(logging.WARNING, logger="core.slots"):
         assert await MEMORY_SEARCH.search(db, ada.id, "passport", limit=3) == []
         assert await MEMORY_SEARCH.search(db, ada.id, "passport", limit=3) == []
@@ -67,6 +81,7 @@ async def test_a_failing_occupant_falls_back_for_that_call_logged_and_counted(
     assert len(failed) == 2
     assert "slot=memory occupant=loopback_memory reason=" + reason in failed[0].getMessage()
     assert await fallback_counts(db) == {("memory", "loopback_memory"): {reason: 2}}
+    assert _fallbacks_in_metrics(reason) - counted == 2  # and in /metrics, without the occupant's name
     plugin.MODES["loopback_memory"] = "answer"  # the next call is the occupant's again
     assert len(await MEMORY_SEARCH.search(db, ada.id, "passport", limit=3)) == 1
 
