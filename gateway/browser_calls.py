@@ -159,9 +159,12 @@ async def hang_up(call_id: str) -> Response:
     active = _active()
     if active.get(session_key) == call_id and services.calls is not None:
         engine = services.calls.sessions.get(call_id)
-        if engine is not None:
+        if engine is not None and engine.end_reason is None:
             engine.hang_up("hangup")
             return Response(json.dumps({"ok": True}), content_type="application/json")
+        # This session's call, ending already (its end may be recorded before it lets go of the
+        # session): the same answer as for one that is over.
+        return Response(json.dumps({"ok": True, "duplicate": True}), content_type="application/json")
     if call_id in active.values():
         return _json_error(404, "no-such-call", "no browser call with that id in this session")
     # Over already (hung up twice, or ended by Pepper): fine, if it was this account's call.
