@@ -12,6 +12,7 @@ from quart import Blueprint, Response, current_app, request
 
 from core.adapters.twilio.signatures import public_request_url, twilio_signature_ok
 from core.security import record_security_event
+from gateway.metrics_route import mark_duplicate
 from gateway.services import Services
 from gateway.webchat import _storable, plain_id
 from gateway.webhooks import MEDIA_STREAM, SIP_INCOMING, VOICE, VOICE_AFTER_STREAM, VOICE_STATUS, public_url_for
@@ -64,8 +65,9 @@ async def voice_webhook() -> Response:
         log.error("a call came in but phone calls are not configured (PEPPER_PUBLIC_URL, a voice model)")
         return _xml(UNAVAILABLE_TWIML)
     _, twiml = await services.calls.answer(
-        form, stream_url=stream_url, action_url=public_url_for(services.settings, VOICE_AFTER_STREAM)
-    )
+        form, stream_url=stream_url, action_url=public_url_for(services.settings, VOICE_AFTER_STREAM),
+        on_duplicate=mark_duplicate,
+    )  # fmt: skip
     return _xml(twiml)
 
 

@@ -83,6 +83,13 @@ async def test_a_turn_a_model_call_and_webhooks_are_counted(served: Served) -> N
     assert status == 403
     async with served.session.post(served.local + "/twilio/voice", data={"garbage": "x"}) as response:
         assert response.status == 403  # unsigned
+    # A call's webhook, and Twilio retrying it: one accepted, one duplicate.
+    call = {"CallSid": "CA" + "5" * 32, "From": OWNER, "To": LINE, "AccountSid": served.twilio.account_sid,
+            "CallStatus": "ringing", "Direction": "inbound"}  # fmt: skip
+    for _ in range(2):
+        assert (await served.twilio.post_form(served.local, PUBLIC, "/twilio/voice", call, session=served.session))[
+            0
+        ] == 200
     await served.twilio.wait_for_sent(1, within=30)
     after = await served.samples()
     for _ in range(100):  # the turn is counted when its record is written, just before the reply goes
@@ -102,6 +109,8 @@ async def test_a_turn_a_model_call_and_webhooks_are_counted(served: Served) -> N
     assert grew("pepper_webhooks_total", provider="sms", outcome="duplicate") == 1
     assert grew("pepper_webhooks_total", provider="sms", outcome="refused") == 1
     assert grew("pepper_webhooks_total", provider="voice", outcome="refused") == 1
+    assert grew("pepper_webhooks_total", provider="voice", outcome="accepted") == 1
+    assert grew("pepper_webhooks_total", provider="voice", outcome="duplicate") == 1
     assert grew("pepper_model_calls_total", provider="openai", outcome="ok") >= 1
     assert grew("pepper_model_tokens_total", provider="openai", direction="input") >= 10
     # The turn's own figures, by channel and kind; the model calls by the tier that made them.

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Protocol
@@ -99,8 +99,12 @@ class CallService:
 
     # --- The voice webhook -------------------------------------------------------------------
 
-    async def answer(self, form: dict[str, str], *, stream_url: str, action_url: str | None) -> tuple[CallRoute, str]:
-        """Classify the call, record it, and return the TwiML that answers it."""
+    async def answer(
+        self, form: dict[str, str], *, stream_url: str, action_url: str | None,
+        on_duplicate: Callable[[], None] | None = None,
+    ) -> tuple[CallRoute, str]:  # fmt: skip
+        """Classify the call, record it, and return the TwiML that answers it. ``on_duplicate`` is
+        called when the call was recorded already (Twilio retried the webhook): it is counted so."""
         call_sid = form.get("CallSid", "")
         db = self.deps.db
         route = await routing.classify_call(db, form, unknown_caller=self.unknown_caller,
@@ -117,6 +121,8 @@ class CallService:
                 handle_id=route.handle_id, route=route.route, attested=form.get("StirVerstat") == ATTESTED,
             )  # fmt: skip
             log.info("voice call classified: route=%s reason=%s", route.route, route.reason)
+        if not inserted and on_duplicate is not None:
+            on_duplicate()
         if inserted and form.get("StirVerstat"):
             await call_records.set_verstat(db, call_sid, form["StirVerstat"])  # shown with the call's message too
         if route.route == "blocked":
