@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import functools
 import json
 import logging
 import time
@@ -1092,8 +1091,7 @@ class CallEngine:
                 return
             direction, item_id, text = entry
             try:  # while the database restarts the lines wait here, in order; the audio does not
-                line = functools.partial(self._profile.record, direction, item_id, text)
-                await when_reachable(line, what="a transcript line")
+                await when_reachable(self._profile.record, direction, item_id, text, what="a transcript line")
             except Exception:
                 log.exception("could not record a call transcript line")
 

@@ -81,9 +81,9 @@ def unreachable(exc: BaseException) -> bool:
 
 
 async def when_reachable(
-    work: Callable[[], Awaitable[T]], *, what: str, within: float = RETRY_WITHIN, every: float = 0.5
+    work: Callable[..., Awaitable[T]], *args: Any, what: str, within: float = RETRY_WITHIN, every: float = 0.5
 ) -> T:
-    """Run ``work``; while it fails because the database cannot be reached (``unreachable``: a
+    """Run ``work(*args)``; while it fails because the database cannot be reached (``unreachable``: a
     restart, a cut connection), run it again every ``every`` seconds, for up to ``within`` seconds,
     then raise the last error. Other errors are raised at once. For writes that can wait and are
     safe to repeat (a call's records, written off its audio path)."""
@@ -91,7 +91,7 @@ async def when_reachable(
     warned = False
     while True:
         try:
-            return await work()
+            return await work(*args)
         except Exception as exc:
             if not unreachable(exc) or asyncio.get_running_loop().time() + every > deadline:
                 raise
