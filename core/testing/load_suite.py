@@ -158,7 +158,7 @@ async def _load(port: int, kind: str, rate: int, requests: list[tuple[bytes, str
 
 async def run(
     *, seconds: float, rate: int, senders: int, duplicates: int, baseline_seconds: float = 5.0,
-    disposable: bool = False, base_env: dict[str, str] | None = None,
+    disposable: bool = False, base_env: dict[str, str] | None = None, server_env: dict[str, str] | None = None,
 ) -> Result:  # fmt: skip
     """Run the suite; never raises for a failed check (see ``failures``). ``disposable``: the
     database never waits for the disk (the CI-sized test); the script keeps it durable, as served."""
@@ -180,7 +180,7 @@ async def run(
                 model.script(*[reply_text("Got it.")] * (distinct * 2 + 50))
                 async with _processes() as procs:
                     await _suite(result, pool, root, dsn, twilio, model, procs, seconds, rate, senders, duplicates,
-                                 baseline_seconds, base_env)  # fmt: skip
+                                 baseline_seconds, base_env, server_env)  # fmt: skip
     except Exception as exc:  # a harness failure is a failed case, reported with the rest
         result.check(False, f"{type(exc).__name__}: {exc}")
     finally:
@@ -193,7 +193,7 @@ async def run(
 async def _suite(
     result: Result, pool: concurrent.futures.ProcessPoolExecutor, root: Path, dsn: str, twilio: TwilioPeer,
     model: OpenAIPeer, procs: list, seconds: float, rate: int, senders: int, duplicates: int,
-    baseline_seconds: float, base_env: dict[str, str] | None,
+    baseline_seconds: float, base_env: dict[str, str] | None, server_env: dict[str, str] | None,
 ) -> None:  # fmt: skip
     env = {k: v for k, v in (base_env or os.environ).items() if not k.startswith("PEPPER_") and k != "DATABASE_URL"}
     port = free_port()
@@ -204,6 +204,7 @@ async def _suite(
         "OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": model.base_url, "PEPPER_GRACEFUL_TIMEOUT": "10",
         "PEPPER_ROOMS_ENABLED": "false", "PEPPER_MEMORY_JOBS_INTERVAL": "3600", "PYTHONWARNINGS": "ignore",
     })  # fmt: skip
+    env.update(server_env or {})
     log_path = root / "server.log"
     t0 = time.monotonic()
     with log_path.open("w") as log:

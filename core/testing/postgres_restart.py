@@ -108,10 +108,10 @@ class Result:
 
 async def run(
     *, mode: str, rate: int, senders: int, before: float = 2.0, down: float = 3.0, after: float = 2.0,
-    base_env: dict[str, str] | None = None, side: CallsSide | None = None,
+    base_env: dict[str, str] | None = None, side: CallsSide | None = None, server_env: dict[str, str] | None = None,
 ) -> Result:  # fmt: skip
     """Run the suite once (``mode``: ``embedded`` or ``external``); never raises for a failed
-    check (see ``failures``)."""
+    check (see ``failures``). ``server_env``: more settings for the server."""
     assert mode in ("embedded", "external")
     result = Result(mode=mode)
     root = Path(tempfile.mkdtemp(prefix="pepper-pg-restart-"))
@@ -126,7 +126,7 @@ async def run(
             model.script(*[reply_text("Got it.")] * int(rate * (before + down + after) * 2 + 100))
             async with _processes() as procs:
                 await _suite(result, root, dsn, external, twilio, model, procs, rate, senders, before, down, after,
-                             base_env, side)  # fmt: skip
+                             base_env, side, server_env)  # fmt: skip
     except Exception as exc:  # a harness failure is a failed case, reported with the rest
         result.check(False, f"{type(exc).__name__}: {exc}")
     finally:
@@ -142,7 +142,7 @@ async def run(
 async def _suite(
     result: Result, root: Path, dsn: str | None, external: EmbeddedPostgres | None, twilio: TwilioPeer,
     model: OpenAIPeer, procs: list, rate: int, senders: int, before: float, down: float, after: float,
-    base_env: dict[str, str] | None, side: CallsSide | None,
+    base_env: dict[str, str] | None, side: CallsSide | None, server_env: dict[str, str] | None,
 ) -> None:  # fmt: skip
     env = {k: v for k, v in (base_env or os.environ).items() if not k.startswith("PEPPER_") and k != "DATABASE_URL"}
     port, media_port = free_port(), free_port()
@@ -156,6 +156,7 @@ async def _suite(
     })  # fmt: skip
     if dsn is not None:
         env["DATABASE_URL"] = dsn
+    env.update(server_env or {})
     env.update(side.env if side else {})
     log_path = root / "server.log"
     t0 = time.monotonic()
