@@ -168,16 +168,12 @@ async def test_texts_across_a_postgres_restart_are_each_answered_exactly_once():
 SMALL = {"PEPPER_TURN_WORKERS": "1", "PEPPER_TURN_WORKER_IDLE": "false", "PEPPER_TURN_WORKER_NICE": "0"}
 
 
-def _passed(result) -> None:  # type: ignore[no-untyped-def]
+async def test_an_external_postgres_restarting_under_texts_and_calls(subprocess_env):
+    async with OutageCalls(2) as calls:
+        result = await run(mode="external", rate=20, senders=5, before=1, down=1.5, after=1, base_env=subprocess_env,
+                           side=calls, server_env=SMALL)  # fmt: skip
     assert not result.failures, result.summary() + "\n" + "\n".join(result.failures)
     assert (result.lost, result.duplicates) == (0, 0), result.summary()
     assert result.calls_kept == result.calls == 2, result.summary()
     assert result.refused_down > 0, result.summary()  # the outage was felt, and refused retryably
     assert result.cases >= 15, result.summary()  # every check ran
-
-
-async def test_an_external_postgres_restarting_under_texts_and_calls(subprocess_env):
-    async with OutageCalls(2) as calls:
-        result = await run(mode="external", rate=20, senders=5, before=1, down=1.5, after=1, base_env=subprocess_env,
-                           side=calls, server_env=SMALL)  # fmt: skip
-    _passed(result)
