@@ -40,7 +40,9 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlencode
 
 import aiohttp
@@ -58,6 +60,9 @@ from core.testing.two_servers import _healthy, _processes, _spawn
 from core.vault import generate_key
 
 P99_TARGET_MS = 20.0
+
+# What the load process sends back: latencies (ms), statuses, CPU seconds, wall seconds, when it began.
+LoadRun = tuple[list[float], list[int], float, float, float]
 
 
 @dataclass
@@ -115,14 +120,14 @@ def schedule(senders: list[str], distinct: int, copies: int, seed: int = 31) -> 
     return order
 
 
-def load(port: int, kind: str, rate: int, requests: list[tuple[bytes, str]] | None, count: int) -> tuple:  # type: ignore[type-arg]
+def load(port: int, kind: str, rate: int, requests: list[tuple[bytes, str]] | None, count: int) -> LoadRun:
     """In the load process: ``count`` requests at ``rate`` a second (``kind``: ``health``, or
     ``sms`` with each request's ``(body, signature)``); their latencies in ms, statuses, CPU
     seconds, wall seconds and when it began (``time.time()``)."""
     return asyncio.run(_load(port, kind, rate, requests, count))
 
 
-async def _load(port: int, kind: str, rate: int, requests: list[tuple[bytes, str]] | None, count: int) -> tuple:  # type: ignore[type-arg]
+async def _load(port: int, kind: str, rate: int, requests: list[tuple[bytes, str]] | None, count: int) -> LoadRun:
     url = f"http://127.0.0.1:{port}" + ("/healthz" if kind == "health" else "/twilio/sms")
     latencies = [0.0] * count
     statuses = [0] * count
@@ -278,12 +283,15 @@ async def _suite(
 
 async def _settled(db: Database, expected: int, within: float) -> None:
     deadline = time.monotonic() + within
+    row: Any = {"inbound": 0, "open": 0}
+    running = 0
     while time.monotonic() < deadline:
         row = await db.fetchrow(
             "SELECT count(*) FILTER (WHERE body LIKE 'text %') AS inbound,"
             " count(*) FILTER (WHERE handling IN ('queued', 'running')) AS open"
             " FROM messages WHERE direction = 'inbound' AND channel = 'sms'"
         )
+        assert row is not None
         running = await db.fetchval("SELECT count(*) FROM turns WHERE status = 'running'")
         if row["inbound"] >= expected and not row["open"] and not running:
             return
@@ -326,14 +334,14 @@ async def _bursts(
     result.check(not split, f"{len(split)} turns whose texts are not one burst")
     # One sender's turns one at a time.
     overlapping = 0
-    by_sender: dict[str, list[tuple[object, object]]] = {}
+    by_sender: dict[str, list[tuple[datetime, datetime]]] = {}
     for turn, ms in turns.items():
         by_sender.setdefault(numbers[ms[0] % len(numbers)], []).append(
             (info[turn]["started_at"], info[turn]["finished_at"])
         )
     for spans in by_sender.values():
-        spans.sort(key=lambda s: s[0])  # type: ignore[arg-type,return-value]
-        overlapping += sum(1 for a, b in itertools.pairwise(spans) if b[0] < a[1])  # type: ignore[operator]
+        spans.sort()
+        overlapping += sum(1 for a, b in itertools.pairwise(spans) if b[0] < a[1])
     result.check(not overlapping, f"{overlapping} turns overlapping another of the same sender")
     # Bursts seen from outside: a sender's texts with no reply to them in between (a text that
     # came while its sender's turn ran is answered by the next turn: bursts <= turns).

@@ -30,7 +30,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -284,11 +284,14 @@ async def _load(
 
 async def _settled(db: Database, expected: int, within: float) -> None:
     deadline = time.monotonic() + within
+    row: Any = {"inbound": 0, "open": 0}
+    running = 0
     while time.monotonic() < deadline:
         row = await db.fetchrow(
             "SELECT count(*) AS inbound, count(*) FILTER (WHERE handling IN ('queued', 'running')) AS open"
             " FROM messages WHERE direction = 'inbound' AND channel = 'sms'"
         )
+        assert row is not None
         running = await db.fetchval("SELECT count(*) FROM turns WHERE status = 'running' AND channel = 'sms'")
         if row["inbound"] >= expected and not row["open"] and not running:
             return
@@ -296,19 +299,27 @@ async def _settled(db: Database, expected: int, within: float) -> None:
     raise AssertionError(f"not settled: {row['inbound']} of {expected} texts in, {row['open']} open, {running} running")
 
 
+class Tally(Protocol):
+    """What ``verify`` reports into (a suite's ``Result``)."""
+
+    lost: int
+    duplicates: int
+
+    def check(self, ok: bool, what: str) -> None: ...
+
+
 async def verify(
-    result: Result | object, db: Database, twilio: TwilioPeer, acked: list[str], sent: int, numbers: list[str]
+    result: Tally, db: Database, twilio: TwilioPeer, acked: list[str], sent: int, numbers: list[str]
 ) -> None:
     """Every acknowledged text recorded once, in one finished turn; each person one reply per
-    answer; the Twilio peer was sent what the store says was sent (``result``: a ``Result`` or
-    anything with ``check``, ``lost`` and ``duplicates``)."""
-    check = result.check  # type: ignore[attr-defined]
+    answer; the Twilio peer was sent what the store says was sent."""
+    check = result.check
     check(len(set(acked)) == sent, f"{len(set(acked))} acknowledged of {sent} sent")
     rows = await db.fetch(
         "SELECT provider_message_id, turn_id, handling FROM messages WHERE direction = 'inbound' AND channel = 'sms'"
     )
     recorded = [r["provider_message_id"] for r in rows]
-    result.duplicates += len(recorded) - len(set(recorded))  # type: ignore[attr-defined]
+    result.duplicates += len(recorded) - len(set(recorded))
     lost = len(set(acked) - set(recorded))
     check(lost == 0 and sorted(set(recorded)) == sorted(set(acked)), "recorded texts differ from the acknowledged")
     unanswered = [r for r in rows if r["turn_id"] is None or r["handling"] != "done"]
@@ -324,8 +335,8 @@ async def verify(
     check(len(per_person) == len(numbers), f"{len(per_person)} people wrote of {len(numbers)}")
     extra = sum(max(0, r["replies"] - r["answers"]) for r in per_person)
     missing = sum(max(0, r["answers"] - r["replies"]) for r in per_person)
-    result.duplicates += extra  # type: ignore[attr-defined]
-    result.lost += lost + missing  # type: ignore[attr-defined]
+    result.duplicates += extra
+    result.lost += lost + missing
     check(not extra and not missing, f"replies vs answers: {extra} extra, {missing} missing")
     to_senders = [m for m in twilio.sent if m.to in set(numbers)]
     outbound = await db.fetchval("SELECT count(*) FROM messages WHERE direction = 'outbound' AND channel = 'sms'")

@@ -14,6 +14,7 @@ model's answer once.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -77,16 +78,16 @@ class OutageCalls:
             try:
                 await call.wait(lambda c=call: any(m.name.startswith("n") for m in c.marks), within=30,
                                 what="the notice")  # fmt: skip
-                await self._model.wait_for(
-                    lambda n=sessions: len(self._model.sessions) > n and bool(self._model.sessions[-1].first_audio_at),
-                    within=30,
-                )
+                await self._model.wait_for(functools.partial(self._new_session_heard, sessions), within=30)
             except AssertionError as exc:
                 checks.append((False, f"a call never connected: {exc}"))
                 continue
             self._calls.append(_Call(call, self._model.sessions[-1]))
             checks.append((True, "a call connected"))
         return checks
+
+    def _new_session_heard(self, before: int) -> bool:
+        return len(self._model.sessions) > before and bool(self._model.sessions[-1].first_audio_at)
 
     async def during_outage(self, within: float = 15) -> list[tuple[bool, str]]:
         """While the database is down: each caller speaks and is answered; audio both ways."""
