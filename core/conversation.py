@@ -14,6 +14,8 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
+import asyncpg
+
 from core.errors import InvalidInput, NotFound
 from core.store.database import NO_FLUSH
 from core.store.queries import Queries
@@ -268,6 +270,19 @@ async def record_outbound(
     message = _message(row)
     await announce_message(db, message)
     return message
+
+
+async def record_sent_reply(
+    db: Queries, conversation_id: UUID, channel: str, body: str, turn_id: UUID | None, provider_message_id: str
+) -> None:
+    """Record a reply the provider took (``provider_message_id``), queued for its receipts. Safe to
+    repeat: a record that did commit while its answer was lost with the connection (a database
+    restart) is found there and nothing changes."""
+    try:
+        await record_outbound(db, conversation_id, channel, body, turn_id=turn_id,
+                              provider_message_id=provider_message_id, delivery_status="queued")  # fmt: skip
+    except asyncpg.UniqueViolationError:
+        pass
 
 
 async def record_sent_once(

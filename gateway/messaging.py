@@ -22,11 +22,19 @@ from quart import Blueprint, Response, current_app, request
 from core import identity
 from core.adapters.twilio import twiml
 from core.adapters.twilio.signatures import public_request_url, twilio_signature_ok
-from core.conversation import UNSENT, conversation_for, mark_part_sent, mark_parts_failed, record_outbound
+from core.conversation import (
+    UNSENT,
+    conversation_for,
+    mark_part_sent,
+    mark_parts_failed,
+    record_outbound,
+    record_sent_reply,
+)
 from core.errors import InvalidInput, PepperError
 from core.records import messages, texts
 from core.records.turns import SETTLED
 from core.security import record_security_event
+from core.store import when_reachable
 from gateway.channels import AWAITING_RECEIPT, Claimed, Delivery, Limits, failed, receive, settle_delivery
 from gateway.segments import MESSAGE_LIMIT
 from gateway.services import Services
@@ -272,13 +280,13 @@ class TwilioChannel:
                 else:
                     await record_outbound(db, conversation_id, channel, part, turn_id=turn_id, delivery_status="failed")
                 return failed("send-failed", code=exc.code)
+            # It went out: its record follows, through a restart of the database too (else the
+            # recovery of the turn finds its reply unsent and sends it again: a second reply).
             if recorded:
-                await mark_part_sent(db, recorded[index].id, sid)
+                await when_reachable(mark_part_sent, db, recorded[index].id, sid, what="a sent reply")
             else:
-                await record_outbound(
-                    db, conversation_id, channel, part, turn_id=turn_id, provider_message_id=sid,
-                    delivery_status="queued",
-                )  # fmt: skip
+                await when_reachable(record_sent_reply, db, conversation_id, channel, part, turn_id, sid,
+                                     what="a sent reply")  # fmt: skip
         return AWAITING_RECEIPT
 
 

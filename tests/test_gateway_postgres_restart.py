@@ -2,8 +2,11 @@
 retryable status (503 and Retry-After, never 200-then-lost); the senders retry, as Twilio's
 retry policy does; once it is back, every acknowledged message is answered exactly once.
 
-The server has its own embedded Postgres (not the suite's shared one), restarted with pg_ctl
-while the texts keep coming."""
+The first test's server (in this process) has its own embedded Postgres (not the suite's shared
+one), restarted with pg_ctl while the texts keep coming. The last runs a real ``pepper serve``
+(``core.testing.postgres_restart``) with calls in progress on an external Postgres given by
+DATABASE_URL; ``scripts/suite-postgres-restart`` also restarts the server's own embedded one under
+it, at 200 texts a second with 20 calls."""
 
 from __future__ import annotations
 
@@ -21,8 +24,10 @@ from core.store import Database
 from core.store.embedded import EmbeddedPostgres
 from core.testing.peers import OpenAIPeer, reply_text
 from core.testing.postgres import DISPOSABLE_SERVER, DatabaseFactory
+from core.testing.postgres_restart import run
 from core.testing.twilio_peer import TwilioPeer
 from gateway.server import running_app
+from voice.testing.outage_calls import OutageCalls
 
 TOKEN = "twilio-restart-auth-token"
 PUBLIC = "https://pepper.example.org"
@@ -151,3 +156,24 @@ async def test_texts_across_a_postgres_restart_are_each_answered_exactly_once():
     finally:
         await asyncio.to_thread(pg.stop, discard=True)
         shutil.rmtree(root, ignore_errors=True)
+
+
+# A real ``pepper serve`` (core.testing.postgres_restart, at a smaller load than
+# scripts/suite-postgres-restart): texts at a steady rate and calls in progress while its Postgres
+# restarts; the calls keep their audio both ways and their records are written once it is back.
+
+
+# One turn worker, at the web server's priority: on a busy CI machine an idle-class worker can
+# wait tens of seconds for its first CPU (the scripts keep the defaults).
+SMALL = {"PEPPER_TURN_WORKERS": "1", "PEPPER_TURN_WORKER_IDLE": "false", "PEPPER_TURN_WORKER_NICE": "0"}
+
+
+async def test_an_external_postgres_restarting_under_texts_and_calls(subprocess_env):
+    async with OutageCalls(2) as calls:
+        result = await run(mode="external", rate=20, senders=5, before=1, down=1.5, after=1, base_env=subprocess_env,
+                           side=calls, server_env=SMALL)  # fmt: skip
+    assert not result.failures, result.summary() + "\n" + "\n".join(result.failures)
+    assert (result.lost, result.duplicates) == (0, 0), result.summary()
+    assert result.calls_kept == result.calls == 2, result.summary()
+    assert result.refused_down > 0, result.summary()  # the outage was felt, and refused retryably
+    assert result.cases >= 15, result.summary()  # every check ran

@@ -46,6 +46,7 @@ from core.conversation import conversation_for, start_turn, update_turn
 from core.metrics import Metrics, metrics
 from core.models.types import ToolCall
 from core.records import calls as call_records
+from core.store import when_reachable
 from core.tools.registry import Tool, ToolContext, ToolOutcome
 from core.tools.runner import CallOutcome, run_call
 from core.tools.staging import commit_writes, drop_turn_writes, drop_writes
@@ -487,9 +488,11 @@ class CallEngine:
         return task
 
     async def _store_tape(self, seq: int, entries: list[list[Any]], final: bool) -> None:
-        try:
-            await call_records.store_recording(self.deps.db, self._call.call_sid, self._call.account_id, seq,
-                                               entries, final=final, stream_sid=self._sid)  # fmt: skip
+        try:  # a chunk is written once (a repeat changes nothing): retried through a database restart
+            call, stream_sid = self._call, self._sid
+            await when_reachable(lambda: call_records.store_recording(self.deps.db, call.call_sid, call.account_id,
+                                 seq, entries, final=final, stream_sid=stream_sid),
+                                 what="a recording chunk")  # fmt: skip
         except Exception:
             log.exception("could not store a chunk of a call's recording")
 
@@ -535,8 +538,9 @@ class CallEngine:
         if self.end_reason != "hangup":
             # Twilio asks for the after-stream TwiML the instant the socket closes, and that answer
             # depends on the end reason (an apology when the model failed): stored first.
-            try:
-                await call_records.store_end_reason(self.deps.db, self._call.call_sid, self.end_reason)
+            try:  # briefly: the caller's socket waits for it
+                await when_reachable(lambda: call_records.store_end_reason(self.deps.db, self._call.call_sid,
+                                     self.end_reason), what="a call's end reason", within=5)  # fmt: skip
             except Exception:
                 log.exception("could not record why a call ended before hanging up")
             self._end_stored = True
@@ -1121,8 +1125,8 @@ class CallEngine:
             if entry is None:
                 return
             direction, item_id, text = entry
-            try:
-                await self._profile.record(direction, item_id, text)
+            try:  # while the database restarts the lines wait here, in order; the audio does not
+                await when_reachable(self._profile.record, direction, item_id, text, what="a transcript line")
             except Exception:
                 log.exception("could not record a call transcript line")
 
@@ -1177,8 +1181,10 @@ class CallEngine:
         if self._live is not None:
             await self._live.finish()
         summary = ""
-        try:
-            for write in await drop_turn_writes(db, profile.registry, turn_id):
+        try:  # each step retried through a database restart: the call's record is written once it is back
+            dropped = await when_reachable(lambda: drop_turn_writes(db, profile.registry, turn_id),
+                                           what="a call's staged writes")  # fmt: skip
+            for write in dropped:
                 self._resolved.append(write.as_record())
             summary = self.summary()
             calls = self._call_records()
@@ -1186,7 +1192,8 @@ class CallEngine:
             for record in calls:
                 transcript.append({"role": "tool", "name": record["name"], "status": record["status"]})
             stats = self.stats.as_record() | profile.stats() | (self._live.stats() if self._live else {})
-            await update_turn(
+            finished_at = self.deps.clock()
+            await when_reachable(lambda: update_turn(
                 db,
                 turn_id,
                 status="failed" if self.end_reason in ("model-failed", "error") else "delivered",
@@ -1204,10 +1211,11 @@ class CallEngine:
                 timings={"total_ms": round((time.monotonic() - self._started) * 1000, 3)},
                 delivery={"end_reason": self.end_reason, "stats": stats},
                 reply=summary,
-                finished_at=self.deps.clock(),
-            )
-            await call_records.call_completed(db, self._call.call_sid, reason=self.end_reason, summary=summary,
-                                              verified_by=profile.verified_by, stats=stats)  # fmt: skip
+                finished_at=finished_at,
+            ), what="a call's turn record")  # fmt: skip
+            await when_reachable(lambda: call_records.call_completed(db, self._call.call_sid, reason=self.end_reason,
+                                 summary=summary, verified_by=profile.verified_by, stats=stats),
+                                 what="a call's record")  # fmt: skip
         except Exception:
             log.exception("could not record the end of a call")
         try:

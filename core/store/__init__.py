@@ -12,7 +12,7 @@ from pathlib import Path
 
 from core.errors import DatabaseUnavailable, StartupError, StoreError
 from core.settings import Settings
-from core.store.database import Database, connect, ensure_pgvector, redact_dsn, unreachable
+from core.store.database import Database, connect, ensure_pgvector, redact_dsn, unreachable, when_reachable
 from core.store.embedded import DataDirLock, EmbeddedPostgres
 from core.store.migrations import load_migrations, pending_migrations
 from core.store.sessions import CONNECTION_LIMIT_SQL
@@ -27,6 +27,7 @@ __all__ = [
     "prepare_data_dir",
     "redact_dsn",
     "unreachable",
+    "when_reachable",
 ]
 
 log = logging.getLogger(__name__)

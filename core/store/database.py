@@ -11,10 +11,10 @@ import asyncio
 import logging
 import os
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -25,7 +25,12 @@ from core.store.migrations import MIGRATION_LOCK_KEY, Migration, apply_migration
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 CONNECT_TIMEOUT = 10.0
+# How long a write that may wait (a call's records) is retried while the database is out of
+# reach: a restart of Postgres, embedded or external, takes seconds.
+RETRY_WITHIN = 120.0
 
 # A select-list item that makes the transaction it runs in commit without waiting for the disk.
 # Inside a single statement it covers that statement's own transaction in the same round trip,
@@ -73,6 +78,27 @@ def unreachable(exc: BaseException) -> bool:
             return True
         current = current.__cause__ or current.__context__
     return False
+
+
+async def when_reachable(
+    work: Callable[..., Awaitable[T]], *args: Any, what: str, within: float = RETRY_WITHIN, every: float = 0.5
+) -> T:
+    """Run ``work(*args)``; while it fails because the database cannot be reached (``unreachable``: a
+    restart, a cut connection), run it again every ``every`` seconds, for up to ``within`` seconds,
+    then raise the last error. Other errors are raised at once. For writes that can wait and are
+    safe to repeat (a call's records, written off its audio path)."""
+    deadline = asyncio.get_running_loop().time() + within
+    warned = False
+    while True:
+        try:
+            return await work(*args)
+        except Exception as exc:
+            if not unreachable(exc) or asyncio.get_running_loop().time() + every > deadline:
+                raise
+            if not warned:
+                log.warning("the database is out of reach; %s is retried until it is back: %s", what, exc)
+                warned = True
+        await asyncio.sleep(every)
 
 
 def _raised_in_driver(exc: BaseException) -> bool:
