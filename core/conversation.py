@@ -87,14 +87,23 @@ async def record_inbound(
         raise InvalidInput(f"unknown channel {channel!r}")
     if author not in (None, UNVERIFIED_CALLER):
         raise InvalidInput(f"unknown message author {author!r}")
-    # One statement, one round trip: this is on the path of every webhook's acknowledgement.
+    # One statement, one round trip, for a new message and for a delivery again of one recorded
+    # before (Twilio's retries: in a burst of retries, most deliveries): this is on the path of
+    # every webhook's acknowledgement.
     row = await db.fetchrow(
         """
-        INSERT INTO messages
-            (conversation_id, handle_id, channel, direction, provider_message_id, body, handling, meta, author)
-        SELECT c.id, $2, $3, 'inbound', $4, $5, $6, $7::jsonb, $8 FROM conversations c WHERE c.account_id = $1
-        ON CONFLICT (channel, provider_message_id) DO NOTHING
-        RETURNING *
+        WITH inserted AS (
+            INSERT INTO messages
+                (conversation_id, handle_id, channel, direction, provider_message_id, body, handling, meta, author)
+            SELECT c.id, $2, $3, 'inbound', $4, $5, $6, $7::jsonb, $8 FROM conversations c WHERE c.account_id = $1
+            ON CONFLICT (channel, provider_message_id) DO NOTHING
+            RETURNING *, true AS created
+        )
+        SELECT * FROM inserted
+        UNION ALL
+        SELECT m.*, false FROM messages m
+        WHERE $4::text IS NOT NULL AND m.channel = $3 AND m.provider_message_id = $4
+          AND NOT EXISTS (SELECT 1 FROM inserted)
         """,
         account_id,
         handle_id,
@@ -106,9 +115,10 @@ async def record_inbound(
         author,
     )
     if row is not None:
-        return _message(row), True
+        return _message(row), bool(row["created"])
     existing = None
     if provider_message_id is not None:
+        # The first delivery committed while this statement ran (its snapshot predates it).
         existing = await db.fetchrow(
             "SELECT * FROM messages WHERE channel = $1 AND provider_message_id = $2", channel, provider_message_id
         )
