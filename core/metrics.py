@@ -47,6 +47,7 @@ class Metrics:
     call_tool_ms: Any  # Histogram: per tool call on a call
     call_endpointing_ms: Any  # Histogram: caller audio sent past the speech end when the model said it stopped
     scheduled_runs: Any  # Counter: outcome (ran, silent, failed, missed)
+    call_model_reconnects: Any  # Counter: engine, outcome (reconnected, failed)
 
 
 def use_directory(directory: Path) -> Path:
@@ -91,6 +92,9 @@ def metrics() -> Metrics:
             "pepper_call_endpointing_ms", "The model's end-of-speech detection, as it reports it", buckets=MS_BUCKETS
         ),
         scheduled_runs=Counter("pepper_scheduled_runs", "Scheduled runs by outcome", ["outcome"]),
+        call_model_reconnects=Counter(
+            "pepper_call_model_reconnects", "A call's voice model session replaced", ["engine", "outcome"]
+        ),
     )
 
 

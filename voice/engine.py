@@ -91,6 +91,11 @@ class TwilioLink(Protocol):
     async def close(self, code: int = 1000) -> None: ...
 
 
+# The metrics' engine label, by the model's class (voice.engines names them so).
+ENGINE_LABELS = {"OpenAIRealtime": "openai-realtime", "GptLive": "gpt-live", "GptLiveSip": "gpt-live",
+                 "GeminiLive": "gemini-live", "CascadeModel": "cascade"}  # fmt: skip
+
+
 @dataclass
 class CallStats:
     frames_in: int = 0
@@ -196,6 +201,7 @@ class CallEngine:
         self._conn: RealtimeConnection | None = None
         self._conn_stack: AsyncExitStack | None = None
         self._generation = 0  # bumps on every model reconnect
+        self._start_retried = False  # the first session was refused and opened on a second try
         self._marks: dict[str, _Mark] = {}
         self._mark_seq = 0
         self._sent_bytes: dict[str, int] = {}
@@ -398,7 +404,7 @@ class CallEngine:
         if self.deps.notice_audio is not None and self.model is not None:
             self.notice_mulaw = await self.deps.notice_audio.mulaw(self._profile.notice)
         try:
-            if self.model is None or not await self._open_model():
+            if self.model is None or not await self._open_first():
                 self._end("model-failed")
             else:
                 self.spawn("model", self._model_loop())
@@ -525,6 +531,26 @@ class CallEngine:
             await self._finish()
         finally:
             await self._finish_tape()
+
+    async def _open_first(self) -> bool:
+        """The call's first model session; a refused one is tried again at once, within the
+        call's reconnect budget (the caller hears the notice from the second)."""
+        if await self._open_model():
+            return True
+        if self.deps.config.model_reconnects < 1:
+            return False
+        self._start_retried = True
+        opened = await self._open_model()
+        self._count_reconnect(opened)
+        if opened:
+            self.stats.model_reconnects += 1
+        return opened
+
+    def _count_reconnect(self, opened: bool) -> None:
+        metrics().call_model_reconnects.labels(self._engine_name(), "reconnected" if opened else "failed").inc()
+
+    def _engine_name(self) -> str:
+        return ENGINE_LABELS.get(type(self.model).__name__, "other")
 
     async def _open_model(self) -> bool:
         assert self.model is not None
@@ -670,10 +696,18 @@ class CallEngine:
                 if self.tape is not None:
                     self.tape.add("drop")
                 log.warning("realtime model socket dropped mid-call: close_code=%s", getattr(exc, "close_code", None))
-                if reconnects >= self.deps.config.model_reconnects or not await self._reconnect():
+                if self._start_retried:
+                    reconnects += 1  # the budget's first reconnect went on opening the call
+                if reconnects >= self.deps.config.model_reconnects:
+                    self._end("model-failed")
+                    return
+                opened = await self._reconnect()
+                self._count_reconnect(opened)
+                if not opened:
                     self._end("model-failed")
                     return
                 reconnects += 1
+                self._start_retried = False
 
     async def _reconnect(self) -> bool:
         old = self._conn_stack
@@ -854,6 +888,8 @@ class CallEngine:
         elif type(event) is UserTranscript or type(event) is AssistantTranscript:
             self._on_model_nowait(event)
         elif type(event) is ModelErrorEvent:
+            if event.server_side:
+                raise RealtimeDisconnected(f"the model reported a server error: {event.code}")
             if event.code == "conversation_already_has_active_response":
                 await self._refused_request()
             elif event.code not in ("response_cancel_not_active",):

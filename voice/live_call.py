@@ -277,6 +277,8 @@ class LiveCall:
             self.e.spawn("delegation", self._delegation(event, self.e._generation))
         elif kind is ModelErrorEvent:
             log.warning("GPT-Live reported an error: code=%s", event.code)
+            if event.server_side:
+                raise RealtimeDisconnected(f"GPT-Live reported a server error: {event.code}")
         elif kind is Other:
             self._other(event)
 

@@ -104,6 +104,16 @@ class ModelErrorEvent:
     code: str
     message: str
 
+    @property
+    def server_side(self) -> bool:
+        """The provider's own failure (its 5xx as an event): the session is not to be trusted
+        any more, and the call engine replaces it as it would a dropped socket."""
+        return self.code in SERVER_ERROR_CODES
+
+
+# The error codes (or types, when the code is empty) a provider reports for its own failure.
+SERVER_ERROR_CODES = frozenset({"server_error", "internal_error", "api_error", "overloaded_error", "unavailable"})
+
 
 @dataclass(slots=True)
 class TranscriptFragment:
