@@ -34,7 +34,16 @@ from core.models.adapters.google import GoogleAdapter
 from core.models.adapters.openai_responses import OpenAIResponsesAdapter
 from core.models.router import ModelChoice, ModelRouter, Tier
 from core.store import Database
-from core.testing.peers import AnthropicPeer, GooglePeer, LoopbackPeer, OpenAIPeer, Reply, fault, reply_text, reply_tools
+from core.testing.peers import (
+    AnthropicPeer,
+    GooglePeer,
+    LoopbackPeer,
+    OpenAIPeer,
+    Reply,
+    fault,
+    reply_text,
+    reply_tools,
+)
 from core.testing.provider_faults import Case
 from text_loop import HarnessConfig, HarnessDeps, deliver, run_turn
 
@@ -116,9 +125,7 @@ class TextFaults:
         if fault_kind == "cut-after":
             case.check(bool(streamed), "nothing streamed before the cut")
 
-        charged = await self.db.fetchrow(
-            "SELECT tokens, model_calls FROM usage_days WHERE account_id = $1", account.id
-        )
+        charged = await self.db.fetchrow("SELECT tokens, model_calls FROM usage_days WHERE account_id = $1", account.id)
         tokens = charged["tokens"] if charged else 0
         case.check(tokens == expected, f"charged {tokens} tokens, not {expected}")
         case.double_charges = int(tokens > expected)
@@ -138,6 +145,27 @@ class TextFaults:
             case.check(peer.pending == 0, f"{name} still holds {peer.pending} scripted replies")
             peer._queue.clear()
         return case
+
+
+async def timeouts_bounded() -> Case:
+    """Every built-in adapter ``ModelRouter.from_settings`` makes gives its SDK client the
+    configured timeout (``models.timeout``, finite): a provider that holds a request cannot hold
+    the turn past it."""
+    from core.settings import Settings
+
+    case = Case("text adapters' timeouts bounded")
+    settings = Settings(openai_api_key="k", anthropic_api_key="k", gemini_api_key="k",
+                        models={"compatible_base_url": "http://127.0.0.1:9/v1"})  # fmt: skip
+    router = ModelRouter.from_settings(settings)
+    want = settings.models.timeout
+    case.check(len(router.adapters) == 4, f"{len(router.adapters)} adapters, not 4")
+    for name, adapter in router.adapters.items():
+        client = adapter._client  # type: ignore[attr-defined]
+        http = getattr(getattr(client, "_api_client", None), "_http_options", None)  # google-genai: ms
+        got = http.timeout / 1000 if http is not None and http.timeout is not None else getattr(client, "timeout", None)
+        case.check(isinstance(got, int | float) and got == want, f"{name}'s SDK timeout is {got!r}, not {want}")
+    await router.aclose()
+    return case
 
 
 def failed_overs(provider: str) -> float:

@@ -45,11 +45,10 @@ from typing import Any
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
-from voice.testing.socket_faults import Refusals
-
 from voice.adapters.gpt_live import START_FIELDS
 from voice.codec import audioop
 from voice.testing.realtime_peer import tone
+from voice.testing.socket_faults import Refusals
 
 SAY_EXACTLY = "Say exactly this, and nothing else: "
 APPENDS = ("thinking", "commentary", "instructions")
