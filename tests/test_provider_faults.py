@@ -2,7 +2,8 @@
 without its timed check: each text provider's 5xx, timeout and streams cut before and after the
 first token (and a staged write before a 5xx) through its SDK; each realtime engine refused at the
 start, cut mid-call and failing with a server error, the loopback Twilio caller listening. The
-script also checks the caller heard something within 1.5 s; here, only that it heard it."""
+script also runs the cascade's cases (they load the local speech models) and checks the caller
+heard something within 1.5 s; here, only that it heard it."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from core.testing.provider_faults import Case, Results
 from gateway.media_server import media_port
 from gateway.server import running_app
 from text_loop.testing.provider_faults import PROVIDERS, text_faults, timeouts_bounded
-from voice.testing.provider_faults import ENGINES, FAULTS, engine_faults
+from voice.testing.provider_faults import FAULTS, REALTIME_ENGINES, engine_faults
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +39,7 @@ async def test_text_faults_fail_over_once_before_streaming_reply_once_and_charge
     assert sum(c.double_charges for c in cases) == 0
 
 
-@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("engine", REALTIME_ENGINES)
 async def test_call_faults_reconnect_and_the_caller_hears_something_after_each(db: Database, db_url: str, engine):
     @asynccontextmanager
     async def serve(settings) -> AsyncIterator[tuple[int, int, object]]:

@@ -10,6 +10,13 @@ For each engine (OpenAI Realtime, GPT-Live, Gemini Live), one call per fault:
 * ``error``: the model reports its own failure as an error event (OpenAI's and GPT-Live's
   ``server_error``; Gemini Live closes with 1011 "Internal error"): the same.
 
+On the cascade (speech to text, Pepper's text model, Deepgram speaking; the local speech models
+loaded, so only the script runs it; one call without a fault first, to warm them), the model peers are Deepgram's speak socket and the text
+model: ``refused`` refuses the speak socket at the start and for the notice (piper says it),
+``drop`` closes it with 1011 as the reply starts (piper says the reply) and ``error`` is the text
+model's 503 on the caller's turn (the router fails over to the tier's alternate, Anthropic here,
+and Deepgram speaks its reply).
+
 Each case measures, on the caller's side, the fault (the refusal, the cut, the event) to the first
 media frame that is not silence; checks that the call went on (one reconnect in the call's record,
 the ``pepper_call_model_reconnects`` counter, the socket open) and hangs up. The timed promise
@@ -29,6 +36,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from core import identity
@@ -51,11 +59,15 @@ OWNER = "+14155552671"
 LINE = "+14155550100"
 NOTICE = "Hi, this is Pepper. This call is transcribed."
 SORRY = "Sorry, the line dropped for a moment. Where were we?"
-ENGINES = ("openai-realtime", "gpt-live", "gemini-live")
+REALTIME_ENGINES = ("openai-realtime", "gpt-live", "gemini-live")
+ENGINES = (*REALTIME_ENGINES, "cascade")
 FAULTS = ("refused", "drop", "error")
+DEEPGRAM_KEY = "dg-test"
+SPEECH = Path(__file__).resolve().parent / "data"
 
 
 def reconnects(engine: str, outcome: str = "reconnected") -> float:
+    """``pepper_call_model_reconnects`` in this process so far."""
     from prometheus_client import REGISTRY
 
     from core.metrics import metrics
@@ -156,6 +168,101 @@ class EngineFaults:
         return None
 
 
+class CascadeFaults(EngineFaults):
+    """The cascade's model peers: Deepgram's speak socket and the text model (and its alternate)."""
+
+    def __init__(self, db: Database, caller: TwilioCaller, deepgram: Any, text: OpenAIPeer, alternate: Any) -> None:
+        super().__init__("cascade", db, caller, deepgram)
+        self.text, self.alternate = text, alternate
+
+    async def run(self, faults: tuple[str, ...] = FAULTS) -> list[Case]:
+        await self.warm_up()
+        return await super().run(faults)
+
+    async def warm_up(self) -> None:
+        """One call with no fault first: a process's first cascade call loads and warms its speech
+        models (about 0.7 s more to the notice here), which a running server did long before."""
+        from core.testing.peers import reply_text
+
+        self.text.script(reply_text(NOTICE))
+        answer = await self.caller.dial(from_=OWNER, to=LINE)
+        async with self.caller.media(answer) as call:
+            await self._wait(call, lambda: any(m.name.startswith("n") for m in call.marks), "the notice's mark", 30)
+            await call.hang_up()
+        await self._call_row(answer.call_sid)
+
+    async def case(self, fault: str) -> Case:
+        from core.testing.peers import fault as http_fault
+        from core.testing.peers import reply_text
+
+        case = Case(f"call cascade {fault}")
+        deepgram = self.peer
+        self.text._queue.clear()
+        self.alternate._queue.clear()
+        self.text.script(reply_text(NOTICE))
+        failed_over = _failed_overs("openai")
+        refused = len(deepgram.speak_refused_at)
+        if fault == "refused":
+            deepgram.speak_refuse = 2  # the socket opened ahead at the start, and again for the notice
+        elif fault == "drop":
+            self.text.script(reply_text(SORRY))
+        else:
+            self.text.script(http_fault(503, "upstream overloaded"))
+            self.alternate.script(reply_text(SORRY))
+        answer = await self.caller.dial(from_=OWNER, to=LINE)
+        if not case.check(answer.connected, "the call was not connected to a stream"):
+            return case
+        at: float | None = None
+        async with self.caller.media(answer) as call:
+            try:
+                await self._wait(call, lambda: any(m.name.startswith("n") for m in call.marks), "the notice's mark", 30)
+                if fault == "refused":
+                    got = deepgram.speak_refused_at[refused:]
+                    case.check(len(got) == 2, f"{len(got)} speak handshakes refused, not 2")
+                    at = got[0] if got else None  # from the first: the call's start
+                else:
+                    if fault == "drop":
+                        deepgram.speak_faults.append("close")
+                    asked = len(self.text.requests)
+                    call.say((SPEECH / "weather.ulaw").read_bytes())
+                    await self._wait(call, lambda: len(self.text.requests) > asked, "the caller's turn at the model", 30)
+                    if fault == "drop":
+                        await self._wait(call, lambda: bool(deepgram.speak_dropped_at), "the speak socket dropped", 30)
+                        at = deepgram.speak_dropped_at[-1]
+                    else:
+                        at = self.text.requests[-1].at
+                if at is not None:
+                    fault_at = at
+                    await self._wait(call, lambda: call.first_sound_after(fault_at) is not None, "sound after it", 30)
+                    heard = call.first_sound_after(fault_at)
+                    if heard is not None:
+                        case.heard_ms = (heard - fault_at) * 1000
+                case.check(not call.closed.is_set(), "the call ended")
+            except AssertionError as exc:
+                case.failures.append(f"{case.name}: {exc}")
+            await call.hang_up()
+        row = await self._call_row(answer.call_sid)
+        if case.check(row is not None, "the call was never recorded as ended") and row is not None:
+            case.check(row["end_reason"] == "hangup", f"the call ended {row['end_reason']}, not by the hang-up")
+        if fault == "error":
+            rose = _failed_overs("openai") - failed_over
+            case.check(rose == 1, f"pepper_model_calls{{outcome=failed_over}} rose by {rose}, not 1")
+            case.check(len(self.alternate.requests) >= 1, "the alternate was never asked")
+        for name, peer in (("the text model", self.text), ("the alternate", self.alternate)):
+            case.check(peer.pending == 0, f"{name} still holds {peer.pending} scripted replies")
+        return case
+
+
+def _failed_overs(provider: str) -> float:
+    from prometheus_client import REGISTRY
+
+    from core.metrics import metrics
+
+    metrics()
+    value = REGISTRY.get_sample_value("pepper_model_calls_total", {"provider": provider, "outcome": "failed_over"})
+    return value or 0.0
+
+
 async def owner_line(db: Database, engine: str) -> None:
     """The owner, their phone and their line, the line on ``engine`` (once per database)."""
     if await identity.find_line(db, LINE) is None:
@@ -185,6 +292,28 @@ async def engine_faults(engine: str, db: Database, db_url: str, serve: Serve) ->
             stack.callback(_restore_env, "SSL_CERT_FILE", os.environ.get("SSL_CERT_FILE"))
             os.environ["SSL_CERT_FILE"] = str(peer.ca_file)
             extra |= {"gemini_api_key": peer.api_key, "gemini_base_url": peer.base_url}
+        elif engine == "cascade":
+            from core.testing.peers import AnthropicPeer
+            from voice.adapters.cascade import local_speech
+            from voice.testing.deepgram_peer import DeepgramPeer
+
+            speech = local_speech()
+            speech.tts.without_noise()
+
+            def synthesize(text: str) -> tuple[bytes, int]:
+                return speech.tts.pcm_sync(text), speech.tts.rate
+
+            synthesize("Hello.")  # the peer's voice warmed up: its first sentence is not Pepper's time
+
+            peer = await stack.enter_async_context(
+                DeepgramPeer(transcribe=speech.stt.transcribe_sync, synthesize=synthesize, api_key=DEEPGRAM_KEY)
+            )
+            text = await stack.enter_async_context(OpenAIPeer())
+            alternate = await stack.enter_async_context(AnthropicPeer())
+            extra |= {"openai_base_url": text.base_url, "anthropic_api_key": "sk-ant-test",
+                      "anthropic_base_url": alternate.base_url, "deepgram_api_key": DEEPGRAM_KEY,
+                      "deepgram_api_url": peer.base_url, "voice_cascade_tts": "deepgram",
+                      "scheduler_enabled": False}  # fmt: skip
         else:
             raise ValueError(f"no fault cases for the engine {engine!r}")
         await owner_line(db, engine)
@@ -196,7 +325,10 @@ async def engine_faults(engine: str, db: Database, db_url: str, serve: Serve) ->
         deps.config = dataclasses.replace(deps.config, notice_timeout=5.0, closing_grace=3.0)
         caller = TwilioCaller(TOKEN, local=f"http://127.0.0.1:{port}", public=PUBLIC, account_sid=twilio.account_sid,
                               media_local=f"ws://127.0.0.1:{media}")  # fmt: skip
-        yield EngineFaults(engine, db, caller, peer)
+        if engine == "cascade":
+            yield CascadeFaults(db, caller, peer, text, alternate)
+        else:
+            yield EngineFaults(engine, db, caller, peer)
 
 
 def _restore_env(name: str, value: str | None) -> None:

@@ -108,6 +108,7 @@ class Received:
     headers: dict[str, str]
     query: dict[str, str]
     body: dict[str, Any]
+    at: float = field(default_factory=time.monotonic, compare=False)  # when it arrived
 
     @property
     def streaming(self) -> bool:
