@@ -19,8 +19,9 @@ as raw binary messages of 100 ms (one each ``pace`` seconds), then ``Flushed``; 
 buffered text and any audio not yet sent and answers ``Cleared``; ``Close`` closes. ``speak_queries``
 keeps each socket's query and ``speak_messages`` every message type received, in order;
 ``speak_faults`` makes the next flushes fail: ``"drop"`` closes the socket with 1011 after the
-first 100 ms of audio and ``"close"`` before any (when: ``speak_dropped_at``), ``"warning"`` answers a ``Warning`` instead of
-audio; ``speak_refuse`` answers the next N handshakes 503 (when: ``speak_refused_at``).
+first 100 ms of audio and ``"close"`` before any (when: ``speak_dropped_at``), ``"warning"``
+answers a ``Warning`` instead of audio; ``speak_refuse`` answers the next N handshakes 503 (when:
+``speak_refused_at``).
 """
 
 from __future__ import annotations

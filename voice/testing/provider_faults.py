@@ -11,11 +11,11 @@ For each engine (OpenAI Realtime, GPT-Live, Gemini Live), one call per fault:
   ``server_error``; Gemini Live closes with 1011 "Internal error"): the same.
 
 On the cascade (speech to text, Pepper's text model, Deepgram speaking; the local speech models
-loaded, so only the script runs it; one call without a fault first, to warm them), the model peers are Deepgram's speak socket and the text
-model: ``refused`` refuses the speak socket at the start and for the notice (piper says it),
-``drop`` closes it with 1011 as the reply starts (piper says the reply) and ``error`` is the text
-model's 503 on the caller's turn (the router fails over to the tier's alternate, Anthropic here,
-and Deepgram speaks its reply).
+loaded, so only the script runs it; one call without a fault first, to warm them), the model
+peers are Deepgram's speak socket and the text model: ``refused`` refuses the speak socket at the
+start and for the notice (piper says it), ``drop`` closes it with 1011 as the reply starts (piper
+says the reply) and ``error`` is the text model's 503 on the caller's turn (the router fails over
+to the tier's alternate, Anthropic here, and Deepgram speaks its reply).
 
 Each case measures, on the caller's side, the fault (the refusal, the cut, the event) to the first
 media frame that is not silence; checks that the call went on (one reconnect in the call's record,
@@ -225,7 +225,7 @@ class CascadeFaults(EngineFaults):
                         deepgram.speak_faults.append("close")
                     asked = len(self.text.requests)
                     call.say((SPEECH / "weather.ulaw").read_bytes())
-                    await self._wait(call, lambda: len(self.text.requests) > asked, "the caller's turn at the model", 30)
+                    await self._wait(call, lambda: len(self.text.requests) > asked, "the caller's turn", 30)
                     if fault == "drop":
                         await self._wait(call, lambda: bool(deepgram.speak_dropped_at), "the speak socket dropped", 30)
                         at = deepgram.speak_dropped_at[-1]
