@@ -63,6 +63,7 @@ from voice.realtime import (
     RealtimeDisconnected,
     RealtimeError,
     RealtimeModel,
+    RealtimeServerFailed,
     ResponseCreated,
     ResponseDone,
     SessionConfig,
@@ -693,7 +694,7 @@ class CallEngine:
             except RealtimeDisconnected as exc:
                 if self._ended.is_set():
                     return
-                if self.tape is not None:
+                if self.tape is not None and not isinstance(exc, RealtimeServerFailed):
                     self.tape.add("drop")
                 log.warning("realtime model socket dropped mid-call: close_code=%s", getattr(exc, "close_code", None))
                 if self._start_retried:
@@ -889,7 +890,7 @@ class CallEngine:
             self._on_model_nowait(event)
         elif type(event) is ModelErrorEvent:
             if event.server_side:
-                raise RealtimeDisconnected(f"the model reported a server error: {event.code}")
+                raise RealtimeServerFailed(f"the model reported a server error: {event.code}")
             if event.code == "conversation_already_has_active_response":
                 await self._refused_request()
             elif event.code not in ("response_cancel_not_active",):

@@ -54,6 +54,7 @@ from voice.realtime import (
     ModelErrorEvent,
     Other,
     RealtimeDisconnected,
+    RealtimeServerFailed,
     SessionConfig,
     TranscriptFragment,
     UserTranscript,
@@ -278,7 +279,7 @@ class LiveCall:
         elif kind is ModelErrorEvent:
             log.warning("GPT-Live reported an error: code=%s", event.code)
             if event.server_side:
-                raise RealtimeDisconnected(f"GPT-Live reported a server error: {event.code}")
+                raise RealtimeServerFailed(f"GPT-Live reported a server error: {event.code}")
         elif kind is Other:
             self._other(event)
 

@@ -32,6 +32,12 @@ class RealtimeDisconnected(RealtimeError):
         self.close_code = close_code
 
 
+class RealtimeServerFailed(RealtimeDisconnected):
+    """The model reported its own failure as an event (``ModelErrorEvent.server_side``): the call
+    engine replaces the session as it would a dropped one. A call's tape holds the event, so a
+    replay raises this again there, and no drop is recorded after it."""
+
+
 @dataclass(frozen=True)
 class SessionConfig:
     """What the model is told at the start and whenever the call's trust changes."""
