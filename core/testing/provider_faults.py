@@ -8,11 +8,45 @@ runs them all and ``tests/test_provider_faults.py`` a part of them.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+from core.store.queries import Queries
 
 # The caller must hear something (the notice again, an apology) this soon after a realtime fault.
 HEARD_WITHIN_MS = 1500.0
+
+
+def counted(metric: str, **labels: str) -> float:
+    """A Prometheus counter's value in this process so far (0 before its first count)."""
+    from prometheus_client import REGISTRY
+
+    from core.metrics import metrics
+
+    metrics()  # every metric exists from here on
+    return REGISTRY.get_sample_value(f"{metric}_total", labels) or 0.0
+
+
+def failed_overs(provider: str) -> float:
+    """``pepper_model_calls{outcome="failed_over"}`` under ``provider`` so far."""
+    return counted("pepper_model_calls", provider=provider, outcome="failed_over")
+
+
+async def turn_tokens(db: Queries, turn_id: UUID) -> int:
+    """Input and output tokens the turn's record holds (``pepper turns show``)."""
+    usage: Any = await db.fetchval("SELECT usage FROM turns WHERE id = $1", turn_id)
+    usage = json.loads(usage) if isinstance(usage, str) else usage or {}
+    return int(usage.get("input_tokens", 0)) + int(usage.get("output_tokens", 0))
+
+
+async def notes_saved(db: Queries, account_id: UUID, body: str) -> int:
+    """How many dossier notes of the account say ``body``."""
+    return int(
+        await db.fetchval("SELECT count(*) FROM dossier_notes WHERE account_id = $1 AND body = $2", account_id, body)
+    )
 
 
 @dataclass

@@ -21,7 +21,6 @@ streams report nothing), never more. A charge above that is a double charge.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -44,7 +43,8 @@ from core.testing.peers import (
     reply_text,
     reply_tools,
 )
-from core.testing.provider_faults import Case
+from core.testing.provider_faults import Case, failed_overs, notes_saved, turn_tokens
+from core.usage.ledger import day_usage
 from text_loop import HarnessConfig, HarnessDeps, deliver, run_turn
 
 # The SDKs' timeout in these cases, and how long a "timeout" peer holds its answer back.
@@ -125,25 +125,20 @@ class TextFaults:
         if fault_kind == "cut-after":
             case.check(bool(streamed), "nothing streamed before the cut")
 
-        charged = await self.db.fetchrow("SELECT tokens, model_calls FROM usage_days WHERE account_id = $1", account.id)
-        tokens = charged["tokens"] if charged else 0
+        tokens = (await day_usage(self.db, account.id, datetime.now(UTC).date())).tokens
         case.check(tokens == expected, f"charged {tokens} tokens, not {expected}")
         case.double_charges = int(tokens > expected)
-        usage = await self.db.fetchval("SELECT usage FROM turns WHERE id = $1", outcome.turn_id)
-        usage = json.loads(usage) if isinstance(usage, str) else usage or {}
-        recorded = int(usage.get("input_tokens", 0)) + int(usage.get("output_tokens", 0))
+        recorded = await turn_tokens(self.db, outcome.turn_id)
         case.check(recorded == expected, f"the turn record holds {recorded} tokens, not {expected}")
         if fault_kind == "write":
             case.check(outcome.staged_writes == 1, f"{outcome.staged_writes} writes staged, not 1")
             writes = await deliver(self.deps, outcome.turn_id, True, detail={"provider_status": "delivered"})
             case.check([w.status for w in writes] == ["committed"], f"the writes ended {[w.status for w in writes]}")
-            notes = await self.db.fetchval(
-                "SELECT count(*) FROM dossier_notes WHERE account_id = $1 AND body = $2", account.id, NOTE
-            )
+            notes = await notes_saved(self.db, account.id, NOTE)
             case.check(notes == 1, f"the note was saved {notes} times, not once")
         for name, peer in self.peers.items():
             case.check(peer.pending == 0, f"{name} still holds {peer.pending} scripted replies")
-            peer._queue.clear()
+            peer.clear_script()
         return case
 
 
@@ -166,16 +161,6 @@ async def timeouts_bounded() -> Case:
         case.check(isinstance(got, int | float) and got == want, f"{name}'s SDK timeout is {got!r}, not {want}")
     await router.aclose()
     return case
-
-
-def failed_overs(provider: str) -> float:
-    from prometheus_client import REGISTRY
-
-    from core.metrics import metrics
-
-    metrics()
-    value = REGISTRY.get_sample_value("pepper_model_calls_total", {"provider": provider, "outcome": "failed_over"})
-    return value or 0.0
 
 
 @asynccontextmanager

@@ -40,10 +40,11 @@ from pathlib import Path
 from typing import Any
 
 from core import identity
+from core.records import calls as call_records
 from core.settings import Settings
 from core.store import Database
 from core.testing.peers import OpenAIPeer
-from core.testing.provider_faults import Case
+from core.testing.provider_faults import Case, counted, failed_overs
 from core.testing.twilio_peer import TwilioPeer
 from voice.deps import VoiceDeps
 from voice.testing.gemini_live_peer import GeminiLivePeer
@@ -68,13 +69,7 @@ SPEECH = Path(__file__).resolve().parent / "data"
 
 def reconnects(engine: str, outcome: str = "reconnected") -> float:
     """``pepper_call_model_reconnects`` in this process so far."""
-    from prometheus_client import REGISTRY
-
-    from core.metrics import metrics
-
-    metrics()
-    value = REGISTRY.get_sample_value("pepper_call_model_reconnects_total", {"engine": engine, "outcome": outcome})
-    return value or 0.0
+    return counted("pepper_call_model_reconnects", engine=engine, outcome=outcome)
 
 
 class EngineFaults:
@@ -161,7 +156,7 @@ class EngineFaults:
 
     async def _call_row(self, call_sid: str) -> Any:
         for _ in range(1000):
-            row = await self.db.fetchrow("SELECT * FROM calls WHERE call_sid = $1", call_sid)
+            row = await call_records.call_row(self.db, call_sid)
             if row is not None and row["ended_at"] is not None and row["summary"] is not None:
                 return row
             await asyncio.sleep(0.01)
@@ -197,10 +192,10 @@ class CascadeFaults(EngineFaults):
 
         case = Case(f"call cascade {fault}")
         deepgram = self.peer
-        self.text._queue.clear()
-        self.alternate._queue.clear()
+        self.text.clear_script()
+        self.alternate.clear_script()
         self.text.script(reply_text(NOTICE))
-        failed_over = _failed_overs("openai")
+        failed_over = failed_overs("openai")
         refused = len(deepgram.speak_refused_at)
         if fault == "refused":
             deepgram.speak_refuse = 2  # the socket opened ahead at the start, and again for the notice
@@ -245,22 +240,12 @@ class CascadeFaults(EngineFaults):
         if case.check(row is not None, "the call was never recorded as ended") and row is not None:
             case.check(row["end_reason"] == "hangup", f"the call ended {row['end_reason']}, not by the hang-up")
         if fault == "error":
-            rose = _failed_overs("openai") - failed_over
+            rose = failed_overs("openai") - failed_over
             case.check(rose == 1, f"pepper_model_calls{{outcome=failed_over}} rose by {rose}, not 1")
             case.check(len(self.alternate.requests) >= 1, "the alternate was never asked")
         for name, peer in (("the text model", self.text), ("the alternate", self.alternate)):
             case.check(peer.pending == 0, f"{name} still holds {peer.pending} scripted replies")
         return case
-
-
-def _failed_overs(provider: str) -> float:
-    from prometheus_client import REGISTRY
-
-    from core.metrics import metrics
-
-    metrics()
-    value = REGISTRY.get_sample_value("pepper_model_calls_total", {"provider": provider, "outcome": "failed_over"})
-    return value or 0.0
 
 
 async def owner_line(db: Database, engine: str) -> None:

@@ -149,6 +149,10 @@ class LoopbackPeer(HttpPeer):
     def script(self, *replies: Reply) -> None:
         self._queue.extend(replies)
 
+    def clear_script(self) -> None:
+        """Forget the replies scripted and not yet taken."""
+        self._queue.clear()
+
     @property
     def pending(self) -> int:
         return len(self._queue)
