@@ -7,10 +7,12 @@ heard something within 1.5 s; here, only that it heard it."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import pytest
+from cli_support import run_cli
 
 from core.store import Database
 from core.testing.provider_faults import Case, Results
@@ -31,12 +33,25 @@ async def test_every_adapter_gives_its_sdk_a_bounded_timeout() -> None:
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
-async def test_text_faults_fail_over_once_before_streaming_reply_once_and_charge_once(db: Database, provider):
+async def test_text_faults_fail_over_once_before_streaming_reply_once_and_charge_once(
+    db: Database, db_url: str, provider, monkeypatch, capsys
+):
     async with text_faults(db) as faults:
         cases = await faults.run((provider,))
     assert len(cases) == 5
     assert failures(cases) == []
     assert sum(c.double_charges for c in cases) == 0
+    if provider == "anthropic":  # the turn record says what failed and what it was charged
+        monkeypatch.setenv("DATABASE_URL", db_url)
+        shown = {}
+        for case in cases:
+            code, out, err = await asyncio.to_thread(run_cli, monkeypatch, capsys, "turns", "show", str(case.turn_id))
+            assert code == 0, err
+            shown[case.name.rsplit(" ", 1)[1]] = out
+        assert "failed first: claude-x-haiku (model-unavailable 503; nothing charged)" in shown["5xx"]
+        assert "failed first: claude-x-haiku (model-unavailable; charged 120 in / 1 out)" in shown["cut-before"]
+        assert "stream cut part way, asked again" in shown["cut-after"]
+        assert "charged 120 in / 1 out" in shown["cut-after"]
 
 
 @pytest.mark.parametrize("engine", REALTIME_ENGINES)

@@ -58,6 +58,7 @@ class Case:
     failures: list[str] = field(default_factory=list)
     double_charges: int = 0
     heard_ms: float | None = None
+    turn_id: UUID | None = None  # a text case's turn (``pepper turns show`` prints its record)
 
     def check(self, ok: bool, what: str) -> bool:
         if not ok:

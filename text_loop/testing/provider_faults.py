@@ -113,6 +113,7 @@ class TextFaults:
                 streamed.append(item["text"])
 
         outcome = await run_turn(self.deps, account.id, "web", "what's the answer?", tier=provider, progress=progress)
+        case.turn_id = outcome.turn_id
         case.check(outcome.status == "replied", f"the turn ended {outcome.status}")
         case.check(outcome.reply == REPLY, f"the reply was {outcome.reply!r}, not the whole answer once")
         for name, peer in self.peers.items():
