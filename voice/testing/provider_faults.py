@@ -110,7 +110,10 @@ class EngineFaults:
                 else:
                     await self._heard_notice(call)
                     await asyncio.sleep(0.3)  # listening: what was said has played out
+                    quiet_since = time.monotonic() - 0.2
                     at = await self._inject(fault)
+                    # Nothing sounded just before the fault: what is timed after it is the new session's.
+                    case.check(not [t for t in call.sounds if quiet_since <= t < at], "sound just before the fault")
                     await self._wait(call, lambda: len(self.peer.sessions) > sessions + 1, "a second model session")
                 if at is not None:
                     await self._wait(call, lambda: call.first_sound_after(at) is not None, "sound after the fault")
