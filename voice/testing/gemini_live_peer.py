@@ -375,8 +375,8 @@ class GeminiLivePeer:
                 raise AssertionError("the Gemini Live peer never saw what the test waited for")
             await asyncio.sleep(0.01)
 
-    def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
-        return self.refusals.check(connection, request) or self._check_path(connection, request)
+    async def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        return await self.refusals.check(connection, request) or self._check_path(connection, request)
 
     def cut(self, index: int = -1) -> float:
         """End one socket without a close frame (the network gone); returns when."""
