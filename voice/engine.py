@@ -5,10 +5,11 @@ the instructions, the trust, what the keypad does, where the transcript goes). W
 promises, for every profile:
 
 * **Opening.** The profile's notice is the first thing the caller hears: Pepper plays it itself
-  from a cached recording (``voice.notice``), straight to Twilio with a mark after it (on GPT-Live
-  as the session's audio fixture), before the model may speak; without a recording the model is
-  asked to say it. Until the Twilio mark after it comes back (the caller has heard it), caller
-  audio is discarded: neither buffered nor sent to the model.
+  from a cached recording (``voice.notice``), straight to Twilio with a mark after it, while the
+  model's session opens (on GPT-Live as the session's audio fixture, once it is open), before the
+  model may speak; without a recording the model is asked to say it. Until the Twilio mark after
+  it comes back (the caller has heard it), caller audio is discarded: neither buffered nor sent to
+  the model.
 * **Tools** come from the profile's registry and pass its gate and the same runner as text
   turns. A tool that takes longer than ``filler_after`` seconds makes the caller hear a short filler.
 * **Barge-in.** When the model reports the caller speaking over Pepper: Twilio ``clear``, cancel
@@ -405,6 +406,10 @@ class CallEngine:
         if self.deps.notice_audio is not None and self.model is not None:
             self.notice_mulaw = await self.deps.notice_audio.mulaw(self._profile.notice)
         try:
+            if self.notice_mulaw and self._live is None:
+                # Pepper's own recording needs no model: it plays while the session opens, so a
+                # slow or hanging handshake is not heard as silence.
+                self._play_notice(self.notice_mulaw)
             if self.model is None or not await self._open_first():
                 self._end("model-failed")
             else:
@@ -414,8 +419,8 @@ class CallEngine:
                 if self._live is not None:
                     self.spawn("speech-watch", self._live.watch())
                     await self._live.start()
-                elif self.notice_mulaw:
-                    self._play_notice(self.notice_mulaw)
+                elif self._notice_sent:
+                    pass  # playing already
                 else:
                     await self._request_response(_Request(self._notice_instructions(), notice=True))
             await self._ended.wait()

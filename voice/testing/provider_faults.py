@@ -17,6 +17,10 @@ start and for the notice (piper says it), ``drop`` closes it with 1011 as the re
 says the reply) and ``error`` is the text model's 503 on the caller's turn (the router fails over
 to the tier's alternate, Anthropic here, and Deepgram speaks its reply).
 
+With Pepper's own recording of the notice (piper; the script only), ``held`` holds the model's
+handshake on OpenAI Realtime and Gemini Live: the notice plays while the session opens (the
+first attempt ends at the websockets client's open timeout, 10 s, the second opens).
+
 Each case measures, on the caller's side, the fault (the refusal, the cut, the event) to the first
 media frame that is not silence; checks that the call went on (one reconnect in the call's record,
 the ``pepper_call_model_reconnects`` counter, the socket open) and hangs up. The timed promise
@@ -63,6 +67,11 @@ SORRY = "Sorry, the line dropped for a moment. Where were we?"
 REALTIME_ENGINES = ("openai-realtime", "gpt-live", "gemini-live")
 ENGINES = (*REALTIME_ENGINES, "cascade")
 FAULTS = ("refused", "drop", "error")
+# With Pepper's own recording of the notice (``voice_notice_audio="local"``, piper): the handshake
+# held (a provider that hangs), heard as the notice while the session opens. Not on GPT-Live,
+# whose notice plays through the session (an audio fixture).
+HELD_ENGINES = ("openai-realtime", "gemini-live")
+HOLD_SECONDS = 30.0
 DEEPGRAM_KEY = "dg-test"
 SPEECH = Path(__file__).resolve().parent / "data"
 
@@ -98,6 +107,8 @@ class EngineFaults:
         if fault == "refused":
             self.peer.refusals.refuse = 1
             refused = len(self.peer.refusals.refused_at)
+        elif fault == "held":
+            self.peer.refusals.hold = HOLD_SECONDS
         answer = await self.caller.dial(from_=OWNER, to=LINE)
         if not case.check(answer.connected, "the call was not connected to a stream"):
             return case
@@ -107,6 +118,11 @@ class EngineFaults:
                     await self._heard_notice(call)
                     case.check(len(self.peer.refusals.refused_at) == refused + 1, "no handshake was refused")
                     at = self.peer.refusals.refused_at[-1] if self.peer.refusals.refused_at else None
+                elif fault == "held":
+                    await self._wait(call, lambda: bool(self.peer.refusals.held_at), "the handshake held")
+                    at = self.peer.refusals.held_at[-1]
+                    # The first attempt times out (the websockets client's open timeout), the second opens.
+                    await self._wait(call, lambda: len(self.peer.sessions) > sessions, "a model session", 30)
                 else:
                     await self._heard_notice(call)
                     await asyncio.sleep(0.3)  # listening: what was said has played out
@@ -115,7 +131,11 @@ class EngineFaults:
                     # Nothing sounded just before the fault: what is timed after it is the new session's.
                     case.check(not [t for t in call.sounds if quiet_since <= t < at], "sound just before the fault")
                     await self._wait(call, lambda: len(self.peer.sessions) > sessions + 1, "a second model session")
-                if at is not None:
+                if fault == "held" and at is not None:
+                    # The recording went out before the handshake began: heard from the fault on (0).
+                    await self._wait(call, lambda: bool(call.sounds), "the notice")
+                    case.heard_ms = max(0.0, call.sounds[0] - at) * 1000 if call.sounds else None
+                elif at is not None:
                     await self._wait(call, lambda: call.first_sound_after(at) is not None, "sound after the fault")
                     heard = call.first_sound_after(at)
                     if heard is not None:
@@ -261,8 +281,11 @@ async def owner_line(db: Database, engine: str) -> None:
 
 
 @asynccontextmanager
-async def engine_faults(engine: str, db: Database, db_url: str, serve: Serve) -> AsyncIterator[EngineFaults]:
-    """Pepper on ``db`` with the owner's line on ``engine`` and that engine's loopback peer."""
+async def engine_faults(
+    engine: str, db: Database, db_url: str, serve: Serve, *, notice_audio: str = "model"
+) -> AsyncIterator[EngineFaults]:
+    """Pepper on ``db`` with the owner's line on ``engine`` and that engine's loopback peer; the
+    notice said by the model, or played from Pepper's own recording (``notice_audio="local"``)."""
     async with AsyncExitStack() as stack:
         twilio = await stack.enter_async_context(TwilioPeer(auth_token=TOKEN))
         extra: dict[str, Any] = {}
@@ -307,7 +330,7 @@ async def engine_faults(engine: str, db: Database, db_url: str, serve: Serve) ->
         await owner_line(db, engine)
         settings = Settings(database_url=db_url, public_url=PUBLIC, twilio_account_sid=twilio.account_sid,
                             twilio_auth_token=TOKEN, twilio_api_url=twilio.api_url, openai_api_key="sk-test",
-                            voice_notice=NOTICE, voice_notice_audio="model", port=0, media_port=0,
+                            voice_notice=NOTICE, voice_notice_audio=notice_audio, port=0, media_port=0,
                             graceful_timeout=2, memory_jobs_interval=0, **extra)  # fmt: skip
         port, media, deps = await stack.enter_async_context(serve(settings))
         deps.config = dataclasses.replace(deps.config, notice_timeout=5.0, closing_grace=3.0)

@@ -1,9 +1,10 @@
 """Faults the loopback voice model peers inject at their socket, shared by each of them.
 
 ``refuse`` answers the next N WebSocket handshakes with HTTP 503 (the provider down when a call
-starts), ``hold`` keeps the next one waiting that many seconds (the provider hanging); :func:`cut` ends one connection without a close frame (the network or the upstream gone
-mid-call). Each peer's ``drop`` closes with 1011, and ``server_error`` sends its protocol's error
-event (the provider's 5xx as an event), where its protocol has one.
+starts), ``hold`` keeps the next one waiting that many seconds (the provider hanging); :func:`cut`
+ends one connection without a close frame (the network or the upstream gone mid-call). Each
+peer's ``drop`` closes with 1011, and ``server_error`` sends its protocol's error event (the
+provider's 5xx as an event), where its protocol has one.
 """
 
 from __future__ import annotations
