@@ -65,6 +65,7 @@ class Metrics:
     memory_jobs_enqueued: Any  # Counter
     model_tier_calls: Any  # Counter: tier, provider, outcome
     slot_fallbacks: Any  # Counter: slot, reason
+    call_model_reconnects: Any  # Counter: engine, outcome (reconnected, failed)
 
 
 def use_directory(directory: Path) -> Path:
@@ -136,6 +137,9 @@ def metrics() -> Metrics:
             "pepper_model_tier_calls", "Model calls by tier, provider and outcome", ["tier", "provider", "outcome"]
         ),
         slot_fallbacks=Counter("pepper_slot_fallbacks", "Slot occupants that failed a call", ["slot", "reason"]),
+        call_model_reconnects=Counter(
+            "pepper_call_model_reconnects", "A call's voice model session replaced", ["engine", "outcome"]
+        ),
     )
 
 

@@ -23,6 +23,7 @@ from zoneinfo import ZoneInfo
 from core import identity
 from core.conversation import MESSAGE_CHANNELS, TURN_KINDS, turn_record
 from core.errors import InvalidInput, NotFound
+from core.models.records import attempt_usage
 from core.records.turns import TurnFilter, list_turns, turn_account
 from core.scheduling.schedule import to_utc, zone
 from core.settings import Settings
@@ -188,6 +189,16 @@ def _prompt(prompt: dict[str, Any] | None, out: Callable[[str], None]) -> None:
     out(_indented(messages[-1].get("content", "") if messages else "(none)", "    "))
 
 
+def _failed_attempt(attempt: Any) -> str:
+    """A failed call of a round: which, why, and what its provider reported it used (charged)."""
+    if not isinstance(attempt, dict):
+        return "failed first: (unreadable)"
+    why = str(attempt.get("error") or "failed") + (f" {attempt['status']}" if attempt.get("status") else "")
+    used = attempt_usage(attempt)
+    charged = f"charged {used[0]} in / {used[1]} out" if any(used) else "nothing charged"
+    return f"failed first: {attempt.get('model') or attempt.get('provider') or '-'} ({why}; {charged})"
+
+
 def _round(record: dict[str, Any], calls: dict[str, Any], out: Callable[[str], None], *, indent: str) -> None:
     response = record.get("response") or {}
     tokens = response.get("usage") or [0, 0]
@@ -200,12 +211,16 @@ def _round(record: dict[str, Any], calls: dict[str, Any], out: Callable[[str], N
         notes.append(f"cap: {record['cap']}")
     if record.get("error"):
         notes.append(f"error: {record['error']}")
+    if record.get("interrupted"):
+        notes.append("stream cut part way, asked again")
     if record.get("purpose") == "repair":
         out(f"{indent}round {record.get('n')} repair: {'changed' if record.get('changed') else 'unchanged'}"
             f" ({record.get('verdict')})")  # fmt: skip
         return
     out(f"{indent}round {record.get('n')} {record.get('purpose', 'turn')}: {response.get('model') or '-'}"
         f"  tokens {tokens[0]} in / {tokens[1]} out" + (f"  ({', '.join(notes)})" if notes else ""))  # fmt: skip
+    for attempt in record.get("failed_attempts") or []:
+        out(f"{indent}  {_failed_attempt(attempt)}")
     for asked in response.get("tool_calls") or []:
         _call(asked.get("name"), asked.get("arguments"), calls.get(asked.get("id"), {}), out, indent=f"{indent}  ")
     if response.get("text"):

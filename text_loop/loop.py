@@ -11,7 +11,11 @@ The turn's reply is the first generation with text and no tool calls. Guards:
   again: the earlier result is returned, marked as a repeat;
 * at either cap, one last generation runs without tools, on a plain-text rewrite of the turn, and
   is told which writes completed and which did not;
-* an empty reply is retried once on a plain-text rewrite (recovery); both attempts are recorded.
+* an empty reply is retried once on a plain-text rewrite (recovery); both attempts are recorded;
+* a streamed reply cut part way (``StreamInterrupted``: never failed over) is asked for once more,
+  unstreamed: the person gets the whole reply once (an open chat replaces the streamed text with
+  it). Each failed call of a round (cut, or failed over by the router) is in the round's
+  ``failed_attempts`` and charged what its provider reported for it, if anything.
 
 ``tier`` and ``round_cap`` may change while the loop runs (an inline skill raises them); each
 round records the tier it ran on. ``after_round``, when set, sees each round's outcomes and may
@@ -32,7 +36,9 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.models.errors import ModelError, ModelNotConfigured
+from core.models.errors import ModelError, ModelNotConfigured, StreamInterrupted
+from core.models.records import attempt_usage
+from core.models.router import failed_attempt
 from core.models.types import ChatMessage, Generation, ModelService, Prompt, TextDelta, ToolCall, ToolSpec
 from core.tools.runner import CallOutcome
 from text_loop.config import HarnessConfig
@@ -58,6 +64,7 @@ REPEAT_MARK = (
 )
 
 CallRunner = Callable[[ToolCall], Awaitable[CallOutcome]]
+USAGE_KEYS = ("input_tokens", "output_tokens", "cached_input_tokens", "reasoning_tokens")
 # Opened once per round of tool calls (a live turn holds one store connection for the round).
 ToolRound = Callable[[], AbstractAsyncContextManager[CallRunner]]
 # Told ("delta", text) as the reply streams and ("tool", name) as a call starts; never blocks.
@@ -164,6 +171,8 @@ class TurnLoop:
         except ModelError as exc:
             log.warning("model call failed: code=%s provider=%s", exc.code, exc.provider)
             record["error"] = exc.code
+            if exc.usage is not None:
+                self._failed_attempt(record, failed_attempt(exc.model or "", exc))
             self.result.rounds.append(record)
             raise _Stop("model-error", MODEL_ERROR_REPLY, exc.code) from exc
         finally:
@@ -172,19 +181,35 @@ class TurnLoop:
             record["model_ms"] = round(elapsed, 3)
         record["counted"] = counted
         record["response"] = generation_record(generation)
+        if "failed_attempt" in generation.extras:
+            self._failed_attempt(record, generation.extras["failed_attempt"])
         self.result.rounds.append(record)
         self.result.model = generation.model
-        for key in ("input_tokens", "output_tokens", "cached_input_tokens", "reasoning_tokens"):
+        for key in USAGE_KEYS:
             self.result.usage[key] = self.result.usage.get(key, 0) + getattr(generation.usage, key)
         return generation
+
+    def _failed_attempt(self, record: dict[str, Any], attempt: dict[str, Any]) -> None:
+        """A failed call of this round, into its record and the turn's usage (what its provider
+        reported for it, which is nothing for most failures)."""
+        record.setdefault("failed_attempts", []).append(attempt)
+        for key, value in zip(USAGE_KEYS, attempt_usage(attempt), strict=True):
+            self.result.usage[key] = self.result.usage.get(key, 0) + value
 
     async def _walk_tiers(self, prompt: Prompt, purpose: str, record: dict[str, Any]) -> Generation:
         """One generation on the loop's tier, or on the plan's next tiers in turn when it cannot
         answer. A failed call has done nothing (tools run only after a generation), so the same
         call goes again."""
+        streamed = purpose == "turn"
         while True:
             try:
-                return await self._call_model(prompt, streamed=purpose == "turn")
+                return await self._call_model(prompt, streamed=streamed)
+            except StreamInterrupted as exc:
+                # The person saw part of the reply; the whole one, asked again unstreamed, replaces it.
+                log.warning("model reply cut part way; asking again: provider=%s", exc.provider)
+                self._failed_attempt(record, failed_attempt(exc.model or "", exc))
+                record["interrupted"] = True
+                streamed = False
             except ModelError as exc:  # ModelNotConfigured included
                 if not self.fallback_tiers:
                     raise

@@ -5,11 +5,12 @@ the instructions, the trust, what the keypad does, where the transcript goes). W
 promises, for every profile:
 
 * **Opening.** The profile's notice is the first thing the caller hears: Pepper plays it itself
-  from a cached recording (``voice.notice``), straight to Twilio with a mark after it (on GPT-Live
-  as the session's audio fixture), before the model may speak; without a recording the model is
-  asked to say it. Until the Twilio mark after it comes back (the caller has heard it), caller
-  audio is discarded: neither buffered nor sent to the model. A profile with no notice (``""``:
-  a call going on after Pepper pressed keys, ``voice.digits``) sends only the mark.
+  from a cached recording (``voice.notice``), straight to Twilio with a mark after it, while the
+  model's session opens (on GPT-Live as the session's audio fixture, once it is open), before the
+  model may speak; without a recording the model is asked to say it. Until the Twilio mark after
+  it comes back (the caller has heard it), caller audio is discarded: neither buffered nor sent to
+  the model. A profile with no notice (``""``: a call going on after Pepper pressed keys,
+  ``voice.digits``) sends only the mark.
 * **Tools** come from the profile's registry and pass its gate and the same runner as text
   turns. A tool that takes longer than ``filler_after`` seconds makes the caller hear a short filler.
 * **Barge-in.** When the model reports the caller speaking over Pepper: Twilio ``clear``, cancel
@@ -65,6 +66,7 @@ from voice.realtime import (
     RealtimeDisconnected,
     RealtimeError,
     RealtimeModel,
+    RealtimeServerFailed,
     ResponseCreated,
     ResponseDone,
     SessionConfig,
@@ -91,6 +93,11 @@ class TwilioLink(Protocol):
         """Until the send buffer is below its low-water mark again (at once when it is)."""
 
     async def close(self, code: int = 1000) -> None: ...
+
+
+# The metrics' engine label, by the model's class (voice.engines names them so).
+ENGINE_LABELS = {"OpenAIRealtime": "openai-realtime", "GptLive": "gpt-live", "GptLiveSip": "gpt-live",
+                 "GeminiLive": "gemini-live", "CascadeModel": "cascade"}  # fmt: skip
 
 
 @dataclass
@@ -212,6 +219,7 @@ class CallEngine:
         self._conn: RealtimeConnection | None = None
         self._conn_stack: AsyncExitStack | None = None
         self._generation = 0  # bumps on every model reconnect
+        self._start_retried = False  # the first session was refused and opened on a second try
         self._marks: dict[str, _Mark] = {}
         self._mark_seq = 0
         self._sent_bytes: dict[str, int] = {}
@@ -414,7 +422,11 @@ class CallEngine:
         if self.deps.notice_audio is not None and self.model is not None and self._profile.notice:
             self.notice_mulaw = await self.deps.notice_audio.mulaw(self._profile.notice)
         try:
-            if self.model is None or not await self._open_model():
+            if self.notice_mulaw and self._live is None:
+                # Pepper's own recording needs no model: it plays while the session opens, so a
+                # slow or hanging handshake is not heard as silence.
+                self._play_notice(self.notice_mulaw)
+            if self.model is None or not await self._open_first():
                 self._end("model-failed")
             else:
                 self.spawn("model", self._model_loop())
@@ -427,8 +439,8 @@ class CallEngine:
                     # Nothing to say first (a call going on after keys were pressed): the
                     # caller's turn once this mark comes back, at once, with no audio before it.
                     self._send_mark(_Mark("notice"))
-                elif self.notice_mulaw:
-                    self._play_notice(self.notice_mulaw)
+                elif self._notice_sent:
+                    pass  # playing already
                 else:
                     await self._request_response(_Request(self._notice_instructions(), notice=True))
             await self._ended.wait()
@@ -552,6 +564,26 @@ class CallEngine:
             await self._finish()
         finally:
             await self._finish_tape()
+
+    async def _open_first(self) -> bool:
+        """The call's first model session; a refused one is tried again at once, within the
+        call's reconnect budget (the caller hears the notice from the second)."""
+        if await self._open_model():
+            return True
+        if self.deps.config.model_reconnects < 1:
+            return False
+        self._start_retried = True
+        opened = await self._open_model()
+        self._count_reconnect(opened)
+        if opened:
+            self.stats.model_reconnects += 1
+        return opened
+
+    def _count_reconnect(self, opened: bool) -> None:
+        metrics().call_model_reconnects.labels(self._engine_name(), "reconnected" if opened else "failed").inc()
+
+    def _engine_name(self) -> str:
+        return ENGINE_LABELS.get(type(self.model).__name__, "other")
 
     async def _open_model(self) -> bool:
         assert self.model is not None
@@ -697,13 +729,21 @@ class CallEngine:
             except RealtimeDisconnected as exc:
                 if self._ended.is_set():
                     return
-                if self.tape is not None:
+                if self.tape is not None and not isinstance(exc, RealtimeServerFailed):
                     self.tape.add("drop")
                 log.warning("realtime model socket dropped mid-call: close_code=%s", getattr(exc, "close_code", None))
-                if reconnects >= self.deps.config.model_reconnects or not await self._reconnect():
+                if self._start_retried:
+                    reconnects += 1  # the budget's first reconnect went on opening the call
+                if reconnects >= self.deps.config.model_reconnects:
+                    self._end("model-failed")
+                    return
+                opened = await self._reconnect()
+                self._count_reconnect(opened)
+                if not opened:
                     self._end("model-failed")
                     return
                 reconnects += 1
+                self._start_retried = False
 
     async def _reconnect(self) -> bool:
         old = self._conn_stack
@@ -892,6 +932,8 @@ class CallEngine:
         elif type(event) is UserTranscript or type(event) is AssistantTranscript:
             self._on_model_nowait(event)
         elif type(event) is ModelErrorEvent:
+            if event.server_side:
+                raise RealtimeServerFailed(f"the model reported a server error: {event.code}")
             if event.code == "conversation_already_has_active_response":
                 await self._refused_request()
             elif event.code not in ("response_cancel_not_active",):

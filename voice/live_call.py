@@ -54,6 +54,7 @@ from voice.realtime import (
     ModelErrorEvent,
     Other,
     RealtimeDisconnected,
+    RealtimeServerFailed,
     SessionConfig,
     TranscriptFragment,
     UserTranscript,
@@ -277,6 +278,8 @@ class LiveCall:
             self.e.spawn("delegation", self._delegation(event, self.e._generation))
         elif kind is ModelErrorEvent:
             log.warning("GPT-Live reported an error: code=%s", event.code)
+            if event.server_side:
+                raise RealtimeServerFailed(f"GPT-Live reported a server error: {event.code}")
         elif kind is Other:
             self._other(event)
 

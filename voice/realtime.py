@@ -32,6 +32,12 @@ class RealtimeDisconnected(RealtimeError):
         self.close_code = close_code
 
 
+class RealtimeServerFailed(RealtimeDisconnected):
+    """The model reported its own failure as an event (``ModelErrorEvent.server_side``): the call
+    engine replaces the session as it would a dropped one. A call's tape holds the event, so a
+    replay raises this again there, and no drop is recorded after it."""
+
+
 @dataclass(frozen=True)
 class SessionConfig:
     """What the model is told at the start and whenever the call's trust changes."""
@@ -103,6 +109,16 @@ class ModelErrorEvent:
 
     code: str
     message: str
+
+    @property
+    def server_side(self) -> bool:
+        """The provider's own failure (its 5xx as an event): the session is not to be trusted
+        any more, and the call engine replaces it as it would a dropped socket."""
+        return self.code in SERVER_ERROR_CODES
+
+
+# The error codes (or types, when the code is empty) a provider reports for its own failure.
+SERVER_ERROR_CODES = frozenset({"server_error", "internal_error", "api_error", "overloaded_error", "unavailable"})
 
 
 @dataclass(slots=True)

@@ -6,12 +6,22 @@ connections) may move a call to the alternate provider, and only before the repl
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from core.errors import PepperError
+
+if TYPE_CHECKING:
+    from core.models.types import Usage
 
 
 class ModelError(PepperError):
     code = "model-error"
     retryable = False
+    # What the provider reported it had used before the call failed (a stream cut after its start
+    # event named the input tokens), or None when it reported nothing: a failed call is charged
+    # with this and no more.
+    usage: Usage | None = None
+    model: str | None = None  # the configured model that failed, when the router knows it
 
     def __init__(self, message: str, *, provider: str | None = None, status: int | None = None, **kw):
         super().__init__(message, **kw)

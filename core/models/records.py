@@ -17,7 +17,7 @@ from core.store.queries import Queries
 
 def usage_record(generations: Sequence[Generation]) -> dict[str, Any]:
     """Totals over the calls, and each call's model, provider, usage and failover."""
-    calls = [
+    calls: list[dict[str, Any]] = [
         {
             "model": g.model,
             "provider": g.provider,
@@ -28,14 +28,25 @@ def usage_record(generations: Sequence[Generation]) -> dict[str, Any]:
             "reasoning_tokens": g.usage.reasoning_tokens,
             **({"failed_over_from": g.failed_over_from} if g.failed_over_from else {}),
             **({"effort": g.extras["effort"]} if "effort" in g.extras else {}),
+            **({"failed_attempt": g.extras["failed_attempt"]} if "failed_attempt" in g.extras else {}),
         }
         for g in generations
     ]
-    totals = {
-        key: sum(c[key] for c in calls)
-        for key in ("input_tokens", "output_tokens", "cached_input_tokens", "reasoning_tokens")
-    }
+    keys = ("input_tokens", "output_tokens", "cached_input_tokens", "reasoning_tokens")
+    totals = {key: sum(c[key] for c in calls) for key in keys}
+    for c in calls:  # a failed attempt is charged what its provider reported for it, if anything
+        for key, value in zip(keys, attempt_usage(c.get("failed_attempt")), strict=True):
+            totals[key] += value
     return {**totals, "calls": calls}
+
+
+def attempt_usage(attempt: Any) -> tuple[int, int, int, int]:
+    """``(input, output, cached, reasoning)`` tokens a failed attempt's provider reported (see
+    ``core.models.router.failed_attempt``); zeros when it reported none or the entry is malformed."""
+    usage = attempt.get("usage") if isinstance(attempt, dict) else None
+    if not isinstance(usage, list) or len(usage) != 4 or not all(isinstance(v, int) and v >= 0 for v in usage):
+        return 0, 0, 0, 0
+    return usage[0], usage[1], usage[2], usage[3]
 
 
 async def record_model_use(

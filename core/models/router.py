@@ -18,7 +18,10 @@ stays on one model for the day, and adding a model or changing one weight moves 
 conversations that must move. Tiers nobody configured get defaults on whichever provider has a key.
 
 **Failover** is strict: only a ``ModelTransientError``, one hop, to the tier's alternate, and only
-before the first streamed text. A second failure surfaces.
+before the first streamed text. A second failure surfaces. Each failover counts
+``pepper_model_calls{outcome="failed_over"}`` under the provider that failed, and the answer's
+``Generation.extras["failed_attempt"]`` names the failed call (model, provider, status) with the
+usage its provider reported for it, if any (``ModelError.usage``): it is charged that and no more.
 
 **Background** calls ask for the provider's low-priority tier (OpenAI and Google ``flex``) and,
 when that fails transiently (busy), run again at once on the standard tier of the same model.
@@ -40,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 from core.metrics import metrics
 from core.models.adapters.base import CallOptions, ModelAdapter
 from core.models.config import ModelChoiceConfig, ModelsConfig
-from core.models.errors import ModelError, ModelNotConfigured, ModelTransientError
+from core.models.errors import ModelError, ModelNotConfigured, ModelTransientError, StreamInterrupted
 from core.models.types import Generation, Prompt, StreamEvent, TextDelta, WebSource
 
 if TYPE_CHECKING:
@@ -349,13 +352,18 @@ class ModelRouter:
         if alt is None or alt.ident == choice.ident or provider_for(alt.model)[0] not in self.adapters:
             return None
         log.warning("model call failing over: from=%s to=%s status=%s", choice.model, alt.model, error.status)
+        metrics().model_calls.labels(provider_for(choice.model)[0], "failed_over").inc()
         return alt
 
     @staticmethod
-    def _stamp(gen: Generation, choice: ModelChoice, failed_over_from: ModelChoice | None) -> Generation:
+    def _stamp(
+        gen: Generation, choice: ModelChoice, failed_over_from: ModelChoice | None, error: ModelError | None = None
+    ) -> Generation:
         extras = dict(gen.extras)
         if choice.effort:
             extras["effort"] = choice.effort
+        if failed_over_from is not None and error is not None:
+            extras["failed_attempt"] = failed_attempt(failed_over_from.model, error)
         return replace(
             gen,
             model=choice.model,
@@ -373,10 +381,12 @@ class ModelRouter:
         try:
             return self._stamp(await self._generate_one(choice, prompt, background), choice, None)
         except ModelTransientError as exc:
+            exc.model = choice.model
             alt = self._can_fail_over(spec, choice, exc)
             if alt is None:
                 raise
-        return self._stamp(await self._generate_one(alt, prompt, background), alt, choice)
+            failed = exc
+        return self._stamp(await self._generate_one(alt, prompt, background), alt, choice, failed)
 
     async def _generate_one(self, choice: ModelChoice, prompt: Prompt, background: bool) -> Generation:
         adapter, options = self._resolve(choice, background)
@@ -409,13 +419,22 @@ class ModelRouter:
                     else:
                         yield self._stamp(event, choice, None)
             return
+        except StreamInterrupted as exc:
+            exc.model = choice.model
+            raise
         except ModelTransientError as exc:
+            exc.model = choice.model
             alt = None if started else self._can_fail_over(spec, choice, exc)
             if alt is None:
                 raise
-        async with contextlib.aclosing(self._stream_one(alt, prompt, background)) as events:
-            async for event in events:
-                yield event if isinstance(event, TextDelta) else self._stamp(event, alt, choice)
+            failed = exc
+        try:
+            async with contextlib.aclosing(self._stream_one(alt, prompt, background)) as events:
+                async for event in events:
+                    yield event if isinstance(event, TextDelta) else self._stamp(event, alt, choice, failed)
+        except ModelError as exc:
+            exc.model = alt.model
+            raise
 
     async def _stream_one(
         self, choice: ModelChoice, prompt: Prompt, background: bool
@@ -465,6 +484,18 @@ class ModelRouter:
     def describe(self) -> list[tuple[str, str]]:
         """``(tier, one line)`` for each tier: its mix with shares, and its alternate."""
         return describe_tiers(self.tiers)
+
+
+def failed_attempt(model: str, error: ModelError) -> dict[str, Any]:
+    """A failed call as a turn record keeps it: the model, its provider, the error, and the tokens
+    the provider reported for it (``usage``: input, output, cached, reasoning), when it did."""
+    entry: dict[str, Any] = {"model": model, "provider": provider_for(model)[0], "error": error.code}
+    if error.status is not None:
+        entry["status"] = error.status
+    if error.usage is not None:
+        u = error.usage
+        entry["usage"] = [u.input_tokens, u.output_tokens, u.cached_input_tokens, u.reasoning_tokens]
+    return entry
 
 
 def plugin_adapters(settings: Settings) -> dict[str, ModelAdapter]:

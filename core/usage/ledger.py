@@ -22,6 +22,7 @@ from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
+from core.models.records import attempt_usage
 from core.store.database import NO_FLUSH
 from core.store.queries import Queries
 from core.usage.config import DEAD_REPLY, UsageConfig, UsageTier, tier_of
@@ -150,6 +151,14 @@ def rounds_usage(rounds: list[dict[str, Any]], config: UsageConfig) -> tuple[int
     """``(tokens, cost, model calls)`` of a turn's recorded rounds (``text_loop.records``)."""
     tokens, cost, calls = 0, Decimal(0), 0
     for r in rounds:
+        # Calls that failed (failed over, or a stream cut part way and asked again) are charged what
+        # their provider reported for them, and counted only when it reported something.
+        for attempt in r.get("failed_attempts") or ():
+            input_tokens, output_tokens, cached, _reasoning = attempt_usage(attempt)
+            if input_tokens or output_tokens:
+                calls += 1
+                tokens += input_tokens + output_tokens
+                cost += config.cost(str(attempt.get("model")), input_tokens, output_tokens, cached)
         response = r.get("response")
         if not isinstance(response, dict):
             continue

@@ -91,6 +91,28 @@ async def test_a_recorded_call_replays_identically_and_a_barge_in_change_shows(p
     assert code == 1 and "no recorded call" in err
 
 
+async def test_a_call_whose_model_reported_a_server_error_replays_identically(phone):
+    """The model's own failure as an error event replaces the session as a drop does; the recording
+    holds the event and no drop after it, so the replay reconnects once, as the call did."""
+    phone.model.script(speak("Sorry, the line dropped for a moment."))  # the second socket's apology
+    answer = await phone.dial_owner()
+    async with phone.caller.media(answer) as call:
+        await phone.until_listening(call)
+        at = await phone.model.server_error(0)
+        await phone.model.wait_for(lambda: len(phone.model.sessions) == 2)
+        second = phone.model.sessions[1]
+        asked = second.response_creates
+        await phone.model.wait_for(lambda: any("Apologise" in r.get("instructions", "") for r in asked))
+        await call.wait(lambda: call.first_sound_after(at) is not None, what="the apology")
+        await call.hang_up()
+    assert (await phone.call_row(answer.call_sid))["end_reason"] == "hangup"
+    entries, complete = await _final(phone, answer.call_sid)
+    assert complete
+    assert any(e[0] == "er" for e in entries) and not any(e[0] == "drop" for e in entries)
+    same = await replay_call(phone.db, entries, complete=complete)
+    assert same.identical, same.differences
+
+
 async def test_a_call_cut_short_leaves_a_readable_incomplete_recording(phone):
     phone.tune(tape_flush_s=0.05)
     phone.model.script(speak("Sure.", ms=400))

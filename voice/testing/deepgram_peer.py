@@ -19,7 +19,9 @@ as raw binary messages of 100 ms (one each ``pace`` seconds), then ``Flushed``; 
 buffered text and any audio not yet sent and answers ``Cleared``; ``Close`` closes. ``speak_queries``
 keeps each socket's query and ``speak_messages`` every message type received, in order;
 ``speak_faults`` makes the next flushes fail: ``"drop"`` closes the socket with 1011 after the
-first 100 ms of audio, ``"warning"`` answers a ``Warning`` instead of audio.
+first 100 ms of audio and ``"close"`` before any (when: ``speak_dropped_at``), ``"warning"``
+answers a ``Warning`` instead of audio; ``speak_refuse`` answers the next N handshakes 503 (when:
+``speak_refused_at``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import contextlib
 import io
 import json
 import secrets
+import time
 import uuid
 import wave
 from collections import deque
@@ -68,6 +71,9 @@ class DeepgramPeer(LoopbackPeer):
         self.speak_queries: list[dict[str, str]] = []
         self.speak_messages: list[str] = []
         self.speak_faults: deque[str] = deque()
+        self.speak_refuse = 0
+        self.speak_refused_at: list[float] = []  # time.monotonic()
+        self.speak_dropped_at: list[float] = []
         self.audio_sent = 0  # bytes of speech sent, over all sockets
 
     @property
@@ -98,6 +104,10 @@ class DeepgramPeer(LoopbackPeer):
             return web.json_response({"err_code": "INVALID_AUTH", "err_msg": "Invalid credentials."}, status=401)
         query = dict(request.query)
         self.speak_queries.append(query)
+        if self.speak_refuse > 0:
+            self.speak_refuse -= 1
+            self.speak_refused_at.append(time.monotonic())
+            return web.json_response({"err_code": "SERVICE_UNAVAILABLE", "err_msg": "scripted"}, status=503)
         encoding, rate = query.get("encoding", "linear16"), query.get("sample_rate", "24000")
         if encoding not in ENCODINGS or not rate.isdigit() or int(rate) not in SAMPLE_RATES:
             return web.json_response({"err_code": "Bad Request", "err_msg": "unsupported audio format"}, status=400)
@@ -150,12 +160,17 @@ class DeepgramPeer(LoopbackPeer):
         if fault == "warning":
             await ws.send_json({"type": "Warning", "description": "scripted", "code": "SCRIPTED"})
             return
+        if fault == "close":
+            self.speak_dropped_at.append(time.monotonic())
+            await ws.close(code=1011, message=b"NET-0001: scripted drop")
+            return
         audio = await asyncio.to_thread(self._audio, text, encoding, rate)
         step = rate // 10 * (2 if encoding == "linear16" else 1)  # 100 ms
         for at in range(0, len(audio), step):
             await ws.send_bytes(audio[at : at + step])
             self.audio_sent += len(audio[at : at + step])
             if fault == "drop":
+                self.speak_dropped_at.append(time.monotonic())
                 await ws.close(code=1011, message=b"NET-0001: scripted drop")
                 return
             if self.pace:

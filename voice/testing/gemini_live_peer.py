@@ -55,6 +55,7 @@ from websockets.http11 import Request, Response
 
 from voice.codec import audioop
 from voice.testing.realtime_peer import ScriptedResponse
+from voice.testing.socket_faults import Refusals, cut
 
 _PATH = re.compile(r"^/ws/google\.ai\.generativelanguage\.(v1|v1beta|v1alpha)\.GenerativeService\.BidiGenerateContent$")
 _MODEL = re.compile(r"^models/[\w.-]+$")
@@ -310,6 +311,7 @@ class GeminiLivePeer:
         self._ids = 0
         self.port = 0
         self.ca_file = Path()
+        self.refusals = Refusals()  # ``peer.refusals.refuse = 1``: the next handshake gets HTTP 503
 
     def script(self, *responses: ScriptedResponse) -> None:
         self._responses.extend(responses)
@@ -341,7 +343,7 @@ class GeminiLivePeer:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(cert, key)
         self._server = await serve(
-            self._handler, "127.0.0.1", 0, ssl=context, process_request=self._check_path, max_size=None,
+            self._handler, "127.0.0.1", 0, ssl=context, process_request=self._process_request, max_size=None,
             compression=None,
         )  # fmt: skip
         self.port = next(iter(self._server.sockets)).getsockname()[1]
@@ -372,6 +374,13 @@ class GeminiLivePeer:
             if time.monotonic() > deadline:
                 raise AssertionError("the Gemini Live peer never saw what the test waited for")
             await asyncio.sleep(0.01)
+
+    async def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        return await self.refusals.check(connection, request) or self._check_path(connection, request)
+
+    def cut(self, index: int = -1) -> float:
+        """End one socket without a close frame (the network gone); returns when."""
+        return cut(self._conns[index].ws)
 
     @staticmethod
     def _check_path(connection: ServerConnection, request: Request) -> Response | None:

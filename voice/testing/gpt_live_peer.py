@@ -48,6 +48,7 @@ from websockets.exceptions import ConnectionClosed
 from voice.adapters.gpt_live import START_FIELDS
 from voice.codec import audioop
 from voice.testing.realtime_peer import tone
+from voice.testing.socket_faults import Refusals
 
 SAY_EXACTLY = "Say exactly this, and nothing else: "
 APPENDS = ("thinking", "commentary", "instructions")
@@ -164,6 +165,13 @@ class LiveSession:
         self.ws.transport.abort()
 
     # --- The server's side ----------------------------------------------------------------------
+
+    async def server_error(self) -> float:
+        """The server's own failure as an ``error`` event (its 5xx); returns when it was sent."""
+        at = time.monotonic()
+        await self.send({"type": "error", "error": {"type": "server_error", "code": "server_error",
+                                                    "message": "The server had an error."}})  # fmt: skip
+        return at
 
     async def error(self, code: str, message: str, client_event_id: Any = None) -> None:
         error = {"type": "invalid_request_error", "code": code, "message": message}
@@ -293,13 +301,16 @@ class GptLivePeer:
         self._server: Server | None = None
         self._new = asyncio.Event()
         self.port = 0
+        self.refusals = Refusals()  # ``peer.refusals.refuse = 1``: the next handshake gets HTTP 503
 
     @property
     def websocket_url(self) -> str:
         return f"ws://127.0.0.1:{self.port}/v1"
 
     async def __aenter__(self) -> GptLivePeer:
-        self._server = await serve(self._serve, "127.0.0.1", 0, compression=None, max_size=None)
+        self._server = await serve(
+            self._serve, "127.0.0.1", 0, compression=None, max_size=None, process_request=self.refusals.check
+        )
         self.port = next(iter(self._server.sockets)).getsockname()[1]
         return self
 

@@ -47,6 +47,7 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
 from voice.codec import audioop
+from voice.testing.socket_faults import Refusals, cut
 
 SILENCE = b"\xff"
 
@@ -308,6 +309,7 @@ class RealtimePeer:
         self._server: Server | None = None
         self._ids = 0
         self.port = 0
+        self.refusals = Refusals()  # ``peer.refusals.refuse = 1``: the next handshake gets HTTP 503
 
     def script(self, *responses: ScriptedResponse) -> None:
         self._responses.extend(responses)
@@ -339,7 +341,9 @@ class RealtimePeer:
         return f"ws://127.0.0.1:{self.port}/v1"
 
     async def __aenter__(self) -> RealtimePeer:
-        self._server = await serve(self._handler, "127.0.0.1", 0, max_size=None, compression=None)
+        self._server = await serve(
+            self._handler, "127.0.0.1", 0, max_size=None, compression=None, process_request=self.refusals.check
+        )
         self.port = next(iter(self._server.sockets)).getsockname()[1]
         return self
 
@@ -365,6 +369,18 @@ class RealtimePeer:
         """Drop one model socket abruptly (close code 1011), as a failing upstream would."""
         conn = self._conns[index]
         await conn.ws.close(1011, "upstream failure")
+
+    def cut(self, index: int = -1) -> float:
+        """End one model socket without a close frame (the network gone); returns when."""
+        return cut(self._conns[index].ws)
+
+    async def server_error(self, index: int = -1) -> float:
+        """The server's own failure as an ``error`` event (its 5xx), as OpenAI sends it; returns when."""
+        at = time.monotonic()
+        error = {"type": "server_error", "code": None, "param": None, "event_id": None,
+                 "message": "The server had an error while processing your request."}  # fmt: skip
+        await self._conns[index].emit({"type": "error", "error": error})
+        return at
 
     async def wait_for(self, predicate: Callable[[], bool], within: float = 10.0) -> None:
         deadline = time.monotonic() + within

@@ -41,6 +41,7 @@ from core.adapters.twilio.signatures import sign
 FRAME = 160
 TICK = 0.02
 SILENCE_FRAME = b"\xff" * FRAME
+MULAW_ZEROS = b"\xff\x7f"  # mu-law codes of (positive and negative) zero: silence
 
 
 def new_sid(prefix: str) -> str:
@@ -231,6 +232,7 @@ class MediaCall:
         self.speech_sent_at: list[float] = []
         self.heard = bytearray()
         self.received_media_bytes = 0
+        self.sounds: list[float] = []  # time.monotonic() of each media frame received that is not silence
         self.marks: list[HeardMark] = []
         self.clears: list[float] = []
         self.received: list[dict[str, Any]] = []
@@ -324,6 +326,8 @@ class MediaCall:
                 if event == "media":
                     audio = base64.b64decode(frame["media"]["payload"])
                     self.received_media_bytes += len(audio)
+                    if audio.strip(MULAW_ZEROS):
+                        self.sounds.append(time.monotonic())
                     if self.media_hook is not None:
                         self.media_hook(audio)
                     if self._queue and self._queue[-1][0] == "audio":
@@ -379,6 +383,10 @@ class MediaCall:
             await self._echo_due_marks()
             delay = start + n * TICK - loop.time()
             await asyncio.sleep(max(0.0, delay))
+
+    def first_sound_after(self, at: float) -> float | None:
+        """When the first media frame that is not silence arrived after ``at`` (``time.monotonic``)."""
+        return next((t for t in self.sounds if t >= at), None)
 
     @property
     def heard_ms(self) -> int:

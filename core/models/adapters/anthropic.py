@@ -26,6 +26,7 @@ from core.models.adapters.base import (
     error_for_status,
     finish_for,
     parse_arguments,
+    report_usage,
 )
 from core.models.errors import ModelError, ModelTransientError
 from core.models.types import (
@@ -195,39 +196,47 @@ class AnthropicAdapter(ModelAdapter):
         output_tokens = 0
         stop: str | None = None
         ident, model, done = None, options.model, False
-        async with stream:
-            async for event in stream:
-                kind = event.type
-                if kind == "content_block_delta":
-                    block, delta = blocks[event.index], event.delta
-                    if delta.type == "text_delta":
-                        block["text"] += delta.text
-                        if delta.text:
-                            yield TextDelta(delta.text)
-                    elif delta.type == "input_json_delta":
-                        block["json"] += delta.partial_json
-                    elif delta.type == "thinking_delta":
-                        block["thinking"] += delta.thinking
-                    elif delta.type == "signature_delta":
-                        block["signature"] = block.get("signature", "") + delta.signature
-                elif kind == "content_block_start":
-                    start = event.content_block.model_dump(exclude_none=True)
-                    if start["type"] == "text":
-                        start["text"] = ""
-                    elif start["type"] == "tool_use":
-                        start["json"] = ""
-                    elif start["type"] == "thinking":
-                        start["thinking"] = start.get("thinking", "")
-                    blocks[event.index] = start
-                elif kind == "message_start":
-                    ident, model, usage_start = event.message.id, event.message.model, event.message.usage
-                elif kind == "message_delta":
-                    stop = event.delta.stop_reason or stop
-                    output_tokens = event.usage.output_tokens or output_tokens
-                elif kind == "message_stop":
-                    done = True
+        try:
+            async with stream:
+                async for event in stream:
+                    kind = event.type
+                    if kind == "content_block_delta":
+                        block, delta = blocks[event.index], event.delta
+                        if delta.type == "text_delta":
+                            block["text"] += delta.text
+                            if delta.text:
+                                yield TextDelta(delta.text)
+                        elif delta.type == "input_json_delta":
+                            block["json"] += delta.partial_json
+                        elif delta.type == "thinking_delta":
+                            block["thinking"] += delta.thinking
+                        elif delta.type == "signature_delta":
+                            block["signature"] = block.get("signature", "") + delta.signature
+                    elif kind == "content_block_start":
+                        start = event.content_block.model_dump(exclude_none=True)
+                        if start["type"] == "text":
+                            start["text"] = ""
+                        elif start["type"] == "tool_use":
+                            start["json"] = ""
+                        elif start["type"] == "thinking":
+                            start["thinking"] = start.get("thinking", "")
+                        blocks[event.index] = start
+                    elif kind == "message_start":
+                        ident, model, usage_start = event.message.id, event.message.model, event.message.usage
+                    elif kind == "message_delta":
+                        stop = event.delta.stop_reason or stop
+                        output_tokens = event.usage.output_tokens or output_tokens
+                    elif kind == "message_stop":
+                        done = True
+        except Exception as exc:
+            if usage_start is not None:  # message_start named the input tokens: the cut call used them
+                report_usage(exc, _usage(usage_start))
+            raise
         if not done or usage_start is None:
-            raise ModelTransientError("the anthropic stream ended before message_stop", provider=PROVIDER)
+            error = ModelTransientError("the anthropic stream ended before message_stop", provider=PROVIDER)
+            if usage_start is not None:
+                report_usage(error, _usage(usage_start))
+            raise error
         texts: list[str] = []
         calls: list[ToolCall] = []
         state: list[dict[str, Any]] = []

@@ -30,7 +30,7 @@ from core.models.errors import (
     ModelTransientError,
     StreamInterrupted,
 )
-from core.models.types import FinishReason, Generation, Prompt, StreamEvent, TextDelta, WebSource
+from core.models.types import FinishReason, Generation, Prompt, StreamEvent, TextDelta, Usage, WebSource
 from core.tracing import traced, traced_stream
 
 try:  # The OpenAI and Anthropic SDKs ship on httpx2, a fork under its own import name.
@@ -102,6 +102,14 @@ def system_text(prompt: Prompt) -> str:
 # person's conversation), and to cite what it used, which is what comes back as the results.
 HOSTED_SEARCH_ASK = "Search the web for: {query}\nAnswer in a few sentences, citing the pages you used."
 HOSTED_SEARCH_TOKENS = 1024
+
+
+def report_usage(exc: BaseException, usage: Usage) -> None:
+    """Note on ``exc`` what the provider reported it used before the call failed (an adapter's
+    ``_stream`` calls it for a stream cut after its start event); ``stream`` carries it onto the
+    model error it raises (``ModelError.usage``)."""
+    with contextlib.suppress(AttributeError, TypeError):
+        exc.pepper_usage = usage  # type: ignore[attr-defined]
 
 
 def finish_for(tool_calls: tuple[Any, ...], reason: FinishReason) -> FinishReason:
@@ -184,13 +192,18 @@ class ModelAdapter(ABC):
             if error is None:
                 raise
             self._count(StreamInterrupted.code if started else error.code)
+            reported = getattr(exc, "pepper_usage", None)
             if started:
                 log.warning(
                     "model stream interrupted after it began: provider=%s status=%s", self.provider, error.status
                 )
-                raise StreamInterrupted(
+                interrupted = StreamInterrupted(
                     f"the {self.provider} reply stopped part way: {error}", provider=self.provider, status=error.status
-                ) from exc
+                )
+                interrupted.usage = reported
+                raise interrupted from exc
+            if reported is not None:
+                error.usage = reported
             if error is exc:
                 raise
             raise error from exc

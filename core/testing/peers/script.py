@@ -108,6 +108,7 @@ class Received:
     headers: dict[str, str]
     query: dict[str, str]
     body: dict[str, Any]
+    at: float = field(default_factory=time.monotonic, compare=False)  # when it arrived
 
     @property
     def streaming(self) -> bool:
@@ -147,6 +148,10 @@ class LoopbackPeer(HttpPeer):
     # Scripting.
     def script(self, *replies: Reply) -> None:
         self._queue.extend(replies)
+
+    def clear_script(self) -> None:
+        """Forget the replies scripted and not yet taken."""
+        self._queue.clear()
 
     @property
     def pending(self) -> int:
