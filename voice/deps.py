@@ -40,6 +40,9 @@ class VoiceConfig:
     notice_timeout: float = 20.0
     closing_grace: float = 10.0
     model_reconnects: int = 1
+    # A model session's handshake and configuration, at most: past it the attempt counts as refused
+    # and the next one starts (websockets' own open timeout is 10 s, heard as silence on a call).
+    model_open_timeout: float = 4.0
     code_ttl_seconds: float = 300.0
     # Across calls (voice.verification): wrong PINs within the window that lock the PIN path, per
     # calling number and per account; code texts per call and per account per window.

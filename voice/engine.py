@@ -588,12 +588,16 @@ class CallEngine:
     async def _open_model(self) -> bool:
         assert self.model is not None
         stack = AsyncExitStack()
+        within = self.deps.config.model_open_timeout  # each of the handshake and the configuration
         try:
-            conn = await stack.enter_async_context(self.model.connect())
-            await conn.configure(await self._config())
-        except RealtimeDisconnected:
+            async with asyncio.timeout(within):
+                conn = await stack.enter_async_context(self.model.connect())
+            config = await self._config()  # the store's part is not the model's: not timed here
+            async with asyncio.timeout(within):
+                await conn.configure(config)
+        except (RealtimeDisconnected, TimeoutError):
             await stack.aclose()
-            log.warning("could not open the realtime model session")
+            log.warning("could not open the realtime model session (refused, dropped or too slow)")
             return False
         if self.tape is not None:
             conn = self.tape.wrap(conn)

@@ -3,6 +3,7 @@ as Twilio sees it (the after-stream request comes the instant Pepper closes the 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from phone_support import LINE, NOTICE, OWNER
@@ -80,3 +81,21 @@ async def test_a_stream_for_a_call_that_already_ended_is_refused(phone):
         assert call.close_code == 1008
     assert await phone.db.fetchval("SELECT kind FROM security_events") == "media-call-over"
     assert not phone.model.sessions  # no model session was opened for it
+
+
+async def test_a_model_handshake_that_hangs_is_given_up_and_the_next_one_answers_the_call(phone):
+    # The provider hangs on the first handshake (far past websockets' own 10 s open timeout).
+    phone.calls.deps.config = dataclasses.replace(phone.calls.deps.config, model_open_timeout=0.5)
+    phone.model.refusals.hold = 60.0
+    phone.model.script(speak(NOTICE, ms=300))
+    answer = await phone.dial_owner()
+    async with phone.caller.media(answer) as call:
+        await phone.model.wait_for(lambda: phone.model.refusals.held_at, within=5)
+        # Given up after the open timeout; the second handshake opens and the notice is asked of it.
+        await phone.model.wait_for(lambda: len(phone.model.sessions) == 1, within=5)
+        await call.wait(lambda: call.received_media_bytes > 0, within=5, what="the notice from the second session")
+        assert "Say exactly this" in phone.model.sessions[0].response_creates[0]["instructions"]
+        await call.hang_up()
+    row = await phone.call_row(answer.call_sid)
+    assert row["end_reason"] == "hangup"
+    assert json.loads(row["stats"])["model_reconnects"] == 1

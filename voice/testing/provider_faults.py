@@ -19,7 +19,7 @@ to the tier's alternate, Anthropic here, and Deepgram speaks its reply).
 
 With Pepper's own recording of the notice (piper; the script only), ``held`` holds the model's
 handshake on OpenAI Realtime and Gemini Live: the notice plays while the session opens (the
-first attempt ends at the websockets client's open timeout, 10 s, the second opens).
+first attempt ends at the engine's open timeout, ``VoiceConfig.model_open_timeout``, and the second opens).
 
 Each case measures, on the caller's side, the fault (the refusal, the cut, the event) to the first
 media frame that is not silence; checks that the call went on (one reconnect in the call's record,
@@ -121,7 +121,7 @@ class EngineFaults:
                 elif fault == "held":
                     await self._wait(call, lambda: bool(self.peer.refusals.held_at), "the handshake held")
                     at = self.peer.refusals.held_at[-1]
-                    # The first attempt times out (the websockets client's open timeout), the second opens.
+                    # The first attempt times out (the engine's model_open_timeout), the second opens.
                     await self._wait(call, lambda: len(self.peer.sessions) > sessions, "a model session", 30)
                 else:
                     await self._heard_notice(call)
