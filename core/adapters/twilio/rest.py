@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import logging
 import urllib.parse
+from datetime import datetime, timedelta
 
 import aiohttp
 from twilio.base.exceptions import TwilioRestException
@@ -25,6 +26,9 @@ logging.getLogger("twilio").setLevel(logging.WARNING)
 
 # Twilio error codes meaning the recipient has opted out (or is otherwise unreachable for good).
 OPTED_OUT_CODES = {21610}
+# The newest messages between two numbers read to find one a crash left unconfirmed: one turn's
+# reply is the newest there, unless the person got many since.
+RECONCILE_LIMIT = 20
 
 
 class TwilioSendError(PepperError):
@@ -83,6 +87,27 @@ class TwilioMessenger:
         except (OSError, aiohttp.ClientError, TimeoutError) as exc:
             raise TwilioSendError(f"cannot reach Twilio: {exc}", retryable=True) from exc
         return message.sid
+
+    async def find_sent(self, *, to: str, from_: str, body: str, since: datetime) -> list[tuple[str, str]]:
+        """``(MessageSid, status)`` of the messages Twilio holds from ``from_`` to ``to`` with this
+        body, created at or after ``since`` (to the second, as Twilio dates them), newest first:
+        what tells whether a send cut short by a crash reached Twilio. Raises ``TwilioSendError``
+        when the list cannot be read."""
+        floor = since.replace(microsecond=0) - timedelta(seconds=1)
+        try:
+            found = await self._client.messages.list_async(to=to, from_=from_, limit=RECONCILE_LIMIT)
+        except TwilioRestException as exc:
+            raise TwilioSendError(
+                f"Twilio refused the message list (HTTP {exc.status}, code {exc.code})", twilio_code=exc.code,
+                retryable=exc.status == 429 or exc.status >= 500,
+            ) from exc  # fmt: skip
+        except (OSError, aiohttp.ClientError, TimeoutError) as exc:
+            raise TwilioSendError(f"cannot reach Twilio: {exc}", retryable=True) from exc
+        return [
+            (str(m.sid), str(m.status))
+            for m in found
+            if m.body == body and (m.date_created is None or m.date_created >= floor)
+        ]
 
     async def close(self) -> None:
         await self._http.close()
