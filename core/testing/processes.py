@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import signal
 import socket
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -97,3 +99,37 @@ async def until(predicate: Any, within: float, what: str) -> Any:
             return value
         await asyncio.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process under ``pid`` (its children, theirs, ...), read from /proc."""
+    found, frontier = set(), {pid}
+    for _ in range(10):  # bounded depth: the server, its workers, their helpers
+        children = set()
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            if ppid in frontier:
+                children.add(int(entry.name))
+        children -= found
+        if not children:
+            break
+        found |= children
+        frontier = children
+    return found
+
+
+def kill_tree(proc: subprocess.Popen) -> set[int]:
+    """SIGKILL a server and every process under it (its own process group and any stragglers)."""
+    pids = descendants(proc.pid)
+    for pid in (-proc.pid, *pids):  # the group (start_new_session), then any that left it
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait(timeout=30)
+    return pids
