@@ -385,9 +385,7 @@ async def known_provider_ids(db: Queries, channel: str, provider_message_ids: li
 
 async def mark_parts_unknown(db: Queries, message_ids: list[int]) -> None:
     """Parts recorded as ``sending`` whose fate nobody can tell (:data:`SENT_UNKNOWN`)."""
-    await db.execute(
-        "UPDATE messages SET delivery_status = $2 WHERE id = ANY($1::bigint[])", message_ids, SENT_UNKNOWN
-    )
+    await db.execute("UPDATE messages SET delivery_status = $2 WHERE id = ANY($1::bigint[])", message_ids, SENT_UNKNOWN)
 
 
 async def mark_parts_failed(db: Queries, message_ids: list[int]) -> None:

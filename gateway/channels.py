@@ -201,8 +201,9 @@ class Pipeline:
             if claimed.interrupted is not None:
                 status = await turn_status(services.db, claimed.interrupted)
                 resume = getattr(channel, "resume_unsent", None)
-                resumed = await resume(services, claimed, claimed.interrupted) if resume and status == "replied" else None
-                unsent = await unsent_reply(services.db, claimed.interrupted) if status == "replied" else None
+                replied = status == "replied"
+                resumed = await resume(services, claimed, claimed.interrupted) if resume and replied else None
+                unsent = await unsent_reply(services.db, claimed.interrupted) if replied and not resumed else None
                 if resumed is not None:
                     # The worker died while sending: its parts recorded ``sending`` were looked up at
                     # the provider (found: taken as sent; not found: sent now), never simply sent again.

@@ -280,11 +280,11 @@ class TwilioChannel:
 
     async def _send(self, services: Services, claimed: Claimed, recorded: list[Any], callback: str) -> Delivery:
         """Send the recorded parts in order, each marked with its MessageSid once Twilio took it."""
-        assert services.messenger is not None
-        sender, recipient = claimed.meta["from"], claimed.meta["to"]
+        messenger, sender, recipient = services.messenger, claimed.meta["from"], claimed.meta["to"]
+        assert messenger is not None
         for index, part in enumerate(recorded):
             try:
-                sid = await services.messenger.send(to=sender, from_=recipient, body=part.body, status_callback=callback)
+                sid = await messenger.send(to=sender, from_=recipient, body=part.body, status_callback=callback)
             except PepperError as exc:
                 log.error("sending a %s reply failed: %s", self.name, exc.code)
                 await mark_parts_failed(services.db, [m.id for m in recorded[index:]])  # never went out
