@@ -12,7 +12,7 @@ import urllib.parse
 from datetime import datetime, timedelta
 
 import aiohttp
-from twilio.base.exceptions import TwilioRestException
+from twilio.base.exceptions import TwilioException, TwilioRestException
 from twilio.http.async_http_client import AsyncTwilioHttpClient
 from twilio.rest import Client
 
@@ -101,6 +101,8 @@ class TwilioMessenger:
                 f"Twilio refused the message list (HTTP {exc.status}, code {exc.code})", twilio_code=exc.code,
                 retryable=exc.status == 429 or exc.status >= 500,
             ) from exc  # fmt: skip
+        except TwilioException as exc:  # a page it could not fetch: the SDK raises its base error
+            raise TwilioSendError("Twilio could not list the messages", retryable=True) from exc
         except (OSError, aiohttp.ClientError, TimeoutError) as exc:
             raise TwilioSendError(f"cannot reach Twilio: {exc}", retryable=True) from exc
         return [
