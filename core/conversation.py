@@ -345,9 +345,14 @@ async def record_unsent_parts(
 
 async def mark_part_sent(db: Queries, message_id: int, provider_message_id: str, status: str = "queued") -> None:
     """A part recorded by :func:`record_unsent_parts` (or as ``sending``) went out with this provider
-    id (``status``: what the provider says of it, when it was found after a crash)."""
+    id (``status``: what the provider says of it, when it was found after a crash).
+
+    Commits without waiting for the disk: the ``sending`` row was durable before the send, and a
+    mark a crash loses leaves it ``sending``, which the next worker looks up at the provider
+    (``gateway.messaging.TwilioChannel.resume_unsent``) rather than sending it again. So a reply
+    still costs one flush, as when it was recorded only once sent."""
     await db.execute(
-        "UPDATE messages SET provider_message_id = $2, delivery_status = $3 WHERE id = $1",
+        f"UPDATE messages SET provider_message_id = $2, delivery_status = $3 WHERE id = $1 RETURNING {NO_FLUSH}",
         message_id,
         provider_message_id,
         status,

@@ -106,13 +106,23 @@ async def _one_more(twilio: TwilioPeer, already: int) -> SentMessage:
 
 
 async def test_a_reply_left_sending_when_twilios_list_cannot_be_read_is_not_sent_again(db: Database, db_url: str):
-    number = "+14155552673"
-    turn, row_id = await _cut_short_while_sending(db, number, "Maybe it went.")
+    turn, row_id = await _cut_short_while_sending(db, "+14155552673", "Maybe it went.")
+    # And one a crash left long ago, its text marked answered (before replies were looked up):
+    # resolved when the worker starts, not left 'sending' for ever.
+    old_turn, old_row = await _cut_short_while_sending(db, "+14155552674", "Long ago.")
+    await db.execute("UPDATE messages SET handling = 'done' WHERE turn_id = $1 AND direction = 'inbound'", old_turn)
+    await db.execute("UPDATE messages SET created_at = now() - interval '20 minutes' WHERE id = $1", old_row)
     async with TwilioPeer(auth_token=TOKEN) as twilio, OpenAIPeer() as model:
         twilio.fail_lists(1)
         async with running_app(_settings(db_url, twilio, model), db):
             await _answered(db)
-        assert twilio.sent == [] and twilio.lists == 1
-    assert await db.fetchval("SELECT delivery_status FROM messages WHERE id = $1", row_id) == SENT_UNKNOWN
-    record = await db.fetchrow("SELECT status, delivery::text AS delivery FROM turns WHERE id = $1", turn)
-    assert record["status"] == "failed" and "sent-unknown" in record["delivery"]
+
+            async def old_resolved() -> bool:
+                return await db.fetchval("SELECT status FROM turns WHERE id = $1", old_turn) == "failed"
+
+            await until(old_resolved, 30, "the old reply's turn to be settled")
+        assert twilio.sent == [] and twilio.lists == 1  # the old one is not looked up: its text is answered
+    for row, record in ((row_id, turn), (old_row, old_turn)):
+        assert await db.fetchval("SELECT delivery_status FROM messages WHERE id = $1", row) == SENT_UNKNOWN
+        settled = await db.fetchrow("SELECT status, delivery::text AS delivery FROM turns WHERE id = $1", record)
+        assert settled["status"] == "failed" and "sent-unknown" in settled["delivery"]
