@@ -278,7 +278,7 @@ class TwilioChannel:
         ]
         return await self._send(services, claimed, recorded, callback)
 
-    async def _send(self, services: Services, claimed: Claimed, recorded: list[Any], callback: str) -> Delivery:
+    async def _send(self, services: Services, claimed: Claimed, recorded: list[Any], callback: str | None) -> Delivery:
         """Send the recorded parts in order, each marked with its MessageSid once Twilio took it."""
         messenger, sender, recipient = services.messenger, claimed.meta["from"], claimed.meta["to"]
         assert messenger is not None
