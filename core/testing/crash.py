@@ -10,7 +10,8 @@ on loopback; every process started here is stopped here, and every wait has a de
 The cases (``CASES``; the calls case comes from ``voice.testing.crash_calls``):
 
 - ``worker``: a turn worker killed mid-turn (the model holds the turn's second round, after it
-  staged a todo): the text is answered once (the apology), the staged write dropped, not committed.
+  staged a todo marked done and a text to a contact): the text is answered once (the apology), the
+  staged writes dropped, not committed (the todo open, the contact never texted).
 - ``scheduler``: the turn worker killed in the middle of a scheduled run (the model holds it): the
   run runs again once its lease expires and posts once; the held attempt never posts.
 - ``webhook``: the server killed while an SMS webhook is in flight (held on a row lock in the
@@ -56,6 +57,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "twilio-crash-auth-token"
 PUBLIC = "https://pepper.example.org"
 OWNER, LINE = "+14155552671", "+14155550100"
+SAM = "+14155550123"  # a contact of the owner's, texted only by a write that commits
 MEDIA_PROCESSES = 2
 LEASE_SECONDS = 3  # the scheduler's lease: a killed run is taken again this long after its last heartbeat
 WITHIN = 90.0  # seconds for anything to happen (a restart on a busy machine included)
@@ -261,15 +263,19 @@ async def case_worker(crash: Crash) -> None:
     todo = await db.fetchval(
         "INSERT INTO todos (account_id, title) VALUES ($1, 'buy floss') RETURNING id", crash.account_id
     )
+    await db.execute("INSERT INTO contacts (account_id, name, phones) VALUES ($1, 'Sam', $2)", crash.account_id, [SAM])
     held = asyncio.Event()
     before = len(model.requests)
-    model.script(reply_tools(("complete_todo", {"id": todo})), reply_text("Done: buy floss.", hold=held))
+    model.script(
+        reply_tools(("complete_todo", {"id": todo}), ("text_contact", {"to": "Sam", "text": "The floss is bought."})),
+        reply_text("Done, and I'll tell Sam.", hold=held),
+    )
     sends = len(crash.sent_to_owner())
     form, status = await crash.text("I bought the floss")
     result.check(status == 200, f"worker: the text was not acknowledged ({status})")
     await until(lambda: len(model.requests) >= before + 2, WITHIN, "the turn's second round")
     staged = await db.fetchval("SELECT count(*) FROM staged_writes WHERE status = 'staged'")
-    result.check(staged == 1, f"worker: {staged} writes staged when the kill came, not 1")
+    result.check(staged == 2, f"worker: {staged} writes staged when the kill came, not 2")
     await crash.kill_turn_worker()
     held.set()  # the model answers a turn nobody is waiting for
     message = await until(lambda: crash.answered(form["MessageSid"]), WITHIN, "the text answered after the kill")
@@ -279,14 +285,17 @@ async def case_worker(crash: Crash) -> None:
     crash.result.lost += not answers
     crash.result.double_sends += max(0, len(answers) - 1)
     result.check(len(answers) == 1, f"worker: the text was answered {len(answers)} times, not once")
-    result.check(not crash.sent_to_owner("Done: buy floss."), "worker: the held turn's reply went out")
+    result.check(not crash.sent_to_owner("Done, and I'll tell Sam."), "worker: the held turn's reply went out")
     turn = await crash.turn(message["turn_id"])
     result.check(turn is not None and turn["status"] == "failed" and "worker-died" in (turn["delivery"] or ""),
                  f"worker: the cut-short turn is {turn and dict(turn)}")  # fmt: skip
     writes = await db.fetch("SELECT status FROM staged_writes WHERE turn_id = $1", message["turn_id"])
-    result.check([w["status"] for w in writes] == ["dropped"], f"worker: staged writes {[dict(w) for w in writes]}")
+    result.check([w["status"] for w in writes] == ["dropped"] * 2, f"worker: staged writes {[dict(w) for w in writes]}")
     done = await db.fetchval("SELECT done_at FROM todos WHERE id = $1", todo)
-    result.check(done is None, "worker: the dropped write was committed (the todo is done)")
+    result.check(done is None, "worker: a dropped write was committed (the todo is done)")
+    to_sam = [m for m in crash.twilio.sent if m.to == SAM]
+    crash.result.double_sends += len(to_sam)
+    result.check(not to_sam, "worker: a dropped write was committed (Sam was texted)")
 
 
 async def case_scheduler(crash: Crash) -> None:
