@@ -79,8 +79,8 @@ async def test_a_reply_left_sending_is_looked_up_at_twilio_taken_as_sent_if_ther
     lost_turn, lost_row = await _cut_short_while_sending(db, lost, "It never left.")
     async with TwilioPeer(auth_token=TOKEN) as twilio, OpenAIPeer() as model:
         # Twilio took the first before the crash (and delivered it), after the row was recorded;
-        # an older message with the same words is not it.
-        for sid, at, status in (("SMolder", time.time() - 3600, "delivered"), ("SMtook", time.time(), "delivered")):
+        # an earlier one with the same words (recorded already, within the clock slack) is not it.
+        for sid, at, status in (("SMolder", time.time() - 30, "delivered"), ("SMtook", time.time(), "delivered")):
             twilio.sent.append(SentMessage(sid, took, LINE, "It reached Twilio.", None, twilio.account_sid, None,
                                            received_at=at, status=status))  # fmt: skip
         await db.execute("INSERT INTO messages (conversation_id, channel, direction, body, provider_message_id)"

@@ -29,6 +29,8 @@ OPTED_OUT_CODES = {21610}
 # The newest messages between two numbers read to find one a crash left unconfirmed: one turn's
 # reply is the newest there, unless the person got many since.
 RECONCILE_LIMIT = 20
+# How far Twilio's clock may be behind ours when matching a message to the row recorded before it.
+CLOCK_SLACK = timedelta(minutes=1)
 
 
 class TwilioSendError(PepperError):
@@ -90,10 +92,11 @@ class TwilioMessenger:
 
     async def find_sent(self, *, to: str, from_: str, body: str, since: datetime) -> list[tuple[str, str]]:
         """``(MessageSid, status)`` of the messages Twilio holds from ``from_`` to ``to`` with this
-        body, created at or after ``since`` (to the second, as Twilio dates them), newest first:
-        what tells whether a send cut short by a crash reached Twilio. Raises ``TwilioSendError``
-        when the list cannot be read."""
-        floor = since.replace(microsecond=0) - timedelta(seconds=1)
+        body, created since ``since`` (less ``CLOCK_SLACK``: Twilio dates them by its clock, to the
+        second), newest first: what tells whether a send cut short by a crash reached Twilio (the
+        caller leaves out those it recorded already). Raises ``TwilioSendError`` when the list
+        cannot be read."""
+        floor = since.replace(microsecond=0) - CLOCK_SLACK
         try:
             found = await self._client.messages.list_async(to=to, from_=from_, limit=RECONCILE_LIMIT)
         except TwilioRestException as exc:
