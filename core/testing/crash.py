@@ -49,7 +49,7 @@ from core.store import Database
 from core.store.embedded import EmbeddedPostgres
 from core.testing.peers import OpenAIPeer, reply_text, reply_tools
 from core.testing.postgres import DISPOSABLE_SERVER, DatabaseFactory
-from core.testing.processes import free_port, kill_tree, spawned_children
+from core.testing.processes import free_port, kill_tree, spawned_children, until
 from core.testing.twilio_peer import TwilioPeer
 from core.vault import generate_key
 
@@ -542,15 +542,8 @@ async def _case(crash: Crash, name: str, case: Callable[[Crash], Awaitable[None]
     crash.result.timings[name] = time.monotonic() - t0
 
 
-async def until(predicate: Any, within: float, what: str) -> Any:
-    """Poll ``predicate`` (sync or async) until it returns something truthy, and return that."""
-    value = await until_or_false(predicate, within)
-    if not value:
-        raise AssertionError(f"timed out waiting for {what}")
-    return value
-
-
 async def until_or_false(predicate: Any, within: float) -> Any:
+    """Poll ``predicate`` as :func:`~core.testing.processes.until` does; its last value when time is up."""
     deadline = time.monotonic() + within
     while True:
         value = predicate()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import random
 import signal
@@ -92,9 +93,12 @@ def alive(pid: int) -> bool:
 
 
 async def until(predicate: Any, within: float, what: str) -> Any:
-    """Poll ``predicate`` (sync or async) until it returns something truthy, and return that."""
+    """Poll ``predicate`` (sync or async, or a lambda returning an awaitable) until it returns
+    something truthy, and return that."""
     for _ in range(int(within / 0.05)):
-        value = await predicate() if asyncio.iscoroutinefunction(predicate) else predicate()
+        value = predicate()
+        if inspect.isawaitable(value):
+            value = await value
         if value:
             return value
         await asyncio.sleep(0.05)
