@@ -12,7 +12,10 @@ there, sent once when not, and marked ``sent-unknown`` (not sent again) when the
 
 from __future__ import annotations
 
+import asyncio
+import sys
 import time
+from pathlib import Path
 from uuid import UUID
 
 from core import identity
@@ -21,7 +24,7 @@ from core.settings import Settings
 from core.store import Database
 from core.testing.crash import run
 from core.testing.peers import OpenAIPeer
-from core.testing.processes import until
+from core.testing.processes import alive, until
 from core.testing.twilio_peer import SentMessage, TwilioPeer
 from gateway.server import running_app
 
@@ -37,6 +40,7 @@ async def test_a_worker_killed_between_twilio_taking_a_reply_and_its_record_send
 
 # --- a reply a crash left 'sending', in one process ------------------------------------------------
 
+ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "twilio-test-auth-token"
 PUBLIC = "https://pepper.example.org"
 LINE = "+14155550100"
@@ -126,3 +130,44 @@ async def test_a_reply_left_sending_when_twilios_list_cannot_be_read_is_not_sent
         assert await db.fetchval("SELECT delivery_status FROM messages WHERE id = $1", row) == SENT_UNKNOWN
         settled = await db.fetchrow("SELECT status, delivery::text AS delivery FROM turns WHERE id = $1", record)
         assert settled["status"] == "failed" and "sent-unknown" in settled["delivery"]
+
+
+# --- a child whose server was killed while it was still starting ----------------------------------
+
+_PARENT = """
+import multiprocessing, os, sys, time
+sys.path.insert(0, sys.argv[1])
+
+def child(ready_file):
+    time.sleep(1.0)  # still importing when the server dies: its parent is init by now
+    import asyncio
+    from gateway.children import ChildStop
+
+    async def main():
+        stop = ChildStop()
+        open(ready_file, "w").write(str(os.getppid()))
+        await stop.stopped("test child")
+
+    asyncio.run(main())
+
+if __name__ == "__main__":
+    multiprocessing.set_start_method("spawn")
+    p = multiprocessing.Process(target=child, args=(sys.argv[2],))
+    p.start()
+    print(p.pid, flush=True)
+    os._exit(0)  # as SIGKILL leaves it: no join, no stop
+"""
+
+
+async def test_a_child_whose_server_died_before_it_was_up_still_stops(tmp_path):
+    script, ready = tmp_path / "parent.py", tmp_path / "ready"
+    script.write_text(_PARENT)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(script), str(ROOT), str(ready), stdout=asyncio.subprocess.PIPE
+    )
+    assert proc.stdout is not None
+    child = int((await proc.stdout.readline()).strip())
+    await proc.wait()
+    await until(ready.exists, 60, "the child to start")
+    assert ready.read_text() != str(proc.pid)  # it started after its parent was gone
+    await until(lambda: not alive(child), 30, "the orphaned child to stop")
