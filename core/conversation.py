@@ -14,8 +14,6 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
-import asyncpg
-
 from core.errors import InvalidInput, NotFound
 from core.store.database import NO_FLUSH
 from core.store.queries import Queries
@@ -282,19 +280,6 @@ async def record_outbound(
     return message
 
 
-async def record_sent_reply(
-    db: Queries, conversation_id: UUID, channel: str, body: str, turn_id: UUID | None, provider_message_id: str
-) -> None:
-    """Record a reply the provider took (``provider_message_id``), queued for its receipts. Safe to
-    repeat: a record that did commit while its answer was lost with the connection (a database
-    restart) is found there and nothing changes."""
-    try:
-        await record_outbound(db, conversation_id, channel, body, turn_id=turn_id,
-                              provider_message_id=provider_message_id, delivery_status="queued")  # fmt: skip
-    except asyncpg.UniqueViolationError:
-        pass
-
-
 async def record_sent_once(
     db: Queries,
     conversation_id: UUID,
@@ -368,13 +353,54 @@ async def record_unsent_parts(
     return list(ids or [])
 
 
-async def mark_part_sent(db: Queries, message_id: int, provider_message_id: str) -> None:
-    """A part recorded by :func:`record_unsent_parts` (or as ``sending``) went out with this provider id."""
+async def mark_part_sent(db: Queries, message_id: int, provider_message_id: str, status: str = "queued") -> None:
+    """A part recorded by :func:`record_unsent_parts` (or as ``sending``) went out with this provider
+    id (``status``: what the provider says of it, when it was found after a crash).
+
+    Commits without waiting for the disk: the ``sending`` row was durable before the send, and a
+    mark a crash loses leaves it ``sending``, which the next worker looks up at the provider
+    (``gateway.messaging.TwilioChannel.resume_unsent``) rather than sending it again. So a reply
+    still costs one flush, as when it was recorded only once sent."""
     await db.execute(
-        "UPDATE messages SET provider_message_id = $2, delivery_status = 'queued' WHERE id = $1",
+        f"UPDATE messages SET provider_message_id = $2, delivery_status = $3 WHERE id = $1 RETURNING {NO_FLUSH}",
         message_id,
         provider_message_id,
+        status,
     )
+
+
+# A part recorded as ``sending`` whose fate a crash hid and the provider could not tell: never
+# sent again (that could be a second copy), and its turn's writes are dropped.
+SENT_UNKNOWN = "sent-unknown"
+
+
+async def unsent_parts(db: Queries, turn_id: UUID) -> list[Any]:
+    """The parts of the turn's reply still recorded as ``sending`` with no provider id (``id``,
+    ``body``, ``created_at``), in order: their worker died between recording them and hearing
+    back from the provider, so each may or may not have gone out."""
+    return list(
+        await db.fetch(
+            "SELECT id, body, created_at FROM messages WHERE turn_id = $1 AND direction = 'outbound'"
+            " AND delivery_status = $2 AND provider_message_id IS NULL ORDER BY id",
+            turn_id,
+            UNSENT,
+        )
+    )
+
+
+async def known_provider_ids(db: Queries, channel: str, provider_message_ids: list[str]) -> set[str]:
+    """Those of ``provider_message_ids`` already recorded on a message of ``channel``."""
+    rows = await db.fetch(
+        "SELECT provider_message_id FROM messages WHERE channel = $1 AND provider_message_id = ANY($2::text[])",
+        channel,
+        provider_message_ids,
+    )
+    return {r["provider_message_id"] for r in rows}
+
+
+async def mark_parts_unknown(db: Queries, message_ids: list[int]) -> None:
+    """Parts recorded as ``sending`` whose fate nobody can tell (:data:`SENT_UNKNOWN`)."""
+    await db.execute("UPDATE messages SET delivery_status = $2 WHERE id = ANY($1::bigint[])", message_ids, SENT_UNKNOWN)
 
 
 async def mark_parts_failed(db: Queries, message_ids: list[int]) -> None:

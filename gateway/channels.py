@@ -124,6 +124,10 @@ class Channel(Protocol):
         conversation. ``turn_id`` is None for an apology that belongs to no turn."""
         ...
 
+    # Optional: ``async def resume_unsent(services, claimed, turn_id) -> Delivery | None``, for a
+    # channel that records a reply before sending it: what became of the parts a dead worker left
+    # recorded but unconfirmed (None: it left none). ``gateway.messaging.TwilioChannel`` has it.
+
 
 async def receive(
     db: Queries, channel: str, account_id: UUID, text: str, *, key: str | None, handle_id: UUID | None = None,
@@ -196,7 +200,18 @@ class Pipeline:
         try:
             if claimed.interrupted is not None:
                 status = await turn_status(services.db, claimed.interrupted)
-                unsent = await unsent_reply(services.db, claimed.interrupted) if status == "replied" else None
+                resume = getattr(channel, "resume_unsent", None)
+                replied = status == "replied"
+                resumed = await resume(services, claimed, claimed.interrupted) if resume and replied else None
+                unsent = await unsent_reply(services.db, claimed.interrupted) if replied and not resumed else None
+                if resumed is not None:
+                    # The worker died while sending: its parts recorded ``sending`` were looked up at
+                    # the provider (found: taken as sent; not found: sent now), never simply sent again.
+                    if resumed.state != PENDING:
+                        await settle_delivery(services, claimed.interrupted, ok=resumed.state == DELIVERED,
+                                              detail=resumed.detail)  # fmt: skip
+                    await finish_handling(services.db, ids)
+                    return
                 if unsent is not None:
                     # The worker died after the turn and before its reply was recorded (found by
                     # scripts/suite-two-servers): send it now, as the turn's.

@@ -108,7 +108,11 @@ class ChildStop(asyncio.Event):
 
     def __init__(self) -> None:
         super().__init__()
-        self.parent = os.getppid()
+        # The pid that started this process, as multiprocessing handed it over: a server killed
+        # while this child was still importing has already left it to init, and the child's own
+        # parent pid would then never change.
+        started_by = multiprocessing.parent_process()
+        self.parent = started_by.pid if started_by is not None and started_by.pid else os.getppid()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self.set)

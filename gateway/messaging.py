@@ -25,17 +25,29 @@ from core.adapters.twilio.signatures import public_request_url, twilio_signature
 from core.conversation import (
     UNSENT,
     conversation_for,
+    known_provider_ids,
     mark_part_sent,
     mark_parts_failed,
+    mark_parts_unknown,
     record_outbound,
-    record_sent_reply,
+    unsent_parts,
 )
 from core.errors import InvalidInput, PepperError
 from core.records import messages, texts
 from core.records.turns import SETTLED
 from core.security import record_security_event
 from core.store import when_reachable
-from gateway.channels import AWAITING_RECEIPT, Claimed, Delivery, Limits, failed, receive, settle_delivery
+from gateway.channels import (
+    AWAITING_RECEIPT,
+    PENDING,
+    Claimed,
+    Delivery,
+    Limits,
+    delivered,
+    failed,
+    receive,
+    settle_delivery,
+)
 from gateway.segments import MESSAGE_LIMIT
 from gateway.services import Services
 from gateway.webhooks import MESSAGE_STATUS, SMS, WHATSAPP
@@ -254,40 +266,87 @@ class TwilioChannel:
 
     async def deliver(self, services: Services, claimed: Claimed, turn_id: UUID | None, parts: list[str]) -> Delivery:
         db, channel = services.db, self.name
-        sender, recipient = claimed.meta["from"], claimed.meta["to"]
         conversation_id = await conversation_for(db, claimed.account_id)
         if services.messenger is None:
             log.error("cannot reply on %s: Twilio credentials are not configured", channel)
             return failed("twilio-not-configured")
         callback = public_request_url(services.settings, MESSAGE_STATUS.path)
-        # A reply in parts has every part recorded before the first goes out, so a receipt for part 1
-        # (which may come back before part 2 is even sent) sees parts still unsent and settles nothing:
-        # the turn is delivered only on the receipts of every part. A reply in one message (the common
-        # case) is recorded once it is sent, in one statement.
-        recorded = (
-            [await record_outbound(db, conversation_id, channel, part, turn_id=turn_id, delivery_status=UNSENT)
-             for part in parts]
-            if len(parts) > 1
-            else []
-        )  # fmt: skip
-        for index, part in enumerate(parts):
+        # Every part is recorded (``sending``) before the first goes out: a receipt for part 1 (which
+        # may come back before part 2 is even sent) sees parts still unsent and settles nothing, and
+        # a process killed between Twilio taking a part and Pepper recording its MessageSid leaves a
+        # row that says so (:meth:`resume_unsent` finds out what became of it, instead of resending).
+        recorded = [
+            await record_outbound(db, conversation_id, channel, part, turn_id=turn_id, delivery_status=UNSENT)
+            for part in parts
+        ]
+        return await self._send(services, claimed, recorded, callback)
+
+    async def _send(self, services: Services, claimed: Claimed, recorded: list[Any], callback: str | None) -> Delivery:
+        """Send the recorded parts in order, each marked with its MessageSid once Twilio took it."""
+        messenger, sender, recipient = services.messenger, claimed.meta["from"], claimed.meta["to"]
+        assert messenger is not None
+        for index, part in enumerate(recorded):
             try:
-                sid = await services.messenger.send(to=sender, from_=recipient, body=part, status_callback=callback)
+                sid = await messenger.send(to=sender, from_=recipient, body=part.body, status_callback=callback)
             except PepperError as exc:
-                log.error("sending a %s reply failed: %s", channel, exc.code)
-                if recorded:  # this part and the ones after it never went out
-                    await mark_parts_failed(db, [m.id for m in recorded[index:]])
-                else:
-                    await record_outbound(db, conversation_id, channel, part, turn_id=turn_id, delivery_status="failed")
+                log.error("sending a %s reply failed: %s", self.name, exc.code)
+                await mark_parts_failed(services.db, [m.id for m in recorded[index:]])  # never went out
                 return failed("send-failed", code=exc.code)
             # It went out: its record follows, through a restart of the database too (else the
-            # recovery of the turn finds its reply unsent and sends it again: a second reply).
-            if recorded:
-                await when_reachable(mark_part_sent, db, recorded[index].id, sid, what="a sent reply")
-            else:
-                await when_reachable(record_sent_reply, db, conversation_id, channel, part, turn_id, sid,
-                                     what="a sent reply")  # fmt: skip
+            # recovery of the turn finds it still sending and has to look it up at Twilio).
+            await when_reachable(mark_part_sent, services.db, part.id, sid, what="a sent reply")
         return AWAITING_RECEIPT
+
+    async def resume_unsent(self, services: Services, claimed: Claimed, turn_id: UUID) -> Delivery | None:
+        """The parts of a turn's reply a dead worker left ``sending`` (recorded, then killed before it
+        heard back from Twilio): each found in Twilio's message list takes its MessageSid and status
+        from there, each not found is sent now; when the list cannot be read they are marked
+        ``sent-unknown`` and not sent again (a second copy is worse than a doubt). None when the
+        turn left no such part."""
+        db = services.db
+        unsent = await unsent_parts(db, turn_id)
+        if not unsent:
+            return None
+        if services.messenger is None:
+            await mark_parts_unknown(db, [m["id"] for m in unsent])
+            return failed("sent-unknown")
+        sender, recipient = claimed.meta["from"], claimed.meta["to"]
+        to_send: list[Any] = []
+        for index, row in enumerate(unsent):
+            try:
+                found = await services.messenger.find_sent(to=sender, from_=recipient, body=row["body"],
+                                                           since=row["created_at"])  # fmt: skip
+            except PepperError as exc:
+                log.error("cannot tell whether a %s reply cut short by a crash went out: %s", self.name, exc.code)
+                await mark_parts_unknown(db, [m["id"] for m in (*to_send, *unsent[index:])])
+                return failed("sent-unknown", code=exc.code)
+            known = await known_provider_ids(db, self.name, [sid for sid, _ in found])
+            fresh = [(sid, status) for sid, status in found if sid not in known]
+            if fresh:
+                sid, status = fresh[-1]  # the oldest after the row: the one this row was sent as
+                await mark_part_sent(db, row["id"], sid, status)
+            else:
+                to_send.append(row)
+        log.warning("a %s reply cut short by a crash: %d part(s) found at Twilio, %d sent now", self.name,
+                    len(unsent) - len(to_send), len(to_send))  # fmt: skip
+        if to_send:
+            callback = public_request_url(services.settings, MESSAGE_STATUS.path)
+            parts = [_Part(r["id"], r["body"]) for r in to_send]
+            outcome = await self._send(services, claimed, parts, callback)
+            if outcome.state != PENDING:
+                return outcome
+        statuses = await messages.reply_statuses(db, turn_id)
+        if any(s in NOT_DELIVERED for s in statuses):
+            return failed("not-delivered")
+        if all(s in DELIVERED for s in statuses):
+            return delivered(resumed=True)
+        return AWAITING_RECEIPT
+
+
+@dataclass(frozen=True)
+class _Part:
+    id: int
+    body: str
 
 
 SMS_CHANNEL, WHATSAPP_CHANNEL = TwilioChannel("sms"), TwilioChannel("whatsapp")

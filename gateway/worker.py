@@ -38,11 +38,12 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from core.conversation import claim_turn, release_orphans
+from core.records import messages
 from core.settings import Settings
 from core.store.database import to_idle_class
 from core.store.queries import Queries
 from core.store.sessions import DRIVER_ERRORS, Listener
-from gateway.channels import Channel, Pipeline
+from gateway.channels import Channel, Pipeline, settle_delivery
 from gateway.children import ChildProcesses, ChildStop
 from gateway.live import ProgressPublisher
 from gateway.services import Services
@@ -107,10 +108,21 @@ class TurnWorker:
             self._listener = None
         await self._progress.close()
 
+    async def _resolve_stuck_sending(self) -> None:
+        """Once, at start: replies a crash left ``sending`` whose texts no worker takes again
+        (``core.records.messages.resolve_stuck_sending``); their turns' writes are dropped."""
+        for turn_id in await messages.resolve_stuck_sending(self._services.db, older_than=STALE_RUNNING):
+            log.warning("a reply left unconfirmed by a crash is marked sent-unknown; its writes are dropped")
+            await settle_delivery(self._services, turn_id, ok=False, detail={"reason": "sent-unknown"})
+
     async def _run(self) -> None:
         db = self._services.db
         loop = asyncio.get_running_loop()
         swept = -self._poll
+        try:
+            await self._resolve_stuck_sending()
+        except Exception:  # never worth a worker that does not start
+            log.exception("resolving replies left sending failed")
         while not self._stopping.is_set():
             self._wake.clear()  # before looking, so an announcement made meanwhile is not lost
             try:

@@ -33,7 +33,7 @@ _PEPPER_ENV = _settings_environment()
 SLOW_TESTS = (
     "calls/", "test_cli", "test_gateway_", "test_logs.py", "test_turn_workers.py", "test_store.py",
     "test_port_lock.py", "test_browser_", "test_setup.py", "test_config_errors.py", "test_answering_cli.py",
-    "test_backup.py", "test_metrics.py",
+    "test_backup.py", "test_metrics.py", "test_crash_suite.py",
     "test_deploy_files.py", "scheduler/test_runs.py", "scheduler/test_faults.py", "scheduler/test_cli_tasks.py",
     "features/test_connect.py", "features/test_calendar", "features/test_imap.py", "memory/test_cli_memory.py",
     "memory/test_search",

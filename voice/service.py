@@ -28,7 +28,7 @@ from core.store import Database
 from core.usage.config import DEAD_CALL_MESSAGE, NO_MODEL_CALL_MESSAGE
 from core.usage.ledger import usage_tier
 from voice import routing
-from voice.control import FINAL_STATUSES, record_call_status
+from voice.control import DIED, FINAL_STATUSES, record_call_status
 from voice.deps import VoiceConfig, VoiceDeps
 from voice.engine import CallEngine, TwilioLink
 from voice.owner_profile import OwnerProfile
@@ -191,7 +191,9 @@ class CallService:
         return None
 
     async def after_stream(self, call_sid: str) -> str:
-        """TwiML once Pepper closed the media socket: an apology if the model failed, else hang up."""
+        """TwiML once the media socket closed: an apology if the model failed, or if the socket
+        closed with no end written (the media process holding the call died: killed, it wrote
+        nothing, and the caller would otherwise hear the line go dead); else hang up."""
         if self.digits is not None:
             pressed = await self.digits.after_stream(call_sid)  # keys to press, then the call goes on
             if pressed is not None:
@@ -200,8 +202,10 @@ class CallService:
             dial = await self.transfers.after_stream(call_sid)  # the caller is being handed to the owner
             if dial is not None:
                 return dial
-        reason = await call_records.end_reason(self.deps.db, call_sid)
-        if reason in ("model-failed", "error"):
+        reason, cut_short = await call_records.stream_end(self.deps.db, call_sid)
+        if cut_short:
+            log.warning("a call's media socket closed with no end written; apologising")
+        if cut_short or reason in ("model-failed", "error", DIED):
             return twiml.say_and_hang_up(routing.APOLOGY_TEXT)
         return twiml.hang_up()
 

@@ -145,8 +145,13 @@ async def call_state(db: Queries, call_sid: str) -> Any:
     return await db.fetchrow("SELECT route, status, ended_at FROM calls WHERE call_sid = $1", call_sid)
 
 
-async def end_reason(db: Queries, call_sid: str) -> str | None:
-    return await db.fetchval("SELECT end_reason FROM calls WHERE call_sid = $1", call_sid)
+async def stream_end(db: Queries, call_sid: str) -> tuple[str | None, bool]:
+    """The call's end reason, and whether a media process held it with no end written: its
+    socket closed without Pepper ending the call (the process holding it died)."""
+    row = await db.fetchrow("SELECT end_reason, held_by, ended_at FROM calls WHERE call_sid = $1", call_sid)
+    if row is None:
+        return None, False
+    return row["end_reason"], row["held_by"] is not None and row["end_reason"] is None and row["ended_at"] is None
 
 
 # --- The media socket ---------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
@@ -37,6 +38,29 @@ async def reply_statuses(db: Queries, turn_id: UUID) -> list[str]:
         "SELECT array_agg(delivery_status) FROM messages WHERE turn_id = $1 AND direction = 'outbound'", turn_id
     )
     return list(statuses or [])
+
+
+async def resolve_stuck_sending(db: Queries, *, older_than: timedelta) -> list[UUID]:
+    """Replies left ``sending`` with no provider id for longer than ``older_than`` whose texts no
+    worker will take again (a crash from before replies were looked up at the provider, or a
+    scheduled run's): marked ``sent-unknown`` (``core.conversation.SENT_UNKNOWN``), never sent
+    again. Return their turns not settled yet, for the caller to settle as not delivered."""
+    rows = await db.fetch(
+        f"""
+        WITH stuck AS (
+            UPDATE messages m SET delivery_status = 'sent-unknown'
+            WHERE m.direction = 'outbound' AND m.delivery_status = 'sending' AND m.provider_message_id IS NULL
+              AND m.created_at < now() - $1::interval
+              AND NOT EXISTS (SELECT 1 FROM messages i WHERE i.turn_id = m.turn_id AND i.direction = 'inbound'
+                              AND i.handling IN ('queued', 'running'))
+            RETURNING m.turn_id
+        )
+        SELECT DISTINCT s.turn_id FROM stuck s JOIN turns t ON t.id = s.turn_id
+        WHERE t.status NOT IN ({SETTLED_SQL})
+        """,
+        older_than,
+    )
+    return [r["turn_id"] for r in rows]
 
 
 async def latest(db: Queries, conversation_id: UUID, limit: int) -> list[Any]:

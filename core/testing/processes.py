@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import random
+import signal
 import socket
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -90,10 +93,47 @@ def alive(pid: int) -> bool:
 
 
 async def until(predicate: Any, within: float, what: str) -> Any:
-    """Poll ``predicate`` (sync or async) until it returns something truthy, and return that."""
+    """Poll ``predicate`` (sync or async, or a lambda returning an awaitable) until it returns
+    something truthy, and return that."""
     for _ in range(int(within / 0.05)):
-        value = await predicate() if asyncio.iscoroutinefunction(predicate) else predicate()
+        value = predicate()
+        if inspect.isawaitable(value):
+            value = await value
         if value:
             return value
         await asyncio.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process under ``pid`` (its children, theirs, ...), read from /proc."""
+    found, frontier = set(), {pid}
+    for _ in range(10):  # bounded depth: the server, its workers, their helpers
+        children = set()
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            if ppid in frontier:
+                children.add(int(entry.name))
+        children -= found
+        if not children:
+            break
+        found |= children
+        frontier = children
+    return found
+
+
+def kill_tree(proc: subprocess.Popen) -> set[int]:
+    """SIGKILL a server and every process under it (its own process group and any stragglers)."""
+    pids = descendants(proc.pid)
+    for pid in (-proc.pid, *pids):  # the group (start_new_session), then any that left it
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait(timeout=30)
+    return pids

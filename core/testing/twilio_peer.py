@@ -17,6 +17,7 @@ import secrets
 import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
+from email.utils import formatdate
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -42,6 +43,7 @@ class SentMessage:
     account_sid: str
     auth: str | None
     received_at: float = field(default_factory=time.time)  # wall clock, when the peer got the request
+    status: str = "queued"  # as Twilio sees it: the last receipt it reported (whether or not Pepper got it)
 
 
 @dataclass
@@ -79,6 +81,10 @@ class TwilioPeer:
     _receipt_session: aiohttp.ClientSession | None = None
     _receipt_tasks: set[asyncio.Task[None]] = field(default_factory=set)
     _hold: tuple[int, asyncio.Event] | None = None
+    _answers_held: asyncio.Event | None = None
+    # Message list requests that fail (``fail_lists``), and how many lists were read.
+    _list_faults: int = 0
+    lists: int = 0
     port: int = 0
     # Calls Pepper placed, live calls it gave new TwiML (``(CallSid, twiml)``), Lookup v2 answers by
     # number (``(line type, caller name)``) and the numbers looked up.
@@ -90,6 +96,7 @@ class TwilioPeer:
     async def __aenter__(self) -> TwilioPeer:
         app = web.Application()
         app.router.add_post("/2010-04-01/Accounts/{account}/Messages.json", self._create_message)
+        app.router.add_get("/2010-04-01/Accounts/{account}/Messages.json", self._list_messages)
         app.router.add_get("/2010-04-01/Accounts/{account}.json", self._fetch_account)
         app.router.add_post("/2010-04-01/Accounts/{account}/Calls.json", self._create_call)
         app.router.add_post("/2010-04-01/Accounts/{account}/Calls/{sid}.json", self._update_call)
@@ -124,6 +131,46 @@ class TwilioPeer:
         if self._hold is not None:
             self._hold[1].set()
             self._hold = None
+
+    def hold_answers(self) -> None:
+        """Message creates from now on are taken (in ``sent``, on their way to the phone) but not
+        answered until ``release_answers``: a sender killed meanwhile never learns the MessageSid."""
+        self._answers_held = asyncio.Event()
+
+    def release_answers(self) -> None:
+        if self._answers_held is not None:
+            self._answers_held.set()
+            self._answers_held = None
+
+    def fail_lists(self, count: int = 1) -> None:
+        """The next ``count`` message list requests answer 503."""
+        self._list_faults += count
+
+    async def _list_messages(self, request: web.Request) -> web.Response:
+        """Messages.json as Twilio lists it, newest first, filtered by ``To`` and ``From``."""
+        if not self._authorized(request):
+            return web.json_response({"code": 20003, "message": "Authenticate", "status": 401}, status=401)
+        self.lists += 1
+        if self._list_faults:
+            self._list_faults -= 1
+            return web.json_response({"code": 20500, "message": "fault injected by the test", "status": 503},
+                                     status=503)  # fmt: skip
+        to, from_ = request.query.get("To"), request.query.get("From")
+        size = int(request.query.get("PageSize", "50"))
+        found = [m for m in reversed(self.sent) if (to is None or m.to == to) and (from_ is None or m.from_ == from_)]
+        uri = f"/2010-04-01/Accounts/{self.account_sid}/Messages.json"
+        return web.json_response({
+            "messages": [self._message_json(m) for m in found[:size]], "end": min(size, len(found)) - 1,
+            "first_page_uri": uri, "next_page_uri": None, "page": 0, "page_size": size, "previous_page_uri": None,
+            "start": 0, "uri": uri,
+        })  # fmt: skip
+
+    def _message_json(self, message: SentMessage) -> dict[str, object]:
+        created = formatdate(message.received_at, usegmt=True).replace("GMT", "+0000")
+        return {"sid": message.sid, "status": message.status, "to": message.to, "from": message.from_,
+                "body": message.body, "account_sid": message.account_sid, "num_segments": "1",
+                "direction": "outbound-api", "date_created": created, "date_updated": created,
+                "date_sent": None}  # fmt: skip
 
     async def _fetch_account(self, request: web.Request) -> web.Response:
         """The account, for its own SID and auth token only (Basic auth, as Twilio checks it)."""
@@ -161,6 +208,8 @@ class TwilioPeer:
         self.sent.append(message)
         if self.response_delay:
             await asyncio.sleep(self.response_delay)
+        if self._answers_held is not None:
+            await self._answers_held.wait()
         if self._receipts is not None and message.status_callback:
             task = asyncio.create_task(self._report(message), name=f"twilio-receipts-{message.sid}")
             self._receipt_tasks.add(task)
@@ -361,6 +410,7 @@ class TwilioPeer:
             self._receipt_session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         session = self._receipt_session
         for status in statuses:
+            message.status = status
             try:
                 code, _ = await self.send_status(local_base, public_base, message, status, session=session)
             except aiohttp.ClientError:

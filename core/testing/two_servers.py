@@ -20,7 +20,6 @@ import asyncio
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -42,7 +41,7 @@ from core.store.embedded import EmbeddedPostgres
 from core.store.migrations import load_migrations
 from core.testing.peers import OpenAIPeer, reply_text
 from core.testing.postgres import DISPOSABLE_SERVER, DatabaseFactory
-from core.testing.processes import free_port
+from core.testing.processes import free_port, kill_tree
 from core.testing.twilio_peer import TwilioPeer
 from core.vault import generate_key
 
@@ -143,39 +142,6 @@ http://127.0.0.1:{proxy} {{
 """
 
 
-def _descendants(pid: int) -> set[int]:
-    found, frontier = set(), {pid}
-    for _ in range(10):  # bounded depth: the server, its workers, their helpers
-        children = set()
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            if ppid in frontier:
-                children.add(int(entry.name))
-        children -= found
-        if not children:
-            break
-        found |= children
-        frontier = children
-    return found
-
-
-def _kill_tree(proc: subprocess.Popen) -> set[int]:
-    """SIGKILL a server and every process under it (its own process group and any stragglers)."""
-    pids = _descendants(proc.pid)
-    for pid in (-proc.pid, *pids):  # the group (start_new_session), then any that left it
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    proc.wait(timeout=30)
-    return pids
-
-
 def _spawn(
     procs: list[subprocess.Popen], args: list[str], env: dict[str, str], log: IO[str] | None = None,
     new_group: bool = False,
@@ -194,7 +160,7 @@ def _stop_all(procs: list[subprocess.Popen]) -> None:
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            _kill_tree(proc)
+            kill_tree(proc)
 
 
 @asynccontextmanager
@@ -329,7 +295,7 @@ async def _suite(
                 await asyncio.wait_for(half.wait(), 300)
                 result.timings["kill at"] = time.monotonic() - t_send
                 result.killed_with = len(acked)
-                children = await asyncio.to_thread(_kill_tree, procs[0])
+                children = await asyncio.to_thread(kill_tree, procs[0])
                 result.timings["killed in"] = time.monotonic() - t_send - result.timings["kill at"]
                 gone = await _until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in children), 10)
                 result.check(bool(children) and gone, f"the killed server's children {children} outlived it")

@@ -56,6 +56,26 @@ async def test_the_after_stream_request_the_instant_pepper_hangs_up_hears_the_ap
     assert row["end_reason"] == "model-failed"
 
 
+async def test_a_socket_that_closed_with_no_end_written_hears_the_apology_and_an_ended_call_does_not(phone):
+    """What Twilio asks after a media process died holding the call (killed, it wrote nothing): the
+    call is held, with no end, so the caller hears the apology rather than a dead line. A call that
+    ended normally (the caller hung up: no end reason stored first) still just hangs up."""
+    answer = await phone.dial_owner()
+    async with phone.caller.media(answer) as call:
+        await phone.until_listening(call)
+        # The state a SIGKILLed holder leaves (the socket drop itself is scripts/suite-crash's).
+        status, twiml = await phone.caller.post("/twilio/voice/after-stream", {"CallSid": answer.call_sid})
+        assert status == 200 and "<Say>Sorry, I lost the connection" in twiml and "<Hangup" in twiml
+        await call.hang_up()
+    assert (await phone.call_row(answer.call_sid))["end_reason"] == "hangup"
+    status, twiml = await phone.caller.post("/twilio/voice/after-stream", {"CallSid": answer.call_sid})
+    assert status == 200 and "<Hangup" in twiml and "<Say" not in twiml
+    # A call that never streamed (no holder) is not apologised for either.
+    unstreamed = await phone.dial_owner()
+    status, twiml = await phone.caller.post("/twilio/voice/after-stream", {"CallSid": unstreamed.call_sid})
+    assert status == 200 and "<Say" not in twiml
+
+
 async def test_a_replayed_voice_webhook_for_an_ended_call_gets_no_stream(phone):
     """Someone who captured a signed voice webhook replays it once the call is over: the same
     form, so the same valid signature. No fresh stream token comes back."""

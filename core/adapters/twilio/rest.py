@@ -9,9 +9,10 @@ from __future__ import annotations
 import base64
 import logging
 import urllib.parse
+from datetime import datetime, timedelta
 
 import aiohttp
-from twilio.base.exceptions import TwilioRestException
+from twilio.base.exceptions import TwilioException, TwilioRestException
 from twilio.http.async_http_client import AsyncTwilioHttpClient
 from twilio.rest import Client
 
@@ -25,6 +26,11 @@ logging.getLogger("twilio").setLevel(logging.WARNING)
 
 # Twilio error codes meaning the recipient has opted out (or is otherwise unreachable for good).
 OPTED_OUT_CODES = {21610}
+# The newest messages between two numbers read to find one a crash left unconfirmed: one turn's
+# reply is the newest there, unless the person got many since.
+RECONCILE_LIMIT = 20
+# How far Twilio's clock may be behind ours when matching a message to the row recorded before it.
+CLOCK_SLACK = timedelta(minutes=1)
 
 
 class TwilioSendError(PepperError):
@@ -83,6 +89,30 @@ class TwilioMessenger:
         except (OSError, aiohttp.ClientError, TimeoutError) as exc:
             raise TwilioSendError(f"cannot reach Twilio: {exc}", retryable=True) from exc
         return message.sid
+
+    async def find_sent(self, *, to: str, from_: str, body: str, since: datetime) -> list[tuple[str, str]]:
+        """``(MessageSid, status)`` of the messages Twilio holds from ``from_`` to ``to`` with this
+        body, created since ``since`` (less ``CLOCK_SLACK``: Twilio dates them by its clock, to the
+        second), newest first: what tells whether a send cut short by a crash reached Twilio (the
+        caller leaves out those it recorded already). Raises ``TwilioSendError`` when the list
+        cannot be read."""
+        floor = since.replace(microsecond=0) - CLOCK_SLACK
+        try:
+            found = await self._client.messages.list_async(to=to, from_=from_, limit=RECONCILE_LIMIT)
+        except TwilioRestException as exc:
+            raise TwilioSendError(
+                f"Twilio refused the message list (HTTP {exc.status}, code {exc.code})", twilio_code=exc.code,
+                retryable=exc.status == 429 or exc.status >= 500,
+            ) from exc  # fmt: skip
+        except TwilioException as exc:  # a page it could not fetch: the SDK raises its base error
+            raise TwilioSendError("Twilio could not list the messages", retryable=True) from exc
+        except (OSError, aiohttp.ClientError, TimeoutError) as exc:
+            raise TwilioSendError(f"cannot reach Twilio: {exc}", retryable=True) from exc
+        return [
+            (str(m.sid), str(m.status))
+            for m in found
+            if m.body == body and (m.date_created is None or m.date_created >= floor)
+        ]
 
     async def close(self) -> None:
         await self._http.close()
