@@ -40,7 +40,7 @@ def _module_at(rev: str) -> types.ModuleType:
     spec = importlib.util.spec_from_loader(f"call_tape_{rev}", loader=None)
     assert spec is not None
     module = importlib.util.module_from_spec(spec)
-    exec(compile(source.stdout, f"{rev}:voice/call_tape.py", "exec"), module.__dict__)  # noqa: S102 (our own file)
+    exec(compile(source.stdout, f"{rev}:voice/call_tape.py", "exec"), module.__dict__)  # our own file, as it was
     return module
 
 

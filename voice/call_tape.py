@@ -21,9 +21,9 @@ entry, by name). Both runs stay open across the audio marks, sent and echoed, si
 changes nothing for a caller frame or a model delta (it only says how much of an item played,
 which barge-in reads, and barge-in is an entry of its own, after them). Recording costs the frame
 path a counter, one CRC-32 and no allocation per frame (:meth:`CallTape.audio_in`); entries are
-written in chunks (every ``flush_s`` and at the end) by the engine's recorder, off the frame path. Each chunk is its own row, so a process that dies
-mid-call leaves every chunk written so far readable, and no ``final`` chunk: the recording is
-then marked incomplete.
+written in chunks (every ``flush_s`` and at the end) by the engine's recorder, off the frame
+path. Each chunk is its own row, so a process that dies mid-call leaves every chunk written so
+far readable, and no ``final`` chunk: the recording is then marked incomplete.
 """
 
 from __future__ import annotations
