@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import binascii
+import os
 import secrets
 import sys
 import time
@@ -36,6 +38,8 @@ from typing import Any
 
 import orjson
 from picows import WSFrame, WSListener, WSMsgType, WSTransport, WSUpgradeRequest, ws_connect, ws_create_server
+
+from voice.ws_frames import text_frame_head
 
 FRAME = 160  # 20 ms of mu-law
 TICK = 0.02
@@ -52,24 +56,44 @@ _FROM_TAG = bytes(
 )  # fmt: skip
 
 
+_monotonic_ns = time.monotonic_ns
+_b2a, _a2b = binascii.b2a_base64, binascii.a2b_base64  # base64's own wrappers cost more than the work
+
+
 def now_us() -> int:
-    return time.monotonic_ns() // 1000
+    return _monotonic_ns() // 1000
 
 
 def tag_b64(call: int, us: int) -> bytes:
     """The tag as the 16 base64 characters that start a payload."""
-    raw = b"%04x%08x" % (call & 0xFFFF, us & 0xFFFFFFFF)
-    return base64.b64encode(raw.translate(_TO_TAG))
+    return _b2a((b"%04x%08x" % (call & 0xFFFF, us & 0xFFFFFFFF)).translate(_TO_TAG), newline=False)
+
+
+def untag_value(payload_b64: bytes) -> int | None:
+    """The tag's value (call << 32 | send time) from the first 16 base64 characters, or None."""
+    try:
+        return int(_a2b(payload_b64[:TAG_B64]).translate(_FROM_TAG), 16)
+    except (ValueError, binascii.Error):
+        return None
 
 
 def untag_b64(payload_b64: bytes, now: int) -> tuple[int, float] | None:
     """(call, latency in ms) from the first 16 base64 characters of a payload, or None."""
-    try:
-        value = int(base64.b64decode(payload_b64[:TAG_B64]).translate(_FROM_TAG), 16)
-    except ValueError:
+    value = untag_value(payload_b64)
+    if value is None:
         return None
     lat = ((now - value) & 0xFFFFFFFF) / 1000
     return (value >> 32, lat) if lat < 10_000 else None
+
+
+_ZERO_KEY = b"\0\0\0\0"
+
+
+def client_text_frame(data: bytes) -> bytes:
+    """One final, masked text frame as a client sends it (RFC 6455 5.2), masked with a zero key so
+    that no byte of it is touched here: the server unmasks it all the same. The callers write
+    their frames of a 20 ms slot (audio and the marks echoed with it) in one write with these."""
+    return text_frame_head(len(data), masked=True) + _ZERO_KEY + data
 
 
 def tone_frames() -> tuple[bytes, bytes]:
@@ -84,6 +108,9 @@ def tone_frames() -> tuple[bytes, bytes]:
 
 def _rest_b64(body: bytes) -> bytes:
     return base64.b64encode(body[TAG_BYTES:])
+
+
+_TEXT_MSG = WSMsgType.TEXT
 
 
 def _text(transport: WSTransport, frame: WSFrame) -> bytes | None:
@@ -179,6 +206,10 @@ class Call(WSListener):
         self._tail = b'"},"streamSid":"' + sid + b'"}'
         self._mark_head = b'{"event":"mark","sequenceNumber":"'
         self._mark_mid = b'","streamSid":"' + sid + b'","mark":{"name":"'
+        self._media_at = len(self._media_head)
+        # A mark as Pepper writes it (core.adapters.twilio.media_streams.mark_frame).
+        self._mark_in_head = b'{"event":"mark","streamSid":"' + sid + b'","mark":{"name":"'
+        self._mark_at = len(self._mark_in_head)
 
     # Twilio -> server
     def on_ws_connected(self, transport: WSTransport) -> None:
@@ -200,6 +231,7 @@ class Call(WSListener):
             self.t.send(WSMsgType.TEXT, orjson.dumps(frame))
 
     def tick(self) -> None:
+        """This call's 20 ms: its audio frame and the marks playback passed, in one write."""
         t = self.t
         if t is None or t.is_disconnected:
             return
@@ -207,39 +239,49 @@ class Call(WSListener):
         self.seq += 1
         self.chunk += 1
         n = self.chunk
-        now = now_us()
+        now = _monotonic_ns() // 1000
         phase = n % BURST_EVERY
-        if phase == 0 and w.state["measuring"]:
-            w.burst_sent.setdefault(self.index, []).append(now / 1e6)
         if w.state["measuring"]:
             w.frames_sent += 1
-        t.send(WSMsgType.TEXT, b"".join((
+            if phase == 0:
+                w.burst_sent.setdefault(self.index, []).append(now / 1e6)
+        body = b"".join((
             b'{"event":"media","sequenceNumber":"', b"%d" % self.seq,
             b'","media":{"track":"inbound","chunk":"', b"%d" % n, b'","timestamp":"', b"%d" % (n * 20),
             b'","payload":"', tag_b64(self.index, now), w.tone_rest if phase < BURST_FRAMES else w.silence_rest,
             self._tail,
-        )))  # fmt: skip
+        ))  # fmt: skip
+        out = text_frame_head(len(body), masked=True) + _ZERO_KEY + body
         # The playback clock: 160 bytes per 20 ms; marks echo when it passes them.
-        self.played = min(self.received, self.played + FRAME)
-        while self.marks and self.marks[0][0] <= self.played:
-            self._echo(self.marks.popleft()[1])
+        self.played = played = min(self.received, self.played + FRAME)
+        marks = self.marks
+        while marks and marks[0][0] <= played:
+            out += client_text_frame(self._echo_body(marks.popleft()[1]))
+        t.underlying_transport.write(out)
 
-    def _echo(self, name: str) -> None:
+    def _echo_body(self, name: str) -> bytes:
         self.echoed.append(name)
         self.seq += 1
+        return b"".join((self._mark_head, b"%d" % self.seq, self._mark_mid, name.encode(), b'"}}'))
+
+    def _echo(self, name: str) -> None:
+        body = self._echo_body(name)
         if self.t is not None and not self.t.is_disconnected:
-            self.t.send(WSMsgType.TEXT, b"".join((self._mark_head, b"%d" % self.seq, self._mark_mid,
-                                                  name.encode(), b'"}}')))  # fmt: skip
+            self.t.send(WSMsgType.TEXT, body)
 
     # server -> Twilio
     def on_ws_frame(self, transport: WSTransport, frame: WSFrame) -> None:
-        now = now_us()
-        data = _text(transport, frame)
-        if data is None:
+        now = _monotonic_ns() // 1000
+        if frame.msg_type is not _TEXT_MSG:
+            _text(transport, frame)  # a close is answered
             return
+        data = frame.get_payload_as_bytes()
         w = self.w
         if data.startswith(self._media_head):  # Pepper's media frames: no JSON work
-            payload = data[len(self._media_head) : -3]
+            payload = data[self._media_at : -3]
+        elif data.startswith(self._mark_in_head):  # and its marks
+            self.marks.append((self.received, data[self._mark_at : -3].decode()))
+            return
         else:
             event = orjson.loads(data)
             kind_ = event.get("event")
@@ -257,14 +299,17 @@ class Call(WSListener):
             else:
                 return
         self.first_audio = True
-        self.received += len(payload) * 3 // 4 - payload.count(b"=", -2)
+        size = len(payload) * 3 // 4 - payload.count(b"=", -2)
+        self.received += size
         if not w.state["measuring"]:
             return
-        w.ms_heard += len(payload) * 3 / 4 / 8
-        tagged = untag_b64(payload, now)
-        if tagged is not None:
-            w.out_lat.append(tagged[1])
-        if w.onsets.rising(self.index, w.audioop.ulaw2lin(base64.b64decode(payload), 2)):
+        w.ms_heard += size / 8
+        value = untag_value(payload)
+        if value is not None:
+            lat = ((now - value) & 0xFFFFFFFF) / 1000
+            if lat < 10_000:
+                w.out_lat.append(lat)
+        if w.onsets.rising(self.index, w.ulaw2lin(_a2b(payload), 2)):
             w.burst_seen.setdefault(self.index, []).append(now / 1e6)
 
     def on_ws_disconnected(self, transport: WSTransport) -> None:
@@ -284,6 +329,7 @@ class CallerWorker:
         from voice.codec import audioop
 
         self.audioop = audioop
+        self.ulaw2lin = audioop.ulaw2lin
         tone, _ = tone_frames()
         self.tone_rest, self.silence_rest = _rest_b64(tone), _rest_b64(b"\xff" * FRAME)
         self.state: dict[str, Any] = {"measuring": False}
@@ -387,6 +433,7 @@ class CallerWorker:
 
 APPEND = b'{"type":"input_audio_buffer.append","audio":"'  # exactly as Pepper's adapter writes it
 APPEND_LIVE = b'{"type":"session.input_audio.append","audio":"'  # GPT-Live's, likewise
+_APPEND_AT, _APPEND_LIVE_AT = len(APPEND), len(APPEND_LIVE)
 
 
 class ModelConn(WSListener):
@@ -437,15 +484,16 @@ class ModelConn(WSListener):
             self.t.send(WSMsgType.TEXT, orjson.dumps(event))
 
     def on_ws_frame(self, transport: WSTransport, frame: WSFrame) -> None:
-        now = now_us()
-        data = _text(transport, frame)
-        if data is None:
+        now = _monotonic_ns() // 1000
+        if frame.msg_type is not _TEXT_MSG:
+            _text(transport, frame)  # a close is answered
             return
+        data = frame.get_payload_as_bytes()
         if data.startswith(APPEND):
-            self.audio_in(data[len(APPEND) : -2], now)
+            self.audio_in(data[_APPEND_AT:-2], now)
             return
         if data.startswith(APPEND_LIVE):
-            self.audio_in(data[len(APPEND_LIVE) : -2], now)
+            self.audio_in(data[_APPEND_LIVE_AT:-2], now)
             return
         event = orjson.loads(data)
         kind_ = event.get("type")
@@ -505,20 +553,24 @@ class ModelConn(WSListener):
 
     def audio_in(self, payload: bytes, now: int) -> None:
         peer = self.peer
+        measuring = peer.state["measuring"]
         if self.pcmu_in:
-            tagged = untag_b64(payload, now)
-            if tagged is not None and self.call is None:
-                self.call = tagged[0]
-            if not peer.state["measuring"]:
+            if self.call is None or measuring:  # the tag is read to learn the call, then only to time it
+                value = untag_value(payload)
+                if value is not None:
+                    if self.call is None:
+                        self.call = value >> 32
+                    lat = ((now - value) & 0xFFFFFFFF) / 1000
+                    if measuring and lat < 10_000:
+                        peer.in_lat.append(lat)
+            if not measuring:
                 return
             peer.ms_in += len(payload) * 3 / 4 / 8
-            if tagged is not None:
-                peer.in_lat.append(tagged[1])
-            pcm = peer.audioop.ulaw2lin(base64.b64decode(payload), 2)
+            pcm = peer.ulaw2lin(_a2b(payload), 2)
         else:
-            if not peer.state["measuring"]:
+            if not measuring:
                 return
-            pcm = base64.b64decode(payload)
+            pcm = _a2b(payload)
             peer.ms_in += len(pcm) / 48  # 24 kHz, 16-bit
         if peer.onsets.rising(self.index, pcm) and self.call is not None:
             peer.seen.setdefault(self.call, []).append(now / 1e6)
@@ -611,6 +663,7 @@ class ModelPeer:
         from voice.codec import audioop
 
         self.audioop = audioop
+        self.ulaw2lin = audioop.ulaw2lin
         tone, pcm = tone_frames()
         self.tone_rest, self.silence_rest = _rest_b64(tone), _rest_b64(b"\xff" * FRAME)
         self.tone_pcm_b64, self.silence_pcm_b64 = base64.b64encode(pcm), base64.b64encode(b"\0" * len(pcm))
@@ -709,7 +762,17 @@ async def _callers_main() -> None:
         worker.stop.set()
 
 
-if __name__ == "__main__":
+def _run() -> None:
     import uvloop
 
     uvloop.run(_model_main() if sys.argv[1:] == ["--model"] else _callers_main())
+
+
+if __name__ == "__main__":
+    profile_to = os.environ.get("PEPPER_BENCH_PROFILE")  # a path prefix: each load process's cProfile
+    if profile_to:
+        import cProfile
+
+        cProfile.run("_run()", f"{profile_to}.{sys.argv[1].strip('-')}.{os.getpid()}.prof")
+    else:
+        _run()
