@@ -726,7 +726,14 @@ if __name__ == "__main__":
     if len(sys.argv) == 7 and sys.argv[1] == "--serve":
         import uvloop  # as ``pepper serve`` runs
 
-        uvloop.run(_serve_pepper(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], sys.argv[6]))
+        serve = lambda: uvloop.run(_serve_pepper(*sys.argv[2:4], int(sys.argv[4]), *sys.argv[5:7]))  # noqa: E731
+        profile_to = os.environ.get("PEPPER_BENCH_PROFILE")  # a path prefix: the server's cProfile, as the load's
+        if profile_to:
+            import cProfile
+
+            cProfile.run("serve()", f"{profile_to}.serve-{sys.argv[5]}.{os.getpid()}.prof")
+        else:
+            serve()
     elif len(sys.argv) == 3 and sys.argv[1] == "--pipecat":
         _serve_pipecat(sys.argv[2])
     else:
