@@ -467,8 +467,8 @@ async def _pepper_clear_ms(db: Any, count: int, since: Any, key: str = "clear_ms
     return [v for s in stats for v in s.get(key, ())]
 
 
-def _name(media_processes: int, engine: str = "openai-realtime") -> str:
-    on = "" if engine == "openai-realtime" else f" on {engine}"
+def _name(media_processes: int, engine: str = "openai-realtime", tree: str = "") -> str:
+    on = ("" if engine == "openai-realtime" else f" on {engine}") + (f" from {tree}" if tree else "")
     if media_processes == 1:
         return f"Pepper{on}, calls in the web server"
     return f"Pepper{on}, {media_processes} media processes"
@@ -531,7 +531,9 @@ def report(
     r: dict[str, Any], base: dict[str, Any] | None, clear_ms: list[float] | None, own_ms: list[float] | None = None
 ) -> None:
     name = (
-        _name(r["media_processes"], r.get("engine", "openai-realtime")) if r["mode"] == "pepper" else "pipecat baseline"
+        _name(r["media_processes"], r.get("engine", "openai-realtime"), r.get("tree", ""))
+        if r["mode"] == "pepper"
+        else "pipecat baseline"
     )
     print(f"\n{r['calls']} concurrent call(s), {name}  (median / p99)")
     if r.get("open_s") is not None:
@@ -620,6 +622,10 @@ async def owner_database() -> AsyncIterator[tuple[str, Any, Any]]:
             await factory.drop(dsn)
 
 
+def _trees(spec: str) -> list[str]:
+    return [os.path.abspath(t) for t in spec.split(",") if t]
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", default="1,50,100,300")
@@ -635,12 +641,19 @@ async def main() -> None:
         help="Pepper's engines, side by side (openai-realtime-untaped: without the calls' replay recording)",
     )
     parser.add_argument("--pin", action="store_true", help="server on core 0, the load side on core 1")
+    parser.add_argument(
+        "--against",
+        default="",
+        help="other source trees (comma-separated paths, e.g. an export of main): their Pepper servers run"
+        " beside this tree's, each engine, at every level, with this tree's load side",
+    )
     args = parser.parse_args()
     if args.pin:
         if len(os.sched_getaffinity(0)) < 2 or not {SERVER_CORE, LOAD_CORE} <= os.sched_getaffinity(0):
             raise SystemExit("--pin needs cores 0 and 1")
         os.sched_setaffinity(0, {LOAD_CORE})  # this driver, and every process it starts, unless moved
     levels = [int(c) for c in args.calls.split(",")]
+    args.against = _trees(args.against)
     base_levels = {int(c) for c in args.baseline.split(",") if c}
     media_counts = [int(c) for c in args.media_processes.split(",")]
     engines = args.engines.split(",")
@@ -653,15 +666,18 @@ async def main() -> None:
             model, urls = await Proc.start(env, "--model", args.load_nice)
             model_url, text_url = urls.split()
             loads.append(model)
-            peppers: dict[tuple[str, int], tuple[asyncio.subprocess.Process, str, str]] = {}
+            peppers: dict[tuple[str, int, str], tuple[asyncio.subprocess.Process, str, str]] = {}
+            trees = ["", *args.against]
             for engine in engines:  # all up at once, so each level runs them back to back
                 # GPT-Live beside Realtime at the first media process count.
                 for n in media_counts if engine.startswith("openai-realtime") else media_counts[:1]:
-                    peppers[engine, n] = await _start_server(["--serve", dsn, model_url, str(n), engine, text_url],
-                                                             env)  # fmt: skip
-                    procs.append(peppers[engine, n][0])
-                    if args.pin:
-                        _pin_tree(peppers[engine, n][0].pid, SERVER_CORE)
+                    for tree in trees:  # this tree's server, then the same from each other source tree
+                        key = (engine, n, tree)
+                        peppers[key] = await _start_server(["--serve", dsn, model_url, str(n), engine, text_url],
+                                                           dict(env, PYTHONPATH=tree) if tree else env)  # fmt: skip
+                        procs.append(peppers[key][0])
+                        if args.pin:
+                            _pin_tree(peppers[key][0].pid, SERVER_CORE)
             if args.pin:
                 _pin_postgres(dsn, SERVER_CORE)
             per_worker = CALLS_PER_WORKER_PINNED if args.pin else CALLS_PER_WORKER
@@ -676,17 +692,17 @@ async def main() -> None:
             print(f"{os.cpu_count()} cores; server, model and {n_workers} caller process(es) apart;"
                   f" {args.seconds:.0f} s windows; media processes {media_counts}; load side at nice"
                   f" +{args.load_nice}", flush=True)  # fmt: skip
-            results: dict[tuple[str, int], list[dict[str, Any]]] = {key: [] for key in peppers}
+            results: dict[tuple[str, int, str], list[dict[str, Any]]] = {key: [] for key in peppers}
             baseline_runs: list[dict[str, Any]] = []
             for count in levels:
-                for (engine, n), (pepper, http, media) in peppers.items():
+                for (engine, n, tree), (pepper, http, media) in peppers.items():
                     since = await db.fetchval("SELECT now()")
                     live = engine == "gpt-live"
                     mine = await run_level("pepper", count, args.seconds, model, workers, ServerGroup(pepper.pid),
                                            http, media, delegate=live)  # fmt: skip
-                    mine["media_processes"], mine["engine"] = n, engine
+                    mine["media_processes"], mine["engine"], mine["tree"] = n, engine, tree
                     theirs = None
-                    if count in base_levels and n == media_counts[0] and not live:
+                    if count in base_levels and n == media_counts[0] and not live and not tree:
                         # A fresh pipecat server per level, stopped after it: pipelines of calls that never
                         # started go on resampling after the caller hung up and would load the next level.
                         base, b_http, b_media = await _start_server(["--pipecat", model_url], env)
@@ -703,17 +719,18 @@ async def main() -> None:
                         report(theirs, None, None)
                         baseline_runs.append(theirs)
                     sys.stdout.flush()
-                    results[engine, n].append(mine)
-            for (engine, n), runs in results.items():
+                    results[engine, n, tree].append(mine)
+            for (engine, n, tree), runs in results.items():
                 held = [r["calls"] for r in runs if _p99_both(r) <= 20.0 and r.get("sustained")]
                 passed = next((r["calls"] for r in runs if _p99_both(r) > 20.0 or not r.get("sustained")), None)
-                print(f"\n{_name(n, engine)}: largest call count run before p99 passed 20 ms (per frame, both ways,"
+                print(f"\n{_name(n, engine, tree)}: largest call count run before p99 passed 20 ms (per frame, both"
+                      " ways,"
                       f" sustained): {max((c for c in held if passed is None or c < passed), default=0)}"
                       + (f" (not met at {passed})" if passed else " (never passed)"))  # fmt: skip
             if args.pin:
                 print("\nPinned: server on core 0, load on core 1")
-                for (engine, n), runs in results.items():
-                    print("  " + _capacity(_name(n, engine), runs))
+                for (engine, n, tree), runs in results.items():
+                    print("  " + _capacity(_name(n, engine, tree), runs))
                 print("  " + _capacity("pipecat baseline", baseline_runs))
         finally:
             for load in loads:
