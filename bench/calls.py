@@ -51,10 +51,20 @@ figure is what one server core holds. Both servers, Pepper's and pipecat's, are 
 way in the same run. The closing lines give, per server, the most calls one core held with p99 at
 or under 20 ms (per frame both ways for Pepper, onsets for pipecat) and no audio lost, its CPU
 seconds per call-minute and its RSS per call there, and how busy the load side's core was (a load
-side near 100 % is the limit, not the server).
+side near 100 % is the limit, not the server), with the CPU per 20 ms relayed of both sides, and
+for the first level that missed, why (p99, or audio lost). Pinned, the load side runs at the
+server's priority (``--load-nice 0``: on its own core it takes nothing from the server) and in
+fewer caller processes (250 calls each: on one core more processes only add wake-ups).
+
+``--against TREE[,TREE]``: the Pepper servers of other source trees (an export of main, say,
+``git archive main | tar -x -C /tmp/main``) run beside this tree's at every level with the same
+load side, so a change's CPU per frame is compared in one run on one machine's load.
+``PEPPER_BENCH_PROFILE=PREFIX`` writes a cProfile of each server and load process
+(``PREFIX.<role>.<pid>.prof``).
 
     PYTHONPATH=. .venv/bin/python bench/calls.py [--calls 1,50,100,300] [--seconds 5] [--baseline 1,50]
                                                  [--media-processes 1,2] [--load-nice 10] [--pin]
+                                                 [--against TREE]
 """
 
 from __future__ import annotations
@@ -631,7 +641,13 @@ async def main() -> None:
     parser.add_argument("--calls", default="1,50,100,300")
     parser.add_argument("--baseline", default="1,50", help="call counts for the pipecat baseline")
     parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--load-nice", type=int, default=10, help="CPU niceness of the load side (0: the server's)")
+    parser.add_argument(
+        "--load-nice",
+        type=int,
+        default=None,
+        help="CPU niceness of the load side (0: the server's); default +10, and 0 with --pin (on its own core it"
+        " takes nothing from the server, and at +10 any other process on that core would starve it)",
+    )
     parser.add_argument(
         "--media-processes", default="1", help="media process counts to compare (1: calls in the web server)"
     )
@@ -652,6 +668,8 @@ async def main() -> None:
         if len(os.sched_getaffinity(0)) < 2 or not {SERVER_CORE, LOAD_CORE} <= os.sched_getaffinity(0):
             raise SystemExit("--pin needs cores 0 and 1")
         os.sched_setaffinity(0, {LOAD_CORE})  # this driver, and every process it starts, unless moved
+    if args.load_nice is None:
+        args.load_nice = 0 if args.pin else 10
     levels = [int(c) for c in args.calls.split(",")]
     args.against = _trees(args.against)
     base_levels = {int(c) for c in args.baseline.split(",") if c}
