@@ -400,7 +400,7 @@ class CallerWorker:
                 self.schedule = asyncio.get_running_loop().create_task(
                     slot_schedule(self.groups, self.state, self.lag, self.stop), name="caller-slots"
                 )
-            limit = asyncio.Semaphore(10)
+            limit = asyncio.Semaphore(max(10, len(cmd["calls"]) // 10))  # dialling at once, as 10 per 100 calls
             deadline = asyncio.get_running_loop().time() + cmd["open_within"]
             ok = await asyncio.gather(*(self.open_one(i, cmd, limit, deadline) for i in cmd["calls"]))
             return {"ok": sum(ok), "failed": len(ok) - sum(ok)}
