@@ -185,6 +185,11 @@ class Call(WSListener):
     """One Twilio media stream: sends a frame each 20 ms, plays what it hears at 8000 bytes/s and
     echoes each mark when playback passes it; ``clear`` echoes the waiting marks at once."""
 
+    # Slots: an attribute of a picows listener without them is ~5x slower to read (per frame, many).
+    __slots__ = ("_mark_at", "_mark_head", "_mark_in_head", "_mark_mid", "_media_at", "_media_head", "_tail",
+                 "call_sid", "chunk", "clears", "closed", "echoed", "first_audio", "index", "marks", "parameters",
+                 "played", "received", "seq", "sid", "t", "w")  # fmt: skip
+
     def __init__(self, worker: CallerWorker, index: int, call_sid: str, parameters: dict[str, str]):
         self.w = worker
         self.index = index
@@ -438,6 +443,9 @@ _APPEND_AT, _APPEND_LIVE_AT = len(APPEND), len(APPEND_LIVE)
 
 class ModelConn(WSListener):
     """One Realtime socket: the GA events Pepper and pipecat use, audio streamed on the slot schedule."""
+
+    __slots__ = ("call", "chunk", "delegated", "delta_head", "events", "index", "item", "left", "level", "live",
+                 "path", "pcmu_in", "pcmu_out", "peer", "responses", "streaming", "t", "t0", "user_item")  # fmt: skip
 
     def __init__(self, peer: ModelPeer, path: str):
         self.peer = peer
@@ -762,13 +770,108 @@ async def _callers_main() -> None:
         worker.stop.set()
 
 
+# --- The load side's own cost, without sockets (``--cost``) ----------------------------------------
+
+
+class _Transport:
+    """A picows transport that takes frames and drops them (its underlying transport too)."""
+
+    is_disconnected = False
+
+    def __init__(self) -> None:
+        self.underlying_transport = self
+        self.frames: list[bytes] = []
+
+    def send(self, msg_type: Any, data: bytes) -> None:
+        self.frames.append(data)
+
+    def write(self, data: bytes) -> None:
+        self.frames.append(data)
+
+
+class _Frame:
+    __slots__ = ("data", "msg_type")
+
+    def __init__(self, data: bytes):
+        self.msg_type = WSMsgType.TEXT
+        self.data = data
+
+    def get_payload_as_bytes(self) -> bytes:
+        return self.data
+
+
+def load_cost(module: Any, steps: int) -> float:
+    """CPU (us) the load side's Python spends per 20 ms frame relayed, one way, measuring: per step
+    a caller's frame sent and taken by the model, the model's frame sent and heard by the caller,
+    a mark every 5th frame heard and echoed; the server's side replaced by frames built once."""
+    worker, peer = module.CallerWorker(), module.ModelPeer()
+    worker.state["measuring"] = peer.state["measuring"] = True
+    call = module.Call(worker, 7, "CA" + "0" * 32, {})
+    call.t = caller_t = _Transport()
+    conn = module.ModelConn(peer, "/v1/realtime?model=gpt-realtime")
+    conn.t = model_t = _Transport()
+    conn.pcmu_in = conn.pcmu_out = True
+    conn.call, conn.responses = 7, 1
+    conn.start_response()  # streams until cancelled
+    call.tick()
+    conn.tick()
+    sent = orjson.loads(caller_t.frames[-1].split(b"{", 1)[1].join((b"{", b"")))  # the caller's frame
+    delta = orjson.loads(model_t.frames[-1])
+    append = _Frame(APPEND + sent["media"]["payload"].encode() + b'"}')
+    sid = call.sid.encode()
+    media = _Frame(b'{"event":"media","streamSid":"' + sid + b'","media":{"payload":"' + delta["delta"].encode()
+                   + b'"}}')  # fmt: skip
+    marks = [_Frame(b'{"event":"mark","streamSid":"' + sid + b'","mark":{"name":"a%d"}}' % i) for i in range(steps)]
+    start = time.process_time()
+    for i in range(steps):
+        call.tick()
+        conn.on_ws_frame(model_t, append)
+        conn.tick()
+        call.on_ws_frame(caller_t, media)
+        if i % 5 == 4:
+            call.on_ws_frame(caller_t, marks[i])
+        if i % 1000 == 999:
+            caller_t.frames.clear()
+            model_t.frames.clear()
+    return (time.process_time() - start) / (2 * steps) * 1e6
+
+
+def _module_at(rev: str) -> Any:
+    import importlib.util
+    import subprocess
+    import types
+
+    source = subprocess.run(["git", "show", f"{rev}:bench/call_load.py"], capture_output=True, text=True, check=True)
+    module = types.ModuleType(f"call_load_{rev}")
+    sys.modules[module.__name__] = module  # its dataclass-free classes still look themselves up
+    exec(compile(source.stdout, f"{rev}:bench/call_load.py", "exec"), module.__dict__)  # our own file, as it was
+    del importlib
+    return module
+
+
+def _cost_main(argv: list[str]) -> None:
+    """``--cost [--against REV] [--steps N]``: :func:`load_cost` here and at a git revision, the
+    best of 5 rounds each, interleaved."""
+    rev = argv[argv.index("--against") + 1] if "--against" in argv else None
+    steps = int(argv[argv.index("--steps") + 1]) if "--steps" in argv else 20_000
+    cases = [("this tree", sys.modules[__name__])] + ([(rev, _module_at(rev))] if rev else [])
+    best: dict[str, float] = {}
+    for _ in range(5):
+        for name, module in cases:
+            best[name] = min(best.get(name, float("inf")), load_cost(module, steps))
+    for name, _ in cases:
+        print(f"{name:>12}: {best[name]:5.2f} us of the load side's Python per 20 ms frame relayed (no sockets)")
+
+
 def _run() -> None:
     import uvloop
 
     uvloop.run(_model_main() if sys.argv[1:] == ["--model"] else _callers_main())
 
 
-if __name__ == "__main__":
+if __name__ == "__main__" and sys.argv[1:2] == ["--cost"]:
+    _cost_main(sys.argv[2:])
+elif __name__ == "__main__":
     profile_to = os.environ.get("PEPPER_BENCH_PROFILE")  # a path prefix: each load process's cProfile
     if profile_to:
         import cProfile
