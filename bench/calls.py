@@ -699,7 +699,7 @@ async def main() -> None:
             if args.pin:
                 _pin_postgres(dsn, SERVER_CORE)
             per_worker = CALLS_PER_WORKER_PINNED if args.pin else CALLS_PER_WORKER
-            n_workers = max(1, math.ceil(max(levels) / per_worker))
+            n_workers = max(1, math.ceil(max(levels + list(base_levels)) / per_worker))
             workers = [
                 p
                 for p, _ in await asyncio.gather(
@@ -712,7 +712,27 @@ async def main() -> None:
                   f" +{args.load_nice}", flush=True)  # fmt: skip
             results: dict[tuple[str, int, str], list[dict[str, Any]]] = {key: [] for key in peppers}
             baseline_runs: list[dict[str, Any]] = []
-            for count in levels:
+
+            async def baseline(count: int) -> dict[str, Any]:
+                # A fresh pipecat server per level, stopped after it: pipelines of calls that never
+                # started go on resampling after the caller hung up and would load the next level.
+                base, b_http, b_media = await _start_server(["--pipecat", model_url], env)
+                if args.pin:
+                    _pin_tree(base.pid, SERVER_CORE)
+                try:
+                    theirs = await run_level("pipecat", count, args.seconds, model, workers, ServerGroup(base.pid),
+                                             b_http, b_media)  # fmt: skip
+                finally:
+                    await _stop_server(base, 5)
+                baseline_runs.append(theirs)
+                return theirs
+
+            # A baseline level that is not a Pepper level runs on its own (pipecat's capacity is far lower).
+            for count in sorted(set(levels) | base_levels):
+                if count not in levels:
+                    report(await baseline(count), None, None)
+                    sys.stdout.flush()
+                    continue
                 for (engine, n, tree), (pepper, http, media) in peppers.items():
                     since = await db.fetchval("SELECT now()")
                     live = engine == "gpt-live"
@@ -721,21 +741,11 @@ async def main() -> None:
                     mine["media_processes"], mine["engine"], mine["tree"] = n, engine, tree
                     theirs = None
                     if count in base_levels and n == media_counts[0] and not live and not tree:
-                        # A fresh pipecat server per level, stopped after it: pipelines of calls that never
-                        # started go on resampling after the caller hung up and would load the next level.
-                        base, b_http, b_media = await _start_server(["--pipecat", model_url], env)
-                        if args.pin:
-                            _pin_tree(base.pid, SERVER_CORE)
-                        try:
-                            theirs = await run_level("pipecat", count, args.seconds, model, workers,
-                                                     ServerGroup(base.pid), b_http, b_media)  # fmt: skip
-                        finally:
-                            await _stop_server(base, 5)
+                        theirs = await baseline(count)
                     own = await _pepper_clear_ms(db, mine.get("ok", 0), since, "delegation_ms") if live else None
                     report(mine, theirs, await _pepper_clear_ms(db, mine.get("ok", 0), since), own)
                     if theirs is not None:
                         report(theirs, None, None)
-                        baseline_runs.append(theirs)
                     sys.stdout.flush()
                     results[engine, n, tree].append(mine)
             for (engine, n, tree), runs in results.items():
