@@ -523,17 +523,22 @@ def _capacity(name: str, runs: list[dict[str, Any]]) -> str:
         how = "not sustained" if not missed.get("sustained") else f"p99 {p99:.1f} ms"
         if not missed.get("sustained") and math.isfinite(p99):
             how += f", p99 {p99:.1f} ms"
-        load = f"; load side {missed['generator'] * 100:.0f} % of its core" if "generator" in missed else ""
-        why = f" (missed at {missed['calls']}: {how}{load})"
+        cost = f"; there {_cost(missed)}" if "generator" in missed else ""
+        why = f" (missed at {missed['calls']}: {how}{cost})"
     if not held:
         return f"{name}: one server core held no level at p99 <= 20 ms" + why
     best = max(held, key=lambda r: r["calls"])
     return (
         f"{name}: one server core held {best['calls']} calls at p99 {_p99_both(best):.1f} ms, no audio lost;"
-        f" {best['cpu_ms_per_call_s'] * 60 / 1000:.2f} CPU-s per call-minute ({best['us_per_frame']:.0f} us per"
-        f" 20 ms relayed), {best['rss_per_call_kb']:+.0f} kB RSS per call; load side {best['generator'] * 100:.0f} %"
-        f" of its core ({best['generator_us_per_frame']:.0f} us per 20 ms relayed)"
-        + (why or " (the highest level run)")
+        f" {_cost(best)}" + (why or " (the highest level run)")
+    )
+
+
+def _cost(r: dict[str, Any]) -> str:
+    return (
+        f"{r['cpu_ms_per_call_s'] * 60 / 1000:.2f} CPU-s per call-minute, {r['us_per_frame']:.0f} us per 20 ms"
+        f" relayed, {r['rss_per_call_kb']:+.0f} kB RSS per call; load side {r['generator'] * 100:.0f} % of its core,"
+        f" {r['generator_us_per_frame']:.0f} us per 20 ms relayed"
     )
 
 
