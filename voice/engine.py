@@ -469,9 +469,13 @@ class CallEngine:
         return task
 
     async def _store_tape(self, seq: int, entries: list[list[Any]], final: bool) -> None:
+        writer = self.deps.tape_writer
         try:
-            await call_records.store_recording(self.deps.db, self._call.call_sid, self._call.account_id, seq,
-                                               entries, final=final)  # fmt: skip
+            if writer is not None:  # batched with the other calls' chunks (it logs a failure itself)
+                await writer.write(self._call.call_sid, self._call.account_id, seq, entries, final=final)
+            else:
+                await call_records.store_recording(self.deps.db, self._call.call_sid, self._call.account_id, seq,
+                                                   entries, final=final)  # fmt: skip
         except Exception:
             log.exception("could not store a chunk of a call's recording")
 

@@ -243,19 +243,31 @@ async def claim_sip_webhook(db: Queries, webhook_id: str, session_id: str) -> bo
 # --- Recordings for replay (voice.call_tape) ----------------------------------------------------
 
 
+def recording_chunk(entries: list[list[Any]]) -> bytes:
+    """A chunk's entries as stored: orjson and zlib level 1 (written mid-call, for every call, on
+    the core that relays the audio)."""
+    return zlib.compress(orjson.dumps(entries, option=orjson.OPT_NON_STR_KEYS), 1)
+
+
 async def store_recording(
     db: Queries, call_sid: str, account_id: UUID | None, seq: int, entries: list[list[Any]], *, final: bool
 ) -> None:
     """One chunk of a call's recording (written once: a retried chunk changes nothing)."""
+    await store_recordings(db, [(call_sid, seq, account_id, recording_chunk(entries), final)])
+
+
+async def store_recordings(db: Queries, chunks: list[tuple[str, int, UUID | None, bytes, bool]]) -> None:
+    """Chunks of any calls' recordings in one statement: ``(call_sid, seq, account_id, chunk,
+    final)`` with ``chunk`` from :func:`recording_chunk`; each written once, as above."""
     await db.execute(
-        "INSERT INTO call_recordings (call_sid, seq, account_id, entries, final) VALUES ($1, $2, $3, $4, $5)"
+        "INSERT INTO call_recordings (call_sid, seq, account_id, entries, final)"
+        " SELECT * FROM unnest($1::text[], $2::integer[], $3::uuid[], $4::bytea[], $5::boolean[])"
         " ON CONFLICT (call_sid, seq) DO NOTHING",
-        call_sid,
-        seq,
-        account_id,
-        # orjson and level 1: written mid-call, for every call, on the core that relays the audio.
-        zlib.compress(orjson.dumps(entries, option=orjson.OPT_NON_STR_KEYS), 1),
-        final,
+        [c[0] for c in chunks],
+        [c[1] for c in chunks],
+        [c[2] for c in chunks],
+        [c[3] for c in chunks],
+        [c[4] for c in chunks],
     )
 
 

@@ -13,7 +13,7 @@ from phone_support import speech, until, verify_by_keypad
 from core.adapters.twilio import media_streams as media
 from core.errors import InvalidInput
 from core.records import calls as call_records
-from voice.call_tape import CallTape
+from voice.call_tape import CallTape, TapeWriter
 from voice.realtime import AudioDelta
 from voice.replay_call import outputs_of, replay_call
 from voice.testing.realtime_peer import call_tool, speak
@@ -173,3 +173,19 @@ def test_a_streaming_reply_tapes_as_three_entries_and_compares_as_a_version_1_ta
     expected = [("to_model", 10), ("op", 160, 5), ("om", "a5"), ("op", 160, 5), ("om", "a10"), ("om", "c11"),
                 ("op", 160, 1)]  # fmt: skip
     assert [o[0] for o in outputs_of(version_1)] == [o[0] for o in outputs_of(entries)] == expected
+
+
+async def test_chunks_of_many_calls_are_written_together_and_once(db):
+    writer = TapeWriter(db, batch_s=0.05)
+    first = [["hdr", 0.0, {"version": 2}], ["mk", 1.0, "n1"]]
+    await asyncio.gather(
+        writer.write("CAone", None, 0, first, final=False),
+        writer.write("CAtwo", None, 0, [["hdr", 0.0, {"version": 2}]], final=True),
+        writer.write("CAone", None, 0, [["forged", 0.0]], final=True),  # the same chunk again: ignored
+        writer.write("CAone", None, 1, [["oe", 9.0, "hangup"]], final=True),
+    )
+    assert await call_records.load_recording(db, "CAone") == ([*first, ["oe", 9.0, "hangup"]], True)
+    assert await call_records.load_recording(db, "CAtwo") == ([["hdr", 0.0, {"version": 2}]], True)
+    assert await db.fetchval("SELECT count(*) FROM call_recordings") == 3
+    # One statement for all four (now() is its transaction's time): not a round trip per chunk.
+    assert await db.fetchval("SELECT count(DISTINCT written_at) FROM call_recordings") == 1
