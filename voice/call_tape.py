@@ -266,11 +266,14 @@ class TapeWriter:
         self._chunks: list[tuple[str, int, UUID | None, bytes, bool]] = []
         self._waiting: list[asyncio.Future[None]] = []
         self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the timer's
         self._writes: set[asyncio.Task[None]] = set()
 
     async def write(self, call_sid: str, account_id: UUID | None, seq: int, entries: list[list[Any]],
                     *, final: bool) -> None:  # fmt: skip
         loop = asyncio.get_running_loop()
+        if self._loop is not loop:  # a new event loop (the old one closed with a batch due: it is gone with it)
+            self._chunks, self._waiting, self._timer, self._loop = [], [], None, loop
         done = loop.create_future()
         self._chunks.append((call_sid, seq, account_id, call_records.recording_chunk(entries), final))
         self._waiting.append(done)
