@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import binascii
+import os
 import secrets
 import sys
 import time
@@ -36,6 +38,8 @@ from typing import Any
 
 import orjson
 from picows import WSFrame, WSListener, WSMsgType, WSTransport, WSUpgradeRequest, ws_connect, ws_create_server
+
+from voice.ws_frames import text_frame_head
 
 FRAME = 160  # 20 ms of mu-law
 TICK = 0.02
@@ -52,24 +56,44 @@ _FROM_TAG = bytes(
 )  # fmt: skip
 
 
+_monotonic_ns = time.monotonic_ns
+_b2a, _a2b = binascii.b2a_base64, binascii.a2b_base64  # base64's own wrappers cost more than the work
+
+
 def now_us() -> int:
-    return time.monotonic_ns() // 1000
+    return _monotonic_ns() // 1000
 
 
 def tag_b64(call: int, us: int) -> bytes:
     """The tag as the 16 base64 characters that start a payload."""
-    raw = b"%04x%08x" % (call & 0xFFFF, us & 0xFFFFFFFF)
-    return base64.b64encode(raw.translate(_TO_TAG))
+    return _b2a((b"%04x%08x" % (call & 0xFFFF, us & 0xFFFFFFFF)).translate(_TO_TAG), newline=False)
+
+
+def untag_value(payload_b64: bytes) -> int | None:
+    """The tag's value (call << 32 | send time) from the first 16 base64 characters, or None."""
+    try:
+        return int(_a2b(payload_b64[:TAG_B64]).translate(_FROM_TAG), 16)
+    except (ValueError, binascii.Error):
+        return None
 
 
 def untag_b64(payload_b64: bytes, now: int) -> tuple[int, float] | None:
     """(call, latency in ms) from the first 16 base64 characters of a payload, or None."""
-    try:
-        value = int(base64.b64decode(payload_b64[:TAG_B64]).translate(_FROM_TAG), 16)
-    except ValueError:
+    value = untag_value(payload_b64)
+    if value is None:
         return None
     lat = ((now - value) & 0xFFFFFFFF) / 1000
     return (value >> 32, lat) if lat < 10_000 else None
+
+
+_ZERO_KEY = b"\0\0\0\0"
+
+
+def client_text_frame(data: bytes) -> bytes:
+    """One final, masked text frame as a client sends it (RFC 6455 5.2), masked with a zero key so
+    that no byte of it is touched here: the server unmasks it all the same. The callers write
+    their frames of a 20 ms slot (audio and the marks echoed with it) in one write with these."""
+    return text_frame_head(len(data), masked=True) + _ZERO_KEY + data
 
 
 def tone_frames() -> tuple[bytes, bytes]:
@@ -84,6 +108,9 @@ def tone_frames() -> tuple[bytes, bytes]:
 
 def _rest_b64(body: bytes) -> bytes:
     return base64.b64encode(body[TAG_BYTES:])
+
+
+_TEXT_MSG = WSMsgType.TEXT
 
 
 def _text(transport: WSTransport, frame: WSFrame) -> bytes | None:
@@ -158,6 +185,11 @@ class Call(WSListener):
     """One Twilio media stream: sends a frame each 20 ms, plays what it hears at 8000 bytes/s and
     echoes each mark when playback passes it; ``clear`` echoes the waiting marks at once."""
 
+    # Slots: an attribute of a picows listener without them is ~5x slower to read (per frame, many).
+    __slots__ = ("_mark_at", "_mark_head", "_mark_in_head", "_mark_mid", "_media_at", "_media_head", "_tail",
+                 "call_sid", "chunk", "clears", "closed", "echoed", "first_audio", "index", "marks", "parameters",
+                 "played", "received", "seq", "sid", "t", "w")  # fmt: skip
+
     def __init__(self, worker: CallerWorker, index: int, call_sid: str, parameters: dict[str, str]):
         self.w = worker
         self.index = index
@@ -179,6 +211,10 @@ class Call(WSListener):
         self._tail = b'"},"streamSid":"' + sid + b'"}'
         self._mark_head = b'{"event":"mark","sequenceNumber":"'
         self._mark_mid = b'","streamSid":"' + sid + b'","mark":{"name":"'
+        self._media_at = len(self._media_head)
+        # A mark as Pepper writes it (core.adapters.twilio.media_streams.mark_frame).
+        self._mark_in_head = b'{"event":"mark","streamSid":"' + sid + b'","mark":{"name":"'
+        self._mark_at = len(self._mark_in_head)
 
     # Twilio -> server
     def on_ws_connected(self, transport: WSTransport) -> None:
@@ -200,6 +236,7 @@ class Call(WSListener):
             self.t.send(WSMsgType.TEXT, orjson.dumps(frame))
 
     def tick(self) -> None:
+        """This call's 20 ms: its audio frame and the marks playback passed, in one write."""
         t = self.t
         if t is None or t.is_disconnected:
             return
@@ -207,39 +244,49 @@ class Call(WSListener):
         self.seq += 1
         self.chunk += 1
         n = self.chunk
-        now = now_us()
+        now = _monotonic_ns() // 1000
         phase = n % BURST_EVERY
-        if phase == 0 and w.state["measuring"]:
-            w.burst_sent.setdefault(self.index, []).append(now / 1e6)
         if w.state["measuring"]:
             w.frames_sent += 1
-        t.send(WSMsgType.TEXT, b"".join((
+            if phase == 0:
+                w.burst_sent.setdefault(self.index, []).append(now / 1e6)
+        body = b"".join((
             b'{"event":"media","sequenceNumber":"', b"%d" % self.seq,
             b'","media":{"track":"inbound","chunk":"', b"%d" % n, b'","timestamp":"', b"%d" % (n * 20),
             b'","payload":"', tag_b64(self.index, now), w.tone_rest if phase < BURST_FRAMES else w.silence_rest,
             self._tail,
-        )))  # fmt: skip
+        ))  # fmt: skip
+        out = text_frame_head(len(body), masked=True) + _ZERO_KEY + body
         # The playback clock: 160 bytes per 20 ms; marks echo when it passes them.
-        self.played = min(self.received, self.played + FRAME)
-        while self.marks and self.marks[0][0] <= self.played:
-            self._echo(self.marks.popleft()[1])
+        self.played = played = min(self.received, self.played + FRAME)
+        marks = self.marks
+        while marks and marks[0][0] <= played:
+            out += client_text_frame(self._echo_body(marks.popleft()[1]))
+        t.underlying_transport.write(out)
 
-    def _echo(self, name: str) -> None:
+    def _echo_body(self, name: str) -> bytes:
         self.echoed.append(name)
         self.seq += 1
+        return b"".join((self._mark_head, b"%d" % self.seq, self._mark_mid, name.encode(), b'"}}'))
+
+    def _echo(self, name: str) -> None:
+        body = self._echo_body(name)
         if self.t is not None and not self.t.is_disconnected:
-            self.t.send(WSMsgType.TEXT, b"".join((self._mark_head, b"%d" % self.seq, self._mark_mid,
-                                                  name.encode(), b'"}}')))  # fmt: skip
+            self.t.send(WSMsgType.TEXT, body)
 
     # server -> Twilio
     def on_ws_frame(self, transport: WSTransport, frame: WSFrame) -> None:
-        now = now_us()
-        data = _text(transport, frame)
-        if data is None:
+        now = _monotonic_ns() // 1000
+        if frame.msg_type is not _TEXT_MSG:
+            _text(transport, frame)  # a close is answered
             return
+        data = frame.get_payload_as_bytes()
         w = self.w
         if data.startswith(self._media_head):  # Pepper's media frames: no JSON work
-            payload = data[len(self._media_head) : -3]
+            payload = data[self._media_at : -3]
+        elif data.startswith(self._mark_in_head):  # and its marks
+            self.marks.append((self.received, data[self._mark_at : -3].decode()))
+            return
         else:
             event = orjson.loads(data)
             kind_ = event.get("event")
@@ -257,14 +304,17 @@ class Call(WSListener):
             else:
                 return
         self.first_audio = True
-        self.received += len(payload) * 3 // 4 - payload.count(b"=", -2)
+        size = len(payload) * 3 // 4 - payload.count(b"=", -2)
+        self.received += size
         if not w.state["measuring"]:
             return
-        w.ms_heard += len(payload) * 3 / 4 / 8
-        tagged = untag_b64(payload, now)
-        if tagged is not None:
-            w.out_lat.append(tagged[1])
-        if w.onsets.rising(self.index, w.audioop.ulaw2lin(base64.b64decode(payload), 2)):
+        w.ms_heard += size / 8
+        value = untag_value(payload)
+        if value is not None:
+            lat = ((now - value) & 0xFFFFFFFF) / 1000
+            if lat < 10_000:
+                w.out_lat.append(lat)
+        if w.onsets.rising(self.index, w.ulaw2lin(_a2b(payload), 2)):
             w.burst_seen.setdefault(self.index, []).append(now / 1e6)
 
     def on_ws_disconnected(self, transport: WSTransport) -> None:
@@ -284,6 +334,7 @@ class CallerWorker:
         from voice.codec import audioop
 
         self.audioop = audioop
+        self.ulaw2lin = audioop.ulaw2lin
         tone, _ = tone_frames()
         self.tone_rest, self.silence_rest = _rest_b64(tone), _rest_b64(b"\xff" * FRAME)
         self.state: dict[str, Any] = {"measuring": False}
@@ -354,7 +405,7 @@ class CallerWorker:
                 self.schedule = asyncio.get_running_loop().create_task(
                     slot_schedule(self.groups, self.state, self.lag, self.stop), name="caller-slots"
                 )
-            limit = asyncio.Semaphore(10)
+            limit = asyncio.Semaphore(max(10, len(cmd["calls"]) // 10))  # dialling at once, as 10 per 100 calls
             deadline = asyncio.get_running_loop().time() + cmd["open_within"]
             ok = await asyncio.gather(*(self.open_one(i, cmd, limit, deadline) for i in cmd["calls"]))
             return {"ok": sum(ok), "failed": len(ok) - sum(ok)}
@@ -387,10 +438,14 @@ class CallerWorker:
 
 APPEND = b'{"type":"input_audio_buffer.append","audio":"'  # exactly as Pepper's adapter writes it
 APPEND_LIVE = b'{"type":"session.input_audio.append","audio":"'  # GPT-Live's, likewise
+_APPEND_AT, _APPEND_LIVE_AT = len(APPEND), len(APPEND_LIVE)
 
 
 class ModelConn(WSListener):
     """One Realtime socket: the GA events Pepper and pipecat use, audio streamed on the slot schedule."""
+
+    __slots__ = ("call", "chunk", "delegated", "delta_head", "events", "index", "item", "left", "level", "live",
+                 "path", "pcmu_in", "pcmu_out", "peer", "responses", "streaming", "t", "t0", "user_item")  # fmt: skip
 
     def __init__(self, peer: ModelPeer, path: str):
         self.peer = peer
@@ -437,15 +492,16 @@ class ModelConn(WSListener):
             self.t.send(WSMsgType.TEXT, orjson.dumps(event))
 
     def on_ws_frame(self, transport: WSTransport, frame: WSFrame) -> None:
-        now = now_us()
-        data = _text(transport, frame)
-        if data is None:
+        now = _monotonic_ns() // 1000
+        if frame.msg_type is not _TEXT_MSG:
+            _text(transport, frame)  # a close is answered
             return
+        data = frame.get_payload_as_bytes()
         if data.startswith(APPEND):
-            self.audio_in(data[len(APPEND) : -2], now)
+            self.audio_in(data[_APPEND_AT:-2], now)
             return
         if data.startswith(APPEND_LIVE):
-            self.audio_in(data[len(APPEND_LIVE) : -2], now)
+            self.audio_in(data[_APPEND_LIVE_AT:-2], now)
             return
         event = orjson.loads(data)
         kind_ = event.get("type")
@@ -505,20 +561,24 @@ class ModelConn(WSListener):
 
     def audio_in(self, payload: bytes, now: int) -> None:
         peer = self.peer
+        measuring = peer.state["measuring"]
         if self.pcmu_in:
-            tagged = untag_b64(payload, now)
-            if tagged is not None and self.call is None:
-                self.call = tagged[0]
-            if not peer.state["measuring"]:
+            if self.call is None or measuring:  # the tag is read to learn the call, then only to time it
+                value = untag_value(payload)
+                if value is not None:
+                    if self.call is None:
+                        self.call = value >> 32
+                    lat = ((now - value) & 0xFFFFFFFF) / 1000
+                    if measuring and lat < 10_000:
+                        peer.in_lat.append(lat)
+            if not measuring:
                 return
             peer.ms_in += len(payload) * 3 / 4 / 8
-            if tagged is not None:
-                peer.in_lat.append(tagged[1])
-            pcm = peer.audioop.ulaw2lin(base64.b64decode(payload), 2)
+            pcm = peer.ulaw2lin(_a2b(payload), 2)
         else:
-            if not peer.state["measuring"]:
+            if not measuring:
                 return
-            pcm = base64.b64decode(payload)
+            pcm = _a2b(payload)
             peer.ms_in += len(pcm) / 48  # 24 kHz, 16-bit
         if peer.onsets.rising(self.index, pcm) and self.call is not None:
             peer.seen.setdefault(self.call, []).append(now / 1e6)
@@ -611,6 +671,7 @@ class ModelPeer:
         from voice.codec import audioop
 
         self.audioop = audioop
+        self.ulaw2lin = audioop.ulaw2lin
         tone, pcm = tone_frames()
         self.tone_rest, self.silence_rest = _rest_b64(tone), _rest_b64(b"\xff" * FRAME)
         self.tone_pcm_b64, self.silence_pcm_b64 = base64.b64encode(pcm), base64.b64encode(b"\0" * len(pcm))
@@ -709,7 +770,112 @@ async def _callers_main() -> None:
         worker.stop.set()
 
 
-if __name__ == "__main__":
+# --- The load side's own cost, without sockets (``--cost``) ----------------------------------------
+
+
+class _Transport:
+    """A picows transport that takes frames and drops them (its underlying transport too)."""
+
+    is_disconnected = False
+
+    def __init__(self) -> None:
+        self.underlying_transport = self
+        self.frames: list[bytes] = []
+
+    def send(self, msg_type: Any, data: bytes) -> None:
+        self.frames.append(data)
+
+    def write(self, data: bytes) -> None:
+        self.frames.append(data)
+
+
+class _Frame:
+    __slots__ = ("data", "msg_type")
+
+    def __init__(self, data: bytes):
+        self.msg_type = WSMsgType.TEXT
+        self.data = data
+
+    def get_payload_as_bytes(self) -> bytes:
+        return self.data
+
+
+def load_cost(module: Any, steps: int) -> float:
+    """CPU (us) the load side's Python spends per 20 ms frame relayed, one way, measuring: per step
+    a caller's frame sent and taken by the model, the model's frame sent and heard by the caller,
+    a mark every 5th frame heard and echoed; the server's side replaced by frames built once."""
+    worker, peer = module.CallerWorker(), module.ModelPeer()
+    worker.state["measuring"] = peer.state["measuring"] = True
+    call = module.Call(worker, 7, "CA" + "0" * 32, {})
+    call.t = caller_t = _Transport()
+    conn = module.ModelConn(peer, "/v1/realtime?model=gpt-realtime")
+    conn.t = model_t = _Transport()
+    conn.pcmu_in = conn.pcmu_out = True
+    conn.call, conn.responses = 7, 1
+    conn.start_response()  # streams until cancelled
+    call.tick()
+    conn.tick()
+    sent = orjson.loads(caller_t.frames[-1].split(b"{", 1)[1].join((b"{", b"")))  # the caller's frame
+    delta = orjson.loads(model_t.frames[-1])
+    append = _Frame(APPEND + sent["media"]["payload"].encode() + b'"}')
+    sid = call.sid.encode()
+    media = _Frame(b'{"event":"media","streamSid":"' + sid + b'","media":{"payload":"' + delta["delta"].encode()
+                   + b'"}}')  # fmt: skip
+    marks = [_Frame(b'{"event":"mark","streamSid":"' + sid + b'","mark":{"name":"a%d"}}' % i) for i in range(steps)]
+    start = time.process_time()
+    for i in range(steps):
+        call.tick()
+        conn.on_ws_frame(model_t, append)
+        conn.tick()
+        call.on_ws_frame(caller_t, media)
+        if i % 5 == 4:
+            call.on_ws_frame(caller_t, marks[i])
+        if i % 1000 == 999:
+            caller_t.frames.clear()
+            model_t.frames.clear()
+    return (time.process_time() - start) / (2 * steps) * 1e6
+
+
+def _module_at(rev: str) -> Any:
+    import importlib.util
+    import subprocess
+    import types
+
+    source = subprocess.run(["git", "show", f"{rev}:bench/call_load.py"], capture_output=True, text=True, check=True)
+    module = types.ModuleType(f"call_load_{rev}")
+    sys.modules[module.__name__] = module  # its dataclass-free classes still look themselves up
+    exec(compile(source.stdout, f"{rev}:bench/call_load.py", "exec"), module.__dict__)  # our own file, as it was
+    del importlib
+    return module
+
+
+def _cost_main(argv: list[str]) -> None:
+    """``--cost [--against REV] [--steps N]``: :func:`load_cost` here and at a git revision, the
+    best of 5 rounds each, interleaved."""
+    rev = argv[argv.index("--against") + 1] if "--against" in argv else None
+    steps = int(argv[argv.index("--steps") + 1]) if "--steps" in argv else 20_000
+    cases = [("this tree", sys.modules[__name__])] + ([(rev, _module_at(rev))] if rev else [])
+    best: dict[str, float] = {}
+    for _ in range(5):
+        for name, module in cases:
+            best[name] = min(best.get(name, float("inf")), load_cost(module, steps))
+    for name, _ in cases:
+        print(f"{name:>12}: {best[name]:5.2f} us of the load side's Python per 20 ms frame relayed (no sockets)")
+
+
+def _run() -> None:
     import uvloop
 
     uvloop.run(_model_main() if sys.argv[1:] == ["--model"] else _callers_main())
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--cost"]:
+    _cost_main(sys.argv[2:])
+elif __name__ == "__main__":
+    profile_to = os.environ.get("PEPPER_BENCH_PROFILE")  # a path prefix: each load process's cProfile
+    if profile_to:
+        import cProfile
+
+        cProfile.run("_run()", f"{profile_to}.{sys.argv[1].strip('-')}.{os.getpid()}.prof")
+    else:
+        _run()

@@ -51,10 +51,20 @@ figure is what one server core holds. Both servers, Pepper's and pipecat's, are 
 way in the same run. The closing lines give, per server, the most calls one core held with p99 at
 or under 20 ms (per frame both ways for Pepper, onsets for pipecat) and no audio lost, its CPU
 seconds per call-minute and its RSS per call there, and how busy the load side's core was (a load
-side near 100 % is the limit, not the server).
+side near 100 % is the limit, not the server), with the CPU per 20 ms relayed of both sides, and
+for the first level that missed, why (p99, or audio lost). Pinned, the load side runs at the
+server's priority (``--load-nice 0``: on its own core it takes nothing from the server) and in
+fewer caller processes (250 calls each: on one core more processes only add wake-ups).
+
+``--against TREE[,TREE]``: the Pepper servers of other source trees (an export of main, say,
+``git archive main | tar -x -C /tmp/main``) run beside this tree's at every level with the same
+load side, so a change's CPU per frame is compared in one run on one machine's load.
+``PEPPER_BENCH_PROFILE=PREFIX`` writes a cProfile of each server and load process
+(``PREFIX.<role>.<pid>.prof``).
 
     PYTHONPATH=. .venv/bin/python bench/calls.py [--calls 1,50,100,300] [--seconds 5] [--baseline 1,50]
                                                  [--media-processes 1,2] [--load-nice 10] [--pin]
+                                                 [--against TREE]
 """
 
 from __future__ import annotations
@@ -82,6 +92,8 @@ LINE = "+14155550100"
 PIN = "2468"
 BURST_EVERY = 20  # frames: a burst each 400 ms (as in bench/call_load.py)
 CALLS_PER_WORKER = 100
+# Pinned, every load process shares one core: more of them only adds wake-ups and switches.
+CALLS_PER_WORKER_PINNED = 250
 LOAD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "call_load.py")
 
 
@@ -418,6 +430,7 @@ async def run_level(
         us_per_frame=busy_cpu / max(1, (side["ms_in"] + heard) / 20) * 1e6,
         rss_mb=server.memory_info().rss / 1e6,
         generator=(gen1 - gen0) / window,
+        generator_us_per_frame=(gen1 - gen0) / max(1, (side["ms_in"] + heard) / 20) * 1e6,
         expected=r["ok"] * window * 1000,
         ms_sent=sent,
         ms_in=side["ms_in"],
@@ -464,8 +477,8 @@ async def _pepper_clear_ms(db: Any, count: int, since: Any, key: str = "clear_ms
     return [v for s in stats for v in s.get(key, ())]
 
 
-def _name(media_processes: int, engine: str = "openai-realtime") -> str:
-    on = "" if engine == "openai-realtime" else f" on {engine}"
+def _name(media_processes: int, engine: str = "openai-realtime", tree: str = "") -> str:
+    on = ("" if engine == "openai-realtime" else f" on {engine}") + (f" from {tree}" if tree else "")
     if media_processes == 1:
         return f"Pepper{on}, calls in the web server"
     return f"Pepper{on}, {media_processes} media processes"
@@ -499,17 +512,33 @@ def _pin_postgres(dsn: str, core: int) -> None:
 
 def _capacity(name: str, runs: list[dict[str, Any]]) -> str:
     """What one pinned server core held: the largest count with p99 <= 20 ms and no audio lost,
-    before the first count that missed."""
-    missed = next((r["calls"] for r in runs if _p99_both(r) > 20.0 or not r.get("sustained")), None)
-    held = [r for r in runs if _p99_both(r) <= 20.0 and r.get("sustained") and (missed is None or r["calls"] < missed)]
+    before the first count that missed; and why that one missed, with the load side's core use
+    there (a load side near 100 % is the limit, not the server)."""
+    missed = next((r for r in runs if _p99_both(r) > 20.0 or not r.get("sustained")), None)
+    limit = missed["calls"] if missed is not None else math.inf
+    held = [r for r in runs if _p99_both(r) <= 20.0 and r.get("sustained") and r["calls"] < limit]
+    why = ""
+    if missed is not None:
+        p99 = _p99_both(missed)
+        how = "not sustained" if not missed.get("sustained") else f"p99 {p99:.1f} ms"
+        if not missed.get("sustained") and math.isfinite(p99):
+            how += f", p99 {p99:.1f} ms"
+        cost = f"; there {_cost(missed)}" if "generator" in missed else ""
+        why = f" (missed at {missed['calls']}: {how}{cost})"
     if not held:
-        return f"{name}: one server core held no level at p99 <= 20 ms" + (f" (missed at {missed})" if missed else "")
+        return f"{name}: one server core held no level at p99 <= 20 ms" + why
     best = max(held, key=lambda r: r["calls"])
     return (
         f"{name}: one server core held {best['calls']} calls at p99 {_p99_both(best):.1f} ms, no audio lost;"
-        f" {best['cpu_ms_per_call_s'] * 60 / 1000:.2f} CPU-s per call-minute, {best['rss_per_call_kb']:+.0f} kB RSS"
-        f" per call; load side {best['generator'] * 100:.0f} % of its core"
-        + (f" (missed at {missed})" if missed else " (the highest level run)")
+        f" {_cost(best)}" + (why or " (the highest level run)")
+    )
+
+
+def _cost(r: dict[str, Any]) -> str:
+    return (
+        f"{r['cpu_ms_per_call_s'] * 60 / 1000:.2f} CPU-s per call-minute, {r['us_per_frame']:.0f} us per 20 ms"
+        f" relayed, {r['rss_per_call_kb']:+.0f} kB RSS per call; load side {r['generator'] * 100:.0f} % of its core,"
+        f" {r['generator_us_per_frame']:.0f} us per 20 ms relayed"
     )
 
 
@@ -517,7 +546,9 @@ def report(
     r: dict[str, Any], base: dict[str, Any] | None, clear_ms: list[float] | None, own_ms: list[float] | None = None
 ) -> None:
     name = (
-        _name(r["media_processes"], r.get("engine", "openai-realtime")) if r["mode"] == "pepper" else "pipecat baseline"
+        _name(r["media_processes"], r.get("engine", "openai-realtime"), r.get("tree", ""))
+        if r["mode"] == "pepper"
+        else "pipecat baseline"
     )
     print(f"\n{r['calls']} concurrent call(s), {name}  (median / p99)")
     if r.get("open_s") is not None:
@@ -546,7 +577,8 @@ def report(
           f" {r['rss_per_call_kb']:+.0f} kB per call")  # fmt: skip
     lag = f"{statistics.median(r['lag']):.1f} / {_pct(r['lag'], 0.99):.1f} ms" if r["lag"] else "n/a"
     print(f"  load generator (model + callers) {r['generator'] * 100:.0f} % of a core"
-          f" ({r['generator'] * 1000 / r['ok']:.1f} ms per call-second), send slots late by {lag};"
+          f" ({r['generator'] * 1000 / r['ok']:.1f} ms per call-second, {r['generator_us_per_frame']:.0f} us per"
+          f" 20 ms relayed), send slots late by {lag};"
           f" load average {r['load'][0]:.1f} / {r['load'][1]:.1f}, CPU pressure {r['pressure']}")  # fmt: skip
     if base is not None:
         for key, label in (("in_onset", "caller -> model"), ("out_onset", "model -> caller")):
@@ -605,12 +637,22 @@ async def owner_database() -> AsyncIterator[tuple[str, Any, Any]]:
             await factory.drop(dsn)
 
 
+def _trees(spec: str) -> list[str]:
+    return [os.path.abspath(t) for t in spec.split(",") if t]
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", default="1,50,100,300")
     parser.add_argument("--baseline", default="1,50", help="call counts for the pipecat baseline")
     parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--load-nice", type=int, default=10, help="CPU niceness of the load side (0: the server's)")
+    parser.add_argument(
+        "--load-nice",
+        type=int,
+        default=None,
+        help="CPU niceness of the load side (0: the server's); default +10, and 0 with --pin (on its own core it"
+        " takes nothing from the server, and at +10 any other process on that core would starve it)",
+    )
     parser.add_argument(
         "--media-processes", default="1", help="media process counts to compare (1: calls in the web server)"
     )
@@ -620,12 +662,21 @@ async def main() -> None:
         help="Pepper's engines, side by side (openai-realtime-untaped: without the calls' replay recording)",
     )
     parser.add_argument("--pin", action="store_true", help="server on core 0, the load side on core 1")
+    parser.add_argument(
+        "--against",
+        default="",
+        help="other source trees (comma-separated paths, e.g. an export of main): their Pepper servers run"
+        " beside this tree's, each engine, at every level, with this tree's load side",
+    )
     args = parser.parse_args()
     if args.pin:
         if len(os.sched_getaffinity(0)) < 2 or not {SERVER_CORE, LOAD_CORE} <= os.sched_getaffinity(0):
             raise SystemExit("--pin needs cores 0 and 1")
         os.sched_setaffinity(0, {LOAD_CORE})  # this driver, and every process it starts, unless moved
+    if args.load_nice is None:
+        args.load_nice = 0 if args.pin else 10
     levels = [int(c) for c in args.calls.split(",")]
+    args.against = _trees(args.against)
     base_levels = {int(c) for c in args.baseline.split(",") if c}
     media_counts = [int(c) for c in args.media_processes.split(",")]
     engines = args.engines.split(",")
@@ -638,18 +689,22 @@ async def main() -> None:
             model, urls = await Proc.start(env, "--model", args.load_nice)
             model_url, text_url = urls.split()
             loads.append(model)
-            peppers: dict[tuple[str, int], tuple[asyncio.subprocess.Process, str, str]] = {}
+            peppers: dict[tuple[str, int, str], tuple[asyncio.subprocess.Process, str, str]] = {}
+            trees = ["", *args.against]
             for engine in engines:  # all up at once, so each level runs them back to back
                 # GPT-Live beside Realtime at the first media process count.
                 for n in media_counts if engine.startswith("openai-realtime") else media_counts[:1]:
-                    peppers[engine, n] = await _start_server(["--serve", dsn, model_url, str(n), engine, text_url],
-                                                             env)  # fmt: skip
-                    procs.append(peppers[engine, n][0])
-                    if args.pin:
-                        _pin_tree(peppers[engine, n][0].pid, SERVER_CORE)
+                    for tree in trees:  # this tree's server, then the same from each other source tree
+                        key = (engine, n, tree)
+                        peppers[key] = await _start_server(["--serve", dsn, model_url, str(n), engine, text_url],
+                                                           dict(env, PYTHONPATH=tree) if tree else env)  # fmt: skip
+                        procs.append(peppers[key][0])
+                        if args.pin:
+                            _pin_tree(peppers[key][0].pid, SERVER_CORE)
             if args.pin:
                 _pin_postgres(dsn, SERVER_CORE)
-            n_workers = max(1, math.ceil(max(levels) / CALLS_PER_WORKER))
+            per_worker = CALLS_PER_WORKER_PINNED if args.pin else CALLS_PER_WORKER
+            n_workers = max(1, math.ceil(max(levels + list(base_levels)) / per_worker))
             workers = [
                 p
                 for p, _ in await asyncio.gather(
@@ -660,44 +715,55 @@ async def main() -> None:
             print(f"{os.cpu_count()} cores; server, model and {n_workers} caller process(es) apart;"
                   f" {args.seconds:.0f} s windows; media processes {media_counts}; load side at nice"
                   f" +{args.load_nice}", flush=True)  # fmt: skip
-            results: dict[tuple[str, int], list[dict[str, Any]]] = {key: [] for key in peppers}
+            results: dict[tuple[str, int, str], list[dict[str, Any]]] = {key: [] for key in peppers}
             baseline_runs: list[dict[str, Any]] = []
-            for count in levels:
-                for (engine, n), (pepper, http, media) in peppers.items():
+
+            async def baseline(count: int) -> dict[str, Any]:
+                # A fresh pipecat server per level, stopped after it: pipelines of calls that never
+                # started go on resampling after the caller hung up and would load the next level.
+                base, b_http, b_media = await _start_server(["--pipecat", model_url], env)
+                if args.pin:
+                    _pin_tree(base.pid, SERVER_CORE)
+                try:
+                    theirs = await run_level("pipecat", count, args.seconds, model, workers, ServerGroup(base.pid),
+                                             b_http, b_media)  # fmt: skip
+                finally:
+                    await _stop_server(base, 5)
+                baseline_runs.append(theirs)
+                return theirs
+
+            # A baseline level that is not a Pepper level runs on its own (pipecat's capacity is far lower).
+            for count in sorted(set(levels) | base_levels):
+                if count not in levels:
+                    report(await baseline(count), None, None)
+                    sys.stdout.flush()
+                    continue
+                for (engine, n, tree), (pepper, http, media) in peppers.items():
                     since = await db.fetchval("SELECT now()")
                     live = engine == "gpt-live"
                     mine = await run_level("pepper", count, args.seconds, model, workers, ServerGroup(pepper.pid),
                                            http, media, delegate=live)  # fmt: skip
-                    mine["media_processes"], mine["engine"] = n, engine
+                    mine["media_processes"], mine["engine"], mine["tree"] = n, engine, tree
                     theirs = None
-                    if count in base_levels and n == media_counts[0] and not live:
-                        # A fresh pipecat server per level, stopped after it: pipelines of calls that never
-                        # started go on resampling after the caller hung up and would load the next level.
-                        base, b_http, b_media = await _start_server(["--pipecat", model_url], env)
-                        if args.pin:
-                            _pin_tree(base.pid, SERVER_CORE)
-                        try:
-                            theirs = await run_level("pipecat", count, args.seconds, model, workers,
-                                                     ServerGroup(base.pid), b_http, b_media)  # fmt: skip
-                        finally:
-                            await _stop_server(base, 5)
+                    if count in base_levels and n == media_counts[0] and not live and not tree:
+                        theirs = await baseline(count)
                     own = await _pepper_clear_ms(db, mine.get("ok", 0), since, "delegation_ms") if live else None
                     report(mine, theirs, await _pepper_clear_ms(db, mine.get("ok", 0), since), own)
                     if theirs is not None:
                         report(theirs, None, None)
-                        baseline_runs.append(theirs)
                     sys.stdout.flush()
-                    results[engine, n].append(mine)
-            for (engine, n), runs in results.items():
+                    results[engine, n, tree].append(mine)
+            for (engine, n, tree), runs in results.items():
                 held = [r["calls"] for r in runs if _p99_both(r) <= 20.0 and r.get("sustained")]
                 passed = next((r["calls"] for r in runs if _p99_both(r) > 20.0 or not r.get("sustained")), None)
-                print(f"\n{_name(n, engine)}: largest call count run before p99 passed 20 ms (per frame, both ways,"
+                print(f"\n{_name(n, engine, tree)}: largest call count run before p99 passed 20 ms (per frame, both"
+                      " ways,"
                       f" sustained): {max((c for c in held if passed is None or c < passed), default=0)}"
                       + (f" (not met at {passed})" if passed else " (never passed)"))  # fmt: skip
             if args.pin:
                 print("\nPinned: server on core 0, load on core 1")
-                for (engine, n), runs in results.items():
-                    print("  " + _capacity(_name(n, engine), runs))
+                for (engine, n, tree), runs in results.items():
+                    print("  " + _capacity(_name(n, engine, tree), runs))
                 print("  " + _capacity("pipecat baseline", baseline_runs))
         finally:
             for load in loads:
@@ -710,7 +776,14 @@ if __name__ == "__main__":
     if len(sys.argv) == 7 and sys.argv[1] == "--serve":
         import uvloop  # as ``pepper serve`` runs
 
-        uvloop.run(_serve_pepper(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], sys.argv[6]))
+        serve = lambda: uvloop.run(_serve_pepper(*sys.argv[2:4], int(sys.argv[4]), *sys.argv[5:7]))  # noqa: E731
+        profile_to = os.environ.get("PEPPER_BENCH_PROFILE")  # a path prefix: the server's cProfile, as the load's
+        if profile_to:
+            import cProfile
+
+            cProfile.run("serve()", f"{profile_to}.serve-{sys.argv[5]}.{os.getpid()}.prof")
+        else:
+            serve()
     elif len(sys.argv) == 3 and sys.argv[1] == "--pipecat":
         _serve_pipecat(sys.argv[2])
     else:

@@ -14,22 +14,33 @@ caller's frames):
   its run), the tools started, and staged writes committed or dropped.
 
 Entries are short lists ``[code, t_ms, ...]`` (t: ms since the call started); output codes begin
-with ``o``. Recording costs the frame path one counter, one CRC-32 and one list append at most
-(:meth:`CallTape.audio_in`); entries are written in chunks (every ``flush_s`` and at the end) by
-the engine's recorder, off the frame path. Each chunk is its own row, so a process that dies
-mid-call leaves every chunk written so far readable, and no ``final`` chunk: the recording is
-then marked incomplete.
+with ``o``. While a reply streams, a call takes three entries, not one per frame or per mark: the
+caller's audio run, the model's audio run (with the audio marks sent inside it, each at the count
+of frames relayed before it: ``[relayed, name]``) and the audio marks the caller echoed (one
+entry, by name). Both runs stay open across the audio marks, sent and echoed, since an audio mark
+changes nothing for a caller frame or a model delta (it only says how much of an item played,
+which barge-in reads, and barge-in is an entry of its own, after them). Recording costs the frame
+path a counter, one CRC-32 and no allocation per frame (:meth:`CallTape.audio_in`); entries are
+written in chunks (every ``flush_s`` and at the end) by the engine's recorder, off the frame
+path. Each chunk is its own row, so a process that dies mid-call leaves every chunk written so
+far readable, and no ``final`` chunk: the recording is then marked incomplete.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import logging
 import time
 import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
+from uuid import UUID
 
 from core.adapters.twilio import media_streams as media
+from core.records import calls as call_records
+from core.store import when_reachable
+from core.store.queries import Queries
 from voice.profile import withhold_digits
 from voice.realtime import (
     AssistantTranscript,
@@ -45,7 +56,9 @@ from voice.realtime import (
     UserTranscript,
 )
 
-VERSION = 1
+log = logging.getLogger(__name__)
+
+VERSION = 2  # 1: a mark sent or echoed was an entry of its own; replay reads both
 # Arguments never written to records: a PIN or code the caller gave (as voice.engine.SECRET_TOOLS).
 _SECRET = frozenset({"verify_pin", "check_code"})
 # The fixed parts of an outgoing media frame (voice.engine sends media.media_frame(sid, payload)).
@@ -71,38 +84,43 @@ class CallTape:
     """One call's recording, in memory until :meth:`take` hands the new entries to be written.
 
     Times are kept as raw ``perf_counter`` readings and made ms since the start in :meth:`take`,
-    off the frame path. A run of model audio grows while it is the last entry; a run of caller
-    audio also across the model's audio, its relay and the marks sent with it (none of which
-    changes what becomes of a caller frame), until any other entry."""
+    off the frame path. A run of model audio (``_model``) grows across the caller's audio and the
+    audio marks, sent (kept in the run, where they were sent) and echoed; a run of caller audio
+    (``_caller``) also across the model's audio, its relay and every mark sent. Any other entry
+    ends both (a mark sent, other than an audio mark inside a model run, ends only the model's)."""
 
-    __slots__ = ("_caller", "_media_overhead", "_seq", "_t0", "entries")
+    __slots__ = ("_caller", "_echoes", "_media_overhead", "_model", "_seq", "_t0", "entries")
 
     def __init__(self, header: dict[str, Any]):
         self._t0 = time.perf_counter()
         self.entries: list[list[Any]] = [["hdr", self._t0, {"version": VERSION, **header}]]
         self._seq = 0  # chunks taken so far
         self._caller: list[Any] | None = None  # the caller-audio run still open
+        self._model: list[Any] | None = None  # the model-audio run still open
+        self._echoes: list[Any] | None = None  # the audio marks echoed since the last other entry
         # An outgoing media frame's length beyond its base64 payload (voice.engine sends media.media_frame).
         self._media_overhead = len(media.media_frame(str(header.get("stream_sid", "")), ""))
 
     def add(self, *entry: Any) -> None:
         if entry[0] != "om":
             self._caller = None
+        self._model = self._echoes = None
         self.entries.append([entry[0], time.perf_counter(), *entry[1:]])
 
     # --- The frame path ------------------------------------------------------------------------
 
     def audio_in(self, payload: str) -> None:
         """One caller frame: ``["a", t, frames, crc, t_last, to_model]``."""
-        now = time.perf_counter()
         run = self._caller
         if run is not None:
             run[2] += 1
             run[3] = zlib.crc32(payload.encode(), run[3])
-            run[4] = now
+            run[4] = time.perf_counter()
         else:
-            self._caller = ["a", now, 1, zlib.crc32(payload.encode()), now, 0]
-            self.entries.append(self._caller)
+            now = time.perf_counter()
+            self._caller = run = ["a", now, 1, zlib.crc32(payload.encode()), now, 0]
+            self.entries.append(run)
+            self._echoes = None  # echoes after this run are a new entry (their order with it is kept)
 
     def to_model(self) -> None:
         """The frame just fed reached the model (counted on its run)."""
@@ -112,16 +130,18 @@ class CallTape:
             self.add("oa")
 
     def model_audio(self, event: AudioDelta) -> None:
-        """``["ad", t, response, item, bytes, deltas, relayed]``: equal deltas of one item run
-        together, with how many were relayed to the caller as they came (outputs)."""
-        size = media.decoded_length(event.payload)
-        entries = self.entries
-        if entries:
-            run = entries[-1]
-            if run[0] == "ad" and run[4] == size and run[3] == event.item_id and run[2] == event.response_id:
-                run[5] += 1
-                return
-        entries.append(["ad", time.perf_counter(), event.response_id, event.item_id, size, 1, 0])
+        """``["ad", t, response, item, bytes, deltas, relayed, marks]``: equal deltas of one item
+        run together, with how many were relayed to the caller as they came (outputs) and the
+        audio marks sent among them (``[relayed before it, name]``)."""
+        payload = event.payload
+        size = len(payload) * 3 // 4 - payload.count("=", -2)  # as media.decoded_length
+        run = self._model
+        if run is not None and run[4] == size and run[3] == event.item_id and run[2] == event.response_id:
+            run[5] += 1
+            return
+        self._model = run = ["ad", time.perf_counter(), event.response_id, event.item_id, size, 1, 0, []]
+        self.entries.append(run)
+        self._echoes = None
 
     def sent(self, text: str) -> None:
         """A frame to the caller: audio counted on the model audio it relays, else
@@ -132,23 +152,48 @@ class CallTape:
             end = len(text)
             encoded = end - self._media_overhead
             size = encoded * 3 // 4 - text.count("=", end - 5, end - 3)  # as media.decoded_length
-            entries = self.entries
-            if entries and (run := entries[-1])[0] == "ad" and run[4] == size and run[6] < run[5]:
+            run = self._model
+            if run is not None and run[4] == size and run[6] < run[5]:
                 run[6] += 1
-            elif entries and (run := entries[-1])[0] == "op" and run[2] == size:
-                run[3] += 1
+                return
+            self._model = self._echoes = None
+            entries = self.entries
+            if entries and (last := entries[-1])[0] == "op" and last[2] == size:
+                last[3] += 1
             else:
                 entries.append(["op", time.perf_counter(), size, 1])
         elif kind == "a":
-            self.add("om", text[text.rindex('"name":"') + 8 : -3])
+            name = text[text.rindex('"name":"') + 8 : -3]
+            run = self._model
+            if run is not None and name[0] == "a":
+                run[7].append([run[6], name])
+            else:
+                self.add("om", name)
         else:
             self.add("oc")
+
+    def mark_echoed(self, name: str) -> None:
+        """A mark Twilio echoed: an audio mark (``a…``) joins the echoes entry ``["mk", t, name,
+        ...]`` and leaves the runs open; any other mark is an entry of its own."""
+        if name[:1] != "a":
+            self.add("mk", name)
+            return
+        echoes = self._echoes
+        if echoes is not None:
+            echoes.append(name)
+        else:
+            self._echoes = echoes = ["mk", time.perf_counter(), name]
+            self.entries.append(echoes)
+
+    def open_model_run(self) -> list[Any] | None:
+        """The model-audio run that may still grow (it need not be the last entry)."""
+        return self._model
 
     # --- The rest ------------------------------------------------------------------------------
 
     def frame_in(self, event: str, frame: dict[str, Any]) -> None:
         if event == "mark":
-            self.add("mk", media.mark_name(frame))
+            self.mark_echoed(media.mark_name(frame))
         elif event == "dtmf":
             digit = media.dtmf_digit(frame)
             self.add("dt", digit if digit in "#*" else "d")  # the digit itself is withheld
@@ -198,7 +243,7 @@ class CallTape:
         """The entries added since the last take (times made ms since the start), and their
         chunk number."""
         taken, self.entries = self.entries, []
-        self._caller = None
+        self._caller = self._model = self._echoes = None
         t0 = self._t0
         for entry in taken:
             entry[1] = round((entry[1] - t0) * 1000, 1)
@@ -207,6 +252,52 @@ class CallTape:
         seq = self._seq
         self._seq += 1
         return seq, taken
+
+
+class TapeWriter:
+    """The chunks of every call's recording written together: those handed in within ``batch_s``
+    go in one statement (``call_records.store_recordings``), so 400 calls flushing every 5 s make
+    a few writes a second, not 80 round trips and commits, on the core that relays their audio.
+    :meth:`write` returns once its chunk's batch is written; a failed batch is logged, not raised
+    (the calls go on; their recordings read as incomplete)."""
+
+    def __init__(self, db: Queries, batch_s: float = 0.25):
+        self._db = db
+        self._batch_s = batch_s
+        self._chunks: list[call_records.Chunk] = []
+        self._waiting: list[asyncio.Future[None]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the timer's
+        self._writes: set[asyncio.Task[None]] = set()
+
+    async def write(self, call_sid: str, account_id: UUID | None, seq: int, entries: list[list[Any]],
+                    *, final: bool, stream_sid: str = "") -> None:  # fmt: skip
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:  # a new event loop (the old one closed with a batch due: it is gone with it)
+            self._chunks, self._waiting, self._timer, self._loop = [], [], None, loop
+        done = loop.create_future()
+        self._chunks.append((call_sid, stream_sid, seq, account_id, call_records.recording_chunk(entries), final))
+        self._waiting.append(done)
+        if self._timer is None:
+            self._timer = loop.call_later(self._batch_s, self._flush)
+        await asyncio.shield(done)  # a caller cancelled meanwhile leaves the batch to the others
+
+    def _flush(self) -> None:
+        self._timer = None
+        chunks, waiting, self._chunks, self._waiting = self._chunks, self._waiting, [], []
+        task = asyncio.get_running_loop().create_task(self._store(chunks, waiting), name="tape-chunks")
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+
+    async def _store(self, chunks: list[call_records.Chunk], waiting: list[asyncio.Future[None]]) -> None:
+        try:  # each chunk is written once (a repeat changes nothing): retried through a database restart
+            await when_reachable(call_records.store_recordings, self._db, chunks, what="recording chunks")
+        except Exception:
+            log.exception("could not store chunks of calls' recordings")
+        finally:
+            for done in waiting:
+                if not done.done():
+                    done.set_result(None)
 
 
 class TapedConnection:
@@ -229,10 +320,14 @@ class TapedConnection:
         await self._conn.append_audio(payload)
 
     def append_audio_nowait(self, payload: str) -> bool:
-        sent = self._conn.append_audio_nowait(payload)
-        if sent:
-            self._tape.to_model()
-        return sent
+        if self._conn.append_audio_nowait(payload):
+            run = self._tape._caller
+            if run is not None:
+                run[5] += 1
+            else:
+                self._tape.to_model()
+            return True
+        return False
 
     def deliver_audio_to(self, sink: Callable[[AudioDelta], bool]) -> None:
         self._conn.deliver_audio_to(sink)  # the engine's sink tapes what it takes

@@ -18,6 +18,7 @@ from core.tools.connectors import Connectors
 from core.tools.gate import Gate
 from core.tools.registry import ToolRegistry
 from core.usage.config import UsageConfig
+from voice.call_tape import TapeWriter
 from voice.engines import RealtimeEngines
 from voice.live_call import Delegate, Settle
 from voice.notice import NoticeAudio
@@ -82,6 +83,7 @@ class VoiceDeps:
     clock: Callable[[], datetime] = lambda: datetime.now(UTC)
     filler: bytes = field(default_factory=_load_filler)
     engines: RealtimeEngines | None = None  # per-line engines; ``model`` is the default one
+    tape_writer: TapeWriter | None = None  # the calls' recordings, written in batches (made if None)
     # Outside services configured on this server: with the person's connections they decide the
     # connected tools of a verified call, as of a text turn (``core.owner_context``).
     connectors: Connectors | None = None
@@ -99,6 +101,10 @@ class VoiceDeps:
     notice_audio: NoticeAudio | None = None
     # Putting a caller through to the owner (``voice.transfer.Transfers``); None: never offered.
     transfers: Any = None
+
+    def __post_init__(self) -> None:
+        if self.tape_writer is None:
+            self.tape_writer = TapeWriter(self.db)
 
     async def model_for_line(self, line_number: str | None) -> RealtimeModel | None:
         """The model for calls on this line: its own engine if it names one, else ``model``.

@@ -275,6 +275,12 @@ def _model_events(entry: list[Any]) -> list[Any]:
     return []
 
 
+def _marks_in(entry: list[Any]) -> list[Any]:
+    """The audio marks sent inside a model-audio run, ``[relayed before it, name]`` (recordings
+    of version 1 kept them as entries of their own)."""
+    return entry[7] if len(entry) > 7 else []
+
+
 MODEL_CODES = frozenset({"ad", "ss", "se", "rc", "rd", "fc", "ut", "at", "er", "ox", "drop"})
 
 
@@ -283,7 +289,7 @@ def _units(entry: list[Any]) -> int:
     was relayed as); 0 for an input."""
     code = entry[0]
     if code == "ad":
-        return int(entry[6])
+        return int(entry[6]) + len(_marks_in(entry))
     if not code.startswith("o") or code in ("oa", "ox"):
         return 0
     return int(entry[3]) if code == "op" else 1
@@ -300,8 +306,8 @@ async def replay_call(
     if not entries or entries[0][0] != "hdr":
         raise InvalidInput("not a call recording")
     header = entries[0][2]
-    if header.get("version") != 1:
-        raise InvalidInput(f"a call recording of version {header.get('version')}: this build reads version 1")
+    if header.get("version") not in (1, 2):
+        raise InvalidInput(f"a call recording of version {header.get('version')}: this build reads versions 1 and 2")
     if header.get("full_duplex"):
         raise InvalidInput("this call ran on a full-duplex model (GPT-Live): replay covers turn-based engines")
     model = _Model()
@@ -354,14 +360,17 @@ async def _drive(engine: CallEngine, model: _Model, profile: _Profile, outside: 
     tape = engine.tape
     if tape is None:
         raise InvalidInput("the replaying engine did not start")
-    seen = [0, 0]  # entries counted (all but the last, which may still grow), their outputs
+    # Entries counted (all before the last and before the model-audio run still open, which may
+    # still grow), and their outputs.
+    seen = [0, 0]
 
     def outputs() -> int:
         entries = tape.entries
-        while seen[0] < len(entries) - 1:
+        growing = tape.open_model_run()
+        while seen[0] < len(entries) - 1 and entries[seen[0]] is not growing:
             seen[1] += _units(entries[seen[0]])
             seen[0] += 1
-        return seen[1] + (_units(entries[-1]) if entries else 0)
+        return seen[1] + sum(_units(entry) for entry in entries[seen[0] :])
 
     before = 0  # the original's outputs before this entry
     for entry in entries[1:]:
@@ -401,7 +410,8 @@ async def _give(engine: CallEngine, model: _Model, profile: _Profile, outside: _
             if pending is not None:
                 await pending
     elif code == "mk":
-        engine.feed(json.dumps({"event": "mark", "streamSid": sid, "mark": {"name": entry[2]}}))
+        for name in entry[2:]:  # one mark, or the audio marks echoed in a row
+            engine.feed(json.dumps({"event": "mark", "streamSid": sid, "mark": {"name": name}}))
     elif code == "dt":
         digit = "0" if entry[2] == "d" else entry[2]
         engine.feed(json.dumps({"event": "dtmf", "streamSid": sid, "dtmf": {"digit": digit}}))
@@ -464,8 +474,14 @@ def outputs_of(entries: list[list[Any]]) -> list[tuple[tuple[Any, ...], float, s
             continue
         if code == "ad":
             last_input = f"ad {json.dumps(entry[2:4])} at {entry[1]} ms"
-            if entry[6]:
-                _merge(out, ("op", entry[4]), entry[6], entry[1], last_input)
+            relayed = 0
+            for before, name in _marks_in(entry):
+                if before > relayed:
+                    _merge(out, ("op", entry[4]), before - relayed, entry[1], last_input)
+                    relayed = before
+                out.append((("om", name), entry[1], last_input))
+            if entry[6] > relayed:
+                _merge(out, ("op", entry[4]), entry[6] - relayed, entry[1], last_input)
             continue
         if code.startswith("o") and code != "ox":
             args = tuple(json.dumps(a, sort_keys=True) if isinstance(a, list | dict) else a for a in entry[2:])
@@ -473,7 +489,41 @@ def outputs_of(entries: list[list[Any]]) -> list[tuple[tuple[Any, ...], float, s
             continue
         if code not in ("hdr", "cf", "wd"):
             last_input = f"{code} {json.dumps(entry[2:])[:60]} at {entry[1]} ms"
-    return out
+    return _caller_audio_first(out)
+
+
+def _streaming(output: tuple[Any, ...]) -> bool:
+    """Outputs of a streaming stretch: caller audio to the model, audio to the caller, audio marks."""
+    return output[0] in ("to_model", "op") or (output[0] == "om" and str(output[1])[:1] == "a")
+
+
+def _caller_audio_first(out: list[Any]) -> list[Any]:
+    """Each stretch of streaming outputs with the caller's audio to the model counted once, at its
+    start: a caller frame and the model's audio do not depend on each other, so where a run of
+    one was cut by the other is not behaviour (the tape keeps the caller's run open across the
+    model's audio; recordings of version 1 cut it at each audio mark echoed)."""
+    result: list[Any] = []
+    stretch: list[Any] = []
+
+    def close() -> None:
+        to_model = [o for o in stretch if o[0][0] == "to_model"]
+        if to_model:
+            result.append((("to_model", sum(o[0][1] for o in to_model)), to_model[0][1], to_model[0][2]))
+        for o in stretch:
+            if o[0][0] == "op":
+                _merge(result, o[0][:2], o[0][2], o[1], o[2])
+            elif o[0][0] != "to_model":
+                result.append(o)
+        stretch.clear()
+
+    for o in out:
+        if _streaming(o[0]):
+            stretch.append(o)
+        else:
+            close()
+            result.append(o)
+    close()
+    return result
 
 
 def _merge(out: list[Any], key: tuple[Any, ...], n: int, t: float, before: str) -> None:

@@ -7,8 +7,9 @@ import asyncio
 import json
 
 from cli_support import run_cli
-from phone_support import grown, scrape, scrape_after_call, speech
+from phone_support import grown, scrape, scrape_after_call, speech, until
 
+from core.records import calls as call_records
 from voice.engine import SAMPLE_EVERY
 from voice.testing.realtime_peer import call_tool, speak
 
@@ -41,6 +42,13 @@ async def test_a_calls_latency_is_recorded_broken_down_and_shown(phone, db_url, 
     assert all(t <= m for t, m in zip(stats["reply_tool_ms"], stats["model_ms"], strict=True))
     assert set(stats["reply_endpointing_ms"]) <= set(stats["endpointing_ms"])
 
+    # The recording's last chunk is written just after the call's record (it holds what finishing
+    # the call did), batched with other calls' chunks: wait for it as a reader a moment later would.
+    async def recorded() -> bool:
+        loaded = await call_records.load_recording(phone.db, answer.call_sid)
+        return loaded is not None and loaded[1]
+
+    await until(recorded, 10, "the call's recording complete")
     monkeypatch.setenv("DATABASE_URL", db_url)
     for which in (answer.call_sid, str(row["turn_id"])):
         code, out, err = await asyncio.to_thread(run_cli, monkeypatch, capsys, "calls", "show", which)

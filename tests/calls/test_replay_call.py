@@ -4,14 +4,18 @@ call, replays identically on the same build, and a change to barge-in handling s
 from __future__ import annotations
 
 import asyncio
+import base64
 
 import pytest
 from cli_support import run_cli
 from phone_support import speech, until, verify_by_keypad
 
+from core.adapters.twilio import media_streams as media
 from core.errors import InvalidInput
 from core.records import calls as call_records
-from voice.replay_call import replay_call
+from voice.call_tape import CallTape, TapeWriter
+from voice.realtime import AudioDelta
+from voice.replay_call import outputs_of, replay_call
 from voice.testing.realtime_peer import call_tool, speak
 
 
@@ -160,3 +164,50 @@ async def test_recording_chunks_are_written_once_and_a_gap_reads_as_incomplete(d
     await call_records.store_recording(db, "CAgap", None, 1, [["stop", 5.0]], final=False)
     entries, complete = await call_records.load_recording(db, "CAgap")
     assert [e[0] for e in entries] == ["hdr", "mk", "stop", "oe"] and complete
+
+
+def test_a_streaming_reply_tapes_as_three_entries_and_compares_as_a_version_1_tape_would():
+    """The audio marks sent and echoed while a reply streams stay inside the runs (not an entry
+    per mark), and the outputs read from them are those of the old shape, in order."""
+    sid = "MZ" + "5" * 32
+    tape = CallTape({"stream_sid": sid})
+    delta = AudioDelta("resp_1", "item_1", base64.b64encode(b"\xff" * 160).decode())
+    for i in range(1, 11):
+        tape.audio_in(delta.payload)
+        tape.to_model()
+        tape.model_audio(delta)
+        tape.sent(media.media_frame(sid, delta.payload))
+        if i % 5 == 0:
+            tape.sent(media.mark_frame(sid, f"a{i}"))
+            tape.frame_in("mark", {"event": "mark", "mark": {"name": f"a{i}"}})
+    tape.sent(media.mark_frame(sid, "c11"))  # a commit mark is an entry of its own, and ends the model run
+    tape.sent(media.media_frame(sid, delta.payload))
+    _, entries = tape.take()
+    assert [e[0] for e in entries] == ["hdr", "a", "ad", "mk", "om", "op"]
+    assert entries[2][5:] == [10, 10, [[5, "a5"], [10, "a10"]]] and entries[3][2:] == ["a5", "a10"]
+    version_1 = [
+        ["hdr", 0.0, {"version": 1}], ["a", 0.0, 5, 0, 0.1, 5], ["ad", 0.0, "resp_1", "item_1", 160, 5, 5],
+        ["om", 0.1, "a5"], ["mk", 0.1, "a5"], ["a", 0.1, 5, 0, 0.2, 5], ["ad", 0.1, "resp_1", "item_1", 160, 5, 5],
+        ["om", 0.2, "a10"], ["mk", 0.2, "a10"], ["om", 0.2, "c11"], ["op", 0.2, 160, 1],
+    ]  # fmt: skip
+    # Caller audio to the model counted once per stretch of streaming: where the old shape cut its
+    # run (at each mark echoed) is not behaviour, and the two shapes compare equal.
+    expected = [("to_model", 10), ("op", 160, 5), ("om", "a5"), ("op", 160, 5), ("om", "a10"), ("om", "c11"),
+                ("op", 160, 1)]  # fmt: skip
+    assert [o[0] for o in outputs_of(version_1)] == [o[0] for o in outputs_of(entries)] == expected
+
+
+async def test_chunks_of_many_calls_are_written_together_and_once(db):
+    writer = TapeWriter(db, batch_s=0.05)
+    first = [["hdr", 0.0, {"version": 2}], ["mk", 1.0, "n1"]]
+    await asyncio.gather(
+        writer.write("CAone", None, 0, first, final=False),
+        writer.write("CAtwo", None, 0, [["hdr", 0.0, {"version": 2}]], final=True),
+        writer.write("CAone", None, 0, [["forged", 0.0]], final=True),  # the same chunk again: ignored
+        writer.write("CAone", None, 1, [["oe", 9.0, "hangup"]], final=True),
+    )
+    assert await call_records.load_recording(db, "CAone") == ([*first, ["oe", 9.0, "hangup"]], True)
+    assert await call_records.load_recording(db, "CAtwo") == ([["hdr", 0.0, {"version": 2}]], True)
+    assert await db.fetchval("SELECT count(*) FROM call_recordings") == 3
+    # One statement for all four (now() is its transaction's time): not a round trip per chunk.
+    assert await db.fetchval("SELECT count(DISTINCT written_at) FROM call_recordings") == 1

@@ -206,9 +206,11 @@ class _MaskKeys:
 
 
 _MASK_KEYS = _MaskKeys()
+_next_key = _MASK_KEYS.next
 # A forked child draws its own keys rather than reusing the parent's unused ones.
 os.register_at_fork(after_in_child=_MASK_KEYS.__init__)
 _APPEND_HEAD = '{"type":"input_audio_buffer.append","audio":"'
+_HEAD_16 = bytes((0x81, 0x80 | 126))  # FIN + text, masked, a 16-bit length follows (RFC 6455 5.2)
 
 
 def masked_text_frame(data: bytes) -> bytes:
@@ -279,8 +281,13 @@ class OpenAIRealtimeConnection:
         if (protocol.state is not State.OPEN or protocol.expect_continuation_frame or protocol.extensions
                 or protocol.writes):  # fmt: skip
             return False
+        data = (self.append_head + payload + '"}').encode()
+        size = len(data)
+        key = _next_key()
+        # masked_text_frame, inline: an append is 126 B to 64 KiB (a 16-bit length) but for tiny payloads
+        head = _HEAD_16 + size.to_bytes(2, "big") if 126 <= size < 65536 else text_frame_head(size, masked=True)
         try:
-            raw.transport.write(masked_text_frame((self.append_head + payload + '"}').encode()))
+            raw.transport.write(head + key + apply_mask(data, key))
         except (OSError, RuntimeError) as exc:
             raise RealtimeDisconnected("the realtime socket is closed") from exc
         return True
