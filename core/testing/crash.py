@@ -36,7 +36,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
@@ -51,6 +51,7 @@ from core.store.embedded import EmbeddedPostgres
 from core.testing.peers import OpenAIPeer, reply_text, reply_tools
 from core.testing.postgres import DISPOSABLE_SERVER, DatabaseFactory
 from core.testing.processes import alive, descendants, free_port, kill_tree, spawned_children, until
+from core.testing.suite import SuiteResult
 from core.testing.twilio_peer import TwilioPeer
 from core.vault import generate_key
 
@@ -66,24 +67,15 @@ RETRY_EVERY = 0.2  # seconds between Twilio's attempts at a webhook that was not
 
 
 @dataclass
-class Result:
-    cases: int = 0
-    failures: list[str] = field(default_factory=list)
+class Result(SuiteResult):
     lost: int = 0
     double_sends: int = 0
     double_posts: int = 0
-    timings: dict[str, float] = field(default_factory=dict)
-
-    def check(self, ok: bool, what: str) -> None:
-        self.cases += 1
-        if not ok:
-            self.failures.append(what)
 
     def summary(self) -> str:
-        times = " ".join(f"{k} {v:.1f}s" for k, v in self.timings.items())
         return (
             f"crash: cases run {self.cases}, failures {len(self.failures)}, messages lost: {self.lost},"
-            f" double sends: {self.double_sends}, double posts: {self.double_posts}; {times}"
+            f" double sends: {self.double_sends}, double posts: {self.double_posts}; {self.times()}"
         )
 
 
