@@ -50,7 +50,7 @@ from core.store import Database
 from core.store.embedded import EmbeddedPostgres
 from core.testing.peers import OpenAIPeer, reply_text, reply_tools
 from core.testing.postgres import DISPOSABLE_SERVER, DatabaseFactory
-from core.testing.processes import alive, descendants, free_port, kill_tree, spawned_children, until
+from core.testing.processes import alive, descendants, free_port, kill_tree, spawned_children, until, until_or_false
 from core.testing.suite import SuiteResult
 from core.testing.twilio_peer import TwilioPeer
 from core.vault import generate_key
@@ -557,15 +557,3 @@ async def _case(crash: Crash, name: str, case: Callable[[Crash], Awaitable[None]
         if crash.server.proc is None or crash.server.proc.poll() is not None:
             await crash.server.start(crash.db)
     crash.result.timings[name] = time.monotonic() - t0
-
-
-async def until_or_false(predicate: Any, within: float) -> Any:
-    """Poll ``predicate`` as :func:`~core.testing.processes.until` does; its last value when time is up."""
-    deadline = time.monotonic() + within
-    while True:
-        value = predicate()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value or time.monotonic() > deadline:
-            return value
-        await asyncio.sleep(0.05)

@@ -38,7 +38,7 @@ from core.store.embedded import EmbeddedPostgres
 from core.store.migrations import load_migrations
 from core.testing.peers import OpenAIPeer, reply_text
 from core.testing.postgres import DISPOSABLE_SERVER, DatabaseFactory
-from core.testing.processes import free_port, kill_tree
+from core.testing.processes import free_port, kill_tree, until_or_false
 from core.testing.suite import SuiteResult, healthy, processes, spawn, spawn_serve
 from core.testing.twilio_peer import TwilioPeer
 from core.vault import generate_key
@@ -250,7 +250,7 @@ async def _suite(
                 result.killed_with = len(acked)
                 children = await asyncio.to_thread(kill_tree, procs[0])
                 result.timings["killed in"] = time.monotonic() - t_send - result.timings["kill at"]
-                gone = await _until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in children), 10)
+                gone = await until_or_false(lambda: not any(Path(f"/proc/{pid}").exists() for pid in children), 10)
                 result.check(bool(children) and gone, f"the killed server's children {children} outlived it")
                 for ok, what in await side.after_kill(survivor=1) if side else ():
                     result.check(ok, what)
@@ -276,15 +276,6 @@ async def _suite(
         finally:
             await db.close()
         result.check(procs[1].poll() is None, "the surviving server stopped")
-
-
-async def _until(predicate, within: float) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        await asyncio.sleep(0.05)
-    return False
 
 
 async def _settled(db: Database, expected: int, tasks: list, within: float) -> None:
