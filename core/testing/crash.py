@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -51,7 +50,7 @@ from core.store.embedded import EmbeddedPostgres
 from core.testing.peers import OpenAIPeer, reply_text, reply_tools
 from core.testing.postgres import DISPOSABLE_SERVER, DatabaseFactory
 from core.testing.processes import alive, descendants, free_port, kill_tree, spawned_children, until, until_or_false
-from core.testing.suite import SuiteResult
+from core.testing.suite import SuiteResult, harness
 from core.testing.twilio_peer import TwilioPeer
 from core.vault import generate_key
 
@@ -488,8 +487,12 @@ async def run(
     result = Result()
     root = Path(tempfile.mkdtemp(prefix="pepper-crash-"))
     pg = None
-    started = time.monotonic()
-    try:
+
+    def stop() -> None:
+        if pg is not None:
+            pg.stop(discard=True)
+
+    async with harness(result, root, stop):
         if dsn is None:
             (root / "pg").mkdir()
             pg = EmbeddedPostgres(root / "pg", settings=DISPOSABLE_SERVER)
@@ -538,13 +541,6 @@ async def run(
                 await db.close()
             if result.failures:
                 result.failures.append(f"the server's log ends: {server.tail()}")
-    except Exception as exc:  # a harness failure is a failed case, reported with the rest
-        result.check(False, f"{type(exc).__name__}: {exc}")
-    finally:
-        if pg is not None:
-            await asyncio.to_thread(pg.stop, discard=True)
-        shutil.rmtree(root, ignore_errors=True)
-    result.timings["total"] = time.monotonic() - started
     return result
 
 

@@ -40,6 +40,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from urllib.parse import urlencode
 
@@ -53,7 +54,7 @@ from core.testing.peers import OpenAIPeer, reply_text
 from core.testing.postgres import DISPOSABLE_SERVER, DatabaseFactory
 from core.testing.postgres_restart import LINE, OWNER, PUBLIC, TOKEN, verify
 from core.testing.processes import free_port
-from core.testing.suite import SuiteResult, healthy, processes, spawn_serve, texts_settled
+from core.testing.suite import SuiteResult, harness, healthy, processes, spawn_serve, texts_settled
 from core.testing.twilio_peer import TwilioPeer
 from core.vault import generate_key
 
@@ -160,9 +161,8 @@ async def run(
     root = Path(tempfile.mkdtemp(prefix="pepper-load-"))
     (root / "pg").mkdir()
     pg = EmbeddedPostgres(root / "pg", settings=DISPOSABLE_SERVER if disposable else None)
-    started = time.monotonic()
     spawn = multiprocessing.get_context("spawn")
-    try:
+    async with harness(result, root, partial(pg.stop, discard=True)):
         with concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn) as pool:
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(pool, os.getpid)  # started now, before the server and peers
@@ -175,12 +175,6 @@ async def run(
                 async with processes() as procs:
                     await _suite(result, pool, root, dsn, twilio, model, procs, seconds, rate, senders, duplicates,
                                  baseline_seconds, base_env, server_env)  # fmt: skip
-    except Exception as exc:  # a harness failure is a failed case, reported with the rest
-        result.check(False, f"{type(exc).__name__}: {exc}")
-    finally:
-        await asyncio.to_thread(pg.stop, discard=True)
-        shutil.rmtree(root, ignore_errors=True)
-    result.timings["total"] = time.monotonic() - started
     return result
 
 

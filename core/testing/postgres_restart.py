@@ -39,7 +39,7 @@ from core.store.embedded import EmbeddedPostgres
 from core.testing.peers import OpenAIPeer, reply_text
 from core.testing.postgres import DISPOSABLE_SERVER, DatabaseFactory
 from core.testing.processes import free_port
-from core.testing.suite import SuiteResult, healthy, processes, spawn_serve, texts_settled
+from core.testing.suite import SuiteResult, harness, healthy, processes, spawn_serve, texts_settled
 from core.testing.twilio_peer import TwilioPeer
 from core.vault import generate_key
 
@@ -109,8 +109,14 @@ async def run(
     result = Result(mode=mode)
     root = Path(tempfile.mkdtemp(prefix="pepper-pg-restart-"))
     external = EmbeddedPostgres(root / "pg", settings=DISPOSABLE_SERVER) if mode == "external" else None
-    started = time.monotonic()
-    try:
+
+    def stop() -> None:
+        if external is not None:
+            external.stop(discard=True)
+        else:  # the server stops its own; one it left running (it died) is stopped here
+            EmbeddedPostgres(root / "data").stop(discard=True)
+
+    async with harness(result, root, stop):
         dsn = None
         if external is not None:
             (root / "pg").mkdir()
@@ -120,15 +126,6 @@ async def run(
             async with processes() as procs:
                 await _suite(result, root, dsn, external, twilio, model, procs, rate, senders, before, down, after,
                              base_env, side, server_env)  # fmt: skip
-    except Exception as exc:  # a harness failure is a failed case, reported with the rest
-        result.check(False, f"{type(exc).__name__}: {exc}")
-    finally:
-        if external is not None:
-            await asyncio.to_thread(external.stop, discard=True)
-        else:  # the server stops its own; one it left running (it died) is stopped here
-            await asyncio.to_thread(EmbeddedPostgres(root / "data").stop, discard=True)
-        shutil.rmtree(root, ignore_errors=True)
-    result.timings["total"] = time.monotonic() - started
     return result
 
 

@@ -6,10 +6,11 @@ servers they start and stop, and the wait for the texts they sent to be answered
 from __future__ import annotations
 
 import asyncio
+import shutil
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,6 +68,22 @@ def _stop_all(procs: list[subprocess.Popen]) -> None:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             kill_tree(proc)
+
+
+@asynccontextmanager
+async def harness(result: SuiteResult, root: Path, stop: Callable[[], object]) -> AsyncIterator[None]:
+    """A suite's run: an exception in the block is a failed case, reported with the rest (never
+    raised); on the way out ``stop`` (the suite's Postgres) runs in a thread, the suite's folder
+    ``root`` is removed and ``timings["total"]`` taken."""
+    started = time.monotonic()
+    try:
+        yield
+    except Exception as exc:  # a harness failure is a failed case, reported with the rest
+        result.check(False, f"{type(exc).__name__}: {exc}")
+    finally:
+        await asyncio.to_thread(stop)
+        shutil.rmtree(root, ignore_errors=True)
+    result.timings["total"] = time.monotonic() - started
 
 
 @asynccontextmanager

@@ -25,6 +25,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Protocol
 
@@ -39,7 +40,7 @@ from core.store.migrations import load_migrations
 from core.testing.peers import OpenAIPeer, reply_text
 from core.testing.postgres import DISPOSABLE_SERVER, DatabaseFactory
 from core.testing.processes import free_port, kill_tree, until_or_false
-from core.testing.suite import SuiteResult, healthy, processes, spawn, spawn_serve
+from core.testing.suite import SuiteResult, harness, healthy, processes, spawn, spawn_serve
 from core.testing.twilio_peer import TwilioPeer
 from core.vault import generate_key
 
@@ -143,20 +144,13 @@ async def run(
     root = Path(tempfile.mkdtemp(prefix="pepper-two-servers-"))
     (root / "pg").mkdir()
     pg = EmbeddedPostgres(root / "pg", settings=DISPOSABLE_SERVER)
-    started = time.monotonic()
-    try:
+    async with harness(result, root, partial(pg.stop, discard=True)):
         admin = await asyncio.to_thread(pg.start)
         dsn = await DatabaseFactory(admin).create_empty()
         async with TwilioPeer(auth_token=TOKEN) as twilio, OpenAIPeer() as model:
             model.script(*[reply_text("Got it.")] * (messages * 3 + 50))
             async with processes() as procs:
                 await _suite(result, caddy, root, dsn, twilio, model, procs, messages, senders, base_env, side)
-    except Exception as exc:  # a harness failure is a failed case, reported with the rest
-        result.check(False, f"{type(exc).__name__}: {exc}")
-    finally:
-        await asyncio.to_thread(pg.stop, discard=True)
-        shutil.rmtree(root, ignore_errors=True)
-    result.timings["total"] = time.monotonic() - started
     return result
 
 
