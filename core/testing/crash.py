@@ -29,14 +29,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
@@ -50,7 +49,8 @@ from core.store import Database
 from core.store.embedded import EmbeddedPostgres
 from core.testing.peers import OpenAIPeer, reply_text, reply_tools
 from core.testing.postgres import DISPOSABLE_SERVER, DatabaseFactory
-from core.testing.processes import alive, descendants, free_port, kill_tree, spawned_children, until
+from core.testing.processes import alive, descendants, free_port, kill_tree, spawned_children, until, until_or_false
+from core.testing.suite import SuiteResult, harness
 from core.testing.twilio_peer import TwilioPeer
 from core.vault import generate_key
 
@@ -66,24 +66,15 @@ RETRY_EVERY = 0.2  # seconds between Twilio's attempts at a webhook that was not
 
 
 @dataclass
-class Result:
-    cases: int = 0
-    failures: list[str] = field(default_factory=list)
+class Result(SuiteResult):
     lost: int = 0
     double_sends: int = 0
     double_posts: int = 0
-    timings: dict[str, float] = field(default_factory=dict)
-
-    def check(self, ok: bool, what: str) -> None:
-        self.cases += 1
-        if not ok:
-            self.failures.append(what)
 
     def summary(self) -> str:
-        times = " ".join(f"{k} {v:.1f}s" for k, v in self.timings.items())
         return (
             f"crash: cases run {self.cases}, failures {len(self.failures)}, messages lost: {self.lost},"
-            f" double sends: {self.double_sends}, double posts: {self.double_posts}; {times}"
+            f" double sends: {self.double_sends}, double posts: {self.double_posts}; {self.times()}"
         )
 
 
@@ -496,8 +487,12 @@ async def run(
     result = Result()
     root = Path(tempfile.mkdtemp(prefix="pepper-crash-"))
     pg = None
-    started = time.monotonic()
-    try:
+
+    def stop() -> None:
+        if pg is not None:
+            pg.stop(discard=True)
+
+    async with harness(result, root, stop):
         if dsn is None:
             (root / "pg").mkdir()
             pg = EmbeddedPostgres(root / "pg", settings=DISPOSABLE_SERVER)
@@ -546,13 +541,6 @@ async def run(
                 await db.close()
             if result.failures:
                 result.failures.append(f"the server's log ends: {server.tail()}")
-    except Exception as exc:  # a harness failure is a failed case, reported with the rest
-        result.check(False, f"{type(exc).__name__}: {exc}")
-    finally:
-        if pg is not None:
-            await asyncio.to_thread(pg.stop, discard=True)
-        shutil.rmtree(root, ignore_errors=True)
-    result.timings["total"] = time.monotonic() - started
     return result
 
 
@@ -565,15 +553,3 @@ async def _case(crash: Crash, name: str, case: Callable[[Crash], Awaitable[None]
         if crash.server.proc is None or crash.server.proc.poll() is not None:
             await crash.server.start(crash.db)
     crash.result.timings[name] = time.monotonic() - t0
-
-
-async def until_or_false(predicate: Any, within: float) -> Any:
-    """Poll ``predicate`` as :func:`~core.testing.processes.until` does; its last value when time is up."""
-    deadline = time.monotonic() + within
-    while True:
-        value = predicate()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value or time.monotonic() > deadline:
-            return value
-        await asyncio.sleep(0.05)

@@ -36,13 +36,12 @@ import os
 import random
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlencode
 
 import aiohttp
@@ -55,8 +54,8 @@ from core.testing.peers import OpenAIPeer, reply_text
 from core.testing.postgres import DISPOSABLE_SERVER, DatabaseFactory
 from core.testing.postgres_restart import LINE, OWNER, PUBLIC, TOKEN, verify
 from core.testing.processes import free_port
+from core.testing.suite import SuiteResult, harness, healthy, processes, spawn_serve, texts_settled
 from core.testing.twilio_peer import TwilioPeer
-from core.testing.two_servers import _healthy, _processes, _spawn
 from core.vault import generate_key
 
 P99_TARGET_MS = 20.0
@@ -66,9 +65,7 @@ LoadRun = tuple[list[float], list[int], float, float, float]
 
 
 @dataclass
-class Result:
-    cases: int = 0
-    failures: list[str] = field(default_factory=list)
+class Result(SuiteResult):
     lost: int = 0
     duplicates: int = 0
     deliveries: int = 0
@@ -82,12 +79,6 @@ class Result:
     baseline: list[float] = field(default_factory=list)
     load_cpu: float = 0.0
     load_seconds: float = 0.0
-    timings: dict[str, float] = field(default_factory=dict)
-
-    def check(self, ok: bool, what: str) -> None:
-        self.cases += 1
-        if not ok:
-            self.failures.append(what)
 
     @property
     def met(self) -> bool:
@@ -97,14 +88,13 @@ class Result:
         def figures(values: list[float]) -> str:
             return f"median {statistics.median(values):.2f} ms p99 {p99(values):.2f} ms" if values else "none"
 
-        times = " ".join(f"{k} {v:.1f}s" for k, v in self.timings.items())
         return (
             f"load: cases run {self.cases}, failures {len(self.failures)}, messages lost: {self.lost},"
             f" duplicates: {self.duplicates}, {self.deliveries} deliveries ({self.distinct} messages x {self.copies}),"
             f" refused {self.refused}, {self.turns} turns, {self.replies} replies ({self.bursts} bursts seen from"
             f" outside); ack {figures(self.acks)} beside baseline GET /healthz {figures(self.baseline)};"
             f" target p99 <= {P99_TARGET_MS:.0f} ms {'met' if self.met else 'NOT met'};"
-            f" load generator {self.load_cpu / max(self.load_seconds, 1e-9) * 100:.0f}% of a core; {times}"
+            f" load generator {self.load_cpu / max(self.load_seconds, 1e-9) * 100:.0f}% of a core; {self.times()}"
         )
 
 
@@ -171,9 +161,8 @@ async def run(
     root = Path(tempfile.mkdtemp(prefix="pepper-load-"))
     (root / "pg").mkdir()
     pg = EmbeddedPostgres(root / "pg", settings=DISPOSABLE_SERVER if disposable else None)
-    started = time.monotonic()
     spawn = multiprocessing.get_context("spawn")
-    try:
+    async with harness(result, root, partial(pg.stop, discard=True)):
         with concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn) as pool:
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(pool, os.getpid)  # started now, before the server and peers
@@ -183,15 +172,9 @@ async def run(
             async with TwilioPeer(auth_token=TOKEN) as twilio, OpenAIPeer() as model:
                 distinct = max(1, int(rate * seconds) // duplicates)
                 model.script(*[reply_text("Got it.")] * (distinct * 2 + 50))
-                async with _processes() as procs:
+                async with processes() as procs:
                     await _suite(result, pool, root, dsn, twilio, model, procs, seconds, rate, senders, duplicates,
                                  baseline_seconds, base_env, server_env)  # fmt: skip
-    except Exception as exc:  # a harness failure is a failed case, reported with the rest
-        result.check(False, f"{type(exc).__name__}: {exc}")
-    finally:
-        await asyncio.to_thread(pg.stop, discard=True)
-        shutil.rmtree(root, ignore_errors=True)
-    result.timings["total"] = time.monotonic() - started
     return result
 
 
@@ -212,15 +195,11 @@ async def _suite(
     env.update(server_env or {})
     log_path = root / "server.log"
     t0 = time.monotonic()
-    with log_path.open("w") as log:
-        _spawn(procs, [sys.executable, "-m", "gateway.cli", "serve"], env, log, new_group=True)
+    spawn_serve(procs, env, log_path)
     web = f"http://127.0.0.1:{port}"
     loop = asyncio.get_running_loop()
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
-        try:
-            await _healthy(session, web, procs[0], within=120)
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}: {log_path.read_text()[-3000:]}") from None
+        await healthy(session, web, procs[0], within=120, log_path=log_path)
         result.timings["start"] = time.monotonic() - t0
         db = await Database.open(dsn, min_size=0, max_size=4)
         try:
@@ -268,7 +247,7 @@ async def _suite(
                 if 200 <= status < 300 and m not in first:
                     first[m] = i / rate
             acked = [warm["MessageSid"], *(forms[m]["MessageSid"] for m in first)]
-            await _settled(db, distinct, within=300)
+            await texts_settled(db, distinct, within=300, body_like="text %")
             result.timings["settled"] = time.monotonic() - t_send
             await asyncio.sleep(0.5)  # a late second reply would show here
             before = len(result.failures)
@@ -279,24 +258,6 @@ async def _suite(
         finally:
             await db.close()
         result.check(procs[0].poll() is None, f"the server stopped: {log_path.read_text()[-2000:]}")
-
-
-async def _settled(db: Database, expected: int, within: float) -> None:
-    deadline = time.monotonic() + within
-    row: Any = {"inbound": 0, "open": 0}
-    running = 0
-    while time.monotonic() < deadline:
-        row = await db.fetchrow(
-            "SELECT count(*) FILTER (WHERE body LIKE 'text %') AS inbound,"
-            " count(*) FILTER (WHERE handling IN ('queued', 'running')) AS open"
-            " FROM messages WHERE direction = 'inbound' AND channel = 'sms'"
-        )
-        assert row is not None
-        running = await db.fetchval("SELECT count(*) FROM turns WHERE status = 'running'")
-        if row["inbound"] >= expected and not row["open"] and not running:
-            return
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"not settled: {row['inbound']} of {expected} texts in, {row['open']} open, {running} running")
 
 
 async def _bursts(

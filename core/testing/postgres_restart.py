@@ -25,12 +25,11 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import aiohttp
 
@@ -40,8 +39,8 @@ from core.store.embedded import EmbeddedPostgres
 from core.testing.peers import OpenAIPeer, reply_text
 from core.testing.postgres import DISPOSABLE_SERVER, DatabaseFactory
 from core.testing.processes import free_port
+from core.testing.suite import SuiteResult, harness, healthy, processes, spawn_serve, texts_settled
 from core.testing.twilio_peer import TwilioPeer
-from core.testing.two_servers import _healthy, _processes, _spawn
 from core.vault import generate_key
 
 TOKEN = "twilio-restart-auth-token"
@@ -78,10 +77,8 @@ class CallsSide(Protocol):
 
 
 @dataclass
-class Result:
+class Result(SuiteResult):
     mode: str = ""
-    cases: int = 0
-    failures: list[str] = field(default_factory=list)
     acknowledged: int = 0
     lost: int = 0
     duplicates: int = 0
@@ -89,20 +86,16 @@ class Result:
     refused_down: int = 0  # of those, while Postgres was down (stop begun to start done)
     calls: int = 0
     calls_kept: int = 0
-    timings: dict[str, float] = field(default_factory=dict)
 
     def check(self, ok: bool, what: str) -> None:
-        self.cases += 1
-        if not ok:
-            self.failures.append(f"{self.mode}: {what}")
+        super().check(ok, f"{self.mode}: {what}")
 
     def summary(self) -> str:
-        times = " ".join(f"{k} {v:.1f}s" for k, v in self.timings.items())
         return (
             f"postgres restart ({self.mode}): cases run {self.cases}, failures {len(self.failures)},"
             f" messages lost: {self.lost}, duplicates: {self.duplicates}, calls kept: {self.calls_kept}/{self.calls},"
             f" acknowledged {self.acknowledged}, refused while down {self.refused_down}"
-            f" (refused in all {self.refused}, each 503 + Retry-After or no connection); {times}"
+            f" (refused in all {self.refused}, each 503 + Retry-After or no connection); {self.times()}"
         )
 
 
@@ -116,26 +109,23 @@ async def run(
     result = Result(mode=mode)
     root = Path(tempfile.mkdtemp(prefix="pepper-pg-restart-"))
     external = EmbeddedPostgres(root / "pg", settings=DISPOSABLE_SERVER) if mode == "external" else None
-    started = time.monotonic()
-    try:
+
+    def stop() -> None:
+        if external is not None:
+            external.stop(discard=True)
+        else:  # the server stops its own; one it left running (it died) is stopped here
+            EmbeddedPostgres(root / "data").stop(discard=True)
+
+    async with harness(result, root, stop):
         dsn = None
         if external is not None:
             (root / "pg").mkdir()
             dsn = await DatabaseFactory(await asyncio.to_thread(external.start)).create_empty()
         async with TwilioPeer(auth_token=TOKEN) as twilio, OpenAIPeer() as model:
             model.script(*[reply_text("Got it.")] * int(rate * (before + down + after) * 2 + 100))
-            async with _processes() as procs:
+            async with processes() as procs:
                 await _suite(result, root, dsn, external, twilio, model, procs, rate, senders, before, down, after,
                              base_env, side, server_env)  # fmt: skip
-    except Exception as exc:  # a harness failure is a failed case, reported with the rest
-        result.check(False, f"{type(exc).__name__}: {exc}")
-    finally:
-        if external is not None:
-            await asyncio.to_thread(external.stop, discard=True)
-        else:  # the server stops its own; one it left running (it died) is stopped here
-            await asyncio.to_thread(EmbeddedPostgres(root / "data").stop, discard=True)
-        shutil.rmtree(root, ignore_errors=True)
-    result.timings["total"] = time.monotonic() - started
     return result
 
 
@@ -160,14 +150,10 @@ async def _suite(
     env.update(side.env if side else {})
     log_path = root / "server.log"
     t0 = time.monotonic()
-    with log_path.open("w") as log:
-        _spawn(procs, [sys.executable, "-m", "gateway.cli", "serve"], env, log, new_group=True)
+    spawn_serve(procs, env, log_path)
     web = f"http://127.0.0.1:{port}"
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
-        try:
-            await _healthy(session, web, procs[0], within=120)
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}: {log_path.read_text()[-3000:]}") from None
+        await healthy(session, web, procs[0], within=120, log_path=log_path)
         result.timings["start"] = time.monotonic() - t0
         pg = external or EmbeddedPostgres(root / "data")  # the one restarted
         db_dsn = dsn or pg.dsn(EMBEDDED_DATABASE)
@@ -272,7 +258,7 @@ async def _load(
     result.check(
         all(r == "1" for _, s, r in refused if s == 503), "a 503 without Retry-After: 1"
     )  # as gateway.app answers
-    await _settled(db, len(set(acked)), within=300)
+    await texts_settled(db, len(set(acked)), within=300, turn_channel="sms")
     result.timings["settled"] = time.monotonic() - t_send
     if side is not None:
         for ok, what in await side.end(db):
@@ -280,23 +266,6 @@ async def _load(
         result.calls_kept = side.kept
     await asyncio.sleep(0.5)  # a late second reply would show here
     await verify(result, db, twilio, acked, sent, numbers)
-
-
-async def _settled(db: Database, expected: int, within: float) -> None:
-    deadline = time.monotonic() + within
-    row: Any = {"inbound": 0, "open": 0}
-    running = 0
-    while time.monotonic() < deadline:
-        row = await db.fetchrow(
-            "SELECT count(*) AS inbound, count(*) FILTER (WHERE handling IN ('queued', 'running')) AS open"
-            " FROM messages WHERE direction = 'inbound' AND channel = 'sms'"
-        )
-        assert row is not None
-        running = await db.fetchval("SELECT count(*) FROM turns WHERE status = 'running' AND channel = 'sms'")
-        if row["inbound"] >= expected and not row["open"] and not running:
-            return
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"not settled: {row['inbound']} of {expected} texts in, {row['open']} open, {running} running")
 
 
 class Tally(Protocol):

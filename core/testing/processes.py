@@ -9,6 +9,7 @@ import random
 import signal
 import socket
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +104,18 @@ async def until(predicate: Any, within: float, what: str) -> Any:
             return value
         await asyncio.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+async def until_or_false(predicate: Any, within: float) -> Any:
+    """Poll ``predicate`` as :func:`until` does; its last value when time is up."""
+    deadline = time.monotonic() + within
+    while True:
+        value = predicate()
+        if inspect.isawaitable(value):
+            value = await value
+        if value or time.monotonic() > deadline:
+            return value
+        await asyncio.sleep(0.05)
 
 
 def descendants(pid: int) -> set[int]:

@@ -21,15 +21,13 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
-from typing import IO, Protocol
+from typing import Protocol
 
 import aiohttp
 
@@ -41,7 +39,8 @@ from core.store.embedded import EmbeddedPostgres
 from core.store.migrations import load_migrations
 from core.testing.peers import OpenAIPeer, reply_text
 from core.testing.postgres import DISPOSABLE_SERVER, DatabaseFactory
-from core.testing.processes import free_port, kill_tree
+from core.testing.processes import free_port, kill_tree, until_or_false
+from core.testing.suite import SuiteResult, harness, healthy, processes, spawn, spawn_serve
 from core.testing.twilio_peer import TwilioPeer
 from core.vault import generate_key
 
@@ -79,9 +78,7 @@ class SideLoad(Protocol):
 
 
 @dataclass
-class Result:
-    cases: int = 0
-    failures: list[str] = field(default_factory=list)
+class Result(SuiteResult):
     acknowledged: int = 0
     lost: int = 0
     duplicates: int = 0
@@ -89,20 +86,13 @@ class Result:
     killed_with: int = 0  # acknowledged when the kill came
     calls: int = 0  # connected, webhook on one server and media on the other
     calls_on: int = 0  # of those held by the survivor, went on after the kill
-    timings: dict[str, float] = field(default_factory=dict)
-
-    def check(self, ok: bool, what: str) -> None:
-        self.cases += 1
-        if not ok:
-            self.failures.append(what)
 
     def summary(self) -> str:
-        times = " ".join(f"{k} {v:.1f}s" for k, v in self.timings.items())
         return (
             f"two servers: cases run {self.cases}, failures {len(self.failures)}, messages lost: {self.lost},"
             f" duplicates: {self.duplicates}, acknowledged {self.acknowledged}"
             f" ({self.killed_with} before the kill), retries {self.retries}, calls {self.calls} connected,"
-            f" {self.calls_on} went on after the kill; {times}"
+            f" {self.calls_on} went on after the kill; {self.times()}"
         )
 
 
@@ -142,37 +132,6 @@ http://127.0.0.1:{proxy} {{
 """
 
 
-def _spawn(
-    procs: list[subprocess.Popen], args: list[str], env: dict[str, str], log: IO[str] | None = None,
-    new_group: bool = False,
-) -> None:  # fmt: skip
-    # Popen returns once the child is forked: nothing here waits on it.
-    stderr = subprocess.DEVNULL if log is None else log
-    procs.append(subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=new_group))
-
-
-def _stop_all(procs: list[subprocess.Popen]) -> None:
-    """SIGTERM each (a server stops its children), SIGKILL the tree of one that does not stop."""
-    for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
-    for proc in procs:
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            kill_tree(proc)
-
-
-@asynccontextmanager
-async def _processes() -> AsyncIterator[list[subprocess.Popen]]:
-    procs: list[subprocess.Popen] = []
-    try:
-        yield procs
-    finally:
-        # In a thread: the servers finish their turns against the peers on this event loop.
-        await asyncio.to_thread(_stop_all, procs)
-
-
 async def run(
     *, messages: int, senders: int, base_env: dict[str, str] | None = None, side: SideLoad | None = None
 ) -> Result:
@@ -185,20 +144,13 @@ async def run(
     root = Path(tempfile.mkdtemp(prefix="pepper-two-servers-"))
     (root / "pg").mkdir()
     pg = EmbeddedPostgres(root / "pg", settings=DISPOSABLE_SERVER)
-    started = time.monotonic()
-    try:
+    async with harness(result, root, partial(pg.stop, discard=True)):
         admin = await asyncio.to_thread(pg.start)
         dsn = await DatabaseFactory(admin).create_empty()
         async with TwilioPeer(auth_token=TOKEN) as twilio, OpenAIPeer() as model:
             model.script(*[reply_text("Got it.")] * (messages * 3 + 50))
-            async with _processes() as procs:
+            async with processes() as procs:
                 await _suite(result, caddy, root, dsn, twilio, model, procs, messages, senders, base_env, side)
-    except Exception as exc:  # a harness failure is a failed case, reported with the rest
-        result.check(False, f"{type(exc).__name__}: {exc}")
-    finally:
-        await asyncio.to_thread(pg.stop, discard=True)
-        shutil.rmtree(root, ignore_errors=True)
-    result.timings["total"] = time.monotonic() - started
     return result
 
 
@@ -224,15 +176,10 @@ async def _suite(
     for n, port in enumerate(ports):
         server_env = {**env, "PEPPER_DATA_DIR": str(root / f"data-{n}"), "PEPPER_PORT": str(port),
                       "PEPPER_MEDIA_PORT": str(medias[n])}  # fmt: skip
-        with logs[n].open("w") as log:
-            # Its own process group, so the kill takes its children with it.
-            _spawn(procs, [sys.executable, "-m", "gateway.cli", "serve"], server_env, log, new_group=True)
+        spawn_serve(procs, server_env, logs[n])
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
         for port, proc, log in zip(ports, procs, logs, strict=True):
-            try:
-                await _healthy(session, f"http://127.0.0.1:{port}", proc, within=90)
-            except AssertionError as exc:  # its log says why
-                raise AssertionError(f"{exc}: {log.read_text()[-3000:]}") from None
+            await healthy(session, f"http://127.0.0.1:{port}", proc, within=90, log_path=log)
         result.timings["start"] = time.monotonic() - t0
         applied = [int(v) for log in logs for v in re.findall(r"applying migration (\d{4})_", log.read_text())]
         expected = sorted(m.version for m in load_migrations())
@@ -242,9 +189,9 @@ async def _suite(
         (root / "Caddyfile").write_text(_caddyfile(proxy, ports, medias))
         caddy_env = {"PATH": env.get("PATH", ""), "HOME": str(root), "XDG_DATA_HOME": str(root / "caddy"),
                      "XDG_CONFIG_HOME": str(root / "caddy")}  # fmt: skip
-        _spawn(procs, [caddy, "run", "--adapter", "caddyfile", "--config", str(root / "Caddyfile")], caddy_env)
+        spawn(procs, [caddy, "run", "--adapter", "caddyfile", "--config", str(root / "Caddyfile")], caddy_env)
         front = f"http://127.0.0.1:{proxy}"
-        await _healthy(session, front, procs[-1], within=30)
+        await healthy(session, front, procs[-1], within=30)
 
         db = await Database.open(dsn, max_size=4)
         try:
@@ -297,7 +244,7 @@ async def _suite(
                 result.killed_with = len(acked)
                 children = await asyncio.to_thread(kill_tree, procs[0])
                 result.timings["killed in"] = time.monotonic() - t_send - result.timings["kill at"]
-                gone = await _until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in children), 10)
+                gone = await until_or_false(lambda: not any(Path(f"/proc/{pid}").exists() for pid in children), 10)
                 result.check(bool(children) and gone, f"the killed server's children {children} outlived it")
                 for ok, what in await side.after_kill(survivor=1) if side else ():
                     result.check(ok, what)
@@ -323,30 +270,6 @@ async def _suite(
         finally:
             await db.close()
         result.check(procs[1].poll() is None, "the surviving server stopped")
-
-
-async def _until(predicate, within: float) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        await asyncio.sleep(0.05)
-    return False
-
-
-async def _healthy(session: aiohttp.ClientSession, base: str, proc: subprocess.Popen, within: float) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"{proc.args[:4]} exited early with {proc.returncode}")
-        try:
-            async with session.get(base + "/healthz") as response:
-                if response.status == 200:
-                    return
-        except (aiohttp.ClientError, TimeoutError):
-            pass
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"{base} never became healthy")
 
 
 async def _settled(db: Database, expected: int, tasks: list, within: float) -> None:

@@ -12,32 +12,17 @@ from __future__ import annotations
 
 import os
 import signal
-from contextlib import AsyncExitStack
 from typing import Any
 
-from voice.testing.realtime_peer import RealtimePeer, speak
+from voice.testing.realtime_peer import speak
+from voice.testing.suite_calls import NOTICE, SuiteCalls
 from voice.testing.twilio_caller import TwilioCaller, parse_twiml
 
-NOTICE = "Hi, this is Pepper. This call is transcribed."
 APOLOGY = "Sorry, I lost the connection"  # voice.routing.APOLOGY_TEXT begins so
 
 
-class CrashCalls:
+class CrashCalls(SuiteCalls):
     """``async with CrashCalls() as calls: await run(..., calls=calls)``."""
-
-    def __init__(self) -> None:
-        self._model = RealtimePeer()
-        self._stack = AsyncExitStack()
-        self.env: dict[str, str] = {}
-
-    async def __aenter__(self) -> CrashCalls:
-        await self._stack.enter_async_context(self._model)
-        self.env = {"PEPPER_OPENAI_REALTIME_URL": self._model.websocket_url, "PEPPER_VOICE_NOTICE": NOTICE,
-                    "PEPPER_VOICE_NOTICE_AUDIO": "model"}  # fmt: skip
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self._stack.aclose()
 
     async def run(self, crash: Any) -> list[tuple[bool, str]]:
         from core.testing import crash as suite  # the store's queries (SQL lives in core)
@@ -53,12 +38,7 @@ class CrashCalls:
             return checks
         sessions = len(self._model.sessions)
         async with caller.media(answer) as call:
-            await call.wait(lambda: any(m.name.startswith("n") for m in call.marks), within=suite.WITHIN,
-                            what="the notice")  # fmt: skip
-            await self._model.wait_for(
-                lambda: len(self._model.sessions) > sessions and bool(self._model.sessions[-1].first_audio_at),
-                within=suite.WITHIN,
-            )
+            await self.connected(call, sessions, within=suite.WITHIN)
             holders = await suite.media_holders(db)
             row = await suite.call_row(db, answer.call_sid)
             victim = holders.get(row["held_by"]) if row is not None else None

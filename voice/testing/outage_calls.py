@@ -14,18 +14,17 @@ model's answer once.
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
-from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
 from core.store import Database
 from core.testing.postgres_restart import call_outcome, calls_settled
-from voice.testing.realtime_peer import PeerSession, RealtimePeer, speak, tone
+from core.testing.processes import until_or_false
+from voice.testing.realtime_peer import PeerSession, speak, tone
+from voice.testing.suite_calls import NOTICE, SuiteCalls
 from voice.testing.twilio_caller import MediaCall, TwilioCaller
 
-NOTICE = "Hi, this is Pepper. This call is transcribed."
 HEARD = "Are you still there?"
 ANSWER = "Still here, go on."
 AUDIO_IN = 4000  # half a second of the caller's mu-law reaching the model
@@ -39,24 +38,13 @@ class _Call:
     kept: bool = False
 
 
-class OutageCalls:
+class OutageCalls(SuiteCalls):
     """``async with OutageCalls(20) as calls: await run(..., side=calls)``."""
 
     def __init__(self, count: int = 20) -> None:
+        super().__init__()
         self.count = count
-        self._model = RealtimePeer()
-        self._stack = AsyncExitStack()
         self._calls: list[_Call] = []
-        self.env: dict[str, str] = {}
-
-    async def __aenter__(self) -> OutageCalls:
-        await self._stack.enter_async_context(self._model)
-        self.env = {"PEPPER_OPENAI_REALTIME_URL": self._model.websocket_url, "PEPPER_VOICE_NOTICE": NOTICE,
-                    "PEPPER_VOICE_NOTICE_AUDIO": "model"}  # fmt: skip
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self._stack.aclose()
 
     @property
     def kept(self) -> int:
@@ -76,18 +64,13 @@ class OutageCalls:
             sessions = len(self._model.sessions)
             call = await self._stack.enter_async_context(caller.media(answer))
             try:
-                await call.wait(lambda c=call: any(m.name.startswith("n") for m in c.marks), within=30,
-                                what="the notice")  # fmt: skip
-                await self._model.wait_for(functools.partial(self._new_session_heard, sessions), within=30)
+                session = await self.connected(call, sessions, within=30)
             except AssertionError as exc:
                 checks.append((False, f"a call never connected: {exc}"))
                 continue
-            self._calls.append(_Call(call, self._model.sessions[-1]))
+            self._calls.append(_Call(call, session))
             checks.append((True, "a call connected"))
         return checks
-
-    def _new_session_heard(self, before: int) -> bool:
-        return len(self._model.sessions) > before and bool(self._model.sessions[-1].first_audio_at)
 
     async def during_outage(self, within: float = 15) -> list[tuple[bool, str]]:
         """While the database is down: each caller speaks and is answered; audio both ways."""
@@ -99,11 +82,7 @@ class OutageCalls:
         def grew(c: _Call) -> tuple[int, int]:
             return len(c.session.audio_in) - start_in[id(c)], c.call.received_media_bytes - start_out[id(c)]
 
-        deadline = time.monotonic() + within
-        while time.monotonic() < deadline:
-            if all(i >= AUDIO_IN and o >= AUDIO_OUT for i, o in map(grew, self._calls)):
-                break
-            await asyncio.sleep(0.05)
+        await until_or_false(lambda: all(i >= AUDIO_IN and o >= AUDIO_OUT for i, o in map(grew, self._calls)), within)
         checks = []
         for c in self._calls:
             into, out = grew(c)

@@ -112,40 +112,32 @@ class EngineFaults:
         answer = await self.caller.dial(from_=OWNER, to=LINE)
         if not case.check(answer.connected, "the call was not connected to a stream"):
             return case
-        async with self.caller.media(answer) as call:
-            try:
-                if fault == "refused":
-                    await self._heard_notice(call)
-                    case.check(len(self.peer.refusals.refused_at) == refused + 1, "no handshake was refused")
-                    at = self.peer.refusals.refused_at[-1] if self.peer.refusals.refused_at else None
-                elif fault == "held":
-                    await self._wait(call, lambda: bool(self.peer.refusals.held_at), "the handshake held")
-                    at = self.peer.refusals.held_at[-1]
-                    # The first attempt times out (the engine's model_open_timeout), the second opens.
-                    await self._wait(call, lambda: len(self.peer.sessions) > sessions, "a model session", 30)
-                else:
-                    await self._heard_notice(call)
-                    await asyncio.sleep(0.3)  # listening: what was said has played out
-                    quiet_since = time.monotonic() - 0.2
-                    at = await self._inject(fault)
-                    # Nothing sounded just before the fault: what is timed after it is the new session's.
-                    case.check(not [t for t in call.sounds if quiet_since <= t < at], "sound just before the fault")
-                    await self._wait(call, lambda: len(self.peer.sessions) > sessions + 1, "a second model session")
-                if fault == "held" and at is not None:
-                    # The recording went out before the handshake began: heard from the fault on (0).
-                    await self._wait(call, lambda: bool(call.sounds), "the notice")
-                    case.heard_ms = max(0.0, call.sounds[0] - at) * 1000 if call.sounds else None
-                elif at is not None:
-                    await self._wait(call, lambda: call.first_sound_after(at) is not None, "sound after the fault")
-                    heard = call.first_sound_after(at)
-                    if heard is not None:
-                        case.heard_ms = (heard - at) * 1000
-                case.check(not call.closed.is_set(), "the call ended")
-            except AssertionError as exc:
-                case.failures.append(f"{case.name}: {exc}")
-            await call.hang_up()
-        row = await self._call_row(answer.call_sid)
-        if case.check(row is not None, "the call was never recorded as ended") and row is not None:
+        async with self._listening(case, answer) as call:
+            if fault == "refused":
+                await self._heard_notice(call)
+                case.check(len(self.peer.refusals.refused_at) == refused + 1, "no handshake was refused")
+                at = self.peer.refusals.refused_at[-1] if self.peer.refusals.refused_at else None
+            elif fault == "held":
+                await self._wait(call, lambda: bool(self.peer.refusals.held_at), "the handshake held")
+                at = self.peer.refusals.held_at[-1]
+                # The first attempt times out (the engine's model_open_timeout), the second opens.
+                await self._wait(call, lambda: len(self.peer.sessions) > sessions, "a model session", 30)
+            else:
+                await self._heard_notice(call)
+                await asyncio.sleep(0.3)  # listening: what was said has played out
+                quiet_since = time.monotonic() - 0.2
+                at = await self._inject(fault)
+                # Nothing sounded just before the fault: what is timed after it is the new session's.
+                case.check(not [t for t in call.sounds if quiet_since <= t < at], "sound just before the fault")
+                await self._wait(call, lambda: len(self.peer.sessions) > sessions + 1, "a second model session")
+            if fault == "held" and at is not None:
+                # The recording went out before the handshake began: heard from the fault on (0).
+                await self._wait(call, lambda: bool(call.sounds), "the notice")
+                case.heard_ms = max(0.0, call.sounds[0] - at) * 1000 if call.sounds else None
+            elif at is not None:
+                await self._heard_after(case, call, at, "sound after the fault")
+        row = await self._ended(case, answer.call_sid)
+        if row is not None:
             stats = json.loads(row["stats"]) if isinstance(row["stats"], str) else row["stats"]
             case.check(stats.get("model_reconnects") == 1, f"model_reconnects {stats.get('model_reconnects')}, not 1")
             case.check(row["end_reason"] == "hangup", f"the call ended {row['end_reason']}, not by the hang-up")
@@ -176,6 +168,31 @@ class EngineFaults:
     @staticmethod
     async def _wait(call: MediaCall, predicate: Callable[[], bool], what: str, within: float = 10.0) -> None:
         await call.wait(predicate, within=within, what=what)
+
+    @asynccontextmanager
+    async def _listening(self, case: Case, answer: Any) -> AsyncIterator[MediaCall]:
+        """The call's media socket for the block; an AssertionError in it is the case's failure.
+        After the block: the call is still open (checked), then hung up."""
+        async with self.caller.media(answer) as call:
+            try:
+                yield call
+                case.check(not call.closed.is_set(), "the call ended")
+            except AssertionError as exc:
+                case.failures.append(f"{case.name}: {exc}")
+            await call.hang_up()
+
+    async def _heard_after(self, case: Case, call: MediaCall, at: float, what: str, within: float = 10.0) -> None:
+        """Wait for the caller's first sound after ``at`` (the fault); the case's ``heard_ms``."""
+        await self._wait(call, lambda: call.first_sound_after(at) is not None, what, within)
+        heard = call.first_sound_after(at)
+        if heard is not None:
+            case.heard_ms = (heard - at) * 1000
+
+    async def _ended(self, case: Case, call_sid: str) -> Any:
+        """The call's record once it ended; None (a failed check) if it never did."""
+        row = await self._call_row(call_sid)
+        case.check(row is not None, "the call was never recorded as ended")
+        return row
 
     async def _call_row(self, call_sid: str) -> Any:
         for _ in range(1000):
@@ -231,36 +248,27 @@ class CascadeFaults(EngineFaults):
         if not case.check(answer.connected, "the call was not connected to a stream"):
             return case
         at: float | None = None
-        async with self.caller.media(answer) as call:
-            try:
-                await self._wait(call, lambda: any(m.name.startswith("n") for m in call.marks), "the notice's mark", 30)
-                if fault == "refused":
-                    got = deepgram.speak_refused_at[refused:]
-                    case.check(len(got) == 2, f"{len(got)} speak handshakes refused, not 2")
-                    at = got[0] if got else None  # from the first: the call's start
+        async with self._listening(case, answer) as call:
+            await self._wait(call, lambda: any(m.name.startswith("n") for m in call.marks), "the notice's mark", 30)
+            if fault == "refused":
+                got = deepgram.speak_refused_at[refused:]
+                case.check(len(got) == 2, f"{len(got)} speak handshakes refused, not 2")
+                at = got[0] if got else None  # from the first: the call's start
+            else:
+                if fault == "drop":
+                    deepgram.speak_faults.append("close")
+                asked = len(self.text.requests)
+                call.say((SPEECH / "weather.ulaw").read_bytes())
+                await self._wait(call, lambda: len(self.text.requests) > asked, "the caller's turn", 30)
+                if fault == "drop":
+                    await self._wait(call, lambda: bool(deepgram.speak_dropped_at), "the speak socket dropped", 30)
+                    at = deepgram.speak_dropped_at[-1]
                 else:
-                    if fault == "drop":
-                        deepgram.speak_faults.append("close")
-                    asked = len(self.text.requests)
-                    call.say((SPEECH / "weather.ulaw").read_bytes())
-                    await self._wait(call, lambda: len(self.text.requests) > asked, "the caller's turn", 30)
-                    if fault == "drop":
-                        await self._wait(call, lambda: bool(deepgram.speak_dropped_at), "the speak socket dropped", 30)
-                        at = deepgram.speak_dropped_at[-1]
-                    else:
-                        at = self.text.requests[-1].at
-                if at is not None:
-                    fault_at = at
-                    await self._wait(call, lambda: call.first_sound_after(fault_at) is not None, "sound after it", 30)
-                    heard = call.first_sound_after(fault_at)
-                    if heard is not None:
-                        case.heard_ms = (heard - fault_at) * 1000
-                case.check(not call.closed.is_set(), "the call ended")
-            except AssertionError as exc:
-                case.failures.append(f"{case.name}: {exc}")
-            await call.hang_up()
-        row = await self._call_row(answer.call_sid)
-        if case.check(row is not None, "the call was never recorded as ended") and row is not None:
+                    at = self.text.requests[-1].at
+            if at is not None:
+                await self._heard_after(case, call, at, "sound after it", 30)
+        row = await self._ended(case, answer.call_sid)
+        if row is not None:
             case.check(row["end_reason"] == "hangup", f"the call ended {row['end_reason']}, not by the hang-up")
         if fault == "error":
             rose = failed_overs("openai") - failed_over

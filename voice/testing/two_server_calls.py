@@ -10,16 +10,14 @@ audio keeps reaching the model and the socket stays open.
 
 from __future__ import annotations
 
-import asyncio
-import time
-from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
-from voice.testing.realtime_peer import PeerSession, RealtimePeer, speak
+from core.testing.processes import until_or_false
+from voice.testing.realtime_peer import PeerSession, speak
+from voice.testing.suite_calls import NOTICE, SuiteCalls
 from voice.testing.twilio_caller import MediaCall, TwilioCaller
 
-NOTICE = "Hi, this is Pepper. This call is transcribed."
 AUDIO_GROWS = 8000  # one second of the caller's mu-law reaching the model
 
 
@@ -30,25 +28,14 @@ class _Call:
     media_on: int | None  # which server holds it (None: through the load balancer)
 
 
-class TwoServerCalls:
+class TwoServerCalls(SuiteCalls):
     """``async with TwoServerCalls(per_direction=2) as calls: await run(..., side=calls)``."""
 
     def __init__(self, per_direction: int = 2, through_front: int = 2) -> None:
+        super().__init__()
         self.per_direction = per_direction
         self.through_front = through_front
-        self._model = RealtimePeer()
-        self._stack = AsyncExitStack()
         self._calls: list[_Call] = []
-        self.env: dict[str, str] = {}
-
-    async def __aenter__(self) -> TwoServerCalls:
-        await self._stack.enter_async_context(self._model)
-        self.env = {"PEPPER_OPENAI_REALTIME_URL": self._model.websocket_url, "PEPPER_VOICE_NOTICE": NOTICE,
-                    "PEPPER_VOICE_NOTICE_AUDIO": "model"}  # fmt: skip
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self._stack.aclose()
 
     async def before_kill(self, servers: Any) -> list[tuple[bool, str]]:
         """Place the calls, crossing servers both ways; a check per call: it connected. First a few
@@ -79,14 +66,10 @@ class TwoServerCalls:
         sessions = len(self._model.sessions)
         call = await self._stack.enter_async_context(caller.media(answer))
         try:
-            await call.wait(lambda: any(m.name.startswith("n") for m in call.marks), within=30, what="the notice")
-            await self._model.wait_for(
-                lambda: len(self._model.sessions) > sessions and bool(self._model.sessions[-1].first_audio_at),
-                within=30,
-            )
+            session = await self.connected(call, sessions, within=30)
         except AssertionError as exc:
             return False, f"{what} never connected: {exc}"
-        self._calls.append(_Call(call, self._model.sessions[-1], media_on))
+        self._calls.append(_Call(call, session, media_on))
         return True, what
 
     async def after_kill(self, survivor: int, within: float = 20) -> list[tuple[bool, str]]:
@@ -94,11 +77,7 @@ class TwoServerCalls:
         checks = []
         mine = [c for c in self._calls if c.media_on == survivor]
         start = {id(c): len(c.session.audio_in) for c in mine}
-        deadline = time.monotonic() + within
-        while time.monotonic() < deadline:
-            if all(len(c.session.audio_in) - start[id(c)] >= AUDIO_GROWS for c in mine):
-                break
-            await asyncio.sleep(0.05)
+        await until_or_false(lambda: all(len(c.session.audio_in) - start[id(c)] >= AUDIO_GROWS for c in mine), within)
         for c in mine:
             grew = len(c.session.audio_in) - start[id(c)]
             ok = grew >= AUDIO_GROWS and not c.call.closed.is_set()
