@@ -63,6 +63,14 @@ def _hang_up_on_sign_out(state: BlueprintSetupState) -> None:
     app.extensions.setdefault(SIGN_OUT_HOOKS, []).append(hang_up)
 
 
+def _still_open(calls: object, call_sid: str) -> bool:
+    """Whether the session's call still holds it: one being answered (no engine yet) or running.
+    One that is ending (its end is recorded before it lets go of the session) no longer keeps the
+    session from calling again."""
+    engine = getattr(calls, "sessions", {}).get(call_sid)
+    return engine is None or engine.end_reason is None
+
+
 def _active() -> dict[bytes, str]:
     """Web session (its token's hash) -> the browser call it has open, in this process."""
     return current_app.extensions.setdefault(ACTIVE_CALLS, {})
@@ -106,7 +114,7 @@ async def offer() -> Response:
     if not isinstance(body, dict) or body.get("type") != "offer" or not isinstance(body.get("sdp"), str):
         return _json_error(400, "bad-offer", 'send JSON {"type": "offer", "sdp": "..."}')
     active = _active()
-    if session_key in active:
+    if session_key in active and _still_open(calls, active[session_key]):
         return _json_error(409, "call-in-progress", "this session already has a call open; hang it up first")
     call_sid = CALL_PREFIX + secrets.token_hex(16)
     active[session_key] = call_sid  # before any await: a second offer meanwhile is refused
@@ -139,9 +147,9 @@ async def offer() -> Response:
             await calls.run_session(engine)
         finally:
             browser.ended(engine.end_reason)
-            await browser.close()
-            if active.get(session_key) == call_sid:
+            if active.get(session_key) == call_sid:  # before any await: the session may call again
                 del active[session_key]
+            await browser.close()
 
     services.tasks.spawn(f"call-{call_sid[-8:]}", run(), limited=False)
     log.info("browser call opened: call=%s", call_sid[-8:])
