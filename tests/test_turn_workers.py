@@ -16,6 +16,7 @@ from pathlib import Path
 
 import aiohttp
 import asyncpg
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from core import identity
@@ -274,6 +275,75 @@ async def test_a_turn_whose_worker_died_before_sending_its_reply_has_the_reply_s
     assert sorted((r["turn_id"], r["body"]) for r in replies) == sorted(
         [(turns[1], "the sent reply"), (turns[0], "the unsent reply")]
     )
+
+
+@pytest.mark.parametrize("held_at", ["model", "twilio"])
+async def test_a_turn_still_running_when_its_workers_session_ends_is_answered_once(
+    db: Database, db_url: str, held_at: str
+):
+    """The worker's listening session ends in the middle of a turn (Postgres restarted, the
+    connection was cut) while the turn waits for the model, or for Twilio to take its reply (the
+    ``sending`` row recorded, the MessageSid not yet known): the worker listens again and keeps
+    the turn's claim, so no sweep takes the turn for a dead worker's. Before, it was answered a
+    second time while the first was still on its way: an apology beside the reply, or the reply
+    sent again, the lookup at Twilio not finding the send still in flight (found by
+    ``scripts/suite-postgres-restart --external``: Twilio was sent one more than the store has)."""
+    ada = await identity.create_account(db, "Ada")
+    phone = await identity.add_handle(db, ada.id, "phone", OWNER, verified=True)
+    bob = await identity.create_account(db, "Bob")
+    hold = asyncio.Event()
+    async with TwilioPeer(auth_token=TOKEN) as twilio, OpenAIPeer() as model:
+        # Every request answers the same (the reply's repair pass asks too), the first one held.
+        model.script(reply_text("Got it.", hold=hold if held_at == "model" else None), *[reply_text("Got it.")] * 4)
+        if held_at == "twilio":
+            twilio.hold_sends(after=0)
+        settings = Settings(
+            database_url=db_url, public_url=PUBLIC, twilio_account_sid=twilio.account_sid, twilio_auth_token=TOKEN,
+            twilio_api_url=twilio.api_url, openai_api_key="sk-test", openai_base_url=model.base_url,
+        )  # fmt: skip
+        async with build_turn_services(settings, db) as services:
+            worker = TurnWorker(services, concurrency=4, poll_seconds=0.05, orphan_grace=0.0)
+            await worker.start()
+            try:
+                text, _ = await record_inbound(db, ada.id, "sms", "hello", handle_id=phone.id, handling="queued",
+                                               meta={"from": OWNER, "to": LINE})  # fmt: skip
+                if held_at == "model":
+                    await until(lambda: len(model.requests) == 1, 10, "the turn waiting for the model")
+                else:
+                    await until(lambda: twilio.held == 1, 10, "the reply waiting for Twilio")
+                old = worker.pid
+                await db.execute("SELECT pg_terminate_backend($1)", old)
+
+                async def claimed_again() -> bool:
+                    now = await db.fetchval("SELECT claimed_by FROM messages WHERE id = $1", text.id)
+                    return worker.pid != old and now == worker.pid
+
+                await until(claimed_again, 10, "the worker listening again")
+                # A text from Bob (on the web: his reply is held nowhere), claimed after Ada's
+                # message was: by then a second answer to her would be running.
+                probe, _ = await record_inbound(db, bob.id, "web", "hi", handling="queued")
+
+                async def probe_answered() -> bool:
+                    return await db.fetchval("SELECT handling FROM messages WHERE id = $1", probe.id) == "done"
+
+                await until(probe_answered, 10, "Bob's text answered")
+                # Only Ada's first turn left running, or a second answer to her waiting at Twilio.
+                await until(lambda: services.tasks.pending == 1 or twilio.held == 2, 10, "the turns to settle")
+                hold.set()
+                twilio.release_sends()
+
+                async def settled() -> bool:
+                    waiting = await db.fetchval("SELECT count(*) FROM messages WHERE handling <> 'done'"
+                                                " AND direction = 'inbound'")  # fmt: skip
+                    return not waiting and services.tasks.pending == 0
+
+                await until(settled, 10, "every text answered")
+            finally:
+                await worker.stop(5)
+    assert [m.body for m in twilio.sent if m.to == OWNER] == ["Got it."]
+    rows = await db.fetch("SELECT body, provider_message_id FROM messages WHERE direction = 'outbound'"
+                          " AND channel = 'sms'")  # fmt: skip
+    assert [(r["body"], r["provider_message_id"]) for r in rows] == [("Got it.", twilio.sent[0].sid)]
 
 
 # --- pepper serve, its worker processes, and a worker killed mid-turn ----------------------------
