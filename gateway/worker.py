@@ -64,7 +64,7 @@ RESUME_WINDOW = timedelta(hours=1)
 # How long a session claims are recorded under must have been gone before they are handed back: a
 # worker whose session ended (Postgres restarted, the connection was cut) is often still running
 # those turns, and claims them again under its new session as soon as it listens again.
-ORPHAN_GRACE = 10.0
+ORPHAN_GRACE = 5.0
 
 
 class TurnWorker:

@@ -21,10 +21,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from core import identity
 from core.conversation import (
+    carry_claims,
     claim_turn,
     conversation_for,
     extend_hold,
     finish_handling,
+    gone_claimers,
     hold_for_scheduled_turn,
     open_turn,
     record_inbound,
@@ -157,6 +159,34 @@ async def test_texts_left_by_a_turn_cut_short_come_back_together_and_alone(db: D
     assert [r["id"] for r in await claim_turn(db, 1)] == [later]
 
 
+async def test_a_gone_sessions_claims_go_back_only_when_named_and_a_worker_carries_its_own_over(db: Database):
+    """A sweep hands back the claims of the gone sessions it names (those gone for the grace),
+    not the others; a worker that listens again takes its running turns' messages over to its
+    new session, those still under its old one or queued again, never another worker's."""
+    people = [await identity.create_account(db, name) for name in ("Ada", "Bob", "Cy", "Di")]
+    ids = []
+    for person, pid in zip(people, (99999, 99998, 99997, None), strict=True):
+        message, _ = await record_inbound(db, person.id, "web", "hello", handling="queued")
+        if pid is not None:
+            await claim_turn(db, pid)  # backend pids no live session has
+        ids.append(message.id)
+    live = await db.fetchval("SELECT pg_backend_pid()")
+    await db.execute("UPDATE messages SET claimed_by = $2 WHERE id = $1", ids[2], live)  # as if claimed by it
+    assert await gone_claimers(db) == {99999, 99998}
+    await release_orphans(db, stale=timedelta(minutes=10), expire_after=timedelta(hours=1), claimers=[])
+    assert await gone_claimers(db) == {99999, 99998}  # none named: none handed back
+    await release_orphans(db, stale=timedelta(minutes=10), expire_after=timedelta(hours=1), claimers=[99998, live])
+    handling = "SELECT handling, claimed_by FROM messages WHERE id = $1"
+    assert tuple(await db.fetchrow(handling, ids[1])) == ("queued", None)
+    assert tuple(await db.fetchrow(handling, ids[2])) == ("running", live)  # its session lives
+    # The worker of 99999 (and of 99998, queued again meanwhile) listens again as 4242.
+    assert await carry_claims(db, ids, [99999, 99998], 4242) == {ids[0], ids[1], ids[3]}
+    assert [tuple(await db.fetchrow(handling, i)) for i in ids] == [
+        ("running", 4242), ("running", 4242), ("running", live), ("running", 4242)
+    ]
+    assert await carry_claims(db, ids, [99999], 4343) == set()  # a duplicate carry takes nothing
+
+
 async def test_a_claim_in_progress_never_holds_up_recording_a_message(db: Database):
     """The claim locks the person's conversation row, and every new message's foreign key points
     at it: the acknowledgement of a webhook must not wait for a turn worker's claim to commit."""
@@ -259,7 +289,7 @@ async def test_a_turn_whose_worker_died_before_sending_its_reply_has_the_reply_s
     async with OpenAIPeer() as model:
         settings = Settings(database_url=db_url, openai_api_key="sk-test", openai_base_url=model.base_url)
         async with build_turn_services(settings, db) as services:
-            worker = TurnWorker(services, concurrency=2, poll_seconds=0.05)
+            worker = TurnWorker(services, concurrency=2, poll_seconds=0.05, orphan_grace=0.0)  # pid 99999 is dead
             await worker.start()
             try:
 
