@@ -24,7 +24,11 @@ same ``pepper_turns`` channel, in one task at a time beside the turns.
 A claim records the backend pid of the worker's listening connection. When a worker dies, its
 session ends, and any worker finds the messages it held, queues them again and answers them: a
 message whose turn had not started gets its turn; one whose turn was cut short gets the apology
-(running it again could repeat what it did) and that turn's staged writes are dropped.
+(running it again could repeat what it did) and that turn's staged writes are dropped. A session
+also ends under a live worker (Postgres restarted, the connection was cut): the worker listens
+again and claims the messages of the turns it is still running under its new session, and a
+sweep hands a gone session's messages back only after ``ORPHAN_GRACE``, so that a turn still on
+its way is never answered a second time.
 """
 
 from __future__ import annotations

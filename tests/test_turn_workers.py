@@ -181,9 +181,8 @@ async def test_a_gone_sessions_claims_go_back_only_when_named_and_a_worker_carri
     assert tuple(await db.fetchrow(handling, ids[2])) == ("running", live)  # its session lives
     # The worker of 99999 (and of 99998, queued again meanwhile) listens again as 4242.
     assert await carry_claims(db, ids, [99999, 99998], 4242) == {ids[0], ids[1], ids[3]}
-    assert [tuple(await db.fetchrow(handling, i)) for i in ids] == [
-        ("running", 4242), ("running", 4242), ("running", live), ("running", 4242)
-    ]
+    carried = [("running", 4242), ("running", 4242), ("running", live), ("running", 4242)]
+    assert [tuple(await db.fetchrow(handling, i)) for i in ids] == carried
     assert await carry_claims(db, ids, [99999], 4343) == set()  # a duplicate carry takes nothing
 
 

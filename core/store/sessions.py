@@ -44,7 +44,7 @@ class Listener:
     async def open(
         cls, dsn: str, channel: str, announced: Callable[[str], None], *, application_name: str | None = None,
         closed: Callable[[], None] | None = None,
-    ) -> Listener:
+    ) -> Listener:  # fmt: skip
         """Connect and listen. ``application_name`` names the session in ``pg_stat_activity``;
         ``closed()`` runs, in the event loop, when the session ends (closed, cut, or ended by
         the server)."""
