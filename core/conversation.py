@@ -270,6 +270,17 @@ async def carry_claims(db: Queries, message_ids: Sequence[int], old: Collection[
     return {r["id"] for r in rows}
 
 
+async def release_claims(db: Queries, message_ids: Sequence[int], claimed_by: Collection[int]) -> None:
+    """Queue again messages a worker claimed (under one of its sessions ``claimed_by``) whose turn
+    ended in an error before marking them: answered again as a dead worker's would be."""
+    await db.execute(
+        "UPDATE messages SET handling = 'queued', claimed_by = NULL"
+        " WHERE id = ANY($1::bigint[]) AND handling = 'running' AND claimed_by = ANY($2::integer[])",
+        list(message_ids),
+        list(claimed_by),
+    )
+
+
 async def finish_handling(
     db: Queries, message_ids: Sequence[int], *, handling: str = "done", durable: bool = False
 ) -> None:

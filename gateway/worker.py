@@ -41,10 +41,10 @@ from collections.abc import Iterable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from core.conversation import carry_claims, claim_turn, gone_claimers, release_orphans
+from core.conversation import carry_claims, claim_turn, gone_claimers, release_claims, release_orphans
 from core.records import messages
 from core.settings import Settings
-from core.store.database import to_idle_class
+from core.store.database import to_idle_class, unreachable
 from core.store.queries import Queries
 from core.store.sessions import DRIVER_ERRORS, Listener
 from gateway.channels import Channel, Pipeline, settle_delivery
@@ -101,10 +101,13 @@ class TurnWorker:
         self._old_pids: list[int] = []  # sessions of this worker that ended with turns still running
         self._grace = orphan_grace
         self._gone: dict[int, float] = {}  # sessions of claims seen gone, and since when
+        self._failed: list[int] = []  # messages of turns that raised, to hand back
+        self._sessions: list[int] = []  # every session this worker claimed under (one a reconnect)
 
     async def start(self) -> None:
         self._listener = await self._listen()
         self.pid = self._listener.pid
+        self._sessions.append(self.pid)
         self._loop_task = asyncio.get_running_loop().create_task(self._run(), name=f"turn-worker-{self.pid}")
 
     async def stop(self, grace: float) -> None:
@@ -142,6 +145,15 @@ class TurnWorker:
                     await self._listen_again()
                 if self._old_pids:
                     await self._carry_claims()
+                if self._failed:
+                    # A turn that lost its database mid-turn left its messages claimed: handed
+                    # back, they are answered as a dead worker's are.
+                    failed, self._failed = self._failed, []
+                    try:
+                        await release_claims(db, failed, self._sessions)
+                    except BaseException:
+                        self._failed = failed + self._failed
+                        raise
                 if loop.time() - swept >= self._poll:  # not on every announcement: it scans sessions
                     await self._release_orphans()
                     swept = loop.time()
@@ -187,6 +199,7 @@ class TurnWorker:
         if self._answering:
             self._old_pids.append(self.pid)
         self.pid = self._listener.pid
+        self._sessions.append(self.pid)
 
     async def _carry_claims(self) -> None:
         """Claim the messages of the turns still running again, under the new session: else a
@@ -241,7 +254,9 @@ class TurnWorker:
         task.add_done_callback(self._finished)
 
     def _finished(self, task: asyncio.Task[Any]) -> None:
-        self._answering.pop(task, None)
+        ids = self._answering.pop(task, ())
+        if not task.cancelled() and (error := task.exception()) is not None and unreachable(error):
+            self._failed.extend(ids)  # not for any other error: it could fail the same way again
         self._slots.release()
         # The person may have written again during the turn: those messages waited for it, and
         # no announcement will come for them.
