@@ -207,11 +207,17 @@ async def release_hold(db: Queries, conversation_id: UUID) -> None:
     )
 
 
-async def release_orphans(db: Queries, *, stale: timedelta, expire_after: timedelta) -> None:
+async def release_orphans(
+    db: Queries, *, stale: timedelta, expire_after: timedelta, claimers: Collection[int] | None = None
+) -> None:
     """Queue again the messages whose worker died mid-turn; expire those too old to answer.
 
     A claim names the worker's session; a session that no longer exists means its worker is
-    gone. Claims from before workers named themselves fall back to ``stale``.
+    gone. Claims from before workers named themselves fall back to ``stale``. ``claimers``: only
+    the claims of these sessions (gone for a while, :func:`gone_claimers`) are handed back, as a
+    session that ended may be that of a worker still running its turns: after a restart of the
+    database, or a cut connection, it listens again and carries its claims over
+    (:func:`carry_claims`). None: every gone session's.
     """
     await db.execute(
         """
@@ -225,9 +231,53 @@ async def release_orphans(db: Queries, *, stale: timedelta, expire_after: timede
         UPDATE messages SET handling = 'queued', claimed_by = NULL
         WHERE handling = 'running' AND CASE
             WHEN claimed_by IS NULL THEN created_at < now() - $1::interval
-            ELSE claimed_by NOT IN (SELECT pid FROM pg_stat_activity WHERE pid IS NOT NULL) END
+            ELSE claimed_by NOT IN (SELECT pid FROM pg_stat_activity WHERE pid IS NOT NULL)
+                 AND ($2::integer[] IS NULL OR claimed_by = ANY($2::integer[])) END
         """,
         stale,
+        None if claimers is None else list(claimers),
+    )
+
+
+async def gone_claimers(db: Queries) -> set[int]:
+    """The sessions messages are claimed under (``handling = 'running'``) that no longer exist."""
+    rows = await db.fetch(
+        """
+        SELECT DISTINCT claimed_by FROM messages
+        WHERE handling = 'running' AND claimed_by IS NOT NULL
+          AND claimed_by NOT IN (SELECT pid FROM pg_stat_activity WHERE pid IS NOT NULL)
+        """
+    )
+    return {r["claimed_by"] for r in rows}
+
+
+async def carry_claims(db: Queries, message_ids: Sequence[int], old: Collection[int], new: int) -> set[int]:
+    """A worker whose session ended (a restart of the database, a cut connection) while it was
+    answering these messages claims them again under its new session ``new``: those still claimed
+    under one of its ``old`` sessions, or queued again by a sweep and not yet claimed by another
+    worker. Return the ids carried over; one missing is being answered by another worker."""
+    rows = await db.fetch(
+        """
+        UPDATE messages SET claimed_by = $3, handling = 'running'
+        WHERE id = ANY($1::bigint[])
+          AND ((handling = 'running' AND claimed_by = ANY($2::integer[])) OR handling = 'queued')
+        RETURNING id
+        """,
+        list(message_ids),
+        list(old),
+        new,
+    )
+    return {r["id"] for r in rows}
+
+
+async def release_claims(db: Queries, message_ids: Sequence[int], claimed_by: Collection[int]) -> None:
+    """Queue again messages a worker claimed (under one of its sessions ``claimed_by``) whose turn
+    ended in an error before marking them: answered again as a dead worker's would be."""
+    await db.execute(
+        "UPDATE messages SET handling = 'queued', claimed_by = NULL"
+        " WHERE id = ANY($1::bigint[]) AND handling = 'running' AND claimed_by = ANY($2::integer[])",
+        list(message_ids),
+        list(claimed_by),
     )
 
 

@@ -24,7 +24,11 @@ same ``pepper_turns`` channel, in one task at a time beside the turns.
 A claim records the backend pid of the worker's listening connection. When a worker dies, its
 session ends, and any worker finds the messages it held, queues them again and answers them: a
 message whose turn had not started gets its turn; one whose turn was cut short gets the apology
-(running it again could repeat what it did) and that turn's staged writes are dropped.
+(running it again could repeat what it did) and that turn's staged writes are dropped. A session
+also ends under a live worker (Postgres restarted, the connection was cut): the worker listens
+again and claims the messages of the turns it is still running under its new session, and a
+sweep hands a gone session's messages back only after ``ORPHAN_GRACE``, so that a turn still on
+its way is never answered a second time.
 """
 
 from __future__ import annotations
@@ -37,10 +41,10 @@ from collections.abc import Iterable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from core.conversation import claim_turn, release_orphans
+from core.conversation import carry_claims, claim_turn, gone_claimers, release_claims, release_orphans
 from core.records import messages
 from core.settings import Settings
-from core.store.database import to_idle_class
+from core.store.database import to_idle_class, unreachable
 from core.store.queries import Queries
 from core.store.sessions import DRIVER_ERRORS, Listener
 from gateway.channels import Channel, Pipeline, settle_delivery
@@ -61,6 +65,10 @@ POLL_SECONDS = 2.0
 STALE_RUNNING = timedelta(minutes=10)
 # Past this, an answer would only confuse: the message is marked expired instead.
 RESUME_WINDOW = timedelta(hours=1)
+# How long a session claims are recorded under must have been gone before they are handed back: a
+# worker whose session ended (Postgres restarted, the connection was cut) is often still running
+# those turns, and claims them again under its new session as soon as it listens again.
+ORPHAN_GRACE = 5.0
 
 
 class TurnWorker:
@@ -70,7 +78,7 @@ class TurnWorker:
 
     def __init__(
         self, services: Services, *, concurrency: int, poll_seconds: float = POLL_SECONDS,
-        channels: Iterable[Channel] | None = None,
+        channels: Iterable[Channel] | None = None, orphan_grace: float = ORPHAN_GRACE,
     ) -> None:  # fmt: skip
         if channels is None:
             from gateway.composition import text_channels
@@ -89,10 +97,17 @@ class TurnWorker:
         self._deliverer: tuple[Any, Any] | None = None
         self._deliver_again = False
         self.pid = 0  # the backend pid claims are recorded under
+        self._answering: dict[asyncio.Task[Any], tuple[int, ...]] = {}  # the turns running, their messages
+        self._old_pids: list[int] = []  # sessions of this worker that ended with turns still running
+        self._grace = orphan_grace
+        self._gone: dict[int, float] = {}  # sessions of claims seen gone, and since when
+        self._failed: list[int] = []  # messages of turns that raised, to hand back
+        self._sessions: list[int] = []  # every session this worker claimed under (one a reconnect)
 
     async def start(self) -> None:
-        self._listener = await Listener.open(self._services.db.dsn, CHANNEL, lambda _: self._wake.set())
+        self._listener = await self._listen()
         self.pid = self._listener.pid
+        self._sessions.append(self.pid)
         self._loop_task = asyncio.get_running_loop().create_task(self._run(), name=f"turn-worker-{self.pid}")
 
     async def stop(self, grace: float) -> None:
@@ -128,8 +143,19 @@ class TurnWorker:
             try:
                 if self._listener is None or self._listener.is_closed():
                     await self._listen_again()
+                if self._old_pids:
+                    await self._carry_claims()
+                if self._failed:
+                    # A turn that lost its database mid-turn left its messages claimed: handed
+                    # back, they are answered as a dead worker's are.
+                    failed, self._failed = self._failed, []
+                    try:
+                        await release_claims(db, failed, self._sessions)
+                    except BaseException:
+                        self._failed = failed + self._failed
+                        raise
                 if loop.time() - swept >= self._poll:  # not on every announcement: it scans sessions
-                    await release_orphans(db, stale=STALE_RUNNING, expire_after=RESUME_WINDOW)
+                    await self._release_orphans()
                     swept = loop.time()
                 while not self._stopping.is_set():
                     await self._slots.acquire()
@@ -152,18 +178,48 @@ class TurnWorker:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self._poll)
 
+    async def _listen(self) -> Listener:
+        # A session that ends wakes the loop, to listen again and carry the claims over at once.
+        wake = self._wake.set
+        return await Listener.open(self._services.db.dsn, CHANNEL, lambda _: wake(), closed=wake)
+
     async def _listen_again(self) -> None:
         """The listening session ended (Postgres restarted, the connection was cut): listen on a
-        new one and claim under its pid. What was claimed under the old pid is an orphan now, which
-        the sweep hands back (a turn not started runs; one cut short gets the apology)."""
+        new one and claim under its pid. The turns this worker is still running keep their
+        messages (:meth:`_carry_claims`); what it claimed under the old pid for nothing running
+        any more is an orphan, which a sweep hands back once the old session has been gone for
+        the grace (a turn not started runs; one cut short gets the apology)."""
         if self._listener is not None:
             with contextlib.suppress(*DRIVER_ERRORS):
                 await self._listener.close()
             self._listener = None
-        self._listener = await Listener.open(self._services.db.dsn, CHANNEL, lambda _: self._wake.set())
+        self._listener = await self._listen()
         log.warning("turn worker listening again after its database session ended: pid %s -> %s",
                     self.pid, self._listener.pid)  # fmt: skip
+        if self._answering:
+            self._old_pids.append(self.pid)
         self.pid = self._listener.pid
+        self._sessions.append(self.pid)
+
+    async def _carry_claims(self) -> None:
+        """Claim the messages of the turns still running again, under the new session: else a
+        sweep would take them for a dead worker's, and a second turn worker would answer them
+        (an apology beside the reply, or a reply sent again while the first was on its way)."""
+        ids = [i for message_ids in self._answering.values() for i in message_ids]
+        carried = await carry_claims(self._services.db, ids, self._old_pids, self.pid)
+        if len(carried) < len(ids):
+            log.error("%d message(s) of turns still running were claimed by another worker meanwhile",
+                      len(ids) - len(carried))  # fmt: skip
+        self._old_pids = []
+
+    async def _release_orphans(self) -> None:
+        """Hand back the claims of sessions gone for at least the grace (their worker is dead, or
+        did not claim them again in time)."""
+        db, now = self._services.db, asyncio.get_running_loop().time()
+        gone = await gone_claimers(db)
+        self._gone = {pid: self._gone.get(pid, now) for pid in gone}
+        due = [pid for pid, since in self._gone.items() if now - since >= self._grace]
+        await release_orphans(db, stale=STALE_RUNNING, expire_after=RESUME_WINDOW, claimers=due)
 
     def _deliver(self) -> None:
         """Send what answering calls promised (``answering_service.deliveries``), in one task at a
@@ -194,9 +250,13 @@ class TurnWorker:
 
     def _start(self, rows: list[Any]) -> None:
         task = self._services.tasks.spawn(f"turn-{rows[0]['channel']}-{rows[0]['id']}", self._answer(rows))
+        self._answering[task] = tuple(r["id"] for r in rows)
         task.add_done_callback(self._finished)
 
-    def _finished(self, _: Any) -> None:
+    def _finished(self, task: asyncio.Task[Any]) -> None:
+        ids = self._answering.pop(task, ())
+        if not task.cancelled() and (error := task.exception()) is not None and unreachable(error):
+            self._failed.extend(ids)  # not for any other error: it could fail the same way again
         self._slots.release()
         # The person may have written again during the turn: those messages waited for it, and
         # no announcement will come for them.

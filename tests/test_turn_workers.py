@@ -16,14 +16,17 @@ from pathlib import Path
 
 import aiohttp
 import asyncpg
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from core import identity
 from core.conversation import (
+    carry_claims,
     claim_turn,
     conversation_for,
     extend_hold,
     finish_handling,
+    gone_claimers,
     hold_for_scheduled_turn,
     open_turn,
     record_inbound,
@@ -156,6 +159,33 @@ async def test_texts_left_by_a_turn_cut_short_come_back_together_and_alone(db: D
     assert [r["id"] for r in await claim_turn(db, 1)] == [later]
 
 
+async def test_a_gone_sessions_claims_go_back_only_when_named_and_a_worker_carries_its_own_over(db: Database):
+    """A sweep hands back the claims of the gone sessions it names (those gone for the grace),
+    not the others; a worker that listens again takes its running turns' messages over to its
+    new session, those still under its old one or queued again, never another worker's."""
+    people = [await identity.create_account(db, name) for name in ("Ada", "Bob", "Cy", "Di")]
+    ids = []
+    for person, pid in zip(people, (99999, 99998, 99997, None), strict=True):
+        message, _ = await record_inbound(db, person.id, "web", "hello", handling="queued")
+        if pid is not None:
+            await claim_turn(db, pid)  # backend pids no live session has
+        ids.append(message.id)
+    live = await db.fetchval("SELECT pg_backend_pid()")
+    await db.execute("UPDATE messages SET claimed_by = $2 WHERE id = $1", ids[2], live)  # as if claimed by it
+    assert await gone_claimers(db) == {99999, 99998}
+    await release_orphans(db, stale=timedelta(minutes=10), expire_after=timedelta(hours=1), claimers=[])
+    assert await gone_claimers(db) == {99999, 99998}  # none named: none handed back
+    await release_orphans(db, stale=timedelta(minutes=10), expire_after=timedelta(hours=1), claimers=[99998, live])
+    handling = "SELECT handling, claimed_by FROM messages WHERE id = $1"
+    assert tuple(await db.fetchrow(handling, ids[1])) == ("queued", None)
+    assert tuple(await db.fetchrow(handling, ids[2])) == ("running", live)  # its session lives
+    # The worker of 99999 (and of 99998, queued again meanwhile) listens again as 4242.
+    assert await carry_claims(db, ids, [99999, 99998], 4242) == {ids[0], ids[1], ids[3]}
+    carried = [("running", 4242), ("running", 4242), ("running", live), ("running", 4242)]
+    assert [tuple(await db.fetchrow(handling, i)) for i in ids] == carried
+    assert await carry_claims(db, ids, [99999], 4343) == set()  # a duplicate carry takes nothing
+
+
 async def test_a_claim_in_progress_never_holds_up_recording_a_message(db: Database):
     """The claim locks the person's conversation row, and every new message's foreign key points
     at it: the acknowledgement of a webhook must not wait for a turn worker's claim to commit."""
@@ -258,7 +288,7 @@ async def test_a_turn_whose_worker_died_before_sending_its_reply_has_the_reply_s
     async with OpenAIPeer() as model:
         settings = Settings(database_url=db_url, openai_api_key="sk-test", openai_base_url=model.base_url)
         async with build_turn_services(settings, db) as services:
-            worker = TurnWorker(services, concurrency=2, poll_seconds=0.05)
+            worker = TurnWorker(services, concurrency=2, poll_seconds=0.05, orphan_grace=0.0)  # pid 99999 is dead
             await worker.start()
             try:
 
@@ -274,6 +304,75 @@ async def test_a_turn_whose_worker_died_before_sending_its_reply_has_the_reply_s
     assert sorted((r["turn_id"], r["body"]) for r in replies) == sorted(
         [(turns[1], "the sent reply"), (turns[0], "the unsent reply")]
     )
+
+
+@pytest.mark.parametrize("held_at", ["model", "twilio"])
+async def test_a_turn_still_running_when_its_workers_session_ends_is_answered_once(
+    db: Database, db_url: str, held_at: str
+):
+    """The worker's listening session ends in the middle of a turn (Postgres restarted, the
+    connection was cut) while the turn waits for the model, or for Twilio to take its reply (the
+    ``sending`` row recorded, the MessageSid not yet known): the worker listens again and keeps
+    the turn's claim, so no sweep takes the turn for a dead worker's. Before, it was answered a
+    second time while the first was still on its way: an apology beside the reply, or the reply
+    sent again, the lookup at Twilio not finding the send still in flight (found by
+    ``scripts/suite-postgres-restart --external``: Twilio was sent one more than the store has)."""
+    ada = await identity.create_account(db, "Ada")
+    phone = await identity.add_handle(db, ada.id, "phone", OWNER, verified=True)
+    bob = await identity.create_account(db, "Bob")
+    hold = asyncio.Event()
+    async with TwilioPeer(auth_token=TOKEN) as twilio, OpenAIPeer() as model:
+        # Every request answers the same (the reply's repair pass asks too), the first one held.
+        model.script(reply_text("Got it.", hold=hold if held_at == "model" else None), *[reply_text("Got it.")] * 4)
+        if held_at == "twilio":
+            twilio.hold_sends(after=0)
+        settings = Settings(
+            database_url=db_url, public_url=PUBLIC, twilio_account_sid=twilio.account_sid, twilio_auth_token=TOKEN,
+            twilio_api_url=twilio.api_url, openai_api_key="sk-test", openai_base_url=model.base_url,
+        )  # fmt: skip
+        async with build_turn_services(settings, db) as services:
+            worker = TurnWorker(services, concurrency=4, poll_seconds=0.05, orphan_grace=0.0)
+            await worker.start()
+            try:
+                text, _ = await record_inbound(db, ada.id, "sms", "hello", handle_id=phone.id, handling="queued",
+                                               meta={"from": OWNER, "to": LINE})  # fmt: skip
+                if held_at == "model":
+                    await until(lambda: len(model.requests) == 1, 10, "the turn waiting for the model")
+                else:
+                    await until(lambda: twilio.held == 1, 10, "the reply waiting for Twilio")
+                old = worker.pid
+                await db.execute("SELECT pg_terminate_backend($1)", old)
+
+                async def claimed_again() -> bool:
+                    now = await db.fetchval("SELECT claimed_by FROM messages WHERE id = $1", text.id)
+                    return worker.pid != old and now == worker.pid
+
+                await until(claimed_again, 10, "the worker listening again")
+                # A text from Bob (on the web: his reply is held nowhere), claimed after Ada's
+                # message was: by then a second answer to her would be running.
+                probe, _ = await record_inbound(db, bob.id, "web", "hi", handling="queued")
+
+                async def probe_answered() -> bool:
+                    return await db.fetchval("SELECT handling FROM messages WHERE id = $1", probe.id) == "done"
+
+                await until(probe_answered, 10, "Bob's text answered")
+                # Only Ada's first turn left running, or a second answer to her waiting at Twilio.
+                await until(lambda: services.tasks.pending == 1 or twilio.held == 2, 10, "the turns to settle")
+                hold.set()
+                twilio.release_sends()
+
+                async def settled() -> bool:
+                    waiting = await db.fetchval("SELECT count(*) FROM messages WHERE handling <> 'done'"
+                                                " AND direction = 'inbound'")  # fmt: skip
+                    return not waiting and services.tasks.pending == 0
+
+                await until(settled, 10, "every text answered")
+            finally:
+                await worker.stop(5)
+    assert [m.body for m in twilio.sent if m.to == OWNER] == ["Got it."]
+    rows = await db.fetch("SELECT body, provider_message_id FROM messages WHERE direction = 'outbound'"
+                          " AND channel = 'sms'")  # fmt: skip
+    assert [(r["body"], r["provider_message_id"]) for r in rows] == [("Got it.", twilio.sent[0].sid)]
 
 
 # --- pepper serve, its worker processes, and a worker killed mid-turn ----------------------------

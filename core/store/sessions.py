@@ -42,13 +42,18 @@ class Listener:
 
     @classmethod
     async def open(
-        cls, dsn: str, channel: str, announced: Callable[[str], None], *, application_name: str | None = None
-    ) -> Listener:
-        """Connect and listen. ``application_name`` names the session in ``pg_stat_activity``."""
+        cls, dsn: str, channel: str, announced: Callable[[str], None], *, application_name: str | None = None,
+        closed: Callable[[], None] | None = None,
+    ) -> Listener:  # fmt: skip
+        """Connect and listen. ``application_name`` names the session in ``pg_stat_activity``;
+        ``closed()`` runs, in the event loop, when the session ends (closed, cut, or ended by
+        the server)."""
         settings = {"application_name": application_name} if application_name is not None else None
         conn = await asyncpg.connect(dsn, server_settings=settings)
         try:
             await conn.add_listener(channel, lambda _conn, _pid, _channel, payload: announced(payload))
+            if closed is not None:
+                conn.add_termination_listener(lambda _conn: closed())
         except BaseException:
             await conn.close()
             raise

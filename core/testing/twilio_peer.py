@@ -81,6 +81,7 @@ class TwilioPeer:
     _receipt_session: aiohttp.ClientSession | None = None
     _receipt_tasks: set[asyncio.Task[None]] = field(default_factory=set)
     _hold: tuple[int, asyncio.Event] | None = None
+    held: int = 0  # message creates waiting now for ``release_sends`` (not yet in ``sent``)
     _answers_held: asyncio.Event | None = None
     # Message list requests that fail (``fail_lists``), and how many lists were read.
     _list_faults: int = 0
@@ -190,7 +191,11 @@ class TwilioPeer:
     async def _create_message(self, request: web.Request) -> web.Response:
         form = await request.post()
         if self._hold is not None and len(self.sent) >= self._hold[0]:
-            await self._hold[1].wait()
+            self.held += 1
+            try:
+                await self._hold[1].wait()
+            finally:
+                self.held -= 1
         if self._faults:
             status, code = self._faults.pop(0)
             return web.json_response(
