@@ -19,12 +19,11 @@ from datetime import UTC, datetime, timedelta
 
 from core.identity import add_handle, create_account
 from core.quality.detectors import SUGGESTERS, promote
-from core.store import Database
 from core.suggestions import run_detectors
 from core.suggestions.mail import DEFAULT_SOURCES, SEEN
 from core.testing.figures import ms_figures
 from core.testing.google_api_peer import GoogleApiPeer
-from core.testing.postgres import DatabaseFactory, test_server
+from core.testing.postgres import bench_database
 from core.tools.connectors import GMAIL_READONLY, Connectors
 from core.tools.google_api import exchange_code
 from core.vault import Vault, generate_key
@@ -38,56 +37,48 @@ INVITE = (
 
 
 async def bench(runs: int) -> None:
-    with test_server() as dsn:
-        factory = DatabaseFactory(dsn)
-        await factory.prepare_template()
-        url = await factory.create()
-        db = await Database.open(url, max_size=2)
-        try:
-            async with GoogleApiPeer() as google:
-                google.now = NOW
-                connectors = Connectors(
-                    google_api_url=google.url, google_token_url=google.token_url, google_client_id="client-id",
-                    google_client_secret="client-secret", allow_private_hosts=True, vault=Vault(generate_key()),
-                )  # fmt: skip
-                account = await create_account(db, "Bench", timezone="Europe/Paris")
-                await add_handle(db, account.id, "email", "ada@example.org", verified=True)
-                code = google.issue_code("https://pepper.test/cb", GMAIL_READONLY)
-                await exchange_code(db, connectors, account.id, code, "https://pepper.test/cb")
-                for i in range(50):
-                    when = NOW - timedelta(hours=3 * i + 1)
-                    if i % 5 == 0:
-                        google.add_mail(f"s{i}@example.org", f"Invitation {i}", "You are invited.", when=when,
-                                        invitation=INVITE.format(uid=f"u{i}"))  # fmt: skip
-                    else:
-                        text = f"Dinner {i} on 4 March at 19:30?" if i % 2 else f"Just a message {i}, " * 40
-                        google.add_mail(f"s{i}@example.org", f"Mail {i}", text, when=when)
-                for name in SUGGESTERS:
-                    await promote(db, name, NOW)
-                kinds: dict[str, list[float]] = {"first read": [], "repeat": [], "baseline": []}
-                calls: dict[str, int] = {}
-                report = None
-                for n in range(runs + 3):
-                    for kind in kinds:
-                        if kind == "first read":
-                            SEEN.clear()
-                        before = len(google.requests)
-                        t = time.perf_counter()
-                        sources = DEFAULT_SOURCES if kind == "baseline" else None
-                        report = await run_detectors(db, connectors, account.id, NOW, sources=sources)
-                        if kind == "repeat":
-                            assert report.found.get("mail-event") == 30, report  # 10 invitations, 20 dated
-                        if n >= 3:  # warm-up
-                            kinds[kind].append((time.perf_counter() - t) * 1000)
-                        calls[kind] = len(google.requests) - before
-                assert report is not None and not report.unavailable, report
-            found = report.found.get("mail-event")
-            print(f"{runs} runs of each; mail-event found in the last run (Pepper's inbox only): {found}")
-            for kind, times in kinds.items():
-                print(f"  {kind:<11} {ms_figures(times)}   Gmail calls per run: {calls[kind]}")
-        finally:
-            await db.close()
-            await factory.drop(url)
+    async with bench_database() as db:
+        async with GoogleApiPeer() as google:
+            google.now = NOW
+            connectors = Connectors(
+                google_api_url=google.url, google_token_url=google.token_url, google_client_id="client-id",
+                google_client_secret="client-secret", allow_private_hosts=True, vault=Vault(generate_key()),
+            )  # fmt: skip
+            account = await create_account(db, "Bench", timezone="Europe/Paris")
+            await add_handle(db, account.id, "email", "ada@example.org", verified=True)
+            code = google.issue_code("https://pepper.test/cb", GMAIL_READONLY)
+            await exchange_code(db, connectors, account.id, code, "https://pepper.test/cb")
+            for i in range(50):
+                when = NOW - timedelta(hours=3 * i + 1)
+                if i % 5 == 0:
+                    google.add_mail(f"s{i}@example.org", f"Invitation {i}", "You are invited.", when=when,
+                                    invitation=INVITE.format(uid=f"u{i}"))  # fmt: skip
+                else:
+                    text = f"Dinner {i} on 4 March at 19:30?" if i % 2 else f"Just a message {i}, " * 40
+                    google.add_mail(f"s{i}@example.org", f"Mail {i}", text, when=when)
+            for name in SUGGESTERS:
+                await promote(db, name, NOW)
+            kinds: dict[str, list[float]] = {"first read": [], "repeat": [], "baseline": []}
+            calls: dict[str, int] = {}
+            report = None
+            for n in range(runs + 3):
+                for kind in kinds:
+                    if kind == "first read":
+                        SEEN.clear()
+                    before = len(google.requests)
+                    t = time.perf_counter()
+                    sources = DEFAULT_SOURCES if kind == "baseline" else None
+                    report = await run_detectors(db, connectors, account.id, NOW, sources=sources)
+                    if kind == "repeat":
+                        assert report.found.get("mail-event") == 30, report  # 10 invitations, 20 dated
+                    if n >= 3:  # warm-up
+                        kinds[kind].append((time.perf_counter() - t) * 1000)
+                    calls[kind] = len(google.requests) - before
+            assert report is not None and not report.unavailable, report
+        found = report.found.get("mail-event")
+        print(f"{runs} runs of each; mail-event found in the last run (Pepper's inbox only): {found}")
+        for kind, times in kinds.items():
+            print(f"  {kind:<11} {ms_figures(times)}   Gmail calls per run: {calls[kind]}")
 
 
 def main() -> None:

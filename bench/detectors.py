@@ -25,7 +25,7 @@ from core.quality.detectors import SUGGESTERS, promote
 from core.store import Database
 from core.suggestions import run_detectors
 from core.testing.figures import ms_figures
-from core.testing.postgres import DatabaseFactory, test_server
+from core.testing.postgres import bench_database
 from core.tools.areas.calendar import list_events
 from core.tools.areas.calendar.store import ensure_pepper_calendar, insert_event
 from core.tools.areas.places import save_place
@@ -72,37 +72,29 @@ async def fill(db: Database, account_id, rng: random.Random) -> None:  # type: i
 
 
 async def bench(runs: int) -> None:
-    with test_server() as dsn:
-        factory = DatabaseFactory(dsn)
-        await factory.prepare_template()
-        url = await factory.create()
-        db = await Database.open(url, max_size=2)
-        try:
-            account = await create_account(db, "Bench", timezone="Europe/Paris")
-            await add_handle(db, account.id, "email", "ada@example.org", verified=True)
-            await fill(db, account.id, random.Random(200))
-            for name in SUGGESTERS:
-                await promote(db, name, START)
-            connectors = Connectors()
-            tz = ZoneInfo("Europe/Paris")
-            times, baseline = [], []
-            report = None
-            for n in range(runs + 5):
-                t = time.perf_counter()
-                listing = await list_events(db, connectors, account.id, START, START + WEEK, tz)
-                t_base = time.perf_counter()
-                report = await run_detectors(db, connectors, account.id, START, window=WEEK)
-                if n >= 5:  # warm-up
-                    baseline.append((t_base - t) * 1000)
-                    times.append((time.perf_counter() - t_base) * 1000)
-            assert report is not None
-            found = ", ".join(f"{k} {v}" for k, v in report.found.items())
-            print(f"{runs} runs over one week of {len(listing.events)} events; found per run: {found}")
-            print(f"  run_detectors (all five)   {ms_figures(times)}")
-            print(f"  baseline (list_events)     {ms_figures(baseline)}")
-        finally:
-            await db.close()
-            await factory.drop(url)
+    async with bench_database() as db:
+        account = await create_account(db, "Bench", timezone="Europe/Paris")
+        await add_handle(db, account.id, "email", "ada@example.org", verified=True)
+        await fill(db, account.id, random.Random(200))
+        for name in SUGGESTERS:
+            await promote(db, name, START)
+        connectors = Connectors()
+        tz = ZoneInfo("Europe/Paris")
+        times, baseline = [], []
+        report = None
+        for n in range(runs + 5):
+            t = time.perf_counter()
+            listing = await list_events(db, connectors, account.id, START, START + WEEK, tz)
+            t_base = time.perf_counter()
+            report = await run_detectors(db, connectors, account.id, START, window=WEEK)
+            if n >= 5:  # warm-up
+                baseline.append((t_base - t) * 1000)
+                times.append((time.perf_counter() - t_base) * 1000)
+        assert report is not None
+        found = ", ".join(f"{k} {v}" for k, v in report.found.items())
+        print(f"{runs} runs over one week of {len(listing.events)} events; found per run: {found}")
+        print(f"  run_detectors (all five)   {ms_figures(times)}")
+        print(f"  baseline (list_events)     {ms_figures(baseline)}")
 
 
 def main() -> None:

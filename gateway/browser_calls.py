@@ -32,7 +32,7 @@ from gateway.services import Services
 from gateway.webchat import COOKIE, SIGN_OUT_HOOKS, _json_body, _json_error
 from voice.owner_profile import BrowserOwnerProfile
 from voice.profile import AdmittedCall
-from voice.service import Admission
+from voice.service import Admission, CallService
 
 log = logging.getLogger(__name__)
 
@@ -63,11 +63,11 @@ def _hang_up_on_sign_out(state: BlueprintSetupState) -> None:
     app.extensions.setdefault(SIGN_OUT_HOOKS, []).append(hang_up)
 
 
-def _still_open(calls: object, call_sid: str) -> bool:
+def _still_open(calls: CallService, call_sid: str) -> bool:
     """Whether the session's call still holds it: one being answered (no engine yet) or running.
     One that is ending (its end is recorded before it lets go of the session) no longer keeps the
     session from calling again."""
-    engine = getattr(calls, "sessions", {}).get(call_sid)
+    engine = calls.sessions.get(call_sid)
     return engine is None or engine.end_reason is None
 
 

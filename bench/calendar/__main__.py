@@ -23,10 +23,9 @@ import time
 from datetime import UTC, datetime, timedelta
 
 from core.identity import create_account
-from core.store import Database
 from core.testing.calendar_data import SERIES, SINGLES, fill_calendar
 from core.testing.figures import ms_figures
-from core.testing.postgres import DatabaseFactory, test_server
+from core.testing.postgres import bench_database
 from core.tools.areas.calendar import free_busy
 
 # The baseline: every row the window touches, singles and series alike, straight from Postgres.
@@ -38,36 +37,28 @@ WHERE account_id = $1 AND status = 'confirmed' AND starts_at < $3
 
 
 async def bench(queries: int) -> None:
-    with test_server() as dsn:
-        factory = DatabaseFactory(dsn)
-        await factory.prepare_template()
-        url = await factory.create()
-        db = await Database.open(url, max_size=2)
-        try:
-            account = await create_account(db, "Bench", timezone="Europe/Paris")
-            rng = random.Random(5000)
-            t0 = time.perf_counter()
-            await fill_calendar(db, account.id, datetime(2025, 1, 1, tzinfo=UTC), rng, days=730)
-            print(f"filled {SINGLES + SERIES} events in {time.perf_counter() - t0:.1f} s")
-            times, baseline, intervals = [], [], []
-            for n in range(queries + 10):
-                start = datetime(2025, 1, 1, tzinfo=UTC) + timedelta(days=rng.randrange(0, 335))
-                end = start + timedelta(days=30)
-                t = time.perf_counter()
-                await db.fetch(RAW, account.id, start, end)
-                t_raw = time.perf_counter()
-                busy = await free_busy(db, account.id, start, end)
-                if n >= 10:  # warm-up
-                    baseline.append((t_raw - t) * 1000)
-                    times.append((time.perf_counter() - t_raw) * 1000)
-                    intervals.append(len(busy))
-            print(f"{queries} queries over 30-day windows (busy intervals per month: "
-                  f"median {statistics.median(intervals):.0f})")  # fmt: skip
-            print(f"  free_busy            {ms_figures(times)}")
-            print(f"  baseline (raw rows)  {ms_figures(baseline)}")
-        finally:
-            await db.close()
-            await factory.drop(url)
+    async with bench_database() as db:
+        account = await create_account(db, "Bench", timezone="Europe/Paris")
+        rng = random.Random(5000)
+        t0 = time.perf_counter()
+        await fill_calendar(db, account.id, datetime(2025, 1, 1, tzinfo=UTC), rng, days=730)
+        print(f"filled {SINGLES + SERIES} events in {time.perf_counter() - t0:.1f} s")
+        times, baseline, intervals = [], [], []
+        for n in range(queries + 10):
+            start = datetime(2025, 1, 1, tzinfo=UTC) + timedelta(days=rng.randrange(0, 335))
+            end = start + timedelta(days=30)
+            t = time.perf_counter()
+            await db.fetch(RAW, account.id, start, end)
+            t_raw = time.perf_counter()
+            busy = await free_busy(db, account.id, start, end)
+            if n >= 10:  # warm-up
+                baseline.append((t_raw - t) * 1000)
+                times.append((time.perf_counter() - t_raw) * 1000)
+                intervals.append(len(busy))
+        print(f"{queries} queries over 30-day windows (busy intervals per month: "
+              f"median {statistics.median(intervals):.0f})")  # fmt: skip
+        print(f"  free_busy            {ms_figures(times)}")
+        print(f"  baseline (raw rows)  {ms_figures(baseline)}")
 
 
 def main() -> None:

@@ -19,8 +19,8 @@ import os
 import shutil
 import tempfile
 import threading
-from collections.abc import Coroutine, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Coroutine, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple, TypeVar
@@ -118,6 +118,22 @@ class DatabaseFactory:
 
     async def open(self) -> Database:
         return await Database.open(await self.create())
+
+
+@asynccontextmanager
+async def bench_database(*, max_size: int = 2) -> AsyncIterator[Database]:
+    """A migrated database on a durable server of its own, for a benchmark (its commits wait for
+    the disk, as a user's do): opened, then closed and dropped with the server."""
+    with test_server() as dsn:
+        factory = DatabaseFactory(dsn)
+        await factory.prepare_template()
+        url = await factory.create()
+        db = await Database.open(url, max_size=max_size)
+        try:
+            yield db
+        finally:
+            await db.close()
+            await factory.drop(url)
 
 
 # What a migrated database's schema consists of, as one digest: the objects in its own schemas,
