@@ -17,6 +17,7 @@ from core.records import calls as call_records
 from core.records import digits as digit_records
 from core.scheduling.schedule import parse_schedule
 from core.scheduling.tasks import create_task
+from core.untrusted import CALLER_LABEL
 from gateway import cli_calls
 from voice.digits import PRESSED_NOTE, PRESSING
 from voice.testing.realtime_peer import call_tool, speak
@@ -108,7 +109,8 @@ async def test_pepper_presses_a_menu_key_and_the_call_goes_on_in_a_new_stream(ph
         instructions = session.config.get("instructions", "")
         assert BRIEF in instructions  # the same call: the same task and brief
         # The call so far, carried: Pepper's opening, the menu's words and the key pressed.
-        assert NOTICE in instructions and f"They: {MENU}" in instructions and "(you pressed 1)" in instructions
+        assert NOTICE in instructions and "(you pressed 1)" in instructions
+        assert f'They: "{MENU}"' in instructions and CALLER_LABEL in instructions  # their words quoted, labelled
         assert PRESSED_NOTE.format(digits="1") in instructions
         await phone.model.wait_for(lambda: any(PRESSED_NOTE.format(digits="1") in n for n in session.notes))
         assert session.response_creates == []  # no notice again: Pepper listens for the menu's next prompt
